@@ -1,0 +1,21 @@
+// Each component's subcommands are registered on the one `strider` CLI::App by a function here.
+// Callbacks store the process exit code in `exit_code`: 0 success, 1 runtime failure, 2 bad
+// usage or config (DESIGN.md section 8).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "common/status.h"
+
+namespace strider::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitRuntimeError = 1;
+inline constexpr int kExitUsageError = 2;
+
+// Prints "strider: <status>" to stderr and returns the exit code for its kind of error.
+int ReportError(const Status& status);
+
+void AddModelCommands(CLI::App& app, int& exit_code);
+
+}  // namespace strider::cli

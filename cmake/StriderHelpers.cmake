@@ -1,0 +1,18 @@
+# strider_add_test(NAME name SOURCES a.cc ... LIBS lib ... LABELS unit|integration|slow [TIMEOUT s])
+#
+# One ctest entry per test binary, not per test case: binaries linked with LibTorch take about
+# 0.4 s to start, so per-case discovery would spend minutes loading shared libraries.
+function(strider_add_test)
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
+  target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR})
+  add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME} --gtest_color=no)
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  set_tests_properties(${ARG_NAME} PROPERTIES
+    LABELS "${ARG_LABELS}"
+    TIMEOUT ${ARG_TIMEOUT}
+    ENVIRONMENT "STRIDER_SOURCE_DIR=${PROJECT_SOURCE_DIR};STRIDER_BINARY_DIR=${PROJECT_BINARY_DIR};OMP_NUM_THREADS=2")
+endfunction()
