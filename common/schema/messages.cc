@@ -1,0 +1,712 @@
+#include "common/schema/messages.h"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/schema/crc32c.h"
+#include "common/schema/replay.capnp.h"
+
+static_assert(std::endian::native == std::endian::little,
+              "token, log-prob and expert arrays are stored as little-endian bytes");
+
+namespace strider::schema {
+namespace {
+
+Status Reject(std::string_view reason, const std::string& detail) {
+  const bool bad_request = reason == reject::kMissingField || reason == reject::kLengthMismatch ||
+                           reason == reject::kRange || reason == reject::kUnexpected ||
+                           reason == reject::kSize;
+  std::string message = std::string(reason) + ": " + detail;
+  return bad_request ? Status::InvalidArgument(std::move(message))
+                     : Status::Corruption(std::move(message));
+}
+
+void PutU16(char* out, uint16_t v) { std::memcpy(out, &v, 2); }
+void PutU32(char* out, uint32_t v) { std::memcpy(out, &v, 4); }
+void PutU64(char* out, uint64_t v) { std::memcpy(out, &v, 8); }
+template <typename T>
+T Get(const char* in) {
+  T v;
+  std::memcpy(&v, in, sizeof(T));
+  return v;
+}
+
+capnp::Data::Reader AsData(const void* data, size_t size) {
+  return capnp::Data::Reader(static_cast<const kj::byte*>(data), size);
+}
+capnp::Data::Reader AsData(std::string_view bytes) { return AsData(bytes.data(), bytes.size()); }
+capnp::Text::Reader AsText(const std::string& text) {
+  return capnp::Text::Reader(text.data(), text.size());
+}
+
+std::string Seal(capnp::MessageBuilder& builder) {
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
+  kj::ArrayPtr<const kj::byte> payload = words.asBytes();
+  std::string frame(kEnvelopeHeaderBytes + payload.size(), '\0');
+  char* header = frame.data();
+  PutU32(header, kEnvelopeMagic);
+  PutU16(header + 4, kSchemaMajor);
+  PutU16(header + 6, kSchemaMinor);
+  PutU64(header + 8, payload.size());
+  PutU32(header + 16, Crc32c(payload.begin(), payload.size()));
+  PutU32(header + 20, 0);
+  std::memcpy(frame.data() + kEnvelopeHeaderBytes, payload.begin(), payload.size());
+  return frame;
+}
+
+void SetKey(wire::SegmentKey::Builder out, const SegmentKey& key) {
+  out.setTrajectoryId(AsData(key.trajectory.View()));
+  out.setSegmentIndex(key.index);
+}
+
+Status ReadKey(wire::SegmentKey::Reader in, SegmentKey* out, const char* where) {
+  if (!in.hasTrajectoryId() || in.getTrajectoryId().size() != 16) {
+    return Reject(reject::kMissingField, std::string(where) + ": trajectory id must be 16 bytes");
+  }
+  std::memcpy(out->trajectory.bytes.data(), in.getTrajectoryId().begin(), 16);
+  out->index = in.getSegmentIndex();
+  return Status::Ok();
+}
+
+Status ReadSegment(wire::Segment::Reader in, SegmentData* out) {
+  if (!in.hasTrajectoryId() || in.getTrajectoryId().size() != 16) {
+    return Reject(reject::kMissingField, "segment.trajectoryId must be 16 bytes");
+  }
+  std::memcpy(out->trajectory_id.bytes.data(), in.getTrajectoryId().begin(), 16);
+  out->segment_index = in.getSegmentIndex();
+  out->is_last = in.getIsLast();
+  out->token_begin = in.getTokenBegin();
+
+  capnp::Data::Reader tokens = in.getTokens();
+  if (tokens.size() % 4 != 0) {
+    return Reject(reject::kLengthMismatch,
+                  "segment.tokens has " + std::to_string(tokens.size()) +
+                      " bytes, not a multiple of 4");
+  }
+  out->tokens.resize(tokens.size() / 4);
+  if (tokens.size() != 0) std::memcpy(out->tokens.data(), tokens.begin(), tokens.size());
+
+  capnp::Data::Reader roles = in.getRoles();
+  out->roles.resize(roles.size());
+  for (size_t i = 0; i < roles.size(); ++i) {
+    if (roles[i] >= kRoleCount) {
+      return Reject(reject::kRange, "segment.roles[" + std::to_string(i) + "] = " +
+                                        std::to_string(roles[i]) + " is not a role");
+    }
+    out->roles[i] = static_cast<Role>(roles[i]);
+  }
+
+  capnp::Data::Reader logprobs = in.getBehaviourLogprobs();
+  if (logprobs.size() % 4 != 0) {
+    return Reject(reject::kLengthMismatch, "segment.behaviourLogprobs has " +
+                                               std::to_string(logprobs.size()) +
+                                               " bytes, not a multiple of 4");
+  }
+  out->behaviour_logprobs.resize(logprobs.size() / 4);
+  if (logprobs.size() != 0) {
+    std::memcpy(out->behaviour_logprobs.data(), logprobs.begin(), logprobs.size());
+  }
+
+  for (auto run : in.getPolicyRuns()) out->policy_runs.push_back({run.getBegin(), run.getVersion()});
+
+  auto routing = in.getRouting();
+  out->routing.layers = routing.getLayers();
+  out->routing.top_k = routing.getTopK();
+  capnp::Data::Reader experts = routing.getExperts();
+  if (experts.size() % 2 != 0) {
+    return Reject(reject::kLengthMismatch, "segment.routing.experts has an odd byte count " +
+                                               std::to_string(experts.size()));
+  }
+  out->routing.experts.resize(experts.size() / 2);
+  if (experts.size() != 0) {
+    std::memcpy(out->routing.experts.data(), experts.begin(), experts.size());
+  }
+
+  for (auto step : in.getSteps()) out->steps.push_back({step.getEnd(), step.getProcessReward()});
+  out->outcome_reward = in.getOutcomeReward();
+  for (auto image : in.getImages()) {
+    Image decoded;
+    decoded.token_offset = image.getTokenOffset();
+    decoded.width = image.getWidth();
+    decoded.height = image.getHeight();
+    decoded.channels = image.getChannels();
+    auto pixels = image.getPixels();
+    decoded.pixels.assign(reinterpret_cast<const char*>(pixels.begin()), pixels.size());
+    out->images.push_back(std::move(decoded));
+  }
+  out->env = in.getEnv();
+  for (auto kv : in.getMetadata()) out->metadata.emplace_back(kv.getKey(), kv.getValue());
+  auto digest = in.getStateDigest();
+  out->state_digest.assign(reinterpret_cast<const char*>(digest.begin()), digest.size());
+  out->table = in.getTable();
+  return Status::Ok();
+}
+
+Status ReadMessage(wire::Message::Reader root, const DecodeLimits& limits, Message* out) {
+  switch (root.which()) {
+    case wire::Message::HELLO: {
+      out->kind = MessageKind::kHello;
+      auto hello = root.getHello();
+      out->hello.client_id = hello.getClientId();
+      if (out->hello.client_id.empty()) {
+        return Reject(reject::kMissingField, "hello.clientId is empty");
+      }
+      out->hello.role = hello.getRole() == wire::ClientRole::LEARNER ? ClientRole::kLearner
+                                                                        : ClientRole::kActor;
+      return Status::Ok();
+    }
+    case wire::Message::SEGMENT:
+      out->kind = MessageKind::kSegment;
+      STRIDER_RETURN_IF_ERROR(ReadSegment(root.getSegment(), &out->segment));
+      return ValidateSegment(out->segment, limits);
+    case wire::Message::ACK:
+      out->kind = MessageKind::kAck;
+      for (auto key : root.getAck().getKeys()) {
+        SegmentKey decoded;
+        STRIDER_RETURN_IF_ERROR(ReadKey(key, &decoded, "ack.keys"));
+        out->ack.push_back(decoded);
+      }
+      return Status::Ok();
+    case wire::Message::CREDIT:
+      out->kind = MessageKind::kCredit;
+      out->credit.bytes = root.getCredit().getBytes();
+      out->credit.server_instance = root.getCredit().getServerInstance();
+      return Status::Ok();
+    case wire::Message::SAMPLE_REQUEST: {
+      out->kind = MessageKind::kSampleRequest;
+      auto request = root.getSampleRequest();
+      SampleRequest& r = out->sample_request;
+      r.table = request.getTable();
+      r.learner_id = request.getLearnerId();
+      r.step = request.getStep();
+      r.count = request.getCount();
+      r.policy_version = request.getPolicyVersion();
+      if (r.learner_id.empty()) return Reject(reject::kMissingField, "sampleRequest.learnerId");
+      if (r.step == 0) return Reject(reject::kRange, "sampleRequest.step must start at 1");
+      if (r.count == 0 || r.count > 65536) {
+        return Reject(reject::kRange, "sampleRequest.count must be in [1, 65536], got " +
+                                          std::to_string(r.count));
+      }
+      return Status::Ok();
+    }
+    case wire::Message::SAMPLE_REPLY: {
+      out->kind = MessageKind::kSampleReply;
+      auto reply = root.getSampleReply();
+      out->sample_reply.step = reply.getStep();
+      out->sample_reply.not_ready_reason = reply.getNotReadyReason();
+      out->sample_reply.replayed = reply.getReplayed();
+      for (auto sampled : reply.getSegments()) {
+        SampledSegment decoded;
+        decoded.sequence = sampled.getSequence();
+        decoded.times_sampled = sampled.getTimesSampled();
+        auto bytes = sampled.getSegment();
+        decoded.envelope.assign(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+        out->sample_reply.segments.push_back(std::move(decoded));
+      }
+      return Status::Ok();
+    }
+    case wire::Message::PRIORITY_UPDATE: {
+      out->kind = MessageKind::kPriorityUpdate;
+      auto update = root.getPriorityUpdate();
+      out->priority_update.table = update.getTable();
+      for (uint64_t s : update.getSequences()) out->priority_update.sequences.push_back(s);
+      for (double p : update.getPriorities()) {
+        if (!std::isfinite(p) || p < 0) {
+          return Reject(reject::kRange, "priorityUpdate.priorities must be finite and >= 0");
+        }
+        out->priority_update.priorities.push_back(p);
+      }
+      if (out->priority_update.sequences.size() != out->priority_update.priorities.size()) {
+        return Reject(reject::kLengthMismatch,
+                      "priorityUpdate has " +
+                          std::to_string(out->priority_update.sequences.size()) +
+                          " sequences but " +
+                          std::to_string(out->priority_update.priorities.size()) + " priorities");
+      }
+      return Status::Ok();
+    }
+    case wire::Message::ERROR: {
+      out->kind = MessageKind::kError;
+      auto error = root.getError();
+      out->error.reason = error.getReason();
+      out->error.message = error.getMessage();
+      if (error.hasKey() && error.getKey().hasTrajectoryId()) {
+        out->error.has_key = ReadKey(error.getKey(), &out->error.key, "error.key").ok();
+      }
+      return Status::Ok();
+    }
+    case wire::Message::STATS_REQUEST:
+      out->kind = MessageKind::kStatsRequest;
+      return Status::Ok();
+    case wire::Message::STATS:
+      out->kind = MessageKind::kStats;
+      out->stats_json = root.getStats().getJson();
+      return Status::Ok();
+  }
+  return Reject(reject::kMalformed, "unknown message kind " +
+                                        std::to_string(static_cast<int>(root.which())) +
+                                        " (a newer minor version?)");
+}
+
+}  // namespace
+
+std::string_view RejectReason(const Status& status) {
+  static constexpr std::string_view kAll[] = {
+      reject::kSize,         reject::kTruncated,      reject::kMagic, reject::kVersion,
+      reject::kChecksum,     reject::kMalformed,      reject::kMissingField,
+      reject::kLengthMismatch, reject::kRange,        reject::kUnexpected, reject::kCredit};
+  std::string_view message = status.message();
+  for (std::string_view reason : kAll) {
+    if (message.size() > reason.size() && message.substr(0, reason.size()) == reason &&
+        message[reason.size()] == ':') {
+      return reason;
+    }
+  }
+  return "other";
+}
+
+std::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kSystem: return "system";
+    case Role::kUser: return "user";
+    case Role::kModel: return "model";
+    case Role::kToolCall: return "tool_call";
+    case Role::kToolResult: return "tool_result";
+    case Role::kImage: return "image";
+  }
+  return "unknown";
+}
+
+std::string_view MessageKindName(MessageKind kind) {
+  switch (kind) {
+    case MessageKind::kHello: return "hello";
+    case MessageKind::kSegment: return "segment";
+    case MessageKind::kAck: return "ack";
+    case MessageKind::kCredit: return "credit";
+    case MessageKind::kSampleRequest: return "sample_request";
+    case MessageKind::kSampleReply: return "sample_reply";
+    case MessageKind::kPriorityUpdate: return "priority_update";
+    case MessageKind::kError: return "error";
+    case MessageKind::kStatsRequest: return "stats_request";
+    case MessageKind::kStats: return "stats";
+  }
+  return "unknown";
+}
+
+std::string TrajectoryId::Hex() const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string hex(32, '0');
+  for (size_t i = 0; i < 16; ++i) {
+    hex[2 * i] = kDigits[bytes[i] >> 4];
+    hex[2 * i + 1] = kDigits[bytes[i] & 0xF];
+  }
+  return hex;
+}
+
+Result<TrajectoryId> TrajectoryId::FromHex(std::string_view hex) {
+  if (hex.size() != 32) {
+    return Status::InvalidArgument("trajectory id '" + std::string(hex) +
+                                   "' must be 32 hex digits");
+  }
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  TrajectoryId id;
+  for (size_t i = 0; i < 16; ++i) {
+    const int high = nibble(hex[2 * i]);
+    const int low = nibble(hex[2 * i + 1]);
+    if (high < 0 || low < 0) {
+      return Status::InvalidArgument("trajectory id '" + std::string(hex) +
+                                     "' has a character that is not a hex digit");
+    }
+    id.bytes[i] = static_cast<uint8_t>(high * 16 + low);
+  }
+  return id;
+}
+
+std::string SegmentKey::ToString() const { return trajectory.Hex() + "/" + std::to_string(index); }
+
+uint64_t SegmentData::MinPolicyVersion() const {
+  uint64_t v = std::numeric_limits<uint64_t>::max();
+  for (const PolicyRun& run : policy_runs) v = std::min(v, run.version);
+  return policy_runs.empty() ? 0 : v;
+}
+
+uint64_t SegmentData::MaxPolicyVersion() const {
+  uint64_t v = 0;
+  for (const PolicyRun& run : policy_runs) v = std::max(v, run.version);
+  return v;
+}
+
+size_t SegmentData::ActionTokens() const {
+  size_t actions = 0;
+  for (Role role : roles) actions += IsAction(role) ? 1 : 0;
+  return actions;
+}
+
+Status ValidateSegment(const SegmentData& s, const DecodeLimits& limits) {
+  const size_t n = s.tokens.size();
+  const std::string where = "segment " + s.key().ToString();
+  if (n == 0) return Reject(reject::kMissingField, where + ": no tokens");
+  if (s.env.empty()) return Reject(reject::kMissingField, where + ": env is empty");
+  if (s.policy_runs.empty()) return Reject(reject::kMissingField, where + ": no policy runs");
+  if (s.roles.size() != n) {
+    return Reject(reject::kLengthMismatch, where + ": " + std::to_string(n) + " tokens but " +
+                                               std::to_string(s.roles.size()) + " roles");
+  }
+  if (s.behaviour_logprobs.size() != n) {
+    return Reject(reject::kLengthMismatch,
+                  where + ": " + std::to_string(n) + " tokens but " +
+                      std::to_string(s.behaviour_logprobs.size()) + " behaviour log-probs");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (s.tokens[i] < 0 || s.tokens[i] >= limits.max_token_id) {
+      return Reject(reject::kRange, where + ": token " + std::to_string(i) + " has id " +
+                                        std::to_string(s.tokens[i]) + ", outside [0, " +
+                                        std::to_string(limits.max_token_id) + ")");
+    }
+    if (static_cast<uint8_t>(s.roles[i]) >= kRoleCount) {
+      return Reject(reject::kRange, where + ": token " + std::to_string(i) + " has no valid role");
+    }
+    const float lp = s.behaviour_logprobs[i];
+    if (!std::isfinite(lp) || lp > 0) {
+      return Reject(reject::kRange, where + ": behaviour log-prob " + std::to_string(i) +
+                                        " is not a finite value <= 0");
+    }
+  }
+  if (s.token_begin > std::numeric_limits<uint64_t>::max() - n) {
+    return Reject(reject::kRange, where + ": tokenBegin overflows");
+  }
+  if (s.policy_runs.front().begin != 0) {
+    return Reject(reject::kRange, where + ": the first policy run must begin at offset 0");
+  }
+  for (size_t i = 1; i < s.policy_runs.size(); ++i) {
+    if (s.policy_runs[i].begin <= s.policy_runs[i - 1].begin || s.policy_runs[i].begin >= n) {
+      return Reject(reject::kRange, where + ": policy run " + std::to_string(i) +
+                                        " does not begin after the previous one inside the "
+                                        "segment");
+    }
+  }
+  uint32_t previous_end = 0;
+  for (size_t i = 0; i < s.steps.size(); ++i) {
+    if (s.steps[i].end <= previous_end || s.steps[i].end > n) {
+      return Reject(reject::kRange, where + ": step " + std::to_string(i) + " ends at " +
+                                        std::to_string(s.steps[i].end) +
+                                        ", not after the previous step and within " +
+                                        std::to_string(n) + " tokens");
+    }
+    if (!std::isfinite(s.steps[i].process_reward)) {
+      return Reject(reject::kRange, where + ": step " + std::to_string(i) +
+                                        " has a non-finite process reward");
+    }
+    previous_end = s.steps[i].end;
+  }
+  if (!std::isfinite(s.outcome_reward)) {
+    return Reject(reject::kRange, where + ": outcome reward is not finite");
+  }
+  const size_t expected_experts =
+      s.ActionTokens() * static_cast<size_t>(s.routing.layers) * s.routing.top_k;
+  if (s.routing.experts.size() != expected_experts) {
+    return Reject(reject::kLengthMismatch,
+                  where + ": routing record has " + std::to_string(s.routing.experts.size()) +
+                      " expert ids, expected " + std::to_string(s.ActionTokens()) +
+                      " action tokens x " + std::to_string(s.routing.layers) + " layers x top-" +
+                      std::to_string(s.routing.top_k));
+  }
+  for (size_t i = 0; i < s.images.size(); ++i) {
+    const Image& image = s.images[i];
+    if (image.token_offset >= n) {
+      return Reject(reject::kRange, where + ": image " + std::to_string(i) +
+                                        " is placed past the segment's tokens");
+    }
+    const uint64_t expected = uint64_t{image.width} * image.height * image.channels;
+    if (image.pixels.size() != expected || expected == 0) {
+      return Reject(reject::kLengthMismatch,
+                    where + ": image " + std::to_string(i) + " has " +
+                        std::to_string(image.pixels.size()) + " pixel bytes, expected " +
+                        std::to_string(image.width) + "x" + std::to_string(image.height) + "x" +
+                        std::to_string(image.channels));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::string> EncodeSegment(const SegmentData& s, const DecodeLimits& limits) {
+  STRIDER_RETURN_IF_ERROR(ValidateSegment(s, limits));
+  size_t payload_estimate = s.tokens.size() * 9 + s.routing.experts.size() * 2 + 4096;
+  for (const Image& image : s.images) payload_estimate += image.pixels.size() + 64;
+  capnp::MallocMessageBuilder builder(payload_estimate / sizeof(capnp::word) + 64);
+  auto out = builder.initRoot<wire::Message>().initSegment();
+  out.setTrajectoryId(AsData(s.trajectory_id.View()));
+  out.setSegmentIndex(s.segment_index);
+  out.setIsLast(s.is_last);
+  out.setTokenBegin(s.token_begin);
+  out.setTokens(AsData(s.tokens.data(), s.tokens.size() * 4));
+  out.setRoles(AsData(s.roles.data(), s.roles.size()));
+  out.setBehaviourLogprobs(AsData(s.behaviour_logprobs.data(), s.behaviour_logprobs.size() * 4));
+  auto runs = out.initPolicyRuns(s.policy_runs.size());
+  for (size_t i = 0; i < s.policy_runs.size(); ++i) {
+    runs[i].setBegin(s.policy_runs[i].begin);
+    runs[i].setVersion(s.policy_runs[i].version);
+  }
+  auto routing = out.initRouting();
+  routing.setLayers(s.routing.layers);
+  routing.setTopK(s.routing.top_k);
+  routing.setExperts(AsData(s.routing.experts.data(), s.routing.experts.size() * 2));
+  auto steps = out.initSteps(s.steps.size());
+  for (size_t i = 0; i < s.steps.size(); ++i) {
+    steps[i].setEnd(s.steps[i].end);
+    steps[i].setProcessReward(s.steps[i].process_reward);
+  }
+  out.setOutcomeReward(s.outcome_reward);
+  auto images = out.initImages(s.images.size());
+  for (size_t i = 0; i < s.images.size(); ++i) {
+    images[i].setTokenOffset(s.images[i].token_offset);
+    images[i].setWidth(s.images[i].width);
+    images[i].setHeight(s.images[i].height);
+    images[i].setChannels(s.images[i].channels);
+    images[i].setPixels(AsData(s.images[i].pixels));
+  }
+  out.setEnv(AsText(s.env));
+  auto metadata = out.initMetadata(s.metadata.size());
+  for (size_t i = 0; i < s.metadata.size(); ++i) {
+    metadata[i].setKey(AsText(s.metadata[i].first));
+    metadata[i].setValue(AsText(s.metadata[i].second));
+  }
+  out.setStateDigest(AsData(s.state_digest));
+  out.setTable(AsText(s.table));
+  std::string frame = Seal(builder);
+  if (frame.size() > limits.max_message_bytes) {
+    return Reject(reject::kSize, "segment " + s.key().ToString() + " encodes to " +
+                                     std::to_string(frame.size()) + " bytes, over the limit of " +
+                                     std::to_string(limits.max_message_bytes));
+  }
+  return frame;
+}
+
+std::string EncodeHello(const Hello& hello) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<wire::Message>().initHello();
+  out.setClientId(AsText(hello.client_id));
+  out.setRole(hello.role == ClientRole::kLearner ? wire::ClientRole::LEARNER
+                                                 : wire::ClientRole::ACTOR);
+  return Seal(builder);
+}
+
+std::string EncodeAck(const std::vector<SegmentKey>& keys) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<wire::Message>().initAck().initKeys(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) SetKey(out[i], keys[i]);
+  return Seal(builder);
+}
+
+std::string EncodeCredit(const Credit& credit) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<wire::Message>().initCredit();
+  out.setBytes(credit.bytes);
+  out.setServerInstance(credit.server_instance);
+  return Seal(builder);
+}
+
+std::string EncodeSampleRequest(const SampleRequest& request) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<wire::Message>().initSampleRequest();
+  out.setTable(AsText(request.table));
+  out.setLearnerId(AsText(request.learner_id));
+  out.setStep(request.step);
+  out.setCount(request.count);
+  out.setPolicyVersion(request.policy_version);
+  return Seal(builder);
+}
+
+std::string EncodeSampleReply(const SampleReply& reply) {
+  size_t bytes = 1024;
+  for (const SampledSegment& s : reply.segments) bytes += s.envelope.size() + 64;
+  capnp::MallocMessageBuilder builder(bytes / sizeof(capnp::word) + 64);
+  auto out = builder.initRoot<wire::Message>().initSampleReply();
+  out.setStep(reply.step);
+  out.setNotReadyReason(AsText(reply.not_ready_reason));
+  out.setReplayed(reply.replayed);
+  auto segments = out.initSegments(reply.segments.size());
+  for (size_t i = 0; i < reply.segments.size(); ++i) {
+    segments[i].setSequence(reply.segments[i].sequence);
+    segments[i].setTimesSampled(reply.segments[i].times_sampled);
+    segments[i].setSegment(AsData(reply.segments[i].envelope));
+  }
+  return Seal(builder);
+}
+
+std::string EncodePriorityUpdate(const PriorityUpdate& update) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<wire::Message>().initPriorityUpdate();
+  out.setTable(AsText(update.table));
+  auto sequences = out.initSequences(update.sequences.size());
+  for (size_t i = 0; i < update.sequences.size(); ++i) sequences.set(i, update.sequences[i]);
+  auto priorities = out.initPriorities(update.priorities.size());
+  for (size_t i = 0; i < update.priorities.size(); ++i) priorities.set(i, update.priorities[i]);
+  return Seal(builder);
+}
+
+std::string EncodeError(const ErrorReply& error) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<wire::Message>().initError();
+  out.setReason(AsText(error.reason));
+  out.setMessage(AsText(error.message));
+  if (error.has_key) SetKey(out.initKey(), error.key);
+  return Seal(builder);
+}
+
+std::string EncodeStatsRequest() {
+  capnp::MallocMessageBuilder builder;
+  builder.initRoot<wire::Message>().setStatsRequest();
+  return Seal(builder);
+}
+
+std::string EncodeStats(const std::string& json) {
+  capnp::MallocMessageBuilder builder;
+  builder.initRoot<wire::Message>().initStats().setJson(AsText(json));
+  return Seal(builder);
+}
+
+Status CheckEnvelope(std::string_view frame, const DecodeLimits& limits) {
+  if (frame.size() > limits.max_message_bytes) {
+    return Reject(reject::kSize, "message of " + std::to_string(frame.size()) +
+                                     " bytes is over the limit of " +
+                                     std::to_string(limits.max_message_bytes));
+  }
+  if (frame.size() < kEnvelopeHeaderBytes) {
+    return Reject(reject::kTruncated, "message of " + std::to_string(frame.size()) +
+                                          " bytes is shorter than the " +
+                                          std::to_string(kEnvelopeHeaderBytes) +
+                                          "-byte envelope header");
+  }
+  const char* header = frame.data();
+  if (Get<uint32_t>(header) != kEnvelopeMagic) {
+    return Reject(reject::kMagic, "the message does not start with the envelope magic 'STRD'");
+  }
+  const uint16_t major = Get<uint16_t>(header + 4);
+  const uint16_t minor = Get<uint16_t>(header + 6);
+  if (major != kSchemaMajor) {
+    return Reject(reject::kVersion, "schema version " + std::to_string(major) + "." +
+                                        std::to_string(minor) + " is not supported (this reader " +
+                                        "knows major version " + std::to_string(kSchemaMajor) +
+                                        ")");
+  }
+  const uint64_t payload_bytes = Get<uint64_t>(header + 8);
+  const uint64_t actual = frame.size() - kEnvelopeHeaderBytes;
+  if (payload_bytes != actual) {
+    return Reject(reject::kTruncated, "the envelope announces " + std::to_string(payload_bytes) +
+                                          " payload bytes but " + std::to_string(actual) +
+                                          " arrived");
+  }
+  if (payload_bytes % sizeof(capnp::word) != 0) {
+    return Reject(reject::kMalformed, "payload of " + std::to_string(payload_bytes) +
+                                          " bytes is not a whole number of 8-byte words");
+  }
+  const uint32_t expected_crc = Get<uint32_t>(header + 16);
+  const uint32_t actual_crc = Crc32c(frame.data() + kEnvelopeHeaderBytes, payload_bytes);
+  if (expected_crc != actual_crc) {
+    return Reject(reject::kChecksum, "payload CRC32C is " + std::to_string(actual_crc) +
+                                         ", the envelope says " + std::to_string(expected_crc));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Runs `read` on the root of type `Root` of a frame whose envelope is already checked, turning
+// Cap'n Proto's exceptions for malformed input into a Status.
+template <typename Root, typename Fn>
+Status ReadRoot(std::string_view frame, Fn&& read) {
+  std::string_view payload = frame.substr(kEnvelopeHeaderBytes);
+  const size_t words = payload.size() / sizeof(capnp::word);
+  // Cap'n Proto reads words in place; ZeroMQ and RocksDB give no alignment guarantee.
+  kj::Array<capnp::word> aligned_copy;
+  const capnp::word* data = reinterpret_cast<const capnp::word*>(payload.data());
+  if (reinterpret_cast<uintptr_t>(payload.data()) % alignof(capnp::word) != 0) {
+    aligned_copy = kj::heapArray<capnp::word>(words);
+    std::memcpy(aligned_copy.begin(), payload.data(), payload.size());
+    data = aligned_copy.begin();
+  }
+  capnp::ReaderOptions options;
+  // Bounds the work a hostile message can cause (pointer amplification) to a few passes over
+  // its own size.
+  options.traversalLimitInWords = words * 4 + 1024;
+  options.nestingLimit = 16;
+  try {
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(data, words), options);
+    if (reader.getEnd() != data + words) {
+      return Reject(reject::kMalformed, "trailing bytes after the Cap'n Proto message");
+    }
+    return read(reader.getRoot<Root>());
+  } catch (const kj::Exception& error) {
+    return Reject(reject::kMalformed, std::string(error.getDescription().cStr()));
+  } catch (const std::exception& error) {
+    return Reject(reject::kMalformed, error.what());
+  }
+}
+
+}  // namespace
+
+Result<Message> Decode(std::string_view frame, const DecodeLimits& limits) {
+  STRIDER_RETURN_IF_ERROR(CheckEnvelope(frame, limits));
+  Message message;
+  STRIDER_RETURN_IF_ERROR(ReadRoot<wire::Message>(frame, [&](wire::Message::Reader root) {
+    return ReadMessage(root, limits, &message);
+  }));
+  return message;
+}
+
+std::string EncodeTrajectorySummary(const TrajectorySummary& summary) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<wire::TrajectorySummary>();
+  out.setTrajectoryId(AsData(summary.trajectory_id.View()));
+  out.setEnv(AsText(summary.env));
+  out.setTable(AsText(summary.table));
+  out.setStatus(summary.complete ? wire::TrajectoryStatus::COMPLETE : wire::TrajectoryStatus::OPEN);
+  out.setSegmentsStored(summary.segments_stored);
+  out.setTokens(summary.tokens);
+  out.setOutcomeReward(summary.outcome_reward);
+  out.setProcessRewardSum(summary.process_reward_sum);
+  out.setSteps(summary.steps);
+  out.setMinPolicyVersion(summary.min_policy_version);
+  out.setMaxPolicyVersion(summary.max_policy_version);
+  out.setFirstInsertUnixMs(summary.first_insert_unix_ms);
+  return Seal(builder);
+}
+
+Result<TrajectorySummary> DecodeTrajectorySummary(std::string_view frame) {
+  STRIDER_RETURN_IF_ERROR(CheckEnvelope(frame));
+  TrajectorySummary summary;
+  STRIDER_RETURN_IF_ERROR(ReadRoot<wire::TrajectorySummary>(
+      frame, [&](wire::TrajectorySummary::Reader in) -> Status {
+        if (!in.hasTrajectoryId() || in.getTrajectoryId().size() != 16) {
+          return Reject(reject::kMissingField, "trajectory summary without a 16-byte id");
+        }
+        std::memcpy(summary.trajectory_id.bytes.data(), in.getTrajectoryId().begin(), 16);
+        summary.env = in.getEnv();
+        summary.table = in.getTable();
+        summary.complete = in.getStatus() == wire::TrajectoryStatus::COMPLETE;
+        summary.segments_stored = in.getSegmentsStored();
+        summary.tokens = in.getTokens();
+        summary.outcome_reward = in.getOutcomeReward();
+        summary.process_reward_sum = in.getProcessRewardSum();
+        summary.steps = in.getSteps();
+        summary.min_policy_version = in.getMinPolicyVersion();
+        summary.max_policy_version = in.getMaxPolicyVersion();
+        summary.first_insert_unix_ms = in.getFirstInsertUnixMs();
+        return Status::Ok();
+      }));
+  return summary;
+}
+
+}  // namespace strider::schema

@@ -1,0 +1,244 @@
+// The replay service's messages as plain C++ values, and their one validated way in and out.
+//
+// Encode* functions build a complete frame: the envelope (magic, schema version, payload length,
+// CRC32C of the payload) around a Cap'n Proto `Message` (common/schema/replay.capnp). Decode
+// checks a frame completely before anything reads it:
+//
+//   size limit -> header -> schema major version -> payload length -> checksum ->
+//   Cap'n Proto structure (traversal and nesting limits) -> required fields ->
+//   array lengths that must agree -> token ids, roles and offsets within range
+//
+// A rejected frame yields a non-OK Status whose message starts with a short reason ("checksum:",
+// "version:", ...) that RejectReason() extracts; servers count rejects by it and send it back.
+// Decoding never throws and never aborts on hostile input.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strider::schema {
+
+// Major versions must match exactly; a reader accepts any minor version of its major.
+inline constexpr uint16_t kSchemaMajor = 1;
+inline constexpr uint16_t kSchemaMinor = 0;
+inline constexpr uint32_t kEnvelopeMagic = 0x44525453;  // "STRD" little-endian
+inline constexpr size_t kEnvelopeHeaderBytes = 24;
+
+// Reasons a frame is rejected (the prefix of the Status message).
+namespace reject {
+inline constexpr std::string_view kSize = "size";                // over the message size limit
+inline constexpr std::string_view kTruncated = "truncated";      // shorter than it says
+inline constexpr std::string_view kMagic = "magic";              // not an envelope at all
+inline constexpr std::string_view kVersion = "version";          // unknown schema major version
+inline constexpr std::string_view kChecksum = "checksum";        // payload CRC32C differs
+inline constexpr std::string_view kMalformed = "malformed";      // not a valid Cap'n Proto message
+inline constexpr std::string_view kMissingField = "missing_field";
+inline constexpr std::string_view kLengthMismatch = "length_mismatch";
+inline constexpr std::string_view kRange = "range";              // token id, role or offset out of range
+inline constexpr std::string_view kUnexpected = "unexpected";    // valid, but not on this endpoint
+inline constexpr std::string_view kCredit = "credit";            // client exceeded its credit
+}  // namespace reject
+
+// The reason prefix of a Status made by Decode ("checksum"), or "other".
+std::string_view RejectReason(const Status& status);
+
+struct DecodeLimits {
+  size_t max_message_bytes = 64ull << 20;
+  int32_t max_token_id = 1 << 24;  // token ids must lie in [0, max_token_id)
+};
+
+enum class Role : uint8_t { kSystem = 0, kUser, kModel, kToolCall, kToolResult, kImage };
+inline constexpr uint8_t kRoleCount = 6;
+std::string_view RoleName(Role role);
+inline bool IsAction(Role role) { return role == Role::kModel || role == Role::kToolCall; }
+
+struct TrajectoryId {
+  std::array<uint8_t, 16> bytes{};
+
+  std::string Hex() const;  // 32 lowercase hex digits
+  static Result<TrajectoryId> FromHex(std::string_view hex);
+  std::string_view View() const {
+    return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+  }
+  auto operator<=>(const TrajectoryId&) const = default;
+};
+
+struct SegmentKey {
+  TrajectoryId trajectory;
+  uint32_t index = 0;
+  auto operator<=>(const SegmentKey&) const = default;
+  std::string ToString() const;  // "<hex>/<index>"
+};
+
+struct PolicyRun {
+  uint32_t begin = 0;  // segment offset where this run starts
+  uint64_t version = 0;
+};
+
+struct Step {
+  uint32_t end = 0;  // segment offset one past the step's last token
+  float process_reward = 0;
+};
+
+struct RoutingRecord {
+  uint16_t layers = 0;
+  uint16_t top_k = 0;
+  std::vector<uint16_t> experts;  // (action tokens, layers, top_k), row-major
+};
+
+struct Image {
+  uint32_t token_offset = 0;
+  uint32_t width = 0;
+  uint32_t height = 0;
+  uint8_t channels = 0;
+  std::string pixels;  // width * height * channels bytes
+};
+
+// One contiguous token range of a trajectory (DESIGN.md section 4).
+struct SegmentData {
+  TrajectoryId trajectory_id;
+  uint32_t segment_index = 0;
+  bool is_last = false;
+  uint64_t token_begin = 0;
+  std::vector<int32_t> tokens;
+  std::vector<Role> roles;                // one per token
+  std::vector<float> behaviour_logprobs;  // one per token; 0 for context tokens
+  std::vector<PolicyRun> policy_runs;     // at least one, the first at offset 0
+  RoutingRecord routing;                  // empty (layers 0) when the model has no experts
+  std::vector<Step> steps;
+  float outcome_reward = 0;  // meaningful when is_last
+  std::vector<Image> images;
+  std::string env;
+  std::vector<std::pair<std::string, std::string>> metadata;
+  std::string state_digest;
+  std::string table;  // empty: the server's first table
+
+  SegmentKey key() const { return {trajectory_id, segment_index}; }
+  uint64_t MinPolicyVersion() const;
+  uint64_t MaxPolicyVersion() const;
+  size_t ActionTokens() const;
+};
+
+// Checks the rules Decode applies to a segment; encoders call it so bad data never leaves.
+Status ValidateSegment(const SegmentData& segment, const DecodeLimits& limits);
+
+enum class ClientRole : uint8_t { kActor = 0, kLearner = 1 };
+
+struct Hello {
+  std::string client_id;
+  ClientRole role = ClientRole::kActor;
+};
+
+struct Credit {
+  uint64_t bytes = 0;
+  uint64_t server_instance = 0;
+};
+
+struct SampleRequest {
+  std::string table;
+  std::string learner_id;
+  uint64_t step = 0;  // from 1
+  uint32_t count = 1;
+  uint64_t policy_version = 0;
+};
+
+struct SampledSegment {
+  uint64_t sequence = 0;
+  std::string envelope;  // a complete frame holding a segment message
+  uint32_t times_sampled = 0;
+};
+
+struct SampleReply {
+  uint64_t step = 0;
+  std::vector<SampledSegment> segments;
+  std::string not_ready_reason;
+  bool replayed = false;
+};
+
+struct PriorityUpdate {
+  std::string table;
+  std::vector<uint64_t> sequences;
+  std::vector<double> priorities;
+};
+
+struct ErrorReply {
+  std::string reason;
+  std::string message;
+  bool has_key = false;
+  SegmentKey key;
+};
+
+enum class MessageKind : uint8_t {
+  kHello,
+  kSegment,
+  kAck,
+  kCredit,
+  kSampleRequest,
+  kSampleReply,
+  kPriorityUpdate,
+  kError,
+  kStatsRequest,
+  kStats,
+};
+std::string_view MessageKindName(MessageKind kind);
+
+// A decoded, validated message; only the member named by `kind` is filled.
+struct Message {
+  MessageKind kind = MessageKind::kStatsRequest;
+  Hello hello;
+  SegmentData segment;
+  std::vector<SegmentKey> ack;
+  Credit credit;
+  SampleRequest sample_request;
+  SampleReply sample_reply;
+  PriorityUpdate priority_update;
+  ErrorReply error;
+  std::string stats_json;
+};
+
+// What the store keeps per trajectory (the `trajectories` column family), updated with every
+// stored or deleted segment of it.
+struct TrajectorySummary {
+  TrajectoryId trajectory_id;
+  std::string env;
+  std::string table;
+  bool complete = false;  // the last segment arrived
+  uint32_t segments_stored = 0;
+  uint64_t tokens = 0;  // tokens in stored segments
+  float outcome_reward = 0;
+  float process_reward_sum = 0;
+  uint32_t steps = 0;
+  uint64_t min_policy_version = 0;
+  uint64_t max_policy_version = 0;
+  uint64_t first_insert_unix_ms = 0;
+};
+std::string EncodeTrajectorySummary(const TrajectorySummary& summary);
+Result<TrajectorySummary> DecodeTrajectorySummary(std::string_view frame);
+
+// Each returns a complete frame. EncodeSegment fails when ValidateSegment does.
+Result<std::string> EncodeSegment(const SegmentData& segment,
+                                  const DecodeLimits& limits = DecodeLimits());
+std::string EncodeHello(const Hello& hello);
+std::string EncodeAck(const std::vector<SegmentKey>& keys);
+std::string EncodeCredit(const Credit& credit);
+std::string EncodeSampleRequest(const SampleRequest& request);
+std::string EncodeSampleReply(const SampleReply& reply);
+std::string EncodePriorityUpdate(const PriorityUpdate& update);
+std::string EncodeError(const ErrorReply& error);
+std::string EncodeStatsRequest();
+std::string EncodeStats(const std::string& json);
+
+// Validates and decodes one frame (see the top of this file for the order of checks).
+Result<Message> Decode(std::string_view frame, const DecodeLimits& limits = DecodeLimits());
+
+// Only the envelope checks (size, header, version, length, checksum): what `verify` and the
+// server's storage path need to trust stored bytes without a full decode.
+Status CheckEnvelope(std::string_view frame, const DecodeLimits& limits = DecodeLimits());
+
+}  // namespace strider::schema

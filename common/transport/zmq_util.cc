@@ -1,0 +1,108 @@
+#include "common/transport/zmq_util.h"
+
+namespace strider::transport {
+
+Status CheckEndpoint(std::string_view endpoint) {
+  for (std::string_view scheme : {"tcp://", "ipc://", "inproc://"}) {
+    if (endpoint.size() > scheme.size() && endpoint.substr(0, scheme.size()) == scheme) {
+      if (scheme == "tcp://" && endpoint.find(':', scheme.size()) == std::string_view::npos) {
+        return Status::InvalidArgument("endpoint '" + std::string(endpoint) +
+                                       "' needs a port (tcp://host:port, port 0 for any)");
+      }
+      return Status::Ok();
+    }
+  }
+  return Status::InvalidArgument("endpoint '" + std::string(endpoint) +
+                                 "' must start with tcp://, ipc:// or inproc://");
+}
+
+Result<zmq::socket_t> MakeSocket(zmq::context_t& context, zmq::socket_type type,
+                                 size_t hard_max_message_bytes) {
+  try {
+    zmq::socket_t socket(context, type);
+    socket.set(zmq::sockopt::linger, 0);
+    if (hard_max_message_bytes > 0) {
+      socket.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(hard_max_message_bytes));
+    }
+    return socket;
+  } catch (const zmq::error_t& error) {
+    return Status::Internal(std::string("cannot create a ZeroMQ socket: ") + error.what());
+  }
+}
+
+Result<std::string> Bind(zmq::socket_t& socket, const std::string& endpoint) {
+  STRIDER_RETURN_IF_ERROR(CheckEndpoint(endpoint));
+  try {
+    socket.bind(endpoint);
+    return socket.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& error) {
+    return Status::Unavailable("cannot bind " + endpoint + ": " + error.what());
+  }
+}
+
+Status Connect(zmq::socket_t& socket, const std::string& endpoint) {
+  STRIDER_RETURN_IF_ERROR(CheckEndpoint(endpoint));
+  try {
+    socket.connect(endpoint);
+    return Status::Ok();
+  } catch (const zmq::error_t& error) {
+    return Status::Unavailable("cannot connect to " + endpoint + ": " + error.what());
+  }
+}
+
+std::string LocalEndpoint(const std::string& bound_endpoint) {
+  std::string endpoint = bound_endpoint;
+  for (std::string wildcard : {"tcp://0.0.0.0:", "tcp://*:"}) {
+    if (endpoint.rfind(wildcard, 0) == 0) {
+      return "tcp://127.0.0.1:" + endpoint.substr(wildcard.size());
+    }
+  }
+  return endpoint;
+}
+
+Result<bool> WaitReadable(zmq::socket_t& socket, std::chrono::milliseconds timeout) {
+  zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+  try {
+    zmq::poll(&item, 1, timeout);
+  } catch (const zmq::error_t& error) {
+    if (error.num() == EINTR) return false;
+    return Status::Internal(std::string("zmq poll failed: ") + error.what());
+  }
+  return (item.revents & ZMQ_POLLIN) != 0;
+}
+
+Result<std::vector<zmq::message_t>> ReceiveParts(zmq::socket_t& socket) {
+  std::vector<zmq::message_t> parts;
+  try {
+    while (true) {
+      zmq::message_t part;
+      const auto received =
+          socket.recv(part, parts.empty() ? zmq::recv_flags::dontwait : zmq::recv_flags::none);
+      if (!received) return parts;  // nothing waiting
+      const bool more = part.more();
+      parts.push_back(std::move(part));
+      if (!more) return parts;
+    }
+  } catch (const zmq::error_t& error) {
+    if (error.num() == EINTR) return parts;
+    return Status::Internal(std::string("zmq receive failed: ") + error.what());
+  }
+}
+
+Status SendParts(zmq::socket_t& socket, const std::vector<std::string_view>& parts,
+                 bool dont_wait) {
+  try {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      zmq::send_flags flags = i + 1 < parts.size() ? zmq::send_flags::sndmore
+                                                   : zmq::send_flags::none;
+      if (dont_wait) flags = flags | zmq::send_flags::dontwait;
+      const auto sent = socket.send(zmq::const_buffer(parts[i].data(), parts[i].size()), flags);
+      if (!sent) return Status::ResourceExhausted("zmq send would block (peer pipe full)");
+    }
+    return Status::Ok();
+  } catch (const zmq::error_t& error) {
+    return Status::Unavailable(std::string("zmq send failed: ") + error.what());
+  }
+}
+
+}  // namespace strider::transport

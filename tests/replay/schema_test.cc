@@ -1,0 +1,285 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include "common/schema/crc32c.h"
+#include "common/schema/replay.capnp.h"
+#include "common/schema/messages.h"
+#include "tests/replay/test_segments.h"
+
+namespace strider::schema {
+namespace {
+
+using strider::testing::MakeSegment;
+
+std::string Encoded(const SegmentData& s) {
+  Result<std::string> frame = EncodeSegment(s);
+  EXPECT_TRUE(frame.ok()) << frame.status().ToString();
+  return frame.ok() ? *frame : std::string();
+}
+
+// Re-seals a tampered payload with a correct checksum, so validation past the envelope is tested.
+void Reseal(std::string& frame) {
+  const uint32_t crc = Crc32c(frame.data() + kEnvelopeHeaderBytes,
+                              frame.size() - kEnvelopeHeaderBytes);
+  std::memcpy(frame.data() + 16, &crc, 4);
+}
+
+TEST(Crc32c, MatchesTheStandardCheckValue) {
+  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);
+  EXPECT_EQ(Crc32c(""), 0u);
+  std::string long_text(1000, 'x');
+  EXPECT_EQ(Crc32c(long_text.data() + 3, 900, Crc32c(long_text.data(), 3)),
+            Crc32c(long_text.data(), 903));
+}
+
+TEST(SegmentCodec, RoundTripsEveryField) {
+  SegmentData s = MakeSegment(7, 3, 1000, 5, true);
+  strider::testing::AddImage(s, 10, 4, 3);
+  s.table = "main";
+  const std::string frame = Encoded(s);
+  Result<Message> decoded = Decode(frame);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  ASSERT_EQ(decoded->kind, MessageKind::kSegment);
+  const SegmentData& d = decoded->segment;
+  EXPECT_EQ(d.trajectory_id, s.trajectory_id);
+  EXPECT_EQ(d.segment_index, 3u);
+  EXPECT_TRUE(d.is_last);
+  EXPECT_EQ(d.token_begin, s.token_begin);
+  EXPECT_EQ(d.tokens, s.tokens);
+  EXPECT_EQ(d.roles, s.roles);
+  EXPECT_EQ(d.behaviour_logprobs, s.behaviour_logprobs);
+  ASSERT_EQ(d.policy_runs.size(), 2u);
+  EXPECT_EQ(d.policy_runs[1].version, 6u);
+  EXPECT_EQ(d.routing.experts, s.routing.experts);
+  ASSERT_EQ(d.steps.size(), s.steps.size());
+  EXPECT_EQ(d.steps.back().end, s.steps.back().end);
+  EXPECT_EQ(d.outcome_reward, s.outcome_reward);
+  ASSERT_EQ(d.images.size(), 1u);
+  EXPECT_EQ(d.images[0].pixels, s.images[0].pixels);
+  EXPECT_EQ(d.env, "calculator");
+  EXPECT_EQ(d.metadata, s.metadata);
+  EXPECT_EQ(d.state_digest, s.state_digest);
+  EXPECT_EQ(d.table, "main");
+  EXPECT_EQ(d.MinPolicyVersion(), 5u);
+  EXPECT_EQ(d.MaxPolicyVersion(), 6u);
+}
+
+TEST(SegmentCodec, ServiceMessagesRoundTrip) {
+  SampleRequest request{"main", "learner-0", 9, 4, 12};
+  Result<Message> m = Decode(EncodeSampleRequest(request));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->kind, MessageKind::kSampleRequest);
+  EXPECT_EQ(m->sample_request.learner_id, "learner-0");
+  EXPECT_EQ(m->sample_request.step, 9u);
+  EXPECT_EQ(m->sample_request.policy_version, 12u);
+
+  SegmentKey key{strider::testing::MakeTrajectoryId(1), 4};
+  m = Decode(EncodeAck({key, key}));
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->ack.size(), 2u);
+  EXPECT_EQ(m->ack[1], key);
+
+  m = Decode(EncodeError({"checksum", "bad", true, key}));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->error.reason, "checksum");
+  EXPECT_TRUE(m->error.has_key);
+  EXPECT_EQ(m->error.key, key);
+
+  SampleReply reply;
+  reply.step = 3;
+  reply.segments.push_back({42, Encoded(MakeSegment(1, 0, 50)), 2});
+  m = Decode(EncodeSampleReply(reply));
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->sample_reply.segments.size(), 1u);
+  EXPECT_EQ(m->sample_reply.segments[0].sequence, 42u);
+  EXPECT_TRUE(Decode(m->sample_reply.segments[0].envelope).ok());
+
+  TrajectorySummary summary;
+  summary.trajectory_id = key.trajectory;
+  summary.env = "math";
+  summary.complete = true;
+  summary.segments_stored = 3;
+  summary.outcome_reward = 2.5f;
+  Result<TrajectorySummary> back = DecodeTrajectorySummary(EncodeTrajectorySummary(summary));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->env, "math");
+  EXPECT_TRUE(back->complete);
+  EXPECT_EQ(back->segments_stored, 3u);
+  EXPECT_EQ(back->outcome_reward, 2.5f);
+}
+
+TEST(SegmentCodec, DecodesFromUnalignedMemory) {
+  const std::string frame = Encoded(MakeSegment(2, 0, 100));
+  std::string shifted = " " + frame;
+  EXPECT_TRUE(Decode(std::string_view(shifted).substr(1)).ok());
+}
+
+TEST(BadInput, TruncatedFrameIsRejected) {
+  const std::string frame = Encoded(MakeSegment(1, 0, 100));
+  for (size_t cut : {size_t{0}, size_t{10}, kEnvelopeHeaderBytes, frame.size() - 8}) {
+    Result<Message> m = Decode(std::string_view(frame).substr(0, cut));
+    ASSERT_FALSE(m.ok()) << cut;
+    EXPECT_EQ(RejectReason(m.status()), reject::kTruncated) << m.status().ToString();
+  }
+}
+
+TEST(BadInput, UnknownMajorVersionIsRejectedWithBothVersions) {
+  std::string frame = Encoded(MakeSegment(1, 0, 100));
+  const uint16_t major = kSchemaMajor + 1;
+  std::memcpy(frame.data() + 4, &major, 2);
+  Result<Message> m = Decode(frame);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(RejectReason(m.status()), reject::kVersion);
+  EXPECT_NE(m.status().message().find("2.0"), std::string::npos) << m.status().message();
+}
+
+TEST(BadInput, NewerMinorVersionIsAccepted) {
+  std::string frame = Encoded(MakeSegment(1, 0, 100));
+  const uint16_t minor = kSchemaMinor + 3;
+  std::memcpy(frame.data() + 6, &minor, 2);
+  EXPECT_TRUE(Decode(frame).ok());
+}
+
+TEST(BadInput, FlippedPayloadBitFailsTheChecksum) {
+  std::string frame = Encoded(MakeSegment(1, 0, 100));
+  frame[frame.size() / 2] ^= 0x10;
+  Result<Message> m = Decode(frame);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(RejectReason(m.status()), reject::kChecksum);
+}
+
+TEST(BadInput, OversizedMessageIsRejectedBeforeParsing) {
+  const std::string frame = Encoded(MakeSegment(1, 0, 5000));
+  DecodeLimits limits;
+  limits.max_message_bytes = 4096;
+  Result<Message> m = Decode(frame, limits);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(RejectReason(m.status()), reject::kSize);
+  // The encoder refuses to produce it too.
+  EXPECT_FALSE(EncodeSegment(MakeSegment(1, 0, 5000), limits).ok());
+}
+
+TEST(BadInput, MismatchedArrayLengthsAreNamed) {
+  SegmentData s = MakeSegment(1, 0, 100);
+  s.roles.pop_back();
+  Status status = ValidateSegment(s, DecodeLimits());
+  EXPECT_EQ(RejectReason(status), reject::kLengthMismatch);
+  EXPECT_NE(status.message().find("roles"), std::string::npos);
+
+  s = MakeSegment(1, 0, 100);
+  s.behaviour_logprobs.push_back(0);
+  EXPECT_EQ(RejectReason(ValidateSegment(s, DecodeLimits())), reject::kLengthMismatch);
+
+  s = MakeSegment(1, 0, 100);
+  s.routing.experts.pop_back();
+  status = ValidateSegment(s, DecodeLimits());
+  EXPECT_EQ(RejectReason(status), reject::kLengthMismatch);
+  EXPECT_NE(status.message().find("routing"), std::string::npos);
+
+  s = MakeSegment(1, 0, 100);
+  strider::testing::AddImage(s, 5, 4, 4);
+  s.images[0].pixels.pop_back();
+  EXPECT_EQ(RejectReason(ValidateSegment(s, DecodeLimits())), reject::kLengthMismatch);
+}
+
+// The decoder must catch bad arrays even from a sender that skipped validation: build the wire
+// message by hand with Cap'n Proto, roles shorter than tokens.
+TEST(BadInput, DecoderChecksArrayLengthsOfHandBuiltMessages) {
+  capnp::MallocMessageBuilder builder;
+  auto segment = builder.initRoot<wire::Message>().initSegment();
+  const TrajectoryId id = strider::testing::MakeTrajectoryId(3);
+  segment.setTrajectoryId(capnp::Data::Reader(id.bytes.data(), 16));
+  const int32_t tokens[4] = {1, 2, 3, 4};
+  const uint8_t roles[3] = {1, 2, 2};
+  const float logprobs[4] = {0, -1, -1, -1};
+  segment.setTokens(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(tokens), 16));
+  segment.setRoles(capnp::Data::Reader(roles, 3));
+  segment.setBehaviourLogprobs(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(logprobs), 16));
+  segment.initPolicyRuns(1)[0].setVersion(1);
+  segment.setEnv("math");
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
+  std::string frame(kEnvelopeHeaderBytes, '\0');
+  frame.append(reinterpret_cast<const char*>(words.asBytes().begin()), words.asBytes().size());
+  const uint32_t magic = kEnvelopeMagic;
+  const uint16_t major = kSchemaMajor;
+  const uint64_t size = frame.size() - kEnvelopeHeaderBytes;
+  std::memcpy(frame.data(), &magic, 4);
+  std::memcpy(frame.data() + 4, &major, 2);
+  std::memcpy(frame.data() + 8, &size, 8);
+  Reseal(frame);
+  Result<Message> m = Decode(frame);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(RejectReason(m.status()), reject::kLengthMismatch) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("4 tokens but 3 roles"), std::string::npos);
+}
+
+TEST(BadInput, TokenOutOfRangeIsRejected) {
+  SegmentData s = MakeSegment(1, 0, 100);
+  s.tokens[7] = -1;
+  Status status = ValidateSegment(s, DecodeLimits());
+  EXPECT_EQ(RejectReason(status), reject::kRange);
+  DecodeLimits small;
+  small.max_token_id = 100;
+  s = MakeSegment(1, 0, 100);
+  EXPECT_EQ(RejectReason(ValidateSegment(s, small)), reject::kRange);
+}
+
+TEST(BadInput, MissingRequiredFieldsAreNamed) {
+  SegmentData s = MakeSegment(1, 0, 100);
+  s.env.clear();
+  Status status = ValidateSegment(s, DecodeLimits());
+  EXPECT_EQ(RejectReason(status), reject::kMissingField);
+  EXPECT_NE(status.message().find("env"), std::string::npos);
+  s = MakeSegment(1, 0, 100);
+  s.policy_runs.clear();
+  EXPECT_EQ(RejectReason(ValidateSegment(s, DecodeLimits())), reject::kMissingField);
+}
+
+TEST(BadInput, RandomBytesNeverCrashAndAreRejected) {
+  std::mt19937_64 rng(1234);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string bytes(rng() % 512, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    EXPECT_FALSE(Decode(bytes).ok());
+  }
+}
+
+// Garbage behind a valid envelope (correct magic, version, length and checksum) reaches the
+// Cap'n Proto reader, which must fail cleanly.
+TEST(BadInput, RandomPayloadBehindAValidEnvelopeIsMalformedNotACrash) {
+  std::mt19937_64 rng(99);
+  const std::string valid = Encoded(MakeSegment(1, 0, 64));
+  int rejected = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string frame = valid;
+    const int flips = 1 + static_cast<int>(rng() % 8);
+    for (int i = 0; i < flips; ++i) {
+      const size_t at = kEnvelopeHeaderBytes + rng() % (frame.size() - kEnvelopeHeaderBytes);
+      frame[at] = static_cast<char>(rng());
+    }
+    Reseal(frame);
+    Result<Message> m = Decode(frame);
+    if (!m.ok()) {
+      ++rejected;
+      EXPECT_NE(RejectReason(m.status()), "other") << m.status().ToString();
+    }
+  }
+  EXPECT_GT(rejected, 0);
+}
+
+TEST(TrajectoryIdText, HexRoundTrip) {
+  const TrajectoryId id = strider::testing::MakeTrajectoryId(5);
+  Result<TrajectoryId> back = TrajectoryId::FromHex(id.Hex());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, id);
+  EXPECT_FALSE(TrajectoryId::FromHex("xyz").ok());
+  EXPECT_FALSE(TrajectoryId::FromHex(std::string(32, 'g')).ok());
+}
+
+}  // namespace
+}  // namespace strider::schema
