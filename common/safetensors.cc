@@ -1,0 +1,562 @@
+// Safetensors I/O without LibTorch.
+//
+// Reading trusts nothing in the file: every length and offset is checked against the file size
+// before any allocation or copy, so a truncated or hostile file yields a Status, never a crash
+// or a huge allocation. The header is parsed as a DOM (headers are kilobytes to a few megabytes);
+// tensor bytes are read with one pread per tensor straight into the tensor's buffer, in file
+// order, so a file of hundreds of megabytes costs one pass over the data and no second copy.
+//
+// Writing lays tensors out like the reference implementation: ordered by element size (largest
+// first) and then by name, after a header padded with spaces to a multiple of 8 bytes. With that
+// order every tensor starts at a multiple of its element size, so a reader that maps the file
+// can view tensors in place; and the output does not depend on the order the caller listed them.
+#include "common/safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+namespace strider {
+namespace {
+
+using Json = nlohmann::json;
+
+// The reference implementation refuses headers above 100 MB; a larger length field is a
+// corrupt or hostile file, and refusing it early avoids allocating whatever it claims.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kMetadataKey = "__metadata__";
+
+constexpr DType kAllDTypes[] = {DType::kF64, DType::kF32, DType::kF16, DType::kBF16,
+                                DType::kI64, DType::kI32, DType::kI16, DType::kI8,
+                                DType::kU8,  DType::kBool};
+
+std::string ErrnoText(int error) { return std::strerror(error); }
+
+// Closes a file descriptor on every return path.
+class FileCloser {
+ public:
+  explicit FileCloser(int fd) : fd_(fd) {}
+  FileCloser(const FileCloser&) = delete;
+  FileCloser& operator=(const FileCloser&) = delete;
+  ~FileCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  // Closes now and reports the error, for writers where close can reveal a failed write.
+  int Close() {
+    int result = ::close(fd_);
+    fd_ = -1;
+    return result;
+  }
+
+ private:
+  int fd_;
+};
+
+// The number of elements of `shape`, or nullopt if a dimension is negative or the product (in
+// bytes, times `element_size`) does not fit in 64 bits.
+std::optional<uint64_t> ByteSizeOf(const std::vector<int64_t>& shape, size_t element_size) {
+  uint64_t bytes = element_size;
+  for (int64_t dim : shape) {
+    if (dim < 0) return std::nullopt;
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) return std::nullopt;
+  }
+  return bytes;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// Writes all of [data, data + size), retrying short writes and interrupted calls.
+Status WriteAll(int fd, const void* data, size_t size, const std::string& file) {
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  while (size > 0) {
+    ssize_t written = ::write(fd, bytes, size);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return Status::IoError(fmt::format("{}: write failed: {}", file, ErrnoText(errno)));
+    }
+    bytes += written;
+    size -= static_cast<size_t>(written);
+  }
+  return Status::Ok();
+}
+
+// Reads exactly `size` bytes at `offset`; a short read means the file shrank since fstat.
+Status ReadAt(int fd, uint64_t offset, void* data, size_t size, const std::string& file) {
+  auto* bytes = static_cast<uint8_t*>(data);
+  while (size > 0) {
+    ssize_t got = ::pread(fd, bytes, size, static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return Status::IoError(fmt::format("{}: read failed: {}", file, ErrnoText(errno)));
+    }
+    if (got == 0) {
+      return Status::Corruption(
+          fmt::format("{}: file ended at byte {} while reading (was it truncated during the "
+                      "read?)",
+                      file, offset));
+    }
+    bytes += got;
+    size -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return Status::Ok();
+}
+
+Status FsyncDirectory(const std::string& directory) {
+  int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return Status::IoError(
+        fmt::format("{}: cannot open directory to sync it: {}", directory, ErrnoText(errno)));
+  }
+  FileCloser closer(fd);
+  if (::fsync(fd) != 0) {
+    return Status::IoError(fmt::format("{}: fsync of directory failed: {}", directory,
+                                       ErrnoText(errno)));
+  }
+  return Status::Ok();
+}
+
+// Parses `text` and reports the first key repeated within one object. nlohmann's DOM keeps
+// the last of duplicate keys silently; for a weights file that would hide a second tensor of
+// the same name, so we track the keys of every open object through the parser callback.
+Result<Json> ParseHeaderJson(std::string_view text, const std::string& file) {
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  int duplicate_depth = 0;
+  auto track = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        open_objects.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (!open_objects.empty() && duplicate.empty() &&
+            !open_objects.back().insert(parsed.get<std::string>()).second) {
+          duplicate = parsed.get<std::string>();
+          duplicate_depth = depth;
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  Json header;
+  try {
+    header = Json::parse(text.begin(), text.end(), track);
+  } catch (const Json::exception& error) {
+    return Status::Corruption(fmt::format("{}: header is not valid JSON: {}", file, error.what()));
+  }
+  if (!duplicate.empty()) {
+    return Status::Corruption(fmt::format(
+        "{}: header has duplicate key '{}'{}", file, duplicate,
+        duplicate_depth <= 1 ? " (two tensors of the same name)" : " inside one entry"));
+  }
+  return header;
+}
+
+// Reads a JSON integer that must be non-negative and at most `max`.
+std::optional<uint64_t> NonNegativeInteger(const Json& value, uint64_t max) {
+  if (value.is_number_unsigned()) {
+    uint64_t v = value.get<uint64_t>();
+    if (v <= max) return v;
+    return std::nullopt;
+  }
+  if (value.is_number_integer()) {
+    int64_t v = value.get<int64_t>();
+    if (v >= 0 && static_cast<uint64_t>(v) <= max) return static_cast<uint64_t>(v);
+  }
+  return std::nullopt;
+}
+
+struct EntryInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// Validates one tensor entry of the header on its own (everything except its relation to the
+// other entries). `data_size` is the size of the data section after the header.
+Result<EntryInfo> ParseEntry(const std::string& name, const Json& entry, uint64_t data_size,
+                             const std::string& file) {
+  const std::string where = fmt::format("{}: tensor '{}'", file, name);
+  if (!entry.is_object()) {
+    return Status::Corruption(
+        fmt::format("{}: entry is a JSON {}, expected an object", where, entry.type_name()));
+  }
+  for (const auto& [key, value] : entry.items()) {
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      return Status::Corruption(fmt::format(
+          "{}: unknown field '{}' (expected dtype, shape, data_offsets)", where, key));
+    }
+  }
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!entry.contains(key)) {
+      return Status::Corruption(fmt::format("{}: missing field '{}'", where, key));
+    }
+  }
+  EntryInfo info;
+  info.name = name;
+
+  const Json& dtype = entry["dtype"];
+  if (!dtype.is_string()) {
+    return Status::Corruption(fmt::format("{}: dtype is a JSON {}, expected a string", where,
+                                          dtype.type_name()));
+  }
+  Result<DType> parsed = ParseDType(dtype.get<std::string>());
+  if (!parsed.ok()) return Status::Corruption(fmt::format("{}: {}", where, parsed.status().message()));
+  info.dtype = *parsed;
+
+  const Json& shape = entry["shape"];
+  if (!shape.is_array()) {
+    return Status::Corruption(fmt::format("{}: shape is a JSON {}, expected an array of integers",
+                                          where, shape.type_name()));
+  }
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const Json& dim = shape[i];
+    if (dim.is_number_integer() && !dim.is_number_unsigned() && dim.get<int64_t>() < 0) {
+      return Status::Corruption(
+          fmt::format("{}: shape[{}] is {}, a negative dimension", where, i, dim.get<int64_t>()));
+    }
+    std::optional<uint64_t> value =
+        NonNegativeInteger(dim, static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+    if (!value) {
+      return Status::Corruption(
+          fmt::format("{}: shape[{}] is {}, expected a non-negative integer", where, i, dim.dump()));
+    }
+    info.shape.push_back(static_cast<int64_t>(*value));
+  }
+
+  const Json& offsets = entry["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2) {
+    return Status::Corruption(fmt::format(
+        "{}: data_offsets is {}, expected [begin, end]", where, offsets.dump()));
+  }
+  std::optional<uint64_t> begin = NonNegativeInteger(offsets[0], data_size);
+  std::optional<uint64_t> end = NonNegativeInteger(offsets[1], data_size);
+  if (!begin || !end) {
+    return Status::Corruption(fmt::format(
+        "{}: data_offsets {} out of range: the data section holds {} bytes", where,
+        offsets.dump(), data_size));
+  }
+  if (*begin > *end) {
+    return Status::Corruption(
+        fmt::format("{}: data_offsets {} end before they begin", where, offsets.dump()));
+  }
+  info.begin = *begin;
+  info.end = *end;
+
+  std::optional<uint64_t> expected = ByteSizeOf(info.shape, DTypeSize(info.dtype));
+  if (!expected) {
+    return Status::Corruption(
+        fmt::format("{}: shape {} is too large", where, ShapeText(info.shape)));
+  }
+  if (*expected != info.end - info.begin) {
+    return Status::Corruption(fmt::format(
+        "{}: data_offsets {} span {} bytes, but shape {} of {} needs {} bytes", where,
+        offsets.dump(), info.end - info.begin, ShapeText(info.shape), DTypeName(info.dtype),
+        *expected));
+  }
+  return info;
+}
+
+Result<std::map<std::string, std::string>> ParseMetadata(const Json& metadata,
+                                                          const std::string& file) {
+  if (!metadata.is_object()) {
+    return Status::Corruption(fmt::format("{}: {} is a JSON {}, expected an object of strings",
+                                          file, kMetadataKey, metadata.type_name()));
+  }
+  std::map<std::string, std::string> result;
+  for (const auto& [key, value] : metadata.items()) {
+    if (!value.is_string()) {
+      return Status::Corruption(fmt::format("{}: {} value of '{}' is a JSON {}, expected a string",
+                                            file, kMetadataKey, key, value.type_name()));
+    }
+    result.emplace(key, value.get<std::string>());
+  }
+  return result;
+}
+
+}  // namespace
+
+std::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF64: return "F64";
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+    case DType::kI64: return "I64";
+    case DType::kI32: return "I32";
+    case DType::kI16: return "I16";
+    case DType::kI8: return "I8";
+    case DType::kU8: return "U8";
+    case DType::kBool: return "BOOL";
+  }
+  return "?";
+}
+
+Result<DType> ParseDType(std::string_view name) {
+  for (DType dtype : kAllDTypes) {
+    if (DTypeName(dtype) == name) return dtype;
+  }
+  std::vector<std::string_view> known;
+  for (DType dtype : kAllDTypes) known.push_back(DTypeName(dtype));
+  return Status::InvalidArgument(
+      fmt::format("unknown dtype '{}' (supported: {})", name, fmt::join(known, ", ")));
+}
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI16:
+      return 2;
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kBool:
+      return 1;
+  }
+  return 0;
+}
+
+Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  // Everything is validated before the temporary file exists, so a bad argument never touches
+  // the disk.
+  std::set<std::string_view> names;
+  for (const TensorView& view : tensors) {
+    const std::string where = fmt::format("{}: tensor '{}'", path, view.name);
+    if (view.name == kMetadataKey) {
+      return Status::InvalidArgument(
+          fmt::format("{}: the name is reserved for the metadata", where));
+    }
+    if (!names.insert(view.name).second) {
+      return Status::InvalidArgument(fmt::format("{}: duplicate tensor name", where));
+    }
+    std::optional<uint64_t> expected = ByteSizeOf(view.shape, DTypeSize(view.dtype));
+    if (!expected) {
+      return Status::InvalidArgument(fmt::format(
+          "{}: shape {} has a negative dimension or is too large", where, ShapeText(view.shape)));
+    }
+    if (*expected != view.byte_size) {
+      return Status::InvalidArgument(
+          fmt::format("{}: byte_size is {}, but shape {} of {} needs {} bytes", where,
+                      view.byte_size, ShapeText(view.shape), DTypeName(view.dtype), *expected));
+    }
+    if (view.byte_size > 0 && view.data == nullptr) {
+      return Status::InvalidArgument(fmt::format("{}: data is null", where));
+    }
+  }
+
+  std::vector<const TensorView*> order;
+  order.reserve(tensors.size());
+  for (const TensorView& view : tensors) order.push_back(&view);
+  std::sort(order.begin(), order.end(), [](const TensorView* a, const TensorView* b) {
+    size_t size_a = DTypeSize(a->dtype), size_b = DTypeSize(b->dtype);
+    if (size_a != size_b) return size_a > size_b;
+    return a->name < b->name;
+  });
+
+  // ordered_json keeps the metadata first and the tensors in data order, as the reference
+  // writer does, which makes the header easy to read by eye.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) meta[key] = value;
+    header[kMetadataKey] = std::move(meta);
+  }
+  uint64_t offset = 0;
+  for (const TensorView* view : order) {
+    header[view->name] = {{"dtype", std::string(DTypeName(view->dtype))},
+                          {"shape", view->shape},
+                          {"data_offsets", {offset, offset + view->byte_size}}};
+    offset += view->byte_size;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::ordered_json::exception& error) {
+    // dump() refuses strings that are not UTF-8, which JSON requires.
+    return Status::InvalidArgument(
+        fmt::format("{}: a tensor name or metadata entry is not valid UTF-8: {}", path,
+                    error.what()));
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) {
+    prefix[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff);
+  }
+  prefix += text;
+
+  std::filesystem::path target(path);
+  std::string directory = target.has_parent_path() ? target.parent_path().string() : ".";
+  // A name unique to this process and call, beside the target so rename stays on one
+  // filesystem and is atomic.
+  static std::atomic<uint64_t> counter{0};
+  std::string temp_path =
+      fmt::format("{}.tmp.{}.{}", path, static_cast<long>(::getpid()), counter.fetch_add(1));
+
+  int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return Status::IoError(
+        fmt::format("{}: cannot create temporary file {}: {}", path, temp_path, ErrnoText(errno)));
+  }
+  FileCloser closer(fd);
+  auto fail = [&](Status status) {
+    closer.Close();
+    ::unlink(temp_path.c_str());
+    return status;
+  };
+  Status status = WriteAll(fd, prefix.data(), prefix.size(), temp_path);
+  for (size_t i = 0; status.ok() && i < order.size(); ++i) {
+    status = WriteAll(fd, order[i]->data, order[i]->byte_size, temp_path)
+                 .WithContext(fmt::format("tensor '{}'", order[i]->name));
+  }
+  if (!status.ok()) return fail(status);
+  if (::fsync(fd) != 0) {
+    return fail(Status::IoError(fmt::format("{}: fsync failed: {}", temp_path, ErrnoText(errno))));
+  }
+  if (closer.Close() != 0) {
+    return fail(Status::IoError(fmt::format("{}: close failed: {}", temp_path, ErrnoText(errno))));
+  }
+  if (::rename(temp_path.c_str(), path.c_str()) != 0) {
+    int error = errno;
+    ::unlink(temp_path.c_str());
+    return Status::IoError(fmt::format("{}: cannot rename {} over it: {}", path, temp_path,
+                                       ErrnoText(error)));
+  }
+  // The rename is durable only once the directory entry is.
+  return FsyncDirectory(directory).WithContext(path);
+}
+
+Result<SafetensorsContents> ReadSafetensors(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int error = errno;
+    std::string message = fmt::format("{}: cannot open: {}", path, ErrnoText(error));
+    if (error == ENOENT) return Status::NotFound(std::move(message));
+    return Status::IoError(std::move(message));
+  }
+  FileCloser closer(fd);
+  struct stat info;
+  if (::fstat(fd, &info) != 0) {
+    return Status::IoError(fmt::format("{}: fstat failed: {}", path, ErrnoText(errno)));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    return Status::InvalidArgument(fmt::format("{}: not a regular file", path));
+  }
+  const uint64_t file_size = static_cast<uint64_t>(info.st_size);
+  if (file_size < 8) {
+    return Status::Corruption(fmt::format(
+        "{}: file is {} bytes, shorter than the 8-byte header length", path, file_size));
+  }
+  uint8_t length_bytes[8];
+  STRIDER_RETURN_IF_ERROR(ReadAt(fd, 0, length_bytes, 8, path));
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length_bytes[i];
+  if (header_size > kMaxHeaderBytes) {
+    return Status::Corruption(fmt::format("{}: header length {} exceeds the limit of {} bytes",
+                                          path, header_size, kMaxHeaderBytes));
+  }
+  if (header_size > file_size - 8) {
+    return Status::Corruption(fmt::format(
+        "{}: header length {} runs past the end of the file ({} bytes)", path, header_size,
+        file_size));
+  }
+  const uint64_t data_start = 8 + header_size;
+  const uint64_t data_size = file_size - data_start;
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+
+  std::string header_text(header_size, '\0');
+  STRIDER_RETURN_IF_ERROR(ReadAt(fd, 8, header_text.data(), header_size, path));
+  STRIDER_ASSIGN_OR_RETURN(Json header, ParseHeaderJson(header_text, path));
+  if (!header.is_object()) {
+    return Status::Corruption(
+        fmt::format("{}: header is a JSON {}, expected an object", path, header.type_name()));
+  }
+
+  SafetensorsContents contents;
+  std::vector<EntryInfo> entries;
+  entries.reserve(header.size());
+  for (const auto& [name, entry] : header.items()) {
+    if (name == kMetadataKey) {
+      STRIDER_ASSIGN_OR_RETURN(contents.metadata, ParseMetadata(entry, path));
+      continue;
+    }
+    STRIDER_ASSIGN_OR_RETURN(EntryInfo parsed, ParseEntry(name, entry, data_size, path));
+    entries.push_back(std::move(parsed));
+  }
+
+  // The ranges, in file order, must tile the data section exactly: no overlap (two tensors
+  // sharing bytes), no gap and no trailing bytes (data no tensor accounts for, which usually
+  // means a damaged header).
+  std::sort(entries.begin(), entries.end(), [](const EntryInfo& a, const EntryInfo& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  uint64_t covered = 0;
+  const EntryInfo* previous = nullptr;
+  for (const EntryInfo& entry : entries) {
+    if (entry.begin < covered) {
+      return Status::Corruption(fmt::format(
+          "{}: tensor '{}': data_offsets [{}, {}] overlap tensor '{}' ending at {}", path,
+          entry.name, entry.begin, entry.end, previous->name, covered));
+    }
+    if (entry.begin > covered) {
+      return Status::Corruption(fmt::format(
+          "{}: tensor '{}': gap of {} bytes before its data_offsets [{}, {}]", path, entry.name,
+          entry.begin - covered, entry.begin, entry.end));
+    }
+    covered = entry.end;
+    previous = &entry;
+  }
+  if (covered != data_size) {
+    return Status::Corruption(fmt::format(
+        "{}: {} trailing bytes after the last tensor{}: the data section holds {} bytes, the "
+        "tensors account for {}",
+        path, data_size - covered,
+        previous ? fmt::format(" ('{}')", previous->name) : std::string(" (there are none)"),
+        data_size, covered));
+  }
+
+  for (EntryInfo& entry : entries) {
+    LoadedTensor tensor;
+    tensor.dtype = entry.dtype;
+    tensor.shape = std::move(entry.shape);
+    tensor.bytes.resize(entry.end - entry.begin);
+    STRIDER_RETURN_IF_ERROR(
+        ReadAt(fd, data_start + entry.begin, tensor.bytes.data(), tensor.bytes.size(), path)
+            .WithContext(fmt::format("tensor '{}'", entry.name)));
+    contents.tensors.emplace(std::move(entry.name), std::move(tensor));
+  }
+  return contents;
+}
+
+}  // namespace strider
