@@ -1,0 +1,325 @@
+// `strider model info|init|eval|check`: the model's accounting, initialisation, log-probs and the
+// two-path contract check (DESIGN.md section 8).
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "common/model/config.h"
+#include "common/model/model.h"
+#include "common/model/parameters.h"
+#include "common/tokenizer.h"
+
+namespace strider::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+void PrintJson(const Json& json) { std::cout << json.dump(2) << std::endl; }
+
+Json InfoJson(const ModelConfig& config) {
+  const ParameterCounts counts = CountParameters(config);
+  const CacheAccounting caches = AccountCaches(config);
+  Json json;
+  json["model"] = config.name;
+  json["total_params"] = counts.total;
+  json["active_params"] = counts.active;
+  json["layers"] = config.layers;
+  json["incremental_layers"] = config.CountLayers('I');
+  json["latent_layers"] = config.CountLayers('G');
+  json["routed_experts"] = config.feed_forward.routed_experts;
+  json["experts_per_token"] = config.feed_forward.experts_per_token;
+  json["context"] = config.context;
+  json["kv_cache_values_per_token_per_layer"] = caches.kv_cache_values_per_token_per_layer;
+  json["kv_cache_bytes_per_token"] = caches.kv_cache_bytes_per_token;
+  json["state_bytes_per_layer"] = caches.state_bytes_per_layer;
+  json["state_bytes_per_sequence"] = caches.state_bytes_per_sequence;
+  json["sequence_bytes_at_context"] = caches.sequence_bytes_at_context;
+  Json components;
+  for (const auto& [component, total] : counts.total_by_component) {
+    components[component] = {{"total", total}, {"active", counts.active_by_component.at(component)}};
+  }
+  json["by_component"] = components;
+  Json baseline;
+  baseline["description"] =
+      "same model with full multi-head attention (same heads and head width) in every layer";
+  baseline["kv_cache_values_per_token_per_layer"] = caches.baseline_kv_values_per_token_per_layer;
+  baseline["kv_cache_bytes_per_token"] = caches.baseline_kv_cache_bytes_per_token;
+  baseline["sequence_bytes_at_context"] = caches.baseline_sequence_bytes_at_context;
+  json["multi_head_attention_baseline"] = baseline;
+  json["latent_cache_saving_per_layer"] =
+      static_cast<double>(caches.baseline_kv_values_per_token_per_layer) /
+      static_cast<double>(std::max<int64_t>(1, caches.kv_cache_values_per_token_per_layer));
+  json["sequence_memory_saving_at_context"] =
+      caches.baseline_sequence_bytes_at_context / std::max(1.0, caches.sequence_bytes_at_context);
+  return json;
+}
+
+// Token ids from "1,2,3", or from a file "@path" holding ids separated by commas or spaces.
+Result<std::vector<int64_t>> ParseTokenIds(const std::string& text) {
+  std::string body = text;
+  if (!text.empty() && text[0] == '@') {
+    std::ifstream file(text.substr(1));
+    if (!file) return Status::NotFound(text.substr(1) + ": cannot open token file");
+    std::stringstream contents;
+    contents << file.rdbuf();
+    body = contents.str();
+  }
+  for (char& c : body) {
+    if (c == ',' || c == '\n' || c == '\t') c = ' ';
+  }
+  std::istringstream stream(body);
+  std::vector<int64_t> ids;
+  std::string word;
+  while (stream >> word) {
+    try {
+      size_t used = 0;
+      ids.push_back(std::stoll(word, &used));
+      if (used != word.size()) throw std::invalid_argument(word);
+    } catch (const std::exception&) {
+      return Status::InvalidArgument("--tokens: '" + word + "' is not a token id");
+    }
+  }
+  if (ids.empty()) return Status::InvalidArgument("--tokens: no token ids given");
+  return ids;
+}
+
+// Uneven chunk sizes for the inference path: single tokens, odd sizes, and a chunk longer than
+// the incremental kernel's chunk, so every kernel form and boundary is exercised.
+std::vector<int64_t> UnevenChunks(int64_t total, int64_t chunk_size) {
+  const std::vector<int64_t> pattern = {1, 1, 7, 1, chunk_size + 13, 3, 1, 2 * chunk_size - 1, 5};
+  std::vector<int64_t> sizes;
+  int64_t done = 0;
+  for (size_t i = 0; done < total; ++i) {
+    const int64_t size = std::min(pattern[i % pattern.size()], total - done);
+    sizes.push_back(size);
+    done += size;
+  }
+  return sizes;
+}
+
+struct CheckResult {
+  double max_abs_logprob_diff = 0;
+  double routing_agreement = 1;
+  int64_t decisions = 0;
+  int64_t chunks = 0;
+};
+
+Result<CheckResult> RunCheck(const Model& model, const at::Tensor& tokens) {
+  CheckResult result;
+  const int64_t total = tokens.size(1);
+  STRIDER_ASSIGN_OR_RETURN(InferenceState state, model.NewState(tokens.size(0)));
+  std::vector<at::Tensor> logits;
+  std::vector<RoutingRecord> records;
+  ForwardOptions record;
+  record.record_routing = true;
+  int64_t begin = 0;
+  for (int64_t size : UnevenChunks(total, model.config().incremental.chunk_size)) {
+    ModelInput chunk{tokens.narrow(1, begin, size), {}};
+    STRIDER_ASSIGN_OR_RETURN(ForwardOutput out, model.Append(&state, chunk, record));
+    logits.push_back(out.logits);
+    records.push_back(std::move(out.routing));
+    begin += size;
+    ++result.chunks;
+  }
+  at::Tensor inference_logits = at::cat(logits, 1);
+  RoutingRecord inference_routing = RoutingRecord::Concatenate(records);
+
+  at::NoGradGuard no_grad;
+  ForwardOptions replay;
+  replay.replay_routing = &inference_routing;
+  STRIDER_ASSIGN_OR_RETURN(ForwardOutput replayed, model.Forward({tokens, {}}, replay));
+  at::Tensor difference = (NextTokenLogProbs(replayed.logits, tokens) -
+                           NextTokenLogProbs(inference_logits, tokens))
+                              .abs();
+  result.max_abs_logprob_diff = difference.max().item<double>();
+
+  STRIDER_ASSIGN_OR_RETURN(ForwardOutput alone, model.Forward({tokens, {}}, record));
+  int64_t same = 0;
+  for (size_t layer = 0; layer < alone.routing.layers.size(); ++layer) {
+    at::Tensor a = std::get<0>(alone.routing.layers[layer].experts.sort(-1));
+    at::Tensor b = std::get<0>(inference_routing.layers[layer].experts.sort(-1));
+    at::Tensor agree = (a == b).all(-1);
+    same += agree.sum().item<int64_t>();
+    result.decisions += agree.numel();
+  }
+  if (result.decisions > 0) {
+    result.routing_agreement = static_cast<double>(same) / static_cast<double>(result.decisions);
+  }
+  return result;
+}
+
+}  // namespace
+
+void AddModelCommands(CLI::App& app, int& exit_code) {
+  CLI::App* model = app.add_subcommand("model", "Model accounting, initialisation and checks");
+  model->require_subcommand(1);
+
+  // model info
+  auto info_config = std::make_shared<std::string>();
+  CLI::App* info = model->add_subcommand(
+      "info", "Parameter counts and cache sizes, computed from the config without allocating");
+  info->add_option("--config", *info_config, "Model config YAML")->required();
+  info->callback([info_config, &exit_code] {
+    Result<ModelConfig> config = LoadModelConfig(*info_config);
+    if (!config.ok()) {
+      exit_code = ReportError(config.status());
+      return;
+    }
+    PrintJson(InfoJson(*config));
+  });
+
+  // model init
+  struct InitArgs {
+    std::string config, out;
+    uint64_t seed = 0;
+  };
+  auto init_args = std::make_shared<InitArgs>();
+  CLI::App* init = model->add_subcommand("init", "Random initialisation saved as safetensors");
+  init->add_option("--config", init_args->config, "Model config YAML")->required();
+  init->add_option("--out", init_args->out, "Output weights file (.safetensors)")->required();
+  init->add_option("--seed", init_args->seed, "Random seed");
+  init->callback([init_args, &exit_code] {
+    Result<ModelConfig> config = LoadModelConfig(init_args->config);
+    if (!config.ok()) {
+      exit_code = ReportError(config.status());
+      return;
+    }
+    Result<std::unique_ptr<Model>> created = Model::Create(*config, init_args->seed);
+    Status status = created.ok() ? (*created)->Save(init_args->out) : created.status();
+    if (!status.ok()) {
+      exit_code = ReportError(status);
+      return;
+    }
+    PrintJson({{"out", init_args->out},
+               {"total_params", CountParameters(*config).total},
+               {"seed", init_args->seed}});
+  });
+
+  // model eval
+  struct EvalArgs {
+    std::string config, weights, tokens, text, path = "inference";
+  };
+  auto eval_args = std::make_shared<EvalArgs>();
+  CLI::App* eval = model->add_subcommand("eval", "Per-token log-probabilities as JSON");
+  eval->add_option("--config", eval_args->config, "Model config YAML")->required();
+  eval->add_option("--weights", eval_args->weights, "Weights (.safetensors)")->required();
+  auto* tokens_option = eval->add_option(
+      "--tokens", eval_args->tokens, "Token ids: \"1,2,3\" or @file with ids");
+  eval->add_option("--text", eval_args->text, "Text, encoded with the byte-level tokenizer")
+      ->excludes(tokens_option);
+  eval->add_option("--path", eval_args->path, "train or inference")
+      ->check(CLI::IsMember({"train", "inference"}));
+  eval->callback([eval_args, &exit_code] {
+    auto run = [&]() -> Status {
+      STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(eval_args->config));
+      ConfigureThreads(config.threads);
+      std::vector<int64_t> ids;
+      if (!eval_args->text.empty()) {
+        ids.push_back(token::kBeginOfText);
+        for (int32_t id : Tokenizer::Encode(eval_args->text)) ids.push_back(id);
+      } else if (!eval_args->tokens.empty()) {
+        STRIDER_ASSIGN_OR_RETURN(ids, ParseTokenIds(eval_args->tokens));
+      } else {
+        return Status::InvalidArgument("give --tokens or --text");
+      }
+      STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                               Model::Load(config, eval_args->weights));
+      at::Tensor tokens = at::tensor(ids, at::kLong).unsqueeze(0);
+      ForwardOutput out;
+      if (eval_args->path == "train") {
+        at::NoGradGuard no_grad;
+        STRIDER_ASSIGN_OR_RETURN(out, model->Forward({tokens, {}}));
+      } else {
+        STRIDER_ASSIGN_OR_RETURN(InferenceState state, model->NewState(1));
+        STRIDER_ASSIGN_OR_RETURN(out, model->Append(&state, {tokens, {}}));
+      }
+      at::Tensor log_probs = NextTokenLogProbs(out.logits, tokens).squeeze(0).to(at::kDouble);
+      Json json;
+      json["path"] = eval_args->path;
+      json["tokens"] = ids;
+      Json values = Json::array({nullptr});  // the first token has no prediction
+      for (int64_t t = 0; t < log_probs.size(0); ++t) {
+        values.push_back(log_probs[t].item<double>());
+      }
+      json["logprobs"] = values;
+      json["total_logprob"] = log_probs.sum().item<double>();
+      PrintJson(json);
+      return Status::Ok();
+    };
+    Status status = run();
+    if (!status.ok()) exit_code = ReportError(status);
+  });
+
+  // model check
+  struct CheckArgs {
+    std::string config, dtype = "float32";
+    int64_t tokens = 2048;
+    int64_t batch = 1;
+    uint64_t seed = 0;
+  };
+  auto check_args = std::make_shared<CheckArgs>();
+  CLI::App* check = model->add_subcommand(
+      "check", "Two-path contract on random weights: log-prob difference and routing agreement");
+  check->add_option("--config", check_args->config, "Model config YAML")->required();
+  check->add_option("--tokens", check_args->tokens, "Tokens per sequence")
+      ->check(CLI::Range(2, 1 << 24));
+  check->add_option("--batch", check_args->batch, "Sequences")->check(CLI::Range(1, 1024));
+  check->add_option("--seed", check_args->seed, "Random seed for weights and tokens");
+  check->add_option("--dtype", check_args->dtype, "float32 or float64")
+      ->check(CLI::IsMember({"float32", "float64"}));
+  check->callback([check_args, &exit_code] {
+    auto run = [&]() -> Status {
+      STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(check_args->config));
+      ConfigureThreads(config.threads);
+      if (check_args->tokens > config.context) {
+        return Status::InvalidArgument("--tokens " + std::to_string(check_args->tokens) +
+                                       " exceeds model.context " + std::to_string(config.context));
+      }
+      STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                               Model::Create(config, check_args->seed));
+      const bool fp64 = check_args->dtype == "float64";
+      if (fp64) STRIDER_RETURN_IF_ERROR(model->ConvertTo(at::kDouble));
+      at::Generator generator = at::detail::createCPUGenerator(check_args->seed + 1);
+      // Text bytes only: special tokens such as image placeholders need their payloads.
+      at::Tensor tokens = at::randint(0, token::kByteCount, {check_args->batch, check_args->tokens},
+                                      generator, at::kLong);
+      const auto start = std::chrono::steady_clock::now();
+      STRIDER_ASSIGN_OR_RETURN(CheckResult result, RunCheck(*model, tokens));
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double tolerance = fp64 ? 1e-10 : 1e-5;
+      const bool passed =
+          result.max_abs_logprob_diff <= tolerance && result.routing_agreement >= 0.999;
+      Json json;
+      json["model"] = config.name;
+      json["dtype"] = check_args->dtype;
+      json["tokens"] = check_args->tokens;
+      json["batch"] = check_args->batch;
+      json["inference_chunks"] = result.chunks;
+      json["max_abs_logprob_diff"] = result.max_abs_logprob_diff;
+      json["logprob_tolerance"] = tolerance;
+      json["routing_agreement"] = result.routing_agreement;
+      json["routing_decisions"] = result.decisions;
+      json["passed"] = passed;
+      json["seconds"] = seconds;
+      PrintJson(json);
+      if (!passed) {
+        return Status::Internal("two-path contract broken: max_abs_logprob_diff " +
+                                std::to_string(result.max_abs_logprob_diff) +
+                                ", routing_agreement " + std::to_string(result.routing_agreement));
+      }
+      return Status::Ok();
+    };
+    Status status = run();
+    if (!status.ok()) exit_code = ReportError(status);
+  });
+}
+
+}  // namespace strider::cli

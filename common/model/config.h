@@ -1,0 +1,100 @@
+// The model's configuration: every dimension of the hybrid sparse MoE transformer (MODEL.md).
+//
+// Plain structs with in-class defaults; LoadModelConfig reads them strictly from YAML and
+// ValidateModelConfig checks the relations between fields. No LibTorch here: parameter counting
+// and cache accounting run on the reference config without allocating it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strider {
+
+class ConfigReader;
+
+// Incremental attention: gated delta rule, per-channel decay (MODEL.md s.1).
+struct IncrementalAttentionConfig {
+  int64_t heads = 2;
+  int64_t key_dim = 32;        // d_k
+  int64_t value_dim = 32;      // d_v
+  int64_t conv_width = 4;      // causal depthwise convolution on q, k, v
+  int64_t decay_rank = 16;     // rank of W_up W_down in the decay gate
+  double min_log_decay = -5.0; // g_min: g = g_min * sigmoid(...) in (g_min, 0)
+  int64_t chunk_size = 64;     // training and prefill kernel chunk length
+};
+
+// Gated multi-head latent attention (MODEL.md s.2).
+struct LatentAttentionConfig {
+  int64_t heads = 2;
+  int64_t query_rank = 32;     // rank of the query compression
+  int64_t kv_rank = 16;        // d_c: cached compressed keys and values
+  int64_t nope_dim = 16;       // per-head key part computed from c_kv
+  int64_t rope_dim = 8;        // shared key part, cached; unrotated in the hybrid
+  int64_t value_dim = 16;
+};
+
+// Feed-forward layers: dense SiTU-GLU for the first layers, latent sparse experts after.
+struct FeedForwardConfig {
+  int64_t dense_layers = 1;        // the first layers use a dense feed-forward
+  int64_t dense_hidden = 128;
+  int64_t latent_width = 32;       // l: routed experts work in this shared latent space
+  int64_t expert_hidden = 32;
+  int64_t routed_experts = 8;      // n
+  int64_t experts_per_token = 2;   // k
+  int64_t shared_experts = 1;      // full width, always active
+  int64_t shared_hidden = 64;
+  double gate_cap = 4.0;           // SiTU c1
+  double up_cap = 25.0;            // SiTU c2
+};
+
+// Native vision input by patch embedding (MODEL.md s.6).
+struct VisionConfig {
+  bool enabled = true;
+  int64_t patch_size = 4;       // P: an image is cut into P x P patches
+  int64_t max_grid_rows = 8;    // largest image is max_grid_rows * P pixels high
+  int64_t max_grid_columns = 8;
+  int64_t channels = 3;
+};
+
+struct ModelConfig {
+  std::string name = "tiny";
+  int64_t vocabulary = 288;
+  int64_t width = 64;              // d
+  int64_t layers = 4;
+  // Layer kinds, I for incremental and G for gated latent attention. Repeated cyclically to
+  // `layers` unless it is exactly `layers` long; `last_layer` then overrides the final one
+  // (the reference ends with two latent layers: ...IIIG G).
+  std::string layer_pattern = "IIIG";
+  std::string last_layer;          // "", "I" or "G"
+  int64_t residual_block = 2;      // attention residuals: layers per block
+  int64_t context = 4096;          // longest sequence the model is meant for
+  double init_std = 0.02;
+  double norm_epsilon = 1e-6;
+  std::string cache_dtype = "float32";   // latent cache storage: float32 | bfloat16
+  int64_t threads = 0;             // intra-op threads; 0 = all cores
+
+  IncrementalAttentionConfig incremental;
+  LatentAttentionConfig latent;
+  FeedForwardConfig feed_forward;
+  VisionConfig vision;
+
+  // Derived: the kind of every layer after pattern expansion ('I' or 'G').
+  std::vector<char> LayerKinds() const;
+  bool IsMoeLayer(int64_t layer) const { return layer >= feed_forward.dense_layers; }
+  int64_t CountLayers(char kind) const;
+  int64_t CacheDtypeBytes() const { return cache_dtype == "bfloat16" ? 2 : 4; }
+};
+
+Status ValidateModelConfig(const ModelConfig& config, const std::string& origin);
+
+// Reads the `model:` section of a YAML file (other top-level sections are left to their
+// owners; see LoadModelConfigFromReader).
+Result<ModelConfig> LoadModelConfig(const std::string& path);
+// Reads `model:` from an open document whose other sections someone else consumes; does not call
+// Finish on the root.
+Result<ModelConfig> LoadModelConfigFromReader(ConfigReader& root);
+
+}  // namespace strider

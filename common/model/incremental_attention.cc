@@ -1,0 +1,138 @@
+#include "common/model/incremental_attention.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "common/kernels/gated_delta_rule.h"
+
+namespace strider::model {
+
+IncrementalAttentionWeights IncrementalAttentionWeights::Bind(const TensorMap& t,
+                                                             const std::string& p) {
+  IncrementalAttentionWeights w;
+  w.query = Lookup(t, p + "query");
+  w.key = Lookup(t, p + "key");
+  w.value = Lookup(t, p + "value");
+  w.query_conv = Lookup(t, p + "query_conv");
+  w.key_conv = Lookup(t, p + "key_conv");
+  w.value_conv = Lookup(t, p + "value_conv");
+  w.beta = Lookup(t, p + "beta");
+  w.decay_down = Lookup(t, p + "decay_down");
+  w.decay_up = Lookup(t, p + "decay_up");
+  w.decay_bias = Lookup(t, p + "decay_bias");
+  w.decay_log_scale = Lookup(t, p + "decay_log_scale");
+  w.output_norm = Lookup(t, p + "output_norm");
+  w.gate = Lookup(t, p + "gate");
+  w.output = Lookup(t, p + "output");
+  return w;
+}
+
+IncrementalAttentionState IncrementalAttentionState::Zeros(const IncrementalAttentionConfig& c,
+                                                           int64_t batch,
+                                                           const at::TensorOptions& options) {
+  IncrementalAttentionState state;
+  // The recurrent state accumulates over up to a million steps: never below fp32.
+  const at::ScalarType state_type =
+      options.dtype() == at::kDouble ? at::kDouble : at::kFloat;
+  state.recurrent =
+      at::zeros({batch, c.heads, c.key_dim, c.value_dim}, options.dtype(state_type));
+  state.conv_tail = at::zeros(
+      {batch, c.conv_width - 1, c.heads * (2 * c.key_dim + c.value_dim)}, options);
+  return state;
+}
+
+at::Tensor DecayGate(const at::Tensor& z, const at::Tensor& decay_log_scale, int64_t heads,
+                     double min_log_decay) {
+  const int64_t key_dim = z.size(-1) / heads;
+  // exp(A_h) broadcast over the head's Dk channels.
+  at::Tensor scale = at::exp(decay_log_scale).repeat_interleave(key_dim);  // (H*Dk)
+  return min_log_decay * at::sigmoid(scale * z);
+}
+
+namespace {
+
+// Causal depthwise convolution over time: out[t] = sum_j w[:, j] * x[t - (w-1) + j], with the
+// positions before the first read from `tail` (zeros on the training path). Returns the
+// output and the new tail (the last w-1 inputs).
+std::pair<at::Tensor, at::Tensor> CausalConv(const at::Tensor& x,       // (B, T, C)
+                                             const at::Tensor& weight,  // (C, w)
+                                             const at::Tensor& tail) {  // (B, w-1, C)
+  const int64_t width = weight.size(1);
+  const int64_t length = x.size(1);
+  at::Tensor extended = at::cat({tail, x}, 1);  // (B, T+w-1, C)
+  at::Tensor out = extended.narrow(1, 0, length) * weight.select(1, 0);
+  for (int64_t j = 1; j < width; ++j) {
+    out = out + extended.narrow(1, j, length) * weight.select(1, j);
+  }
+  at::Tensor new_tail = extended.narrow(1, extended.size(1) - (width - 1), width - 1);
+  return {out, new_tail};
+}
+
+// (B, T, H*D) -> (B, H, T, D)
+at::Tensor SplitHeads(const at::Tensor& x, int64_t heads) {
+  return x.view({x.size(0), x.size(1), heads, x.size(2) / heads}).transpose(1, 2);
+}
+
+}  // namespace
+
+at::Tensor IncrementalAttentionForward(const IncrementalAttentionWeights& w,
+                                       const IncrementalAttentionConfig& c, const at::Tensor& x,
+                                       IncrementalAttentionState* state, double norm_epsilon,
+                                       IncrementalAttentionTrace* trace) {
+  const int64_t batch = x.size(0);
+  const int64_t length = x.size(1);
+  const int64_t hk = c.heads * c.key_dim;
+  const int64_t hv = c.heads * c.value_dim;
+
+  // q, k, v projections share one convolution call: their channels are concatenated so the
+  // state keeps one tail.
+  at::Tensor projected = at::cat({Linear(x, w.query), Linear(x, w.key), Linear(x, w.value)}, -1);
+  at::Tensor conv_weight = at::cat({w.query_conv, w.key_conv, w.value_conv}, 0);
+  at::Tensor tail = state != nullptr
+                        ? state->conv_tail
+                        : at::zeros({batch, c.conv_width - 1, projected.size(2)}, x.options());
+  auto [convolved, new_tail] = CausalConv(projected, conv_weight, tail);
+  convolved = at::silu(convolved);
+  at::Tensor q = SplitHeads(convolved.narrow(-1, 0, hk), c.heads);
+  at::Tensor k = SplitHeads(convolved.narrow(-1, hk, hk), c.heads);
+  at::Tensor v = SplitHeads(convolved.narrow(-1, 2 * hk, hv), c.heads);
+  // L2 normalisation keeps the delta rule's write a contraction (|k| = 1).
+  q = q / at::sqrt(q.pow(2).sum(-1, true) + 1e-6) / std::sqrt(static_cast<double>(c.key_dim));
+  k = k / at::sqrt(k.pow(2).sum(-1, true) + 1e-6);
+
+  at::Tensor beta = at::sigmoid(Linear(x, w.beta)).transpose(1, 2);  // (B, H, T)
+  at::Tensor z = Linear(Linear(x, w.decay_down), w.decay_up) + w.decay_bias;
+  at::Tensor g = SplitHeads(DecayGate(z, w.decay_log_scale, c.heads, c.min_log_decay), c.heads);
+  if (trace != nullptr) {
+    trace->log_decay = g;
+    trace->beta = beta;
+  }
+
+  at::Tensor initial = state != nullptr
+                           ? state->recurrent
+                           : at::zeros({batch, c.heads, c.key_dim, c.value_dim},
+                                       x.options().dtype(x.scalar_type() == at::kDouble
+                                                             ? at::kDouble
+                                                             : at::kFloat));
+  const at::ScalarType kernel_type = initial.scalar_type();
+  kernels::GatedDeltaRuleOutput result =
+      (state != nullptr && length == 1)
+          ? kernels::GatedDeltaRuleRecurrent(q.to(kernel_type), k.to(kernel_type),
+                                             v.to(kernel_type), g.to(kernel_type),
+                                             beta.to(kernel_type), initial)
+          : kernels::GatedDeltaRuleChunkwise(q.to(kernel_type), k.to(kernel_type),
+                                             v.to(kernel_type), g.to(kernel_type),
+                                             beta.to(kernel_type), initial, c.chunk_size);
+  if (state != nullptr) {
+    state->recurrent = result.final_state;
+    state->conv_tail = new_tail;
+  }
+
+  at::Tensor o = result.output.to(x.scalar_type()).transpose(1, 2);  // (B, T, H, Dv)
+  o = RmsNorm(o, w.output_norm, norm_epsilon).reshape({batch, length, hv});
+  o = at::sigmoid(Linear(x, w.gate)) * o;
+  return Linear(o, w.output);
+}
+
+}  // namespace strider::model

@@ -1,0 +1,136 @@
+#include "common/model/latent_attention.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+namespace strider::model {
+
+LatentAttentionWeights LatentAttentionWeights::Bind(const TensorMap& t, const std::string& p) {
+  LatentAttentionWeights w;
+  w.query_down = Lookup(t, p + "query_down");
+  w.query_norm = Lookup(t, p + "query_norm");
+  w.query_up = Lookup(t, p + "query_up");
+  w.kv_down = Lookup(t, p + "kv_down");
+  w.kv_norm = Lookup(t, p + "kv_norm");
+  w.kv_up = Lookup(t, p + "kv_up");
+  w.gate = Lookup(t, p + "gate");
+  w.output = Lookup(t, p + "output");
+  return w;
+}
+
+LatentAttentionCache LatentAttentionCache::Empty(const LatentAttentionConfig& c, int64_t batch,
+                                                 const at::TensorOptions& options) {
+  LatentAttentionCache cache;
+  cache.latent = at::empty({batch, 0, c.kv_rank}, options);
+  cache.rope_key = at::empty({batch, 0, c.rope_dim}, options);
+  return cache;
+}
+
+void LatentAttentionCache::Append(const at::Tensor& latent_rows, const at::Tensor& rope_rows) {
+  const int64_t added = latent_rows.size(1);
+  const int64_t needed = length + added;
+  if (needed > latent.size(1)) {
+    const int64_t capacity = std::max<int64_t>(needed, std::max<int64_t>(16, 2 * latent.size(1)));
+    at::Tensor grown_latent =
+        at::empty({latent.size(0), capacity, latent.size(2)}, latent.options());
+    at::Tensor grown_rope =
+        at::empty({rope_key.size(0), capacity, rope_key.size(2)}, rope_key.options());
+    grown_latent.narrow(1, 0, length).copy_(latent.narrow(1, 0, length));
+    grown_rope.narrow(1, 0, length).copy_(rope_key.narrow(1, 0, length));
+    latent = grown_latent;
+    rope_key = grown_rope;
+  }
+  latent.narrow(1, length, added).copy_(latent_rows);
+  rope_key.narrow(1, length, added).copy_(rope_rows);
+  length = needed;
+}
+
+at::Tensor LatentAttentionCache::Latent() const { return latent.narrow(1, 0, length); }
+at::Tensor LatentAttentionCache::RopeKey() const { return rope_key.narrow(1, 0, length); }
+
+int64_t LatentAttentionCache::Bytes() const {
+  return length * latent.size(0) * (latent.size(2) + rope_key.size(2)) *
+         static_cast<int64_t>(latent.element_size());
+}
+
+namespace {
+
+// Causal mask for T new queries at positions past_length.. against S = past_length + T keys:
+// true where the key is in the query's future.
+at::Tensor FutureMask(int64_t queries, int64_t keys, const at::Device& device) {
+  const int64_t past = keys - queries;
+  at::Tensor query_position = at::arange(queries, at::TensorOptions().device(device)) + past;
+  at::Tensor key_position = at::arange(keys, at::TensorOptions().device(device));
+  return key_position.unsqueeze(0) > query_position.unsqueeze(1);  // (T, S)
+}
+
+}  // namespace
+
+at::Tensor LatentAttentionForward(const LatentAttentionWeights& w, const LatentAttentionConfig& c,
+                                  const at::Tensor& x, LatentAttentionCache* cache,
+                                  double norm_epsilon, LatentAttentionForm form) {
+  const int64_t batch = x.size(0);
+  const int64_t length = x.size(1);
+  const int64_t heads = c.heads;
+  const int64_t qk_dim = c.nope_dim + c.rope_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(qk_dim));
+
+  at::Tensor compressed_query = RmsNorm(Linear(x, w.query_down), w.query_norm, norm_epsilon);
+  at::Tensor query = Linear(compressed_query, w.query_up).view({batch, length, heads, qk_dim});
+  at::Tensor query_nope = query.narrow(-1, 0, c.nope_dim);          // (B, T, H, Dn)
+  at::Tensor query_rope = query.narrow(-1, c.nope_dim, c.rope_dim);  // (B, T, H, Dr)
+
+  at::Tensor kv = Linear(x, w.kv_down);
+  at::Tensor latent = RmsNorm(kv.narrow(-1, 0, c.kv_rank), w.kv_norm, norm_epsilon);  // (B,T,Dc)
+  at::Tensor rope_key = kv.narrow(-1, c.kv_rank, c.rope_dim);                         // (B,T,Dr)
+
+  at::Tensor all_latent = latent;
+  at::Tensor all_rope_key = rope_key;
+  if (cache != nullptr) {
+    cache->Append(latent.detach().to(cache->latent.scalar_type()),
+                  rope_key.detach().to(cache->rope_key.scalar_type()));
+    // Past tokens come from the cache (possibly stored in lower precision); the new tokens keep
+    // their exact values and their graph, so chunked training through this path is possible.
+    const int64_t past = cache->length - length;
+    all_latent = at::cat({cache->Latent().narrow(1, 0, past).to(x.scalar_type()), latent}, 1);
+    all_rope_key =
+        at::cat({cache->RopeKey().narrow(1, 0, past).to(x.scalar_type()), rope_key}, 1);
+  }
+  const int64_t keys = all_latent.size(1);
+
+  // W_ukv per head: rows [k_nope (Dn); v (Dv)] of each head.
+  at::Tensor kv_up = w.kv_up.view({heads, c.nope_dim + c.value_dim, c.kv_rank});
+  at::Tensor key_up = kv_up.narrow(1, 0, c.nope_dim);              // (H, Dn, Dc)
+  at::Tensor value_up = kv_up.narrow(1, c.nope_dim, c.value_dim);  // (H, Dv, Dc)
+
+  at::Tensor rope_scores =
+      at::einsum("bthr,bsr->bhts", {query_rope, all_rope_key});  // (B, H, T, S)
+  at::Tensor head_output;                                         // (B, T, H, Dv)
+  if (form == LatentAttentionForm::kExplicit) {
+    at::Tensor key_nope = at::einsum("bsc,hnc->bhsn", {all_latent, key_up});   // (B,H,S,Dn)
+    at::Tensor value = at::einsum("bsc,hvc->bhsv", {all_latent, value_up});    // (B,H,S,Dv)
+    at::Tensor scores = at::einsum("bthn,bhsn->bhts", {query_nope, key_nope}) + rope_scores;
+    scores = scores * scale;
+    scores = scores.masked_fill(FutureMask(length, keys, x.device()),
+                                -std::numeric_limits<double>::infinity());
+    at::Tensor probabilities = at::softmax(scores, -1);
+    head_output = at::einsum("bhts,bhsv->bthv", {probabilities, value});
+  } else {
+    // Absorbed: q~_h = W_uk,h^T q_nope_h lives in the latent space (Dc).
+    at::Tensor absorbed_query = at::einsum("bthn,hnc->bhtc", {query_nope, key_up});
+    at::Tensor scores = at::matmul(absorbed_query, all_latent.unsqueeze(1).transpose(-1, -2));
+    scores = (scores + rope_scores) * scale;
+    scores = scores.masked_fill(FutureMask(length, keys, x.device()),
+                                -std::numeric_limits<double>::infinity());
+    at::Tensor probabilities = at::softmax(scores, -1);                    // (B, H, T, S)
+    at::Tensor latent_output = at::matmul(probabilities, all_latent.unsqueeze(1));  // (B,H,T,Dc)
+    head_output = at::einsum("bhtc,hvc->bthv", {latent_output, value_up});
+  }
+  at::Tensor gated =
+      at::sigmoid(Linear(x, w.gate)) * head_output.reshape({batch, length, heads * c.value_dim});
+  return Linear(gated, w.output);
+}
+
+}  // namespace strider::model

@@ -1,0 +1,62 @@
+// Gated multi-head latent attention (MODEL.md s.2).
+//
+// Keys and values are cached as one compressed vector c_kv (d_c values) plus a key part shared
+// by all heads (d_rope values) per token: 576 values in the reference instead of 24,576. Two
+// forms of the same attention:
+//   - explicit (training path): per-head keys and values are expanded from c_kv by W_ukv, then
+//     ordinary causal softmax attention;
+//   - absorbed (inference path): the query is mapped into the latent space by W_uk^T and scores
+//     are taken directly against the cached c_kv; the weighted latent is lifted by W_uv after.
+// A sigmoid gate computed from x multiplies each head's output before W_o, which is why W_uv
+// cannot be folded into W_o. No position encoding: the "rope" part is cached but not rotated;
+// the incremental layers carry position.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "common/model/config.h"
+#include "common/model/ops.h"
+
+namespace strider::model {
+
+struct LatentAttentionWeights {
+  at::Tensor query_down;  // (Rq, d)
+  at::Tensor query_norm;  // (Rq)
+  at::Tensor query_up;    // (H*(Dn+Dr), Rq)
+  at::Tensor kv_down;     // (Dc+Dr, d)
+  at::Tensor kv_norm;     // (Dc)
+  at::Tensor kv_up;       // (H*(Dn+Dv), Dc)
+  at::Tensor gate;        // (H*Dv, d)
+  at::Tensor output;      // (d, H*Dv)
+
+  static LatentAttentionWeights Bind(const TensorMap& tensors, const std::string& prefix);
+};
+
+// The compressed cache of one layer for a batch of sequences of equal length. Storage grows by
+// doubling so appending one token is amortised O(1).
+struct LatentAttentionCache {
+  at::Tensor latent;    // (B, capacity, Dc) normalised c_kv
+  at::Tensor rope_key;  // (B, capacity, Dr) shared key part
+  int64_t length = 0;
+
+  static LatentAttentionCache Empty(const LatentAttentionConfig& config, int64_t batch,
+                                    const at::TensorOptions& options);
+  void Append(const at::Tensor& latent_rows, const at::Tensor& rope_rows);  // (B, T, .)
+  at::Tensor Latent() const;   // (B, length, Dc)
+  at::Tensor RopeKey() const;  // (B, length, Dr)
+  int64_t Bytes() const;       // bytes of the `length` cached tokens
+};
+
+enum class LatentAttentionForm { kExplicit, kAbsorbed };
+
+// x: (B, T, d). Without a cache: the training path over the whole sequence (explicit form).
+// With a cache: the new tokens are appended and attend to everything cached; `form` picks the
+// computation (absorbed by default, explicit for tests and equality checks).
+at::Tensor LatentAttentionForward(const LatentAttentionWeights& weights,
+                                  const LatentAttentionConfig& config, const at::Tensor& x,
+                                  LatentAttentionCache* cache, double norm_epsilon,
+                                  LatentAttentionForm form = LatentAttentionForm::kAbsorbed);
+
+}  // namespace strider::model

@@ -1,0 +1,500 @@
+#include "common/model/model.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cstring>
+#include <thread>
+
+#include "common/kernels/routing.h"
+#include "common/model/attention_residuals.h"
+#include "common/model/parameters.h"
+#include "common/model/vision.h"
+#include "common/safetensors.h"
+#include "common/tokenizer.h"
+
+namespace strider {
+
+using model::TensorMap;
+
+struct Model::Layers {
+  struct Layer {
+    char kind = 'I';
+    at::Tensor attention_norm;     // (d)
+    at::Tensor feed_forward_norm;  // (d)
+    model::IncrementalAttentionWeights incremental;
+    model::LatentAttentionWeights latent;
+    bool sparse = false;
+    model::DenseFeedForwardWeights dense;
+    model::SparseExpertWeights experts;
+  };
+  at::Tensor embedding;         // (V, d)
+  at::Tensor residual_queries;  // (2L+1, d)
+  at::Tensor final_norm;        // (d)
+  at::Tensor output;            // (V, d)
+  at::Tensor value_weight;      // (1, d)
+  at::Tensor value_bias;        // (1)
+  model::VisionWeights vision;
+  std::vector<Layer> layers;
+};
+
+namespace {
+
+// Runs LibTorch code and turns its exceptions into a Status naming the operation.
+template <typename Function>
+Status Guarded(const char* what, Function&& function) {
+  try {
+    function();
+    return Status::Ok();
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string(what) + ": " + error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    return Status::Internal(std::string(what) + ": " + error.what());
+  }
+}
+
+Result<DType> ToDType(at::ScalarType type) {
+  switch (type) {
+    case at::kDouble: return DType::kF64;
+    case at::kFloat: return DType::kF32;
+    case at::kHalf: return DType::kF16;
+    case at::kBFloat16: return DType::kBF16;
+    case at::kLong: return DType::kI64;
+    case at::kInt: return DType::kI32;
+    default: return Status::InvalidArgument("no safetensors dtype for this tensor type");
+  }
+}
+
+Result<at::ScalarType> ToScalarType(DType dtype) {
+  switch (dtype) {
+    case DType::kF64: return at::kDouble;
+    case DType::kF32: return at::kFloat;
+    case DType::kF16: return at::kHalf;
+    case DType::kBF16: return at::kBFloat16;
+    case DType::kI64: return at::kLong;
+    case DType::kI32: return at::kInt;
+    default: return Status::InvalidArgument("unsupported dtype for model weights");
+  }
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+}  // namespace
+
+RoutingRecord RoutingRecord::Concatenate(const std::vector<RoutingRecord>& parts) {
+  RoutingRecord joined;
+  if (parts.empty()) return joined;
+  joined.layers.resize(parts.front().layers.size());
+  for (size_t layer = 0; layer < joined.layers.size(); ++layer) {
+    std::vector<at::Tensor> experts, scores;
+    for (const RoutingRecord& part : parts) {
+      experts.push_back(part.layers[layer].experts);
+      if (part.layers[layer].scores.defined()) scores.push_back(part.layers[layer].scores);
+    }
+    joined.layers[layer].experts = at::cat(experts, 1);
+    if (scores.size() == parts.size()) joined.layers[layer].scores = at::cat(scores, 1);
+  }
+  return joined;
+}
+
+int64_t InferenceState::StateBytes() const {
+  int64_t bytes = 0;
+  for (const Layer& layer : layers_) {
+    if (layer.incremental.recurrent.defined()) {
+      bytes += layer.incremental.recurrent.nbytes() + layer.incremental.conv_tail.nbytes();
+    }
+  }
+  return bytes;
+}
+
+int64_t InferenceState::CacheBytes() const {
+  int64_t bytes = 0;
+  for (const Layer& layer : layers_) {
+    if (layer.latent.latent.defined()) bytes += layer.latent.Bytes();
+  }
+  return bytes;
+}
+
+Model::Model(ModelConfig config) : config_(std::move(config)) {}
+Model::~Model() = default;
+
+at::ScalarType Model::dtype() const { return layers_->embedding.scalar_type(); }
+
+Result<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, uint64_t seed) {
+  STRIDER_RETURN_IF_ERROR(ValidateModelConfig(config, "model config"));
+  std::unique_ptr<Model> model(new Model(config));
+  Status status = Guarded("initialising model weights", [&] {
+    at::Generator generator = at::detail::createCPUGenerator(seed);
+    for (const ParameterSpec& spec : ModelParameterSpecs(config)) {
+      at::Tensor tensor = at::empty(spec.shape, at::kFloat);
+      switch (spec.init) {
+        case ParameterInit::kNormal:
+          tensor.normal_(0.0, config.init_std * spec.scale, generator);
+          break;
+        case ParameterInit::kZeros:
+          tensor.zero_();
+          break;
+        case ParameterInit::kOnes:
+          tensor.fill_(1.0);
+          break;
+        case ParameterInit::kDecayBias:
+          // sigmoid(b) from 0.0002 to 0.16: per-step decays from about 0.999 to 0.45 at A = 0,
+          // so some channels remember thousands of tokens and some only a few.
+          tensor.uniform_(-8.5, -1.7, generator);
+          break;
+      }
+      model->tensors_.emplace_back(spec.name, tensor);
+      model->trainable_.push_back(spec.trainable);
+    }
+    model->Bind();
+  });
+  STRIDER_RETURN_IF_ERROR(status);
+  return model;
+}
+
+Result<std::unique_ptr<Model>> Model::Load(const ModelConfig& config, const std::string& path) {
+  STRIDER_RETURN_IF_ERROR(ValidateModelConfig(config, "model config"));
+  STRIDER_ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(path));
+  std::unique_ptr<Model> model(new Model(config));
+  const std::vector<ParameterSpec> specs = ModelParameterSpecs(config);
+  for (const ParameterSpec& spec : specs) {
+    auto it = contents.tensors.find(spec.name);
+    if (it == contents.tensors.end()) {
+      return Status::InvalidArgument(path + ": missing tensor '" + spec.name +
+                                     "' required by the model config '" + config.name + "'");
+    }
+    const LoadedTensor& loaded = it->second;
+    if (loaded.shape != spec.shape) {
+      return Status::InvalidArgument(path + ": tensor '" + spec.name + "' has shape " +
+                                     ShapeText(loaded.shape) + ", the config needs " +
+                                     ShapeText(spec.shape));
+    }
+    STRIDER_ASSIGN_OR_RETURN(at::ScalarType type, ToScalarType(loaded.dtype));
+    at::Tensor tensor = at::empty(spec.shape, type);
+    std::memcpy(tensor.data_ptr(), loaded.bytes.data(), loaded.bytes.size());
+    model->tensors_.emplace_back(spec.name, tensor.to(at::kFloat));
+    model->trainable_.push_back(spec.trainable);
+  }
+  if (contents.tensors.size() != specs.size()) {
+    for (const auto& [name, tensor] : contents.tensors) {
+      bool known = false;
+      for (const ParameterSpec& spec : specs) known = known || spec.name == name;
+      if (!known) {
+        return Status::InvalidArgument(path + ": tensor '" + name +
+                                       "' is not part of the model config '" + config.name + "'");
+      }
+    }
+  }
+  STRIDER_RETURN_IF_ERROR(Guarded("binding loaded weights", [&] { model->Bind(); }));
+  return model;
+}
+
+Status Model::Save(const std::string& path) const {
+  std::vector<at::Tensor> contiguous;
+  std::vector<TensorView> views;
+  contiguous.reserve(tensors_.size());
+  for (const auto& [name, tensor] : tensors_) {
+    contiguous.push_back(tensor.detach().cpu().contiguous());
+    STRIDER_ASSIGN_OR_RETURN(DType dtype, ToDType(contiguous.back().scalar_type()));
+    TensorView view;
+    view.name = name;
+    view.dtype = dtype;
+    view.shape = contiguous.back().sizes().vec();
+    view.data = contiguous.back().data_ptr();
+    view.byte_size = contiguous.back().nbytes();
+    views.push_back(std::move(view));
+  }
+  return WriteSafetensors(path, views,
+                          {{"format", "strider"}, {"model", config_.name}, {"version", "1"}});
+}
+
+void Model::Bind() {
+  TensorMap map;
+  for (const auto& [name, tensor] : tensors_) map[name] = tensor;
+  auto layers = std::make_unique<Layers>();
+  layers->embedding = model::Lookup(map, "embedding");
+  layers->residual_queries = model::Lookup(map, "residual_queries");
+  layers->final_norm = model::Lookup(map, "final_norm");
+  layers->output = model::Lookup(map, "output");
+  layers->value_weight = model::Lookup(map, "value_head.weight");
+  layers->value_bias = model::Lookup(map, "value_head.bias");
+  if (config_.vision.enabled) layers->vision = model::VisionWeights::Bind(map, "vision.");
+  const std::vector<char> kinds = config_.LayerKinds();
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const std::string prefix = "layers." + std::to_string(i) + ".";
+    Layers::Layer layer;
+    layer.kind = kinds[i];
+    layer.attention_norm = model::Lookup(map, prefix + "attention_norm");
+    layer.feed_forward_norm = model::Lookup(map, prefix + "feed_forward_norm");
+    if (layer.kind == 'I') {
+      layer.incremental = model::IncrementalAttentionWeights::Bind(map, prefix + "incremental.");
+    } else {
+      layer.latent = model::LatentAttentionWeights::Bind(map, prefix + "latent.");
+    }
+    layer.sparse = config_.IsMoeLayer(i);
+    if (layer.sparse) {
+      layer.experts = model::SparseExpertWeights::Bind(map, prefix + "experts.",
+                                                       config_.feed_forward.shared_experts > 0);
+    } else {
+      layer.dense = model::DenseFeedForwardWeights::Bind(map, prefix + "dense.");
+    }
+    layers->layers.push_back(std::move(layer));
+  }
+  layers_ = std::move(layers);
+}
+
+std::vector<at::Tensor> Model::TrainableParameters() const {
+  std::vector<at::Tensor> parameters;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (trainable_[i]) parameters.push_back(tensors_[i].second);
+  }
+  return parameters;
+}
+
+void Model::SetRequiresGrad(bool requires_grad) {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (trainable_[i]) tensors_[i].second.requires_grad_(requires_grad);
+  }
+}
+
+Status Model::ConvertTo(at::ScalarType dtype) {
+  return Guarded("converting model weights", [&] {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const bool requires_grad = tensors_[i].second.requires_grad();
+      tensors_[i].second = tensors_[i].second.detach().to(dtype).requires_grad_(requires_grad);
+    }
+    Bind();
+  });
+}
+
+Status Model::CheckInput(const ModelInput& input) const {
+  const at::Tensor& tokens = input.tokens;
+  if (!tokens.defined() || tokens.dim() != 2) {
+    return Status::InvalidArgument("tokens must be a (batch, length) tensor");
+  }
+  if (tokens.scalar_type() != at::kLong) {
+    return Status::InvalidArgument("tokens must be int64");
+  }
+  if (tokens.size(0) == 0 || tokens.size(1) == 0) {
+    return Status::InvalidArgument("tokens must hold at least one token per sequence");
+  }
+  const int64_t low = tokens.min().item<int64_t>();
+  const int64_t high = tokens.max().item<int64_t>();
+  if (low < 0 || high >= config_.vocabulary) {
+    return Status::InvalidArgument("token id " + std::to_string(low < 0 ? low : high) +
+                                   " is outside the vocabulary [0, " +
+                                   std::to_string(config_.vocabulary) + ")");
+  }
+  at::Tensor placeholders = (tokens == token::kImagePatch).sum(1).cpu();
+  std::vector<int64_t> patches(tokens.size(0), 0);
+  for (size_t i = 0; i < input.images.size(); ++i) {
+    const ImageInput& image = input.images[i];
+    if (image.sequence < 0 || image.sequence >= tokens.size(0)) {
+      return Status::InvalidArgument("image " + std::to_string(i) + " names sequence " +
+                                     std::to_string(image.sequence) + " outside the batch");
+    }
+    STRIDER_RETURN_IF_ERROR(
+        model::ValidateImage(config_.vision, image.pixels).WithContext("image " + std::to_string(i)));
+    patches[image.sequence] += model::PatchCount(config_.vision, image.pixels);
+  }
+  for (int64_t b = 0; b < tokens.size(0); ++b) {
+    const int64_t expected = placeholders[b].item<int64_t>();
+    if (patches[b] != expected) {
+      return Status::InvalidArgument(
+          "sequence " + std::to_string(b) + " has " + std::to_string(expected) +
+          " image-patch tokens but its images give " + std::to_string(patches[b]) + " patches");
+    }
+  }
+  return Status::Ok();
+}
+
+ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
+                         const ForwardOptions& options) const {
+  const Layers& w = *layers_;
+  const at::Tensor& tokens = input.tokens;
+  const int64_t batch = tokens.size(0);
+  const int64_t length = tokens.size(1);
+  const double epsilon = config_.norm_epsilon;
+
+  at::Tensor x = at::embedding(w.embedding, tokens);  // (B, T, d)
+  if (!input.images.empty()) {
+    // Patch vectors replace the placeholder positions, image by image in stream order.
+    at::Tensor is_patch = (tokens == token::kImagePatch).cpu();
+    std::vector<int64_t> next_position(batch, 0);
+    std::vector<at::Tensor> rows, columns, vectors;
+    for (const ImageInput& image : input.images) {
+      at::Tensor embedded = model::EmbedImagePatches(w.vision, config_.vision, image.pixels);
+      const int64_t count = embedded.size(0);
+      at::Tensor positions = at::nonzero(is_patch[image.sequence]).reshape({-1});
+      rows.push_back(at::full({count}, image.sequence, at::kLong));
+      columns.push_back(positions.narrow(0, next_position[image.sequence], count));
+      next_position[image.sequence] += count;
+      vectors.push_back(embedded);
+    }
+    x = x.index_put({at::cat(rows), at::cat(columns)}, at::cat(vectors).to(x.scalar_type()));
+  }
+
+  model::ResidualSources sources(x);
+  ForwardOutput out;
+  int64_t sparse_index = 0;
+  const int64_t block = config_.residual_block;
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const Layers::Layer& layer = w.layers[i];
+    at::Tensor h = i == 0 ? x : model::ReadResidual(sources, w.residual_queries[2 * i], epsilon);
+    if (i % block == 0) sources.Seal();
+    at::Tensor normed = model::RmsNorm(h, layer.attention_norm, epsilon);
+    at::Tensor attention;
+    if (layer.kind == 'I') {
+      attention = model::IncrementalAttentionForward(
+          layer.incremental, config_.incremental, normed,
+          state != nullptr ? &state->layers_[i].incremental : nullptr, epsilon);
+    } else {
+      attention = model::LatentAttentionForward(
+          layer.latent, config_.latent, normed,
+          state != nullptr ? &state->layers_[i].latent : nullptr, epsilon,
+          (state != nullptr && !options.explicit_latent_attention)
+              ? model::LatentAttentionForm::kAbsorbed
+              : model::LatentAttentionForm::kExplicit);
+    }
+    sources.Add(attention);
+    h = model::ReadResidual(sources, w.residual_queries[2 * i + 1], epsilon);
+    normed = model::RmsNorm(h, layer.feed_forward_norm, epsilon);
+    at::Tensor feed_forward;
+    if (layer.sparse) {
+      at::Tensor replay;
+      if (options.replay_routing != nullptr) {
+        TORCH_CHECK(sparse_index < static_cast<int64_t>(options.replay_routing->layers.size()),
+                    "routing replay has no record for sparse layer ", sparse_index);
+        replay = options.replay_routing->layers[sparse_index].experts;
+        TORCH_CHECK(replay.size(0) == batch && replay.size(1) == length,
+                    "routing replay for sparse layer ", sparse_index, " covers ", replay.size(0),
+                    "x", replay.size(1), " tokens, the input has ", batch, "x", length);
+        replay = replay.reshape({batch * length, -1});
+      }
+      model::RoutingRecordEntry record;
+      feed_forward = model::SparseExpertForward(layer.experts, config_.feed_forward, normed,
+                                                replay, &record, epsilon);
+      if (options.record_routing) {
+        RoutingRecord::Layer entry;
+        entry.experts = record.experts.view({batch, length, -1});
+        entry.scores = record.scores.view({batch, length, -1});
+        out.routing.layers.push_back(std::move(entry));
+      }
+      ++sparse_index;
+    } else {
+      feed_forward = model::DenseFeedForward(layer.dense, config_.feed_forward, normed);
+    }
+    sources.Add(feed_forward);
+  }
+  at::Tensor final_hidden = model::RmsNorm(
+      model::ReadResidual(sources, w.residual_queries[2 * config_.layers], epsilon),
+      w.final_norm, epsilon);
+  out.logits = model::Linear(final_hidden, w.output);
+  if (options.compute_values) {
+    out.values = (model::Linear(final_hidden, w.value_weight) + w.value_bias).squeeze(-1);
+  }
+  return out;
+}
+
+Result<ForwardOutput> Model::Forward(const ModelInput& input, const ForwardOptions& options) const {
+  STRIDER_RETURN_IF_ERROR(CheckInput(input));
+  ForwardOutput out;
+  STRIDER_RETURN_IF_ERROR(
+      Guarded("model forward (training path)", [&] { out = Run(input, nullptr, options); }));
+  return out;
+}
+
+Result<InferenceState> Model::NewState(int64_t batch_size) const {
+  if (batch_size <= 0) return Status::InvalidArgument("batch size must be positive");
+  InferenceState state;
+  state.batch_size_ = batch_size;
+  STRIDER_RETURN_IF_ERROR(Guarded("allocating inference state", [&] {
+    const at::TensorOptions options = at::TensorOptions().dtype(dtype());
+    const at::ScalarType cache_type =
+        dtype() == at::kDouble ? at::kDouble
+                               : (config_.cache_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat);
+    for (const Layers::Layer& layer : layers_->layers) {
+      InferenceState::Layer layer_state;
+      if (layer.kind == 'I') {
+        layer_state.incremental =
+            model::IncrementalAttentionState::Zeros(config_.incremental, batch_size, options);
+      } else {
+        layer_state.latent = model::LatentAttentionCache::Empty(config_.latent, batch_size,
+                                                                options.dtype(cache_type));
+      }
+      state.layers_.push_back(std::move(layer_state));
+    }
+  }));
+  return state;
+}
+
+Result<ForwardOutput> Model::Append(InferenceState* state, const ModelInput& input,
+                                    const ForwardOptions& options) const {
+  if (state == nullptr) return Status::InvalidArgument("Append needs an inference state");
+  STRIDER_RETURN_IF_ERROR(CheckInput(input));
+  if (input.tokens.size(0) != state->batch_size()) {
+    return Status::InvalidArgument("input batch of " + std::to_string(input.tokens.size(0)) +
+                                   " sequences for a state of " +
+                                   std::to_string(state->batch_size()));
+  }
+  if (state->length() + input.tokens.size(1) > config_.context) {
+    return Status::OutOfRange("appending " + std::to_string(input.tokens.size(1)) +
+                              " tokens to a sequence of " + std::to_string(state->length()) +
+                              " exceeds model.context = " + std::to_string(config_.context));
+  }
+  ForwardOutput out;
+  // Work on a copy of the per-layer handles so a failure midway leaves the state as it was.
+  InferenceState next = *state;
+  STRIDER_RETURN_IF_ERROR(Guarded("model append (inference path)", [&] {
+    at::AutoGradMode grad_mode(options.enable_grad);
+    out = Run(input, &next, options);
+  }));
+  next.length_ += input.tokens.size(1);
+  *state = std::move(next);
+  return out;
+}
+
+Result<std::vector<double>> Model::UpdateRoutingBalance(const RoutingRecord& record) {
+  std::vector<double> violations;
+  int64_t sparse_index = 0;
+  STRIDER_RETURN_IF_ERROR(Guarded("quantile balancing", [&] {
+    at::NoGradGuard no_grad;
+    for (Layers::Layer& layer : layers_->layers) {
+      if (!layer.sparse) continue;
+      TORCH_CHECK(sparse_index < static_cast<int64_t>(record.layers.size()),
+                  "routing record has no entry for sparse layer ", sparse_index);
+      const RoutingRecord::Layer& entry = record.layers[sparse_index++];
+      TORCH_CHECK(entry.scores.defined(), "routing record holds no router scores");
+      const int64_t experts = config_.feed_forward.routed_experts;
+      at::Tensor scores = entry.scores.reshape({-1, experts});
+      violations.push_back(
+          kernels::MaxViolation(entry.experts.reshape({scores.size(0), -1}), experts));
+      at::Tensor bias = kernels::QuantileBalanceBias(scores, layer.experts.router_bias,
+                                                     config_.feed_forward.experts_per_token);
+      layer.experts.router_bias.copy_(bias);
+    }
+  }));
+  return violations;
+}
+
+at::Tensor NextTokenLogProbs(const at::Tensor& logits, const at::Tensor& tokens) {
+  const int64_t length = logits.size(1);
+  const at::ScalarType type = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor log_probs = at::log_softmax(logits.narrow(1, 0, length - 1).to(type), -1);
+  return log_probs.gather(-1, tokens.narrow(1, 1, length - 1).unsqueeze(-1)).squeeze(-1);
+}
+
+void ConfigureThreads(int64_t threads) {
+  if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  at::set_num_threads(static_cast<int>(threads));
+}
+
+}  // namespace strider

@@ -1,0 +1,153 @@
+// The Strider model: a hybrid sparse MoE transformer with two paths over one set of layers.
+//
+//   Forward  (training path): whole sequences at once, chunkwise incremental attention, explicit
+//                             latent attention; differentiable.
+//   Append   (inference path): appends one or many tokens to a per-sequence InferenceState
+//                             (recurrent states, conv tails, compressed latent cache).
+//
+// Contract, tested per layer and for the whole model: with the same weights and tokens the two
+// paths give the same log-probabilities (fp32: 1e-5 absolute) when the inference path's expert
+// choices are replayed, and the same choices except at exact near-ties when each routes alone.
+//
+// Layer schedule (MODEL.md s.3): per layer i, read the attention residual sources (skipped for
+// layer 0, which reads the embedding), seal the block partial sum every `residual_block` layers,
+// attention (I or G by the layer pattern) on its pre-normed input, read again, feed-forward
+// (dense for the first layers, latent sparse experts after); a final read, norm and output head.
+//
+// Errors: every public method returns Status/Result; LibTorch exceptions are caught here and
+// reported with context, never thrown to callers.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/model/config.h"
+#include "common/model/incremental_attention.h"
+#include "common/model/latent_attention.h"
+#include "common/model/sparse_experts.h"
+#include "common/status.h"
+
+namespace strider {
+
+struct ImageInput {
+  int64_t sequence = 0;  // batch row the image belongs to
+  at::Tensor pixels;     // (H, W, C) floating point in [0, 1]
+};
+
+struct ModelInput {
+  at::Tensor tokens;  // (B, T) int64; image patches are token::kImagePatch placeholders
+  // Images in stream order within each sequence; their patch counts must match the
+  // placeholders of that sequence's tokens.
+  std::vector<ImageInput> images;
+};
+
+// Expert choices of every sparse layer, for routing replay and quantile balancing.
+struct RoutingRecord {
+  struct Layer {
+    at::Tensor experts;  // (B, T, k) int64
+    at::Tensor scores;   // (B, T, n) router scores, detached
+  };
+  std::vector<Layer> layers;  // one per sparse layer, in depth order
+
+  // Joins records of consecutive chunks of the same sequences along T.
+  static RoutingRecord Concatenate(const std::vector<RoutingRecord>& parts);
+};
+
+struct ForwardOptions {
+  const RoutingRecord* replay_routing = nullptr;  // use these experts (T must match the input)
+  bool record_routing = false;                    // fill ForwardOutput::routing
+  bool compute_values = false;                    // fill ForwardOutput::values
+  // Append only: keep the autograd graph (chunked long-sequence training through the
+  // inference path). Forward always records gradients for parameters that require them.
+  bool enable_grad = false;
+  // Append only: the explicit latent-attention form instead of the absorbed one (for checks).
+  bool explicit_latent_attention = false;
+};
+
+struct ForwardOutput {
+  at::Tensor logits;  // (B, T, V)
+  at::Tensor values;  // (B, T) value-head estimates, when asked for
+  RoutingRecord routing;
+};
+
+// Per-sequence state of the inference path for a batch of B sequences of equal length.
+class InferenceState {
+ public:
+  int64_t batch_size() const { return batch_size_; }
+  int64_t length() const { return length_; }  // tokens appended so far
+  // Recurrent states and convolution tails of incremental layers: constant in length.
+  int64_t StateBytes() const;
+  // Compressed latent caches of latent-attention layers: (d_c + d_rope) values per token.
+  int64_t CacheBytes() const;
+
+ private:
+  friend class Model;
+  struct Layer {
+    model::IncrementalAttentionState incremental;
+    model::LatentAttentionCache latent;
+  };
+  int64_t batch_size_ = 0;
+  int64_t length_ = 0;
+  std::vector<Layer> layers_;
+};
+
+class Model {
+ public:
+  // Random initialisation from the parameter table, deterministic in `seed`.
+  static Result<std::unique_ptr<Model>> Create(const ModelConfig& config, uint64_t seed);
+  // Weights from a safetensors file written by Save; every tensor must be present with the
+  // config's shape and nothing else may be there.
+  static Result<std::unique_ptr<Model>> Load(const ModelConfig& config, const std::string& path);
+  Status Save(const std::string& path) const;
+
+  const ModelConfig& config() const { return config_; }
+  at::ScalarType dtype() const;
+
+  // Every tensor with its name, in parameter-table order; the tensors share storage with the
+  // model (in-place updates by an optimiser are seen by the next forward).
+  const std::vector<std::pair<std::string, at::Tensor>>& tensors() const { return tensors_; }
+  // The subset trained by gradients (everything but the router biases).
+  std::vector<at::Tensor> TrainableParameters() const;
+  void SetRequiresGrad(bool requires_grad);
+  // Converts every tensor (fp64 for reference checks) and rebinds the layers.
+  Status ConvertTo(at::ScalarType dtype);
+
+  Result<ForwardOutput> Forward(const ModelInput& input, const ForwardOptions& options = {}) const;
+  Result<InferenceState> NewState(int64_t batch_size) const;
+  Result<ForwardOutput> Append(InferenceState* state, const ModelInput& input,
+                               const ForwardOptions& options = {}) const;
+
+  // One quantile-balancing update of every sparse layer's router bias from the scores of a
+  // record (MODEL.md s.5). Returns the MaxVio of each layer's recorded choices.
+  Result<std::vector<double>> UpdateRoutingBalance(const RoutingRecord& record);
+
+  Status CheckInput(const ModelInput& input) const;
+
+  ~Model();
+
+ private:
+  struct Layers;
+  explicit Model(ModelConfig config);
+  void Bind();
+  ForwardOutput Run(const ModelInput& input, InferenceState* state,
+                    const ForwardOptions& options) const;
+
+  ModelConfig config_;
+  std::vector<std::pair<std::string, at::Tensor>> tensors_;
+  std::vector<bool> trainable_;
+  std::unique_ptr<Layers> layers_;
+};
+
+// log p(tokens[t+1] | ..t) from logits (B, T, V) and tokens (B, T): (B, T-1), in fp32 or fp64.
+at::Tensor NextTokenLogProbs(const at::Tensor& logits, const at::Tensor& tokens);
+
+// Sets LibTorch's intra-op threads (0 = all cores). Debian's LibTorch defaults to one thread on
+// small machines, which halves throughput.
+void ConfigureThreads(int64_t threads);
+
+}  // namespace strider

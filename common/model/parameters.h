@@ -1,0 +1,68 @@
+// Every parameter of the model as data: name, shape, component, initialisation.
+//
+// This table is the single source of truth for the model's parameters. The model allocates
+// exactly these tensors, checkpoints store them under these names, and `strider model info`
+// counts them without allocating anything, so the 2.8T reference is counted by the same code
+// that builds the tiny test model.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/model/config.h"
+
+namespace strider {
+
+enum class ParameterInit {
+  kNormal,       // N(0, init_std) scaled by `scale`
+  kZeros,
+  kOnes,
+  kDecayBias,    // spread of decay-gate biases so heads start with short and long memories
+};
+
+struct ParameterSpec {
+  std::string name;              // "layers.3.latent.kv_up"
+  std::vector<int64_t> shape;
+  std::string component;         // groups for accounting: "routed_experts", "router", ...
+  // Fraction of this parameter used for one token: k/n for routed experts, 1 otherwise.
+  double active_fraction = 1.0;
+  bool trainable = true;         // false for the quantile-balancing router bias
+  ParameterInit init = ParameterInit::kNormal;
+  double scale = 1.0;            // multiplies init_std for kNormal
+
+  int64_t Count() const;
+};
+
+std::vector<ParameterSpec> ModelParameterSpecs(const ModelConfig& config);
+
+struct ParameterCounts {
+  double total = 0;    // doubles: the reference has 2.8e12 parameters
+  double active = 0;   // per token
+  std::map<std::string, double> total_by_component;
+  std::map<std::string, double> active_by_component;
+};
+
+ParameterCounts CountParameters(const ModelConfig& config);
+
+// Memory of the inference state (MODEL.md s.1 and s.2), from the config alone.
+struct CacheAccounting {
+  // Latent attention: (d_c + d_rope) values per token per latent layer, in the cache dtype.
+  int64_t kv_cache_values_per_token_per_layer = 0;
+  int64_t kv_cache_bytes_per_token = 0;  // all latent layers
+  // Incremental attention: H d_k d_v fp32 state plus the convolution tail, per layer.
+  int64_t state_bytes_per_layer = 0;
+  int64_t state_bytes_per_sequence = 0;  // all incremental layers; constant in context length
+  // An equal-size model with full multi-head attention (same heads and head width) in every
+  // attention layer: keys and values cached for every head of every layer.
+  int64_t baseline_kv_values_per_token_per_layer = 0;
+  int64_t baseline_kv_cache_bytes_per_token = 0;
+  // Bytes of one sequence at `context` tokens: state + cache * context.
+  double sequence_bytes_at_context = 0;
+  double baseline_sequence_bytes_at_context = 0;
+};
+
+CacheAccounting AccountCaches(const ModelConfig& config);
+
+}  // namespace strider

@@ -1,0 +1,88 @@
+#include "common/model/sparse_experts.h"
+
+#include <ATen/ATen.h>
+
+#include "common/kernels/routing.h"
+
+namespace strider::model {
+
+DenseFeedForwardWeights DenseFeedForwardWeights::Bind(const TensorMap& t, const std::string& p) {
+  return {Lookup(t, p + "gate"), Lookup(t, p + "up"), Lookup(t, p + "down")};
+}
+
+at::Tensor DenseFeedForward(const DenseFeedForwardWeights& w, const FeedForwardConfig& c,
+                            const at::Tensor& x) {
+  return SituGluFeedForward(x, w.gate, w.up, w.down, c.gate_cap, c.up_cap);
+}
+
+SparseExpertWeights SparseExpertWeights::Bind(const TensorMap& t, const std::string& p,
+                                              bool has_shared_experts) {
+  SparseExpertWeights w;
+  w.router = Lookup(t, p + "router");
+  w.router_bias = Lookup(t, p + "router_bias");
+  w.latent_down = Lookup(t, p + "latent_down");
+  w.latent_norm = Lookup(t, p + "latent_norm");
+  w.latent_up = Lookup(t, p + "latent_up");
+  w.routed_gate = Lookup(t, p + "routed_gate");
+  w.routed_up = Lookup(t, p + "routed_up");
+  w.routed_down = Lookup(t, p + "routed_down");
+  if (has_shared_experts) {
+    w.shared_gate = Lookup(t, p + "shared_gate");
+    w.shared_up = Lookup(t, p + "shared_up");
+    w.shared_down = Lookup(t, p + "shared_down");
+  }
+  return w;
+}
+
+at::Tensor SparseExpertForward(const SparseExpertWeights& w, const FeedForwardConfig& c,
+                               const at::Tensor& x, const at::Tensor& replay_experts,
+                               RoutingRecordEntry* record, double norm_epsilon) {
+  const int64_t batch = x.size(0);
+  const int64_t length = x.size(1);
+  const int64_t width = x.size(2);
+  at::Tensor tokens = x.reshape({batch * length, width});  // (M, d)
+
+  at::Tensor scores = at::sigmoid(Linear(tokens, w.router));  // (M, n)
+  kernels::RoutingDecision decision =
+      replay_experts.defined()
+          ? kernels::RouteWithExperts(scores, replay_experts)
+          : kernels::RouteTopK(scores, w.router_bias, c.experts_per_token);
+  if (record != nullptr) {
+    record->experts = decision.experts;
+    record->scores = scores.detach();
+  }
+
+  at::Tensor latent = Linear(tokens, w.latent_down);  // (M, l)
+  at::Tensor combined = at::zeros_like(latent);
+  // Group (token, slot) pairs by expert so each expert runs once over its tokens.
+  at::Tensor flat_experts = decision.experts.reshape({-1});                 // (M*k)
+  at::Tensor order = at::argsort(flat_experts);                             // stable enough:
+  at::Tensor sorted_experts = flat_experts.index_select(0, order);          // ties keep no order
+  at::Tensor counts = at::bincount(sorted_experts, {}, c.routed_experts).cpu();
+  at::Tensor flat_weights = decision.weights.reshape({-1});
+  const int64_t k = decision.experts.size(1);
+  const int64_t* count = counts.data_ptr<int64_t>();
+  int64_t begin = 0;
+  for (int64_t expert = 0; expert < c.routed_experts; ++expert) {
+    const int64_t n = count[expert];
+    if (n == 0) continue;
+    at::Tensor pairs = order.narrow(0, begin, n);  // indices into (M*k)
+    begin += n;
+    at::Tensor token_index = at::floor_divide(pairs, k);
+    at::Tensor input = latent.index_select(0, token_index);  // (n, l)
+    at::Tensor output = SituGluFeedForward(input, w.routed_gate[expert], w.routed_up[expert],
+                                           w.routed_down[expert], c.gate_cap, c.up_cap);
+    output = output * flat_weights.index_select(0, pairs).unsqueeze(1);
+    combined = combined.index_add(0, token_index, output);
+  }
+  at::Tensor y = Linear(RmsNorm(combined, w.latent_norm, norm_epsilon), w.latent_up);
+  if (w.shared_gate.defined()) {
+    for (int64_t j = 0; j < w.shared_gate.size(0); ++j) {
+      y = y + SituGluFeedForward(tokens, w.shared_gate[j], w.shared_up[j], w.shared_down[j],
+                                 c.gate_cap, c.up_cap);
+    }
+  }
+  return y.view({batch, length, width});
+}
+
+}  // namespace strider::model

@@ -1,0 +1,61 @@
+// Feed-forward layers: the dense SiTU-GLU block and the latent sparse expert layer (MODEL.md s.4).
+//
+//   y = sum_{shared j} E_j(x) + W_up RMSNorm( sum_{i in TopK} p_i E_i(W_down x) )
+//
+// Routed experts share W_down (d -> l) and W_up (l -> d) and work in the latent width l, so
+// each is small and many fit; the router reads the full-width x; shared experts run on x at full
+// width for every token. Routed computation is grouped by expert: the tokens that chose expert e
+// are gathered, pass through it in one matrix product, and are scattered back with their
+// weights, whatever the batch composition (the same code serves training and decode).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "common/model/config.h"
+#include "common/model/ops.h"
+
+namespace strider::model {
+
+struct DenseFeedForwardWeights {
+  at::Tensor gate;  // (F, d)
+  at::Tensor up;    // (F, d)
+  at::Tensor down;  // (d, F)
+
+  static DenseFeedForwardWeights Bind(const TensorMap& tensors, const std::string& prefix);
+};
+
+at::Tensor DenseFeedForward(const DenseFeedForwardWeights& weights,
+                            const FeedForwardConfig& config, const at::Tensor& x);
+
+struct SparseExpertWeights {
+  at::Tensor router;       // (n, d)
+  at::Tensor router_bias;  // (n) quantile-balancing bias; not trained by gradients
+  at::Tensor latent_down;  // (l, d)
+  at::Tensor latent_norm;  // (l)
+  at::Tensor latent_up;    // (d, l)
+  at::Tensor routed_gate;  // (n, E, l)
+  at::Tensor routed_up;    // (n, E, l)
+  at::Tensor routed_down;  // (n, l, E)
+  at::Tensor shared_gate;  // (s, S, d) or undefined when there are no shared experts
+  at::Tensor shared_up;    // (s, S, d)
+  at::Tensor shared_down;  // (s, d, S)
+
+  static SparseExpertWeights Bind(const TensorMap& tensors, const std::string& prefix,
+                                  bool has_shared_experts);
+};
+
+// What one sparse layer decided for its tokens (M = B*T, flattened in row-major order).
+struct RoutingRecordEntry {
+  at::Tensor experts;  // (M, k) int64 chosen experts
+  at::Tensor scores;   // (M, n) router scores, detached; input to quantile balancing
+};
+
+// x: (B, T, d). `replay_experts` (M, k), when defined, fixes the choice (routing replay).
+at::Tensor SparseExpertForward(const SparseExpertWeights& weights,
+                               const FeedForwardConfig& config, const at::Tensor& x,
+                               const at::Tensor& replay_experts, RoutingRecordEntry* record,
+                               double norm_epsilon);
+
+}  // namespace strider::model
