@@ -1,0 +1,67 @@
+// SiTU-GLU against the fp64 values of MODEL.md s.7.
+#include "common/kernels/situ.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace strider::kernels {
+namespace {
+
+double Situ(double a, double b) {
+  return SituGlu(at::scalar_tensor(a, at::kDouble), at::scalar_tensor(b, at::kDouble))
+      .item<double>();
+}
+
+// Relative tolerance matches the 7-8 significant digits MODEL.md quotes.
+void ExpectClose(double actual, double expected) {
+  EXPECT_NEAR(actual, expected, 2e-7 * std::abs(expected)) << "expected " << expected;
+}
+
+TEST(SituGlu, MatchesReferenceValues) {
+  ExpectClose(Situ(1, 1), 0.7158178);
+  ExpectClose(Situ(-1, 1), -0.2633347);
+  ExpectClose(Situ(2, 3), 4.8610666);
+  ExpectClose(Situ(10, 10), 37.484606);
+  ExpectClose(Situ(100, 100), 99.93293);
+}
+
+TEST(SituGlu, GateDerivativeAtZeroIsHalfTheCappedUp) {
+  at::Tensor a = at::zeros({1}, at::kDouble).requires_grad_(true);
+  at::Tensor b = at::ones({1}, at::kDouble);
+  SituGlu(a, b).sum().backward();
+  // d/da [4 tanh(a/4) sigmoid(a)] at 0 is 1/2, times 25 tanh(1/25) = 0.99946696.
+  EXPECT_NEAR(a.grad().item<double>(), 0.49973, 5e-6);
+}
+
+TEST(SituGlu, MatchesSwiGluNearZeroAndStaysBounded) {
+  at::Tensor small = 1e-3 * at::randn({1000}, at::kDouble);
+  at::Tensor small_up = 1e-3 * at::randn({1000}, at::kDouble);
+  at::Tensor swiglu = small * at::sigmoid(small) * small_up;
+  // Second-order products are ~1e-6; the caps change them only at third order.
+  EXPECT_LT((SituGlu(small, small_up) - swiglu).abs().max().item<double>(), 1e-10);
+
+  at::Tensor large = 1e4 * at::randn({4096}, at::kDouble);
+  at::Tensor large_up = 1e4 * at::randn({4096}, at::kDouble);
+  at::Tensor out = SituGlu(large, large_up);
+  EXPECT_LE(out.abs().max().item<double>(), 100.0);
+  EXPECT_GT(out.abs().max().item<double>(), 99.0);  // the bound is approached, not just respected
+  EXPECT_TRUE(at::isfinite(out).all().item<bool>());
+  // Custom caps: bounded by their product.
+  EXPECT_LE(SituGlu(large, large_up, 2, 3).abs().max().item<double>(), 6.0);
+}
+
+TEST(SituGlu, KeepsDtypeAndGradientsFlowToBothInputs) {
+  at::Tensor a = at::randn({4, 8}).requires_grad_(true);
+  at::Tensor b = at::randn({4, 8}).requires_grad_(true);
+  at::Tensor out = SituGlu(a, b);
+  EXPECT_EQ(out.scalar_type(), at::kFloat);
+  EXPECT_EQ(out.sizes(), a.sizes());
+  out.sum().backward();
+  EXPECT_GT(a.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_GT(b.grad().abs().sum().item<double>(), 0.0);
+}
+
+}  // namespace
+}  // namespace strider::kernels
