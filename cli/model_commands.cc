@@ -14,6 +14,7 @@
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
+#include "common/model/two_path_check.h"
 #include "common/tokenizer.h"
 
 namespace strider::cli {
@@ -88,71 +89,6 @@ Result<std::vector<int64_t>> ParseTokenIds(const std::string& text) {
   }
   if (ids.empty()) return Status::InvalidArgument("--tokens: no token ids given");
   return ids;
-}
-
-// Uneven chunk sizes for the inference path: single tokens, odd sizes, and a chunk longer than
-// the incremental kernel's chunk, so every kernel form and boundary is exercised.
-std::vector<int64_t> UnevenChunks(int64_t total, int64_t chunk_size) {
-  const std::vector<int64_t> pattern = {1, 1, 7, 1, chunk_size + 13, 3, 1, 2 * chunk_size - 1, 5};
-  std::vector<int64_t> sizes;
-  int64_t done = 0;
-  for (size_t i = 0; done < total; ++i) {
-    const int64_t size = std::min(pattern[i % pattern.size()], total - done);
-    sizes.push_back(size);
-    done += size;
-  }
-  return sizes;
-}
-
-struct CheckResult {
-  double max_abs_logprob_diff = 0;
-  double routing_agreement = 1;
-  int64_t decisions = 0;
-  int64_t chunks = 0;
-};
-
-Result<CheckResult> RunCheck(const Model& model, const at::Tensor& tokens) {
-  CheckResult result;
-  const int64_t total = tokens.size(1);
-  STRIDER_ASSIGN_OR_RETURN(InferenceState state, model.NewState(tokens.size(0)));
-  std::vector<at::Tensor> logits;
-  std::vector<RoutingRecord> records;
-  ForwardOptions record;
-  record.record_routing = true;
-  int64_t begin = 0;
-  for (int64_t size : UnevenChunks(total, model.config().incremental.chunk_size)) {
-    ModelInput chunk{tokens.narrow(1, begin, size), {}};
-    STRIDER_ASSIGN_OR_RETURN(ForwardOutput out, model.Append(&state, chunk, record));
-    logits.push_back(out.logits);
-    records.push_back(std::move(out.routing));
-    begin += size;
-    ++result.chunks;
-  }
-  at::Tensor inference_logits = at::cat(logits, 1);
-  RoutingRecord inference_routing = RoutingRecord::Concatenate(records);
-
-  at::NoGradGuard no_grad;
-  ForwardOptions replay;
-  replay.replay_routing = &inference_routing;
-  STRIDER_ASSIGN_OR_RETURN(ForwardOutput replayed, model.Forward({tokens, {}}, replay));
-  at::Tensor difference = (NextTokenLogProbs(replayed.logits, tokens) -
-                           NextTokenLogProbs(inference_logits, tokens))
-                              .abs();
-  result.max_abs_logprob_diff = difference.max().item<double>();
-
-  STRIDER_ASSIGN_OR_RETURN(ForwardOutput alone, model.Forward({tokens, {}}, record));
-  int64_t same = 0;
-  for (size_t layer = 0; layer < alone.routing.layers.size(); ++layer) {
-    at::Tensor a = std::get<0>(alone.routing.layers[layer].experts.sort(-1));
-    at::Tensor b = std::get<0>(inference_routing.layers[layer].experts.sort(-1));
-    at::Tensor agree = (a == b).all(-1);
-    same += agree.sum().item<int64_t>();
-    result.decisions += agree.numel();
-  }
-  if (result.decisions > 0) {
-    result.routing_agreement = static_cast<double>(same) / static_cast<double>(result.decisions);
-  }
-  return result;
 }
 
 }  // namespace
@@ -291,7 +227,7 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
       at::Tensor tokens = at::randint(0, token::kByteCount, {check_args->batch, check_args->tokens},
                                       generator, at::kLong);
       const auto start = std::chrono::steady_clock::now();
-      STRIDER_ASSIGN_OR_RETURN(CheckResult result, RunCheck(*model, tokens));
+      STRIDER_ASSIGN_OR_RETURN(TwoPathReport result, CheckTwoPaths(*model, tokens));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double tolerance = fp64 ? 1e-10 : 1e-5;
@@ -302,11 +238,11 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
       json["dtype"] = check_args->dtype;
       json["tokens"] = check_args->tokens;
       json["batch"] = check_args->batch;
-      json["inference_chunks"] = result.chunks;
+      json["inference_chunks"] = result.inference_chunks;
       json["max_abs_logprob_diff"] = result.max_abs_logprob_diff;
       json["logprob_tolerance"] = tolerance;
       json["routing_agreement"] = result.routing_agreement;
-      json["routing_decisions"] = result.decisions;
+      json["routing_decisions"] = result.routing_decisions;
       json["passed"] = passed;
       json["seconds"] = seconds;
       PrintJson(json);
