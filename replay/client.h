@@ -1,0 +1,143 @@
+// Clients of the replay server: ActorClient streams segments in, LearnerClient samples them.
+//
+// Both are single-threaded objects (one per thread) that own their ZeroMQ socket.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/schema/messages.h"
+#include "common/status.h"
+
+namespace strider::replay {
+
+struct ActorClientOptions {
+  std::string endpoint;  // the server's actor endpoint
+  std::string client_id = "actor";
+  // No acknowledgement for this long while segments are in flight: the connection is presumed
+  // lost (for example the server restarted) and every unacknowledged segment is sent again on a
+  // fresh connection.
+  std::chrono::milliseconds ack_timeout{5000};
+  // Send and Flush give up with Unavailable after waiting this long without any progress.
+  std::chrono::milliseconds give_up_after{60000};
+  schema::DecodeLimits limits;
+};
+
+// Streams segments with credit flow control:
+//  - the server grants a credit (bytes); the client never has more unacknowledged envelope
+//    bytes in flight, so Send blocks while the server's disk is behind;
+//  - an ack means the segment is in the server's write-ahead log;
+//  - unacknowledged segments are kept and resent after a reconnect; the server stores a
+//    segment once however often it arrives.
+class ActorClient {
+ public:
+  static Result<std::unique_ptr<ActorClient>> Connect(const ActorClientOptions& options);
+  ~ActorClient();
+
+  // Validates, encodes and sends one segment; blocks while the credit is used up. Errors:
+  // InvalidArgument for a segment that fails validation (nothing is sent), Unavailable when the
+  // server made no progress for give_up_after.
+  Status Send(const schema::SegmentData& segment);
+  // Sends an already encoded segment frame (the benchmark reuses frames).
+  Status SendFrame(const schema::SegmentKey& key, std::string frame);
+  // Waits until every sent segment is acknowledged or rejected, up to `timeout`.
+  Status Flush(std::chrono::milliseconds timeout);
+
+  // Keys acknowledged since the last call (durable on the server).
+  std::vector<schema::SegmentKey> TakeAcked();
+  // Errors the server sent back (each names its reason) since the last call.
+  std::vector<schema::ErrorReply> TakeErrors();
+
+  uint64_t acked_count() const { return acked_count_; }
+  uint64_t unacked_count() const { return unacked_.size(); }
+  uint64_t in_flight_bytes() const { return in_flight_bytes_; }
+  uint64_t credit_bytes() const { return credit_bytes_; }
+  uint64_t reconnects() const { return reconnects_; }
+  uint64_t resent() const { return resent_; }
+  // Sends a stats request on the actor endpoint and returns the JSON.
+  Result<std::string> Stats(std::chrono::milliseconds timeout);
+
+ private:
+  struct Unacked {
+    std::string frame;
+    bool sent = false;
+  };
+  explicit ActorClient(ActorClientOptions options);
+  Status Reconnect();
+  Status SendWaiting();
+  // Reads what the server sent, waiting up to `wait` for the first message.
+  Status Pump(std::chrono::milliseconds wait);
+  Status HandleReply(std::string_view frame);
+
+  struct Socket;
+  ActorClientOptions options_;
+  std::unique_ptr<Socket> socket_;
+  std::map<schema::SegmentKey, Unacked> unacked_;  // sent or waiting for credit
+  std::vector<schema::SegmentKey> send_order_;     // waiting to be sent, in arrival order
+  std::vector<schema::SegmentKey> acked_;
+  std::vector<schema::ErrorReply> errors_;
+  std::string last_stats_;
+  uint64_t credit_bytes_ = 0;
+  uint64_t server_instance_ = 0;
+  uint64_t in_flight_bytes_ = 0;
+  uint64_t acked_count_ = 0;
+  uint64_t reconnects_ = 0;
+  uint64_t resent_ = 0;
+  std::chrono::steady_clock::time_point last_progress_;
+};
+
+struct LearnerClientOptions {
+  std::string endpoint;  // the server's learner endpoint
+  std::string learner_id = "learner";
+  std::string table;     // empty: the server's first table
+  // A request unanswered for this long is sent again on a fresh connection (it is idempotent).
+  std::chrono::milliseconds request_timeout{3000};
+  schema::DecodeLimits limits;
+};
+
+struct SampledItem {
+  uint64_t sequence = 0;  // the handle for UpdatePriorities
+  uint32_t times_sampled = 0;
+  schema::SegmentData segment;
+};
+
+struct SampleBatch {
+  uint64_t step = 0;
+  bool replayed = false;  // this step was answered before (the learner resumed)
+  std::vector<SampledItem> items;
+};
+
+// Samples with durable, idempotent steps: the server records the answer to (learner, step), so a
+// learner that restarts from a checkpoint taken after step S and asks for S+1, S+2, ... gets
+// exactly what it got before for steps already answered and fresh data after them.
+class LearnerClient {
+ public:
+  static Result<std::unique_ptr<LearnerClient>> Connect(const LearnerClientOptions& options);
+  ~LearnerClient();
+
+  // Up to `count` segments for `step` (from 1). Waits (retrying every few ms) while the table
+  // is not ready (rate limiter, too few items) up to `timeout`, then ResourceExhausted naming
+  // the server's reason.
+  Result<SampleBatch> Sample(uint64_t step, uint32_t count, uint64_t policy_version,
+                             std::chrono::milliseconds timeout);
+  Status UpdatePriorities(const std::vector<uint64_t>& sequences,
+                          const std::vector<double>& priorities);
+  Result<std::string> Stats();
+
+ private:
+  explicit LearnerClient(LearnerClientOptions options);
+  Status Reconnect();
+  // Sends `request` and waits for a reply accepted by `accept`, resending on timeouts.
+  Result<schema::Message> Call(const std::string& request, schema::MessageKind expected,
+                               uint64_t step, std::chrono::milliseconds timeout);
+
+  struct Socket;
+  LearnerClientOptions options_;
+  std::unique_ptr<Socket> socket_;
+};
+
+}  // namespace strider::replay

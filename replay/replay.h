@@ -1,0 +1,94 @@
+// The replay service: where trajectories live between actors and learners.
+//
+//   actors --DEALER--> [actor ROUTER] --> writer thread --> RocksDB (WAL) --> ack
+//   learners --DEALER--> [learner ROUTER] --> tables/samplers --> segments
+//
+// Start a server with ReplayServer::Start; talk to it with replay/client.h; look into a store
+// (also while a server runs) with replay/inspect.h. docs/replay.md is the user guide: table
+// configuration keys, the wire protocol and the choices made where the design left room.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "replay/samplers/interface.h"
+
+namespace strider::replay {
+
+struct RateLimiterOptions {
+  int64_t min_fill = 1;           // sampleable items needed before any sample
+  double samples_per_insert = 0;  // 0: no ratio; else samples <= ratio * inserts + tolerance
+  double tolerance = 0;           // slack of the ratio, in samples
+  int64_t max_times_sampled = 0;  // 0: unlimited; else an item leaves the sampler after this many
+};
+
+struct RetentionOptions {
+  // Oldest segments are deleted (with their index entries) while any bound is exceeded; 0 turns a
+  // bound off. The defaults keep a store from growing without bound.
+  int64_t max_segments = 1000000;
+  int64_t max_bytes = int64_t{64} << 30;
+  int64_t max_age_s = 0;
+};
+
+// One table (an element of `tables:` in the server config).
+struct TableConfig {
+  std::string name = "main";
+  SamplerOptions sampler;
+  int64_t max_staleness = -1;  // in policy versions; -1: unbounded
+  int64_t capacity = 1000000;  // the most (newest) items the sampler chooses from
+  RateLimiterOptions rate_limiter;
+  RetentionOptions retention;
+};
+
+struct ServerOptions {
+  std::string db_path;
+  // tcp://host:port (port 0: any free port) or ipc://path.
+  std::string actor_endpoint = "tcp://127.0.0.1:0";
+  // Empty: the actor endpoint's port + 1 (port 0 stays 0), or "<path>.sample" for ipc.
+  std::string learner_endpoint;
+  // Empty: one fifo table named "main" with default limits.
+  std::vector<TableConfig> tables;
+
+  // Limits on what clients send.
+  uint64_t max_message_bytes = 64ull << 20;
+  int32_t max_token_id = 1 << 24;
+  // Unacknowledged bytes one actor connection may have in flight; at least max_message_bytes.
+  uint64_t credit_bytes = 64ull << 20;
+
+  // Storage.
+  bool sync_wal = false;  // also fsync the log: survives power loss, not only kill -9
+  std::string compression = "lz4";
+  // Segments written per WriteBatch at most (group commit); small batches keep sample latency
+  // low while ingesting because a sample's own write waits behind the batch in the log.
+  uint64_t write_batch_bytes = 1ull << 20;
+  // Sample steps per learner whose answers are kept for replay after a learner restart.
+  int64_t sample_log_steps = 1024;
+  double stats_interval_s = 10;  // how often stats go to the log; 0: never
+};
+
+// Reads a server config (docs/replay.md, configs/replay/default.yaml) strictly: unknown keys and
+// wrong types are errors naming file, line and key. Fields not in the file keep their defaults.
+Result<ServerOptions> LoadServerConfig(const std::string& path);
+Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::string& origin);
+
+class ReplayServer {
+ public:
+  // Opens (or creates) the store at options.db_path, rebuilds the tables from it, binds both
+  // endpoints and starts serving on background threads.
+  static Result<std::unique_ptr<ReplayServer>> Start(ServerOptions options);
+
+  virtual ~ReplayServer() = default;  // stops the server
+
+  // The bound endpoints, connectable from this host (wildcards and port 0 resolved).
+  virtual std::string actor_endpoint() const = 0;
+  virtual std::string learner_endpoint() const = 0;
+  // Ingest rate, bytes, rejects by reason, table fill, sample latency (docs/replay.md).
+  virtual std::string StatsJson() = 0;
+  // Stops accepting, finishes writes in progress, closes the store. Idempotent.
+  virtual void Stop() = 0;
+};
+
+}  // namespace strider::replay

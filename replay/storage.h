@@ -1,0 +1,110 @@
+// The replay store on disk: RocksDB with the column families of DESIGN.md section 5.
+//
+//   segments      trajectory id (16) + segment index (4, big-endian) -> sequence (8, big-endian)
+//                 + the segment's envelope (checksummed; the bytes that arrived on the wire)
+//   trajectories  trajectory id (16) -> TrajectorySummary envelope
+//   sequence      insertion number (8, big-endian) -> IndexRecord (below)
+//   meta          text keys: schema version, counters, table definitions, sampling state
+//
+// The segment value starts with its sequence number so an index entry points to a segment and
+// the segment points back; `verify` checks both directions. Every change that belongs together
+// (a segment, its index entry, its trajectory summary and the counters; or a sample's draw
+// record, the learner's position and the times-sampled counts) is one WriteBatch, written with
+// the write-ahead log on, so a crash leaves all of it or none of it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+
+#include "common/schema/messages.h"
+#include "common/status.h"
+
+namespace strider::replay {
+
+struct StoreOptions {
+  bool read_only = false;   // inspection: never writes, works while a server has the store open
+  bool sync_wal = false;    // fsync the log on every write: survives power loss, not just kill -9
+  std::string compression = "lz4";  // lz4, zstd, snappy or none (RocksDB's block compression)
+};
+
+// The per-segment index entry: what samplers and retention need without reading the segment.
+struct IndexRecord {
+  schema::SegmentKey key;
+  uint64_t min_policy_version = 0;
+  uint64_t max_policy_version = 0;
+  uint64_t bytes = 0;   // envelope size
+  uint64_t tokens = 0;
+  uint64_t insert_unix_ms = 0;
+  std::string table;
+};
+
+std::string EncodeIndexRecord(const IndexRecord& record);
+Result<IndexRecord> DecodeIndexRecord(std::string_view bytes);
+
+std::string SegmentStoreKey(const schema::SegmentKey& key);
+Result<schema::SegmentKey> ParseSegmentStoreKey(std::string_view bytes);
+std::string SequenceKey(uint64_t sequence);
+uint64_t ParseSequenceKey(std::string_view bytes);  // caller checks the size is 8
+std::string EncodeU64(uint64_t value);  // fixed 8 bytes, big-endian
+uint64_t DecodeU64(std::string_view bytes);
+
+// Keys in the `meta` column family.
+namespace meta {
+inline constexpr std::string_view kSchema = "schema_version";
+inline constexpr std::string_view kNextSequence = "next_sequence";
+std::string TableDefinition(const std::string& table);  // "table/<name>/definition"
+std::string TableInserts(const std::string& table);
+std::string TableSamples(const std::string& table);
+std::string TimesSampled(uint64_t sequence);            // "sampled/" + 8-byte sequence
+std::string Priority(uint64_t sequence);                // "priority/" + 8-byte sequence
+inline constexpr std::string_view kTimesSampledPrefix = "sampled/";
+inline constexpr std::string_view kPriorityPrefix = "priority/";
+// A learner's fifo position and last answered step, and the draw answered at each step.
+std::string LearnerState(const std::string& table, const std::string& learner);
+std::string Draw(const std::string& table, const std::string& learner, uint64_t step);
+}  // namespace meta
+
+class Store {
+ public:
+  // Creates the store and its column families when absent (read-write only).
+  static Result<std::unique_ptr<Store>> Open(const std::string& path, const StoreOptions& options);
+  ~Store();
+
+  rocksdb::ColumnFamilyHandle* segments() const { return handles_[1]; }
+  rocksdb::ColumnFamilyHandle* trajectories() const { return handles_[2]; }
+  rocksdb::ColumnFamilyHandle* sequence() const { return handles_[3]; }
+  rocksdb::ColumnFamilyHandle* meta() const { return handles_[4]; }
+  rocksdb::DB* db() const { return db_.get(); }
+
+  // Writes with the write-ahead log: when this returns OK the batch survives kill -9.
+  Status Write(rocksdb::WriteBatch* batch);
+  // nullopt when absent.
+  Result<std::optional<std::string>> Get(rocksdb::ColumnFamilyHandle* family,
+                                         std::string_view key) const;
+  std::unique_ptr<rocksdb::Iterator> Scan(rocksdb::ColumnFamilyHandle* family) const;
+
+  // A meta counter (8 bytes big-endian), 0 when absent.
+  Result<uint64_t> GetCounter(std::string_view key) const;
+
+  const std::string& path() const { return path_; }
+
+  // The RocksDB options Open uses, for a baseline that must match (bench/replay_bench).
+  static rocksdb::Options MakeOptions(const StoreOptions& options);
+
+ private:
+  Store() = default;
+  std::string path_;
+  StoreOptions options_;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // default, then the four above
+};
+
+Status FromRocks(const rocksdb::Status& status, std::string_view what);
+
+}  // namespace strider::replay
