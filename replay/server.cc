@@ -249,7 +249,7 @@ Status ServerImpl::Init() {
   STRIDER_RETURN_IF_ERROR(Recover());
 
   // ZeroMQ drops a peer whose message crosses this; below it, oversize gets a reply instead.
-  const size_t hard_limit = 2 * options_.max_message_bytes + 4096;
+  const size_t hard_limit = 2 * options_.max_message_bytes + (1 << 20);
   STRIDER_ASSIGN_OR_RETURN(actor_socket_,
                            transport::MakeSocket(context_, zmq::socket_type::router, hard_limit));
   STRIDER_ASSIGN_OR_RETURN(learner_socket_,
@@ -681,6 +681,8 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group) {
     }
   }
 
+  // Retention before the acks, so a client that saw its ack also sees the bound respected.
+  if (!stored.empty() && error.empty()) ApplyRetention();
   {
     std::lock_guard<std::mutex> lock(done_mutex_);
     for (const PendingSegment& p : group) {
@@ -688,7 +690,6 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group) {
     }
   }
   (void)transport::SendParts(wake_sender_, {std::string_view("w", 1)}, true);
-  if (!stored.empty() && error.empty()) ApplyRetention();
 }
 
 void ServerImpl::ApplyRetention() {

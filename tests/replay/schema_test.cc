@@ -9,6 +9,7 @@
 #include "common/schema/crc32c.h"
 #include "common/schema/replay.capnp.h"
 #include "common/schema/messages.h"
+#include "tests/replay/raw_frames.h"
 #include "tests/replay/test_segments.h"
 
 namespace strider::schema {
@@ -190,29 +191,7 @@ TEST(BadInput, MismatchedArrayLengthsAreNamed) {
 // The decoder must catch bad arrays even from a sender that skipped validation: build the wire
 // message by hand with Cap'n Proto, roles shorter than tokens.
 TEST(BadInput, DecoderChecksArrayLengthsOfHandBuiltMessages) {
-  capnp::MallocMessageBuilder builder;
-  auto segment = builder.initRoot<wire::Message>().initSegment();
-  const TrajectoryId id = strider::testing::MakeTrajectoryId(3);
-  segment.setTrajectoryId(capnp::Data::Reader(id.bytes.data(), 16));
-  const int32_t tokens[4] = {1, 2, 3, 4};
-  const uint8_t roles[3] = {1, 2, 2};
-  const float logprobs[4] = {0, -1, -1, -1};
-  segment.setTokens(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(tokens), 16));
-  segment.setRoles(capnp::Data::Reader(roles, 3));
-  segment.setBehaviourLogprobs(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(logprobs), 16));
-  segment.initPolicyRuns(1)[0].setVersion(1);
-  segment.setEnv("math");
-  kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
-  std::string frame(kEnvelopeHeaderBytes, '\0');
-  frame.append(reinterpret_cast<const char*>(words.asBytes().begin()), words.asBytes().size());
-  const uint32_t magic = kEnvelopeMagic;
-  const uint16_t major = kSchemaMajor;
-  const uint64_t size = frame.size() - kEnvelopeHeaderBytes;
-  std::memcpy(frame.data(), &magic, 4);
-  std::memcpy(frame.data() + 4, &major, 2);
-  std::memcpy(frame.data() + 8, &size, 8);
-  Reseal(frame);
-  Result<Message> m = Decode(frame);
+  Result<Message> m = Decode(strider::testing::MismatchedRolesFrame());
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(RejectReason(m.status()), reject::kLengthMismatch) << m.status().ToString();
   EXPECT_NE(m.status().message().find("4 tokens but 3 roles"), std::string::npos);

@@ -55,7 +55,8 @@ inline schema::SegmentData MakeSegment(uint64_t trajectory_seed, uint32_t index,
   if (tokens > 8) s.policy_runs.push_back({static_cast<uint32_t>(tokens / 2), policy_version + 1});
   s.routing.layers = 2;
   s.routing.top_k = 2;
-  for (size_t i = 0; i < s.ActionTokens() * 4; ++i) {
+  const size_t experts = s.ActionTokens() * 4;
+  for (size_t i = 0; i < experts; ++i) {
     s.routing.experts.push_back(static_cast<uint16_t>(rng() % 64));
   }
   for (size_t end = 128; end <= tokens; end += 256) {
