@@ -1,6 +1,7 @@
 #include "common/model/config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/config.h"
 #include "common/tokenizer.h"
@@ -89,6 +90,14 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& origin) {
     if (value <= 0) return bad(key, "must be positive, got " + std::to_string(value));
     return Status::Ok();
   };
+  // The YAML reader parses numbers with strtod, which accepts "inf" and "nan"; NaN fails every
+  // comparison, so a sign check alone would let it through to the weights and the decay gate.
+  auto finite_positive = [&](double value, const std::string& key) -> Status {
+    if (!std::isfinite(value) || value <= 0) {
+      return bad(key, "must be a finite positive number, got " + std::to_string(value));
+    }
+    return Status::Ok();
+  };
   STRIDER_RETURN_IF_ERROR(positive(c.vocabulary, "vocabulary"));
   STRIDER_RETURN_IF_ERROR(positive(c.width, "width"));
   STRIDER_RETURN_IF_ERROR(positive(c.layers, "layers"));
@@ -115,8 +124,8 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& origin) {
   if (c.cache_dtype != "float32" && c.cache_dtype != "bfloat16") {
     return bad("cache_dtype", "must be float32 or bfloat16, got '" + c.cache_dtype + "'");
   }
-  if (c.init_std <= 0) return bad("init_std", "must be positive");
-  if (c.norm_epsilon <= 0) return bad("norm_epsilon", "must be positive");
+  STRIDER_RETURN_IF_ERROR(finite_positive(c.init_std, "init_std"));
+  STRIDER_RETURN_IF_ERROR(finite_positive(c.norm_epsilon, "norm_epsilon"));
   if (c.threads < 0) return bad("threads", "must be 0 (all cores) or positive");
 
   const auto& inc = c.incremental;
@@ -127,8 +136,10 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& origin) {
     STRIDER_RETURN_IF_ERROR(positive(inc.conv_width, "incremental_attention.conv_width"));
     STRIDER_RETURN_IF_ERROR(positive(inc.decay_rank, "incremental_attention.decay_rank"));
     STRIDER_RETURN_IF_ERROR(positive(inc.chunk_size, "incremental_attention.chunk_size"));
-    if (inc.min_log_decay >= 0) {
-      return bad("incremental_attention.min_log_decay", "must be negative (a log decay)");
+    if (!std::isfinite(inc.min_log_decay) || inc.min_log_decay >= 0) {
+      return bad("incremental_attention.min_log_decay",
+                 "must be finite and negative (a log decay), got " +
+                     std::to_string(inc.min_log_decay));
     }
   }
   const auto& lat = c.latent;
@@ -164,9 +175,9 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& origin) {
       STRIDER_RETURN_IF_ERROR(positive(ff.shared_hidden, "feed_forward.shared_hidden"));
     }
   }
-  if (ff.gate_cap <= 0 || ff.up_cap <= 0) {
-    return bad("feed_forward.gate_cap", "SiTU caps must be positive");
-  }
+  // Each SiTU cap is named on its own, so the message points at the key that is wrong.
+  STRIDER_RETURN_IF_ERROR(finite_positive(ff.gate_cap, "feed_forward.gate_cap"));
+  STRIDER_RETURN_IF_ERROR(finite_positive(ff.up_cap, "feed_forward.up_cap"));
   if (c.vision.enabled) {
     STRIDER_RETURN_IF_ERROR(positive(c.vision.patch_size, "vision.patch_size"));
     STRIDER_RETURN_IF_ERROR(positive(c.vision.max_grid_rows, "vision.max_grid_rows"));
