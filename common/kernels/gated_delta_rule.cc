@@ -4,16 +4,16 @@
 //   - Batch and heads are flattened into one batch dimension BH so every product is a plain
 //     bmm; nothing here depends on B and H separately.
 //   - The recurrent form has two loops over the same equations: an in-place one when no
-//     gradient is needed (decode: one clone of the state, three small kernels per position,
-//     no per-position temporaries beyond one (BH, 1, Dv) row) and an out-of-place one that
-//     autograd can differentiate.
+//     gradient is needed (decode: one copy of the state per call, six small kernels per
+//     position, no per-position temporary beyond one (BH, 1, Dv) row) and an out-of-place one
+//     that autograd can differentiate.
 //   - The chunkwise form never exponentiates a positive number. Within a chunk the cumulative
 //     log-decay G is non-increasing, so exp(G_r - G_s) <= 1 for s <= r. The chunk is cut into
 //     sub-blocks of kSubBlock positions: pairs (r, s) in the same sub-block use the explicit
 //     (c, c, Dk) tensor of differences, masked to -inf above the diagonal before exp; pairs
 //     in different sub-blocks factor through the last position e of s's sub-block,
 //     exp(G_r - G_s) = exp(G_r - G_e) * exp(G_e - G_s), where both exponents are <= 0 because
-//     s <= e < r. That turns 3/4 of the pairs of a 64-chunk into matrix products with no risk
+//     s <= e < r. That turns about 3/4 of the pairs of a 64-chunk into matrix products with no risk
 //     of overflow (a single per-chunk reference point would need exp(+320) at g = -5).
 //   - (I + A_kk)^{-1} Diag(beta) is never formed: one unit-lower-triangular solve is applied
 //     to beta * [exp(G) * K, V], which gives W and U together for all chunks at once.
