@@ -155,7 +155,7 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
   eval->callback([eval_args, &exit_code] {
     auto run = [&]() -> Status {
       STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(eval_args->config));
-      ConfigureThreads(config.threads);
+      ConfigureRuntime(config.threads);
       std::vector<int64_t> ids;
       if (!eval_args->text.empty()) {
         ids.push_back(token::kBeginOfText);
@@ -213,7 +213,7 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
   check->callback([check_args, &exit_code] {
     auto run = [&]() -> Status {
       STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(check_args->config));
-      ConfigureThreads(config.threads);
+      ConfigureRuntime(config.threads);
       if (check_args->tokens > config.context) {
         return Status::InvalidArgument("--tokens " + std::to_string(check_args->tokens) +
                                        " exceeds model.context " + std::to_string(config.context));

@@ -5,6 +5,8 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <malloc.h>
+
 #include <cstring>
 #include <thread>
 
@@ -495,6 +497,12 @@ at::Tensor NextTokenLogProbs(const at::Tensor& logits, const at::Tensor& tokens)
 void ConfigureThreads(int64_t threads) {
   if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads));
+}
+
+void ConfigureRuntime(int64_t threads) {
+  ConfigureThreads(threads);
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);  // blocks below 256 MiB come from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);    // and stay there when freed
 }
 
 }  // namespace strider

@@ -23,6 +23,7 @@ ModelConfig TinyConfig() {
 }
 
 std::unique_ptr<Model> TinyModel(uint64_t seed) {
+  ConfigureRuntime(2);
   Result<std::unique_ptr<Model>> model = Model::Create(TinyConfig(), seed);
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   return std::move(model).value();
@@ -34,7 +35,6 @@ at::Tensor RandomTokens(int64_t batch, int64_t length, uint64_t seed) {
 }
 
 TEST(TwoPaths, Fp32TinyModelOver2048Tokens) {
-  ConfigureThreads(2);
   std::unique_ptr<Model> model = TinyModel(1);
   Result<TwoPathReport> report = CheckTwoPaths(*model, RandomTokens(1, 2048, 2));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -89,7 +89,6 @@ TEST(TwoPaths, HoldAfterQuantileBalancingMovesTheBiases) {
 }
 
 TEST(QuantileBalancing, ModelUpdatesBringASkewedRouterTowardBalance) {
-  ConfigureThreads(2);
   std::unique_ptr<Model> model = TinyModel(11);
   // Start every sparse layer from a bias that pushes most tokens to experts 0 and 1, as a stale
   // or badly initialised bias would.
