@@ -17,5 +17,6 @@ inline constexpr int kExitUsageError = 2;
 int ReportError(const Status& status);
 
 void AddModelCommands(CLI::App& app, int& exit_code);
+void AddReplayCommands(CLI::App& app, int& exit_code);
 
 }  // namespace strider::cli

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "strider 0.1.0");
   int exit_code = strider::cli::kExitOk;
   strider::cli::AddModelCommands(app, exit_code);
+  strider::cli::AddReplayCommands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
