@@ -1,0 +1,295 @@
+// Replay service throughput and latency against their ceilings, measured in the same run:
+//   ingest      4 actors streaming 64 KiB / 1 MiB segments, acknowledged after the WAL write,
+//               vs. a raw RocksDB put loop (4 threads, same values, same options, WAL on)
+//   stream      the same ingest vs. a raw ZeroMQ PUSH/PULL loop of the same frames (loopback)
+//   sample      p50/p99 latency of 64 KiB samples while 4 actors ingest, vs. the 5 ms target
+// Segment contents are random (incompressible), as PLATFORM.md advises for RocksDB figures.
+//
+//   replay_bench [--quick]
+#include <rocksdb/db.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "bench/bench_json.h"
+#include "common/schema/messages.h"
+#include "common/transport/zmq_util.h"
+#include "replay/client.h"
+#include "replay/replay.h"
+#include "replay/storage.h"
+
+namespace strider::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+constexpr int kActors = 4;
+
+struct Frame {
+  schema::SegmentKey key;
+  std::string bytes;
+};
+
+// Segments of random tokens, roles and log-probs whose envelopes are close to `target_bytes`.
+std::vector<Frame> MakeFrames(size_t target_bytes, size_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const size_t tokens = (target_bytes - 512) / 9;  // 4 token + 1 role + 4 log-prob bytes each
+  std::vector<Frame> frames;
+  for (size_t i = 0; i < count; ++i) {
+    schema::SegmentData s;
+    for (auto& b : s.trajectory_id.bytes) b = static_cast<uint8_t>(rng());
+    s.segment_index = static_cast<uint32_t>(i);
+    s.env = "bench";
+    s.policy_runs.push_back({0, 1});
+    s.tokens.resize(tokens);
+    s.roles.resize(tokens);
+    s.behaviour_logprobs.resize(tokens);
+    for (size_t t = 0; t < tokens; ++t) {
+      const uint64_t r = rng();
+      s.tokens[t] = static_cast<int32_t>(r & 0xFFFFFF);
+      s.roles[t] = static_cast<schema::Role>((r >> 24) % 3);  // system, user, model
+      s.behaviour_logprobs[t] = -static_cast<float>((r >> 32) & 0xFFFFFF) / 1e6f;
+    }
+    Result<std::string> frame = schema::EncodeSegment(s);
+    if (!frame.ok()) {
+      std::fprintf(stderr, "replay_bench: %s\n", frame.status().ToString().c_str());
+      std::exit(1);
+    }
+    frames.push_back({s.key(), std::move(*frame)});
+  }
+  return frames;
+}
+
+double MegabytesPerSecond(uint64_t bytes, Clock::duration elapsed) {
+  return static_cast<double>(bytes) / 1e6 / std::chrono::duration<double>(elapsed).count();
+}
+
+uint64_t TotalBytes(const std::vector<Frame>& frames) {
+  uint64_t total = 0;
+  for (const Frame& f : frames) total += f.bytes.size();
+  return total;
+}
+
+// 4 threads putting the frames (the same values the server stores) into a fresh RocksDB with
+// the options the store uses, WAL on, no sync: the ceiling for ingest.
+double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) {
+  std::filesystem::remove_all(dir);
+  rocksdb::Options options = replay::Store::MakeOptions(replay::StoreOptions());
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status status = rocksdb::DB::Open(options, dir, &raw);
+  if (!status.ok()) {
+    std::fprintf(stderr, "replay_bench: %s\n", status.ToString().c_str());
+    std::exit(1);
+  }
+  std::unique_ptr<rocksdb::DB> db(raw);
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int a = 0; a < kActors; ++a) {
+    threads.emplace_back([&, a] {
+      rocksdb::WriteOptions write;
+      for (size_t i = a; i < frames.size(); i += kActors) {
+        const std::string key = replay::SegmentStoreKey(frames[i].key);
+        (void)db->Put(write, key, frames[i].bytes);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const auto elapsed = Clock::now() - start;
+  db->Close();
+  db.reset();
+  std::filesystem::remove_all(dir);
+  return MegabytesPerSecond(TotalBytes(frames), elapsed);
+}
+
+// 4 actors streaming the frames into a fresh in-process server until every one is acked.
+double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir) {
+  std::filesystem::remove_all(dir);
+  replay::ServerOptions options;
+  options.db_path = dir;
+  options.stats_interval_s = 0;
+  options.tables.push_back(replay::TableConfig());
+  options.tables.back().retention.max_bytes = 0;  // keep everything: measure pure ingest
+  Result<std::unique_ptr<replay::ReplayServer>> server = replay::ReplayServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "replay_bench: %s\n", server.status().ToString().c_str());
+    std::exit(1);
+  }
+  std::vector<std::unique_ptr<replay::ActorClient>> actors;
+  for (int a = 0; a < kActors; ++a) {
+    replay::ActorClientOptions client;
+    client.endpoint = (*server)->actor_endpoint();
+    client.client_id = "bench-" + std::to_string(a);
+    actors.push_back(replay::ActorClient::Connect(client).value());
+  }
+  std::atomic<int> failures{0};
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int a = 0; a < kActors; ++a) {
+    threads.emplace_back([&, a] {
+      for (size_t i = a; i < frames.size(); i += kActors) {
+        if (!actors[a]->SendFrame(frames[i].key, frames[i].bytes).ok()) failures++;
+      }
+      if (!actors[a]->Flush(milliseconds(120000)).ok()) failures++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  const auto elapsed = Clock::now() - start;
+  if (failures > 0) std::fprintf(stderr, "replay_bench: %d ingest failures\n", failures.load());
+  actors.clear();
+  (*server)->Stop();
+  server->reset();
+  std::filesystem::remove_all(dir);
+  return MegabytesPerSecond(TotalBytes(frames), elapsed);
+}
+
+// 4 PUSH sockets to one PULL over tcp loopback, the same frames: the transport's ceiling.
+double RawZmqRate(const std::vector<Frame>& frames) {
+  zmq::context_t context(2);
+  zmq::socket_t pull(context, zmq::socket_type::pull);
+  pull.set(zmq::sockopt::linger, 0);
+  pull.bind("tcp://127.0.0.1:0");
+  const std::string endpoint = pull.get(zmq::sockopt::last_endpoint);
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int a = 0; a < kActors; ++a) {
+    threads.emplace_back([&, a] {
+      zmq::socket_t push(context, zmq::socket_type::push);
+      push.set(zmq::sockopt::linger, -1);
+      push.connect(endpoint);
+      for (size_t i = a; i < frames.size(); i += kActors) {
+        push.send(zmq::const_buffer(frames[i].bytes.data(), frames[i].bytes.size()),
+                  zmq::send_flags::none);
+      }
+    });
+  }
+  for (size_t received = 0; received < frames.size(); ++received) {
+    zmq::message_t message;
+    (void)pull.recv(message);
+  }
+  const auto elapsed = Clock::now() - start;
+  for (auto& t : threads) t.join();
+  return MegabytesPerSecond(TotalBytes(frames), elapsed);
+}
+
+struct Latency {
+  double p50_ms = 0;
+  double p99_ms = 0;
+  size_t samples = 0;
+};
+
+// A uniform table prefilled with 64 KiB segments; 4 actors keep ingesting while one learner
+// samples one segment per request.
+Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
+                                 const std::vector<Frame>& load, size_t requests,
+                                 const std::string& dir) {
+  std::filesystem::remove_all(dir);
+  replay::ServerOptions options;
+  options.db_path = dir;
+  options.stats_interval_s = 0;
+  replay::TableConfig table;
+  table.sampler.kind = replay::SamplerKind::kUniform;
+  table.retention.max_bytes = 0;
+  options.tables.push_back(table);
+  auto server = replay::ReplayServer::Start(options).value();
+  {
+    replay::ActorClientOptions client;
+    client.endpoint = server->actor_endpoint();
+    auto actor = replay::ActorClient::Connect(client).value();
+    for (const Frame& f : prefill) (void)actor->SendFrame(f.key, f.bytes);
+    (void)actor->Flush(milliseconds(60000));
+  }
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> ingest;
+  for (int a = 0; a < kActors; ++a) {
+    ingest.emplace_back([&, a] {
+      replay::ActorClientOptions client;
+      client.endpoint = server->actor_endpoint();
+      client.client_id = "load-" + std::to_string(a);
+      auto actor = replay::ActorClient::Connect(client).value();
+      for (size_t i = a; i < load.size() && !stop; i += kActors) {
+        (void)actor->SendFrame(load[i].key, load[i].bytes);
+      }
+      (void)actor->Flush(milliseconds(60000));
+    });
+  }
+  replay::LearnerClientOptions learner_options;
+  learner_options.endpoint = server->learner_endpoint();
+  auto learner = replay::LearnerClient::Connect(learner_options).value();
+  std::this_thread::sleep_for(milliseconds(100));  // let the ingest reach a steady state
+  std::vector<double> latencies;
+  for (size_t step = 1; step <= requests; ++step) {
+    const auto start = Clock::now();
+    Result<replay::SampleBatch> batch = learner->Sample(step, 1, 1, milliseconds(10000));
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (batch.ok()) latencies.push_back(ms);
+  }
+  stop = true;
+  for (auto& t : ingest) t.join();
+  learner.reset();
+  server->Stop();
+  server.reset();
+  std::filesystem::remove_all(dir);
+  Latency result;
+  result.samples = latencies.size();
+  if (latencies.empty()) return result;
+  std::sort(latencies.begin(), latencies.end());
+  result.p50_ms = latencies[latencies.size() / 2];
+  result.p99_ms = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
+  return result;
+}
+
+}  // namespace
+}  // namespace strider::bench
+
+int main(int argc, char** argv) {
+  using namespace strider::bench;
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  spdlog::set_level(spdlog::level::warn);
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("replay_bench_" + std::to_string(::getpid())))
+          .string();
+  const uint64_t volume = quick ? (32ull << 20) : (256ull << 20);
+  for (size_t size : {size_t{64} << 10, size_t{1} << 20}) {
+    const std::vector<Frame> frames = MakeFrames(size, volume / size, size);
+    const std::string label = size == (size_t{64} << 10) ? "64KiB" : "1MiB";
+    // Alternate the runs so machine noise hits both; report medians of the repeats.
+    std::vector<double> raw_rates;
+    std::vector<double> ours;
+    std::vector<double> zmq_rates;
+    const int repeats = quick ? 1 : 3;
+    for (int r = 0; r < repeats; ++r) {
+      raw_rates.push_back(RawRocksDbRate(frames, dir + "_raw"));
+      ours.push_back(ReplayIngestRate(frames, dir + "_ours"));
+      zmq_rates.push_back(RawZmqRate(frames));
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double ingest = median(ours);
+    PrintResult("replay_bench", "ingest_" + label + "_4_actors", ingest, "MB/s", median(raw_rates));
+    PrintResult("replay_bench", "stream_" + label + "_4_actors", ingest, "MB/s", median(zmq_rates));
+  }
+  {
+    const std::vector<Frame> prefill = MakeFrames(64 << 10, quick ? 64 : 512, 1);
+    const std::vector<Frame> load = MakeFrames(64 << 10, quick ? 256 : 2048, 2);
+    Latency latency =
+        SampleLatencyUnderIngest(prefill, load, quick ? 200 : 1000, dir + "_latency");
+    PrintResult("replay_bench", "sample_latency_p50_64KiB_under_ingest", latency.p50_ms, "ms",
+                5.0);
+    PrintResult("replay_bench", "sample_latency_p99_64KiB_under_ingest", latency.p99_ms, "ms",
+                5.0);
+  }
+  return 0;
+}
