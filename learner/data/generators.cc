@@ -1,0 +1,292 @@
+#include "learner/data/generators.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "common/tokenizer.h"
+
+namespace strider::data {
+namespace {
+
+// SplitMix64: tiny, fast and good enough to make documents; seeded per (seed, index) so any
+// document can be regenerated alone.
+class Rng {
+ public:
+  Rng(uint64_t seed, int64_t index, uint64_t stream)
+      : state_(seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(index) + 1) * 0xD1B54A32D192ED03ull ^
+               stream * 0x8CB92BA72F3D8DD7ull) {
+    Next();
+  }
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int64_t Uniform(int64_t n) { return static_cast<int64_t>(Next() % static_cast<uint64_t>(n)); }
+  int64_t Range(int64_t low, int64_t high) { return low + Uniform(high - low + 1); }
+  double Unit() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+
+ private:
+  uint64_t state_;
+};
+
+void AppendText(std::vector<int32_t>& tokens, std::string_view text) {
+  for (unsigned char c : text) tokens.push_back(c);
+}
+
+constexpr std::array<std::string_view, 32> kWords = {
+    "the",   "river", "stone", "light", "slow",  "house", "green", "over",
+    "under", "wind",  "small", "cold",  "field", "road",  "quiet", "night",
+    "bird",  "water", "old",   "tree",  "and",   "with",  "far",   "near",
+    "day",   "hill",  "soft",  "rain",  "moves", "sees",  "a",     "path"};
+
+// `count` characters of lower-case filler: words and spaces, never a newline or a capital, so a
+// fact stands out by its form.
+std::string Filler(Rng& rng, int64_t count) {
+  std::string text;
+  text.reserve(count + 8);
+  while (static_cast<int64_t>(text.size()) < count) {
+    text += kWords[rng.Uniform(kWords.size())];
+    text += ' ';
+  }
+  text.resize(count);
+  return text;
+}
+
+// A fact is "\nKQ=73\n" (7 tokens), a query "\n?KQ=73" (7 tokens).
+constexpr int64_t kFactTokens = 7;
+constexpr int64_t kQueryTokens = 7;
+
+GeneratedDocument Retrieval(const GeneratorOptions& options, uint64_t seed, int64_t index) {
+  Rng rng(seed, index, 1);
+  const int64_t facts = std::max<int64_t>(1, options.facts);
+  int64_t length = std::max(options.length, MinimumRetrievalLength(facts));
+  if (options.min_length > 0 && options.min_length < length) {
+    length = rng.Range(std::max(options.min_length, MinimumRetrievalLength(facts)), length);
+  }
+  std::vector<std::string> keys, values;
+  while (static_cast<int64_t>(keys.size()) < facts) {
+    std::string key = {static_cast<char>('A' + rng.Uniform(26)),
+                       static_cast<char>('A' + rng.Uniform(26))};
+    if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+    keys.push_back(key);
+    values.push_back({static_cast<char>('0' + rng.Uniform(10)),
+                      static_cast<char>('0' + rng.Uniform(10))});
+  }
+  // Body = filler with the facts spread out: fact i sits at a random point of the i-th of
+  // `facts` equal parts, so at long lengths facts are far from each other and from the queries.
+  const int64_t body = length - 2 - facts * (kFactTokens + kQueryTokens);
+  const int64_t part = body / facts;
+  GeneratedDocument document;
+  document.tokens.reserve(length);
+  document.tokens.push_back(token::kBeginOfText);
+  int64_t filler_used = 0;
+  for (int64_t i = 0; i < facts; ++i) {
+    const int64_t before = rng.Uniform(part + 1);
+    AppendText(document.tokens, Filler(rng, before));
+    AppendText(document.tokens, "\n" + keys[i] + "=" + values[i] + "\n");
+    const int64_t after = (i + 1 == facts) ? body - filler_used - before : part - before;
+    AppendText(document.tokens, Filler(rng, after));
+    filler_used += before + after;
+  }
+  std::vector<int64_t> order(facts);
+  for (int64_t i = 0; i < facts; ++i) order[i] = i;
+  for (int64_t i = facts - 1; i > 0; --i) std::swap(order[i], order[rng.Uniform(i + 1)]);
+  for (int64_t i : order) {
+    AppendText(document.tokens, "\n?" + keys[i] + "=");
+    const int64_t begin = static_cast<int64_t>(document.tokens.size());
+    AppendText(document.tokens, values[i]);
+    document.answers.emplace_back(begin, begin + 2);
+  }
+  document.tokens.push_back(token::kEndOfText);
+  return document;
+}
+
+void Turn(std::vector<int32_t>& tokens, int32_t role, std::string_view text) {
+  tokens.push_back(role);
+  AppendText(tokens, text);
+  tokens.push_back(token::kEndOfTurn);
+}
+
+GeneratedDocument ToolUse(const GeneratorOptions& options, uint64_t seed, int64_t index) {
+  Rng rng(seed, index, 2);
+  GeneratedDocument document;
+  std::vector<int32_t>& t = document.tokens;
+  t.push_back(token::kBeginOfText);
+  Turn(t, token::kSystem,
+       "You can call calc(expression) to do arithmetic and lookup(name) to read the registry.");
+  const bool flawed = rng.Unit() < options.flawed_fraction;
+  document.flawed = flawed;
+  const int64_t flaw = flawed ? rng.Uniform(3) : -1;  // 0 wrong call, 1 misread, 2 no tool
+  if (rng.Uniform(2) == 0) {
+    // Calculator environment.
+    const int64_t a = rng.Range(2, 99), b = rng.Range(2, 99), c = rng.Range(1, 999);
+    const std::string expression =
+        std::to_string(a) + "*" + std::to_string(b) + "+" + std::to_string(c);
+    const int64_t truth = a * b + c;
+    Turn(t, token::kUser, "What is " + expression + "?");
+    if (flaw == 2) {
+      Turn(t, token::kModel, "It is about " + std::to_string(truth + rng.Range(1, 50)) + ".");
+    } else {
+      const std::string called =
+          flaw == 0 ? std::to_string(b) + "*" + std::to_string(a + 1) + "+" + std::to_string(c)
+                    : expression;
+      const int64_t result = flaw == 0 ? b * (a + 1) + c : truth;
+      t.push_back(token::kModel);
+      AppendText(t, "Let me compute it.");
+      t.push_back(token::kToolCall);
+      AppendText(t, "calc(" + called + ")");
+      t.push_back(token::kToolCallEnd);
+      t.push_back(token::kEndOfTurn);
+      Turn(t, token::kToolResult, std::to_string(result));
+      const int64_t said = flaw == 1 ? result + rng.Range(1, 9) * 10 : result;
+      Turn(t, token::kModel, expression + " = " + std::to_string(said) + ".");
+    }
+  } else {
+    // Lookup environment: a registry of made-up names and numbers.
+    std::string name;
+    const int64_t letters = rng.Range(4, 7);
+    for (int64_t i = 0; i < letters; ++i) name += static_cast<char>('a' + rng.Uniform(26));
+    const int64_t truth = rng.Range(1000, 9999);
+    Turn(t, token::kUser, "What number does the registry hold for " + name + "?");
+    if (flaw == 2) {
+      Turn(t, token::kModel, "I think it is " + std::to_string(rng.Range(1000, 9999)) + ".");
+    } else {
+      std::string called = name;
+      if (flaw == 0) called[rng.Uniform(called.size())] = static_cast<char>('a' + rng.Uniform(26));
+      const int64_t result = (flaw == 0 && called != name) ? rng.Range(1000, 9999) : truth;
+      t.push_back(token::kModel);
+      AppendText(t, "I will look it up.");
+      t.push_back(token::kToolCall);
+      AppendText(t, "lookup(" + called + ")");
+      t.push_back(token::kToolCallEnd);
+      t.push_back(token::kEndOfTurn);
+      Turn(t, token::kToolResult, called + ": " + std::to_string(result));
+      const int64_t said = flaw == 1 ? (result + rng.Range(1, 8) * 1000) % 9000 + 1000 : result;
+      Turn(t, token::kModel, "The registry holds " + std::to_string(said) + " for " + name + ".");
+    }
+  }
+  t.push_back(token::kEndOfText);
+  return document;
+}
+
+constexpr std::array<std::string_view, 6> kColors = {"red", "green", "blue",
+                                                     "yellow", "white", "black"};
+constexpr std::array<std::array<float, 3>, 6> kRgb = {{{0.9f, 0.1f, 0.1f},
+                                                       {0.1f, 0.8f, 0.2f},
+                                                       {0.1f, 0.2f, 0.9f},
+                                                       {0.95f, 0.9f, 0.1f},
+                                                       {1.0f, 1.0f, 1.0f},
+                                                       {0.0f, 0.0f, 0.0f}}};
+constexpr std::array<std::string_view, 3> kShapes = {"square", "circle", "cross"};
+constexpr std::array<std::string_view, 3> kRows = {"top", "middle", "bottom"};
+constexpr std::array<std::string_view, 3> kColumns = {"left", "center", "right"};
+
+GeneratedDocument ImageText(const GeneratorOptions& options, uint64_t seed, int64_t index) {
+  Rng rng(seed, index, 3);
+  const int64_t color = rng.Uniform(kColors.size());
+  int64_t background = rng.Uniform(kColors.size() - 1);
+  if (background >= color) ++background;
+  const std::string caption = "a " + std::string(kColors[color]) + " " +
+                              std::string(kShapes[rng.Uniform(kShapes.size())]) + " at the " +
+                              std::string(kRows[rng.Uniform(3)]) + " " +
+                              std::string(kColumns[rng.Uniform(3)]) + " on a " +
+                              std::string(kColors[background]) + " background";
+  const int64_t grid = options.image_size / options.patch_size;
+  GeneratedDocument document;
+  document.tokens.push_back(token::kBeginOfText);
+  document.tokens.push_back(token::kImageStart);
+  document.tokens.insert(document.tokens.end(), grid * grid, token::kImagePatch);
+  document.tokens.push_back(token::kImageEnd);
+  AppendText(document.tokens, caption);
+  document.tokens.push_back(token::kEndOfText);
+  return document;
+}
+
+template <size_t N>
+int64_t FindWord(const std::array<std::string_view, N>& words, std::string_view word) {
+  for (size_t i = 0; i < N; ++i) {
+    if (words[i] == word) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+Result<GeneratorKind> ParseGeneratorName(std::string_view name) {
+  if (name == "retrieval") return GeneratorKind::kRetrieval;
+  if (name == "tool_use") return GeneratorKind::kToolUse;
+  if (name == "image_text") return GeneratorKind::kImageText;
+  return Status::InvalidArgument("unknown generator '" + std::string(name) +
+                                 "' (known: retrieval, tool_use, image_text)");
+}
+
+std::string_view GeneratorName(GeneratorKind kind) {
+  switch (kind) {
+    case GeneratorKind::kRetrieval: return "retrieval";
+    case GeneratorKind::kToolUse: return "tool_use";
+    case GeneratorKind::kImageText: return "image_text";
+  }
+  return "?";
+}
+
+int64_t MinimumRetrievalLength(int64_t facts) {
+  return 2 + std::max<int64_t>(1, facts) * (kFactTokens + kQueryTokens);
+}
+
+GeneratedDocument Generate(GeneratorKind kind, const GeneratorOptions& options, uint64_t seed,
+                           int64_t index) {
+  switch (kind) {
+    case GeneratorKind::kRetrieval: return Retrieval(options, seed, index);
+    case GeneratorKind::kToolUse: return ToolUse(options, seed, index);
+    case GeneratorKind::kImageText: return ImageText(options, seed, index);
+  }
+  return {};
+}
+
+Result<std::vector<float>> RenderCaptionImage(std::string_view caption, int64_t size) {
+  // "a COLOR SHAPE at the ROW COLUMN on a COLOR background"
+  std::vector<std::string_view> words;
+  size_t start = 0;
+  while (start <= caption.size()) {
+    size_t end = caption.find(' ', start);
+    if (end == std::string_view::npos) end = caption.size();
+    words.push_back(caption.substr(start, end - start));
+    start = end + 1;
+  }
+  auto bad = [&] {
+    return Status::InvalidArgument("not an image_text caption: '" + std::string(caption) + "'");
+  };
+  if (words.size() != 11 || words[0] != "a" || words[3] != "at" || words[4] != "the" ||
+      words[7] != "on" || words[8] != "a" || words[10] != "background") {
+    return bad();
+  }
+  const int64_t color = FindWord(kColors, words[1]);
+  const int64_t shape = FindWord(kShapes, words[2]);
+  const int64_t row = FindWord(kRows, words[5]);
+  const int64_t column = FindWord(kColumns, words[6]);
+  const int64_t background = FindWord(kColors, words[9]);
+  if (color < 0 || shape < 0 || row < 0 || column < 0 || background < 0 || size <= 0) return bad();
+  std::vector<float> pixels(size * size * 3);
+  const double cell = static_cast<double>(size) / 3.0;
+  const double cy = (row + 0.5) * cell, cx = (column + 0.5) * cell, r = 0.4 * cell;
+  for (int64_t y = 0; y < size; ++y) {
+    for (int64_t x = 0; x < size; ++x) {
+      const double dy = y + 0.5 - cy, dx = x + 0.5 - cx;
+      bool inside = false;
+      if (shape == 0) inside = std::abs(dx) <= r && std::abs(dy) <= r;
+      if (shape == 1) inside = dx * dx + dy * dy <= r * r;
+      if (shape == 2) {
+        inside = (std::abs(dx) <= r && std::abs(dy) <= r / 3) ||
+                 (std::abs(dy) <= r && std::abs(dx) <= r / 3);
+      }
+      const auto& rgb = kRgb[inside ? color : background];
+      for (int c = 0; c < 3; ++c) pixels[(y * size + x) * 3 + c] = rgb[c];
+    }
+  }
+  return pixels;
+}
+
+}  // namespace strider::data

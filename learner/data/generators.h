@@ -1,0 +1,65 @@
+// Built-in document generators, so pretraining needs no download. Each document is a pure
+// function of (options, seed, index): shards can be rebuilt bit for bit and a document can be
+// produced again on its own (evaluation regenerates its answers this way).
+//
+//   retrieval   "key=value" facts placed far apart in filler text, then every key asked again at
+//               the end: "\n?KQ=73". Keys are two capital letters, values two digits, filler is
+//               lower-case words without newlines, so a fact is recognisable by its form and only
+//               attention over the whole document can answer. `answers` marks the value tokens
+//               of the queries: a model retrieves a fact when it predicts all of them.
+//   tool_use    transcripts with role tokens for the calculator and lookup environments: the
+//               model calls a tool, reads its result and answers. A `flawed_fraction` of them
+//               contain a mistake (a wrong call, a misread result, a guess without a tool call)
+//               so process rewards later have something to correct.
+//   image_text  an image placeholder (image-start, patch tokens, image-end) followed by its
+//               caption ("a red circle at the top left on a blue background"). The caption fully
+//               describes the picture, so RenderCaptionImage draws the pixels from it when a
+//               batch is built: shards stay token-only and images are rendered in code.
+//
+// No LibTorch here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strider::data {
+
+enum class GeneratorKind { kRetrieval, kToolUse, kImageText };
+
+Result<GeneratorKind> ParseGeneratorName(std::string_view name);
+std::string_view GeneratorName(GeneratorKind kind);
+
+struct GeneratorOptions {
+  // retrieval: document length in tokens, BOS and EOT included. When `min_length` > 0 each
+  // document's length is drawn uniformly from [min_length, length].
+  int64_t length = 1024;
+  int64_t min_length = 0;
+  int64_t facts = 4;              // retrieval: facts per document, all asked at the end
+  double flawed_fraction = 0.2;   // tool_use: share of transcripts with a mistake
+  int64_t image_size = 32;        // image_text: square image side in pixels
+  int64_t patch_size = 4;         // image_text: the model's patch side (placeholder count)
+};
+
+struct GeneratedDocument {
+  std::vector<int32_t> tokens;  // starts with begin-of-text, ends with end-of-text
+  // retrieval: [begin, end) token ranges of each query's answer, in document order.
+  std::vector<std::pair<int64_t, int64_t>> answers;
+  bool flawed = false;  // tool_use: the transcript contains a mistake
+};
+
+GeneratedDocument Generate(GeneratorKind kind, const GeneratorOptions& options, uint64_t seed,
+                           int64_t index);
+
+// Pixels (H, W, 3) row-major in [0, 1] of the picture a caption from the image_text generator
+// describes; an error for text that is not such a caption.
+Result<std::vector<float>> RenderCaptionImage(std::string_view caption, int64_t size);
+
+// Shortest retrieval document the generator can make with `facts` facts.
+int64_t MinimumRetrievalLength(int64_t facts);
+
+}  // namespace strider::data
