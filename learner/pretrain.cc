@@ -1,0 +1,372 @@
+#include "learner/pretrain.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "common/model/model.h"
+#include "learner/checkpoint.h"
+#include "learner/data/builder.h"
+#include "learner/data/dataset.h"
+#include "learner/data/generators.h"
+#include "learner/language_model_loss.h"
+#include "learner/optimizer.h"
+#include "learner/progress.h"
+
+namespace strider {
+namespace {
+
+namespace fs = std::filesystem;
+
+int64_t StageRows(const PretrainStage& stage) {
+  return std::max<int64_t>(1, stage.batch_tokens / stage.context);
+}
+
+int64_t StageSteps(const PretrainStage& stage) {
+  const int64_t per_step = StageRows(stage) * stage.context;
+  return std::max<int64_t>(1, (stage.tokens + per_step - 1) / per_step);
+}
+
+// Linear warm-up to the peak, then cosine decay to min_learning_rate_ratio of it by the stage's
+// last step. Each stage has its own schedule: a new context length is a new regime.
+double LearningRate(const PretrainConfig& config, const PretrainStage& stage, int64_t step,
+                    int64_t steps) {
+  const double peak = stage.learning_rate > 0 ? stage.learning_rate : config.optimizer.learning_rate;
+  const int64_t warmup = stage.warmup_steps >= 0 ? stage.warmup_steps : config.warmup_steps;
+  if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const double progress =
+      steps > warmup ? static_cast<double>(step - warmup) / static_cast<double>(steps - warmup) : 1;
+  const double floor = config.min_learning_rate_ratio;
+  return peak * (floor + (1 - floor) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress))));
+}
+
+data::GeneratorOptions GeneratorOptionsFor(const PretrainConfig& config, int64_t context) {
+  data::GeneratorOptions options;
+  options.length = context;
+  options.min_length = context / 2;
+  options.facts = config.retrieval_facts;
+  options.patch_size = config.model.vision.patch_size;
+  options.image_size = config.model.vision.patch_size *
+                       std::min<int64_t>({4, config.model.vision.max_grid_rows,
+                                          config.model.vision.max_grid_columns});
+  return options;
+}
+
+// Builds (once) and opens the shards of a stage's mixture.
+Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& config,
+                                                       int64_t stage_index,
+                                                       const std::string& run_dir) {
+  const PretrainStage& stage = config.stages[stage_index];
+  double total_weight = 0;
+  for (const DataMixtureEntry& entry : stage.data) total_weight += entry.weight;
+  std::vector<data::DataSource> sources;
+  for (size_t e = 0; e < stage.data.size(); ++e) {
+    const DataMixtureEntry& entry = stage.data[e];
+    data::DataSource source;
+    source.weight = entry.weight;
+    std::string directory = entry.shards;
+    if (!entry.generator.empty()) {
+      directory = run_dir + "/data/" + stage.name + "/" + std::to_string(e) + "-" + entry.generator;
+      const std::string marker = directory + "/COMPLETE";
+      if (!fs::exists(marker)) {
+        std::error_code error;
+        fs::remove_all(directory, error);
+        STRIDER_ASSIGN_OR_RETURN(data::GeneratorKind kind,
+                                 data::ParseGeneratorName(entry.generator));
+        // Enough documents for the stage's share of the budget: each is seen about once.
+        const int64_t tokens = std::max<int64_t>(
+            static_cast<int64_t>(stage.tokens * entry.weight / total_weight), stage.context * 4);
+        const uint64_t seed = config.seed * 1000003ull + stage_index * 101 + e;
+        STRIDER_ASSIGN_OR_RETURN(
+            data::BuildSummary summary,
+            data::BuildGeneratedShards(kind, GeneratorOptionsFor(config, stage.context), seed, 0,
+                                       tokens, directory));
+        (void)summary;
+        std::ofstream(marker) << "ok\n";
+      }
+    }
+    source.name = directory;
+    STRIDER_ASSIGN_OR_RETURN(source.shards, data::OpenShardDirectory(directory));
+    sources.push_back(std::move(source));
+  }
+  return sources;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> NamedTrainable(const Model& model) {
+  std::vector<at::Tensor> trainable = model.TrainableParameters();
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& [name, tensor] : model.tensors()) {
+    for (const at::Tensor& t : trainable) {
+      if (t.unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl()) {
+        named.emplace_back(name, tensor);
+        break;
+      }
+    }
+  }
+  return named;
+}
+
+Status AppendLine(const std::string& path, const std::string& line) {
+  std::ofstream out(path, std::ios::app);
+  out << line << "\n";
+  return out ? Status::Ok() : Status::IoError("cannot append to " + path);
+}
+
+std::string FinalCheckpoint(const std::string& run_dir, const std::string& stage) {
+  return run_dir + "/checkpoints/" + stage + "/final";
+}
+
+}  // namespace
+
+Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const PretrainConfig& config,
+                                              int64_t context, int64_t documents) {
+  data::GeneratorOptions generator = GeneratorOptionsFor(config, context);
+  generator.min_length = 0;  // exactly `context` tokens
+  const uint64_t seed = config.seed * 1000003ull + 0x5EED0E7A1ull;  // disjoint from training
+  RetrievalEvaluation result;
+  result.context = context;
+  double loss_sum = 0;
+  int64_t targets = 0, correct_queries = 0, answer_tokens = 0, correct_tokens = 0;
+  for (int64_t first = 0; first < documents; first += config.eval_batch) {
+    const int64_t count = std::min(config.eval_batch, documents - first);
+    std::vector<data::GeneratedDocument> docs;
+    std::vector<std::vector<int32_t>> sequences;
+    for (int64_t i = 0; i < count; ++i) {
+      docs.push_back(data::Generate(data::GeneratorKind::kRetrieval, generator, seed, first + i));
+      sequences.push_back(docs.back().tokens);
+      if (static_cast<int64_t>(sequences.back().size()) != context) {
+        return Status::Internal("retrieval document of " + std::to_string(sequences.back().size()) +
+                                " tokens for context " + std::to_string(context));
+      }
+    }
+    STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, MakeTokenBatch(sequences, config.model));
+    LossOptions options;
+    options.path = TrainingPath::kInference;
+    options.chunk_tokens = config.eval_chunk_tokens;
+    options.backward = false;
+    options.keep_predictions = true;
+    STRIDER_ASSIGN_OR_RETURN(LossResult loss, LanguageModelLoss(model, batch, options));
+    loss_sum += loss.loss * loss.targets;
+    targets += loss.targets;
+    at::Tensor predictions = loss.predictions.contiguous();
+    const int64_t* p = predictions.data_ptr<int64_t>();
+    for (int64_t b = 0; b < count; ++b) {
+      for (const auto& [begin, end] : docs[b].answers) {
+        bool all = true;
+        for (int64_t position = begin; position < end; ++position) {
+          const bool right = p[b * (context - 1) + position - 1] == sequences[b][position];
+          all = all && right;
+          correct_tokens += right;
+          ++answer_tokens;
+        }
+        correct_queries += all;
+        ++result.queries;
+      }
+    }
+  }
+  result.loss = loss_sum / std::max<int64_t>(1, targets);
+  result.retrieval_accuracy = static_cast<double>(correct_queries) / std::max<int64_t>(1, result.queries);
+  result.answer_token_accuracy =
+      static_cast<double>(correct_tokens) / std::max<int64_t>(1, answer_tokens);
+  return result;
+}
+
+Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
+                                                 const PretrainOptions& options) {
+  ConfigureRuntime(config.threads > 0 ? config.threads : config.model.threads);
+  std::error_code error;
+  fs::create_directories(options.run_dir, error);
+  if (error) return Status::IoError("cannot create run directory " + options.run_dir);
+  const std::string metrics_path = options.run_dir + "/metrics.jsonl";
+  const std::string eval_path = options.run_dir + "/eval.jsonl";
+  STRIDER_ASSIGN_OR_RETURN(Progress progress, Progress::Open(metrics_path, options.bar));
+
+  // Where to start: a fresh model, or a checkpoint.
+  int64_t first_stage = 0;
+  int64_t resume_step = 0, resume_position = 0, resume_stage_tokens = 0, total_tokens = 0;
+  std::string start_checkpoint;
+  if (!options.resume.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(CheckpointState state, ReadCheckpointState(options.resume));
+    if (state.model != config.model.name) {
+      return Status::InvalidArgument("checkpoint " + options.resume + " holds model '" +
+                                     state.model + "', the config trains '" + config.model.name +
+                                     "'");
+    }
+    if (state.stage_index >= static_cast<int64_t>(config.stages.size()) ||
+        config.stages[state.stage_index].name != state.stage) {
+      return Status::InvalidArgument("checkpoint " + options.resume + " is from stage '" +
+                                     state.stage + "', which this config does not have there");
+    }
+    start_checkpoint = options.resume;
+    total_tokens = state.total_tokens;
+    if (state.stage_complete) {
+      first_stage = state.stage_index + 1;
+    } else {
+      first_stage = state.stage_index;
+      resume_step = state.step;
+      resume_position = state.data_position;
+      resume_stage_tokens = state.stage_tokens;
+    }
+  }
+  const int64_t last_stage =
+      options.stages >= 0 ? std::min<int64_t>(options.stages, config.stages.size())
+                          : static_cast<int64_t>(config.stages.size());
+
+  std::vector<StageSummary> summaries;
+  for (int64_t k = first_stage; k < last_stage; ++k) {
+    const PretrainStage& stage = config.stages[k];
+    // The stage starts from a checkpoint on disk (the previous stage's final one, or the resume
+    // point), never from memory, so what a stage starts from is exactly what was saved.
+    std::string from = start_checkpoint;
+    if (k > first_stage || (from.empty() && k > 0)) from = FinalCheckpoint(options.run_dir, config.stages[k - 1].name);
+    std::unique_ptr<Model> model;
+    if (from.empty()) {
+      STRIDER_ASSIGN_OR_RETURN(model, Model::Create(config.model, config.seed));
+    } else {
+      STRIDER_ASSIGN_OR_RETURN(model, Model::Load(config.model, CheckpointModelPath(from)));
+    }
+    model->SetRequiresGrad(true);
+    AdamWOptions adam = config.optimizer;
+    AdamW optimizer(NamedTrainable(*model), adam);
+    if (!from.empty() && fs::exists(CheckpointOptimizerPath(from))) {
+      STRIDER_RETURN_IF_ERROR(optimizer.Load(CheckpointOptimizerPath(from)));
+    }
+    const bool mid_stage = k == first_stage && resume_step > 0;
+    start_checkpoint.clear();
+
+    STRIDER_ASSIGN_OR_RETURN(std::vector<data::DataSource> sources,
+                             PrepareStageData(config, k, options.run_dir));
+    STRIDER_ASSIGN_OR_RETURN(
+        std::unique_ptr<data::Packer> packer,
+        data::Packer::Create(std::move(sources), stage.context, config.seed * 7919 + k));
+    int64_t step = mid_stage ? resume_step : 0;
+    int64_t stage_tokens = mid_stage ? resume_stage_tokens : 0;
+    if (mid_stage) packer->SkipTo(resume_position);
+
+    int64_t steps = StageSteps(stage);
+    const int64_t rows = StageRows(stage);
+    if (options.max_steps_per_stage >= 0) steps = std::min(steps, options.max_steps_per_stage);
+    const int64_t budget = steps * rows * stage.context;
+    LossOptions loss_options;
+    loss_options.path =
+        stage.paths == "inference" ? TrainingPath::kInference : TrainingPath::kTraining;
+    loss_options.chunk_tokens = stage.chunk_tokens;
+    loss_options.truncated = stage.backprop == "truncated";
+    loss_options.record_routing = config.balance;
+
+    StageSummary summary;
+    summary.stage = stage.name;
+    std::vector<double> losses;
+    const auto started = std::chrono::steady_clock::now();
+    int64_t tokens_this_run = 0;
+    auto checkpoint = [&](const std::string& name, bool complete) {
+      CheckpointState state;
+      state.stage = stage.name;
+      state.stage_index = k;
+      state.stage_complete = complete;
+      state.step = step;
+      state.stage_tokens = stage_tokens;
+      state.total_tokens = total_tokens;
+      state.data_position = packer->position();
+      state.seed = config.seed;
+      state.model = config.model.name;
+      return WriteCheckpoint(options.run_dir + "/checkpoints/" + stage.name + "/" + name, *model,
+                             &optimizer, state);
+    };
+    for (; step < steps; ++step) {
+      std::vector<std::vector<int32_t>> sequences;
+      for (int64_t r = 0; r < rows; ++r) sequences.push_back(packer->Next());
+      STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, MakeTokenBatch(sequences, config.model));
+      optimizer.ZeroGrad();
+      STRIDER_ASSIGN_OR_RETURN(LossResult loss, LanguageModelLoss(*model, batch, loss_options));
+      const double rate = LearningRate(config, stage, step, steps);
+      Result<double> norm = optimizer.Step(rate);
+      if (!norm.ok() && norm.status().code() != StatusCode::kFailedPrecondition) {
+        return norm.status();
+      }
+      double violation = -1;
+      if (config.balance) {
+        STRIDER_ASSIGN_OR_RETURN(std::vector<double> violations,
+                                 model->UpdateRoutingBalance(loss.routing));
+        violation = violations.empty() ? 0 : *std::max_element(violations.begin(), violations.end());
+        if (step >= config.balance_warmup_steps) {
+          summary.max_violation_after_warmup = std::max(summary.max_violation_after_warmup, violation);
+        }
+      }
+      stage_tokens += rows * stage.context;
+      total_tokens += rows * stage.context;
+      tokens_this_run += rows * stage.context;
+      losses.push_back(loss.loss);
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      ProgressFields fields;
+      fields.stage = stage.name;
+      fields.step = step + 1;
+      fields.tokens_done = stage_tokens;
+      fields.tokens_total = budget;
+      fields.tokens_per_second = tokens_this_run / std::max(seconds, 1e-9);
+      fields.loss = loss.loss;
+      fields.learning_rate = rate;
+      fields.gradient_norm = norm.ok() ? *norm : NAN;
+      fields.max_violation = violation;
+      progress.Report(fields);
+      if (config.checkpoint_every_steps > 0 && (step + 1) % config.checkpoint_every_steps == 0 &&
+          step + 1 < steps) {
+        ++step;  // the checkpoint records the next step to run
+        Status status = checkpoint("latest", false);
+        --step;
+        STRIDER_RETURN_IF_ERROR(status);
+      }
+    }
+    progress.Finish();
+    STRIDER_RETURN_IF_ERROR(checkpoint("final", true));
+    summary.steps = static_cast<int64_t>(losses.size());
+    summary.tokens = tokens_this_run;
+    summary.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (!losses.empty()) {
+      const size_t tenth = std::max<size_t>(1, losses.size() / 10);
+      double head = 0, tail = 0;
+      for (size_t i = 0; i < tenth; ++i) head += losses[i], tail += losses[losses.size() - 1 - i];
+      summary.first_loss = head / tenth;
+      summary.last_loss = tail / tenth;
+    }
+    nlohmann::json line = {{"event", "stage_end"},
+                           {"stage", stage.name},
+                           {"steps", summary.steps},
+                           {"tokens", summary.tokens},
+                           {"seconds", summary.seconds},
+                           {"first_loss", summary.first_loss},
+                           {"last_loss", summary.last_loss},
+                           {"max_violation_after_warmup", summary.max_violation_after_warmup}};
+    progress.WriteLine(line.dump());
+
+    if (options.evaluate) {
+      for (int64_t j = 0; j <= k; ++j) {
+        STRIDER_ASSIGN_OR_RETURN(
+            RetrievalEvaluation eval,
+            EvaluateRetrieval(*model, config, config.stages[j].context, config.eval_documents));
+        nlohmann::json row = {{"stage", stage.name},
+                              {"stage_index", k},
+                              {"objective", stage.objective},
+                              {"context", eval.context},
+                              {"loss", eval.loss},
+                              {"retrieval_accuracy", eval.retrieval_accuracy},
+                              {"answer_token_accuracy", eval.answer_token_accuracy},
+                              {"queries", eval.queries},
+                              {"total_tokens", total_tokens}};
+        STRIDER_RETURN_IF_ERROR(AppendLine(eval_path, row.dump()));
+      }
+    }
+    summaries.push_back(summary);
+  }
+  return summaries;
+}
+
+}  // namespace strider

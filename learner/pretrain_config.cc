@@ -1,0 +1,159 @@
+#include "learner/pretrain_config.h"
+
+#include <filesystem>
+
+#include "common/config.h"
+#include "learner/data/generators.h"
+
+namespace strider {
+namespace {
+
+std::string ResolvePath(const std::string& path, const std::string& origin) {
+  namespace fs = std::filesystem;
+  if (path.empty() || fs::path(path).is_absolute() || fs::exists(path)) return path;
+  for (fs::path dir = fs::absolute(origin).parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir / path)) return (dir / path).string();
+    if (dir == dir.parent_path()) break;
+  }
+  return path;
+}
+
+void DefaultMixture(PretrainStage& stage) {
+  if (!stage.data.empty()) return;
+  if (stage.objective == "modality_alignment") {
+    stage.data = {{"retrieval", "", 0.5}, {"tool_use", "", 0.3}, {"image_text", "", 0.2}};
+  } else if (stage.objective == "long_context_adaptation") {
+    stage.data = {{"retrieval", "", 0.7}, {"tool_use", "", 0.3}};
+  } else {
+    stage.data = {{"retrieval", "", 1.0}};
+  }
+}
+
+}  // namespace
+
+Result<std::string> ReadLearnerMode(const std::string& path) {
+  STRIDER_ASSIGN_OR_RETURN(ConfigReader root, ConfigReader::FromFile(path));
+  std::string mode = "pretrain";
+  root.Optional("mode", &mode);
+  STRIDER_RETURN_IF_ERROR(root.status());
+  return mode;
+}
+
+Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
+  STRIDER_ASSIGN_OR_RETURN(ConfigReader root, ConfigReader::FromFile(path));
+  PretrainConfig config;
+  config.origin = path;
+  std::string mode = "pretrain";
+  root.Optional("mode", &mode);
+  root.Check(mode == "pretrain", "mode", "this loader reads mode: pretrain configs, got " + mode);
+  std::string model_config;
+  root.Required("model_config", &model_config);
+  int64_t seed = 1;
+  root.Optional("seed", &seed);
+  config.seed = static_cast<uint64_t>(seed);
+  root.Optional("threads", &config.threads);
+  {
+    ConfigReader optimizer = root.Section("optimizer");
+    ReadAdamWOptions(optimizer, &config.optimizer);
+    optimizer.Optional("warmup_steps", &config.warmup_steps);
+    optimizer.Optional("min_learning_rate_ratio", &config.min_learning_rate_ratio);
+    optimizer.Check(config.warmup_steps >= 0, "warmup_steps", "must not be negative");
+    optimizer.Check(config.min_learning_rate_ratio >= 0 && config.min_learning_rate_ratio <= 1,
+                    "min_learning_rate_ratio", "must be in [0, 1]");
+  }
+  {
+    ConfigReader balance = root.Section("balance");
+    balance.Optional("enabled", &config.balance);
+    balance.Optional("warmup_steps", &config.balance_warmup_steps);
+    balance.Optional("max_violation", &config.max_violation);
+  }
+  {
+    ConfigReader retrieval = root.Section("retrieval");
+    retrieval.Optional("facts", &config.retrieval_facts);
+    retrieval.Check(config.retrieval_facts >= 1, "facts", "must be at least 1");
+  }
+  {
+    ConfigReader evaluation = root.Section("evaluation");
+    evaluation.Optional("documents", &config.eval_documents);
+    evaluation.Optional("batch", &config.eval_batch);
+    evaluation.Optional("chunk_tokens", &config.eval_chunk_tokens);
+    evaluation.Check(config.eval_documents >= 1, "documents", "must be at least 1");
+    evaluation.Check(config.eval_batch >= 1, "batch", "must be at least 1");
+    evaluation.Check(config.eval_chunk_tokens >= 1, "chunk_tokens", "must be at least 1");
+  }
+  {
+    ConfigReader checkpoint = root.Section("checkpoint");
+    checkpoint.Optional("every_steps", &config.checkpoint_every_steps);
+  }
+  for (ConfigReader s : root.List("stages")) {
+    PretrainStage stage;
+    s.Required("name", &stage.name);
+    s.Required("context", &stage.context);
+    s.Required("tokens", &stage.tokens);
+    s.Optional("batch_tokens", &stage.batch_tokens);
+    s.Required("objective", &stage.objective);
+    s.Optional("paths", &stage.paths);
+    s.Optional("chunk_tokens", &stage.chunk_tokens);
+    s.Optional("backprop", &stage.backprop);
+    s.Optional("learning_rate", &stage.learning_rate);
+    s.Optional("warmup_steps", &stage.warmup_steps);
+    for (ConfigReader d : s.List("data")) {
+      DataMixtureEntry entry;
+      d.Optional("generator", &entry.generator);
+      d.Optional("shards", &entry.shards);
+      d.Optional("weight", &entry.weight);
+      d.Check(entry.generator.empty() != entry.shards.empty(), "generator",
+              "give exactly one of generator or shards");
+      if (!entry.generator.empty()) {
+        Result<data::GeneratorKind> kind = data::ParseGeneratorName(entry.generator);
+        d.Check(kind.ok(), "generator", kind.status().message());
+      }
+      entry.shards = ResolvePath(entry.shards, path);
+      d.Check(entry.weight > 0, "weight", "must be positive");
+      stage.data.push_back(entry);
+    }
+    s.Check(!stage.name.empty() && stage.name.find('/') == std::string::npos, "name",
+            "must be a non-empty name without '/'");
+    s.Check(stage.context >= 16, "context", "must be at least 16 tokens");
+    s.Check(stage.tokens > 0, "tokens", "must be positive");
+    s.Check(stage.batch_tokens > 0, "batch_tokens", "must be positive");
+    s.Check(stage.objective == "modality_alignment" ||
+                stage.objective == "long_context_adaptation" ||
+                stage.objective == "long_range_reasoning",
+            "objective",
+            "must be modality_alignment, long_context_adaptation or long_range_reasoning");
+    s.Check(stage.paths == "training" || stage.paths == "inference", "paths",
+            "must be training or inference");
+    s.Check(stage.backprop == "full" || stage.backprop == "truncated", "backprop",
+            "must be full or truncated");
+    s.Check(stage.chunk_tokens >= 1, "chunk_tokens", "must be positive");
+    DefaultMixture(stage);
+    if (stage.paths == "inference") {
+      for (const DataMixtureEntry& entry : stage.data) {
+        s.Check(entry.generator != "image_text", "data",
+                "image_text data trains on the training path (images must not straddle chunks)");
+      }
+    }
+    config.stages.push_back(stage);
+  }
+  root.Check(!config.stages.empty(), "stages", "at least one stage is required");
+  for (size_t i = 0; i < config.stages.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      root.Check(config.stages[i].name != config.stages[j].name, "stages",
+                 "stage names must be unique ('" + config.stages[i].name + "' repeats)");
+    }
+  }
+  STRIDER_RETURN_IF_ERROR(root.Finish());
+  config.model_config_path = ResolvePath(model_config, path);
+  STRIDER_ASSIGN_OR_RETURN(config.model, LoadModelConfig(config.model_config_path));
+  for (const PretrainStage& stage : config.stages) {
+    if (stage.context > config.model.context) {
+      return Status::InvalidArgument(path + ": stage '" + stage.name + "' context " +
+                                     std::to_string(stage.context) + " exceeds model.context " +
+                                     std::to_string(config.model.context));
+    }
+  }
+  return config;
+}
+
+}  // namespace strider

@@ -1,0 +1,70 @@
+// The pretraining run's configuration (`mode: pretrain`), read strictly: unknown keys are errors
+// naming the file, line and key. See configs/pretrain/*.yaml and docs/pretraining.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/model/config.h"
+#include "common/status.h"
+#include "learner/optimizer.h"
+
+namespace strider {
+
+// One entry of a stage's data mixture: a built-in generator or a shard directory.
+struct DataMixtureEntry {
+  std::string generator;  // retrieval | tool_use | image_text
+  std::string shards;     // a directory written by `strider data build`
+  double weight = 1.0;
+};
+
+struct PretrainStage {
+  std::string name;
+  int64_t context = 0;         // sequence length of this stage
+  int64_t tokens = 0;          // training token budget
+  int64_t batch_tokens = 4096; // tokens per optimiser step (sequences = batch_tokens / context)
+  // modality_alignment | long_context_adaptation | long_range_reasoning. Picks the default
+  // mixture when `data` is absent and is recorded with the stage's evaluation.
+  std::string objective;
+  // training: Model::Forward over whole sequences; inference: Model::Append in chunks carrying
+  // the incremental state and latent cache forward, as the rollout engine runs.
+  std::string paths = "training";
+  int64_t chunk_tokens = 512;   // inference paths: tokens per chunk
+  std::string backprop = "full";  // inference paths: full | truncated (per-chunk backward)
+  double learning_rate = 0;     // 0: the optimizer section's rate
+  int64_t warmup_steps = -1;    // -1: the schedule section's value
+  std::vector<DataMixtureEntry> data;
+};
+
+struct PretrainConfig {
+  std::string origin;             // the file it came from
+  std::string model_config_path;  // resolved path of the model config
+  ModelConfig model;
+  uint64_t seed = 1;
+  int64_t threads = 0;            // 0: the model config's threads
+  AdamWOptions optimizer;
+  int64_t warmup_steps = 20;      // linear warm-up, then cosine decay per stage
+  double min_learning_rate_ratio = 0.1;
+  // Quantile balancing of router biases, updated every step from the step's routing record.
+  bool balance = true;
+  int64_t balance_warmup_steps = 20;  // MaxVio is checked against the bound after this
+  double max_violation = 0.3;
+  // Retrieval documents (generator and evaluation).
+  int64_t retrieval_facts = 4;
+  // Evaluation after each stage.
+  int64_t eval_documents = 32;
+  int64_t eval_batch = 8;
+  int64_t eval_chunk_tokens = 512;
+  int64_t checkpoint_every_steps = 0;  // 0: only at the end of a stage
+  std::vector<PretrainStage> stages;
+};
+
+// Reads a config whose `mode` is pretrain (absent means pretrain). `model_config` is resolved
+// against the working directory, then against the config file's directory and its parents.
+Result<PretrainConfig> LoadPretrainConfig(const std::string& path);
+
+// The `mode:` of a learner config ("pretrain" when absent), without validating the rest.
+Result<std::string> ReadLearnerMode(const std::string& path);
+
+}  // namespace strider

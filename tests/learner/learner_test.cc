@@ -1,0 +1,299 @@
+// Learner pieces with LibTorch: the optimiser and its saved state, checkpoints, chunked training
+// through the inference path against the training path, and pretraining stage transitions and
+// resume.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/model/model.h"
+#include "common/safetensors.h"
+#include "common/tokenizer.h"
+#include "learner/checkpoint.h"
+#include "learner/language_model_loss.h"
+#include "learner/optimizer.h"
+#include "learner/pretrain.h"
+#include "learner/pretrain_config.h"
+
+namespace strider {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string SourceDir() {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  return source ? source : ".";
+}
+
+std::string TempDir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("strider_learner_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+ModelConfig TinyConfig() {
+  Result<ModelConfig> config = LoadModelConfig(SourceDir() + "/configs/model/tiny.yaml");
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  return *config;
+}
+
+TEST(AdamW, MatchesTheUpdateRuleAndResumesFromSavedState) {
+  ConfigureRuntime(1);
+  AdamWOptions options;
+  options.learning_rate = 0.1;
+  options.weight_decay = 0.5;
+  options.clip_norm = 0;
+  at::Tensor w = at::full({2, 2}, 1.0, at::kDouble).requires_grad_(true);
+  at::Tensor b = at::full({2}, 1.0, at::kDouble).requires_grad_(true);
+  AdamW adam({{"w", w}, {"b", b}}, options);
+  auto step = [&](double lr) {
+    adam.ZeroGrad();
+    ((w * w).sum() + (b * 3).sum()).backward();
+    return adam.Step(lr);
+  };
+  ASSERT_TRUE(step(0.1).ok());
+  // First step: m = (1-b1) g, v = (1-b2) g^2, corrected m/sqrt(v) = sign(g); w also decays.
+  EXPECT_NEAR(w[0][0].item<double>(), 1.0 * (1 - 0.1 * 0.5) - 0.1 * (1 / (1 + 1e-8 / 2)), 1e-9);
+  EXPECT_NEAR(b[0].item<double>(), 1.0 - 0.1, 1e-7);  // vectors are not decayed
+
+  const std::string dir = TempDir("adamw");
+  ASSERT_TRUE(adam.Save(dir + "/opt.safetensors").ok());
+  at::Tensor w2 = w.detach().clone().requires_grad_(true);
+  at::Tensor b2 = b.detach().clone().requires_grad_(true);
+  AdamW restored({{"w", w2}, {"b", b2}}, options);
+  ASSERT_TRUE(restored.Load(dir + "/opt.safetensors").ok());
+  EXPECT_EQ(restored.step(), 1);
+  ASSERT_TRUE(step(0.05).ok());
+  restored.ZeroGrad();
+  ((w2 * w2).sum() + (b2 * 3).sum()).backward();
+  ASSERT_TRUE(restored.Step(0.05).ok());
+  EXPECT_TRUE(at::allclose(w, w2, 0, 1e-12));
+  EXPECT_TRUE(at::allclose(b, b2, 0, 1e-12));
+  // The state opens as plain safetensors with the documented names.
+  Result<SafetensorsContents> contents = ReadSafetensors(dir + "/opt.safetensors");
+  ASSERT_TRUE(contents.ok());
+  EXPECT_EQ(contents->tensors.count("w.exp_avg_sq"), 1u);
+  EXPECT_EQ(contents->metadata.at("step"), "1");
+}
+
+TEST(AdamW, ClipsTheGlobalNorm) {
+  AdamWOptions options;
+  options.clip_norm = 1.0;
+  options.weight_decay = 0;
+  at::Tensor w = at::zeros({3}, at::kDouble).requires_grad_(true);
+  AdamW adam({{"w", w}}, options);
+  (w * at::tensor({30.0, 40.0, 0.0}, at::kDouble)).sum().backward();
+  Result<double> norm = adam.Step(0.01);
+  ASSERT_TRUE(norm.ok());
+  EXPECT_NEAR(*norm, 50.0, 1e-9);  // the norm before clipping is reported
+}
+
+TEST(Checkpoint, WritesAtomicallyAndReadsBack) {
+  ConfigureRuntime(1);
+  const std::string dir = TempDir("checkpoint");
+  Result<std::unique_ptr<Model>> model = Model::Create(TinyConfig(), 3);
+  ASSERT_TRUE(model.ok());
+  CheckpointState state;
+  state.stage = "s1";
+  state.stage_index = 2;
+  state.step = 17;
+  state.data_position = 99;
+  state.seed = 5;
+  state.model = "tiny";
+  ASSERT_TRUE(WriteCheckpoint(dir + "/ck", **model, nullptr, state).ok());
+  state.step = 18;
+  ASSERT_TRUE(WriteCheckpoint(dir + "/ck", **model, nullptr, state).ok());  // replaces
+  EXPECT_FALSE(fs::exists(dir + "/ck.tmp"));
+  EXPECT_FALSE(fs::exists(dir + "/ck.old"));
+  Result<CheckpointState> read = ReadCheckpointState(dir + "/ck");
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->step, 18);
+  EXPECT_EQ(read->data_position, 99);
+  EXPECT_EQ(read->stage_index, 2);
+  Result<std::unique_ptr<Model>> loaded = Model::Load(TinyConfig(), CheckpointModelPath(dir + "/ck"));
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_TRUE(at::equal((*loaded)->tensors()[0].second, (*model)->tensors()[0].second));
+  EXPECT_FALSE(ReadCheckpointState(dir + "/missing").ok());
+}
+
+// Gradients of every trainable tensor after one backward of `options`' loss.
+std::vector<at::Tensor> Gradients(Model& model, const TokenBatch& batch,
+                                  const LossOptions& options, double* loss) {
+  for (at::Tensor& t : model.TrainableParameters()) t.mutable_grad() = at::Tensor();
+  Result<LossResult> result = LanguageModelLoss(model, batch, options);
+  EXPECT_TRUE(result.ok()) << result.status().ToString();
+  *loss = result->loss;
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& t : model.TrainableParameters()) {
+    grads.push_back(t.grad().defined() ? t.grad().clone() : at::zeros_like(t));
+  }
+  return grads;
+}
+
+TEST(ChunkedTraining, EqualsTheTrainingPathInLossAndGradients) {
+  ConfigureRuntime(1);
+  Result<std::unique_ptr<Model>> created = Model::Create(TinyConfig(), 11);
+  ASSERT_TRUE(created.ok());
+  Model& model = **created;
+  ASSERT_TRUE(model.ConvertTo(at::kDouble).ok());
+  model.SetRequiresGrad(true);
+  at::Generator generator = at::detail::createCPUGenerator(12);
+  at::Tensor tokens = at::randint(0, token::kByteCount, {2, 150}, generator, at::kLong);
+  std::vector<std::vector<int32_t>> rows(2);
+  for (int b = 0; b < 2; ++b) {
+    for (int i = 0; i < 150; ++i) rows[b].push_back(static_cast<int32_t>(tokens[b][i].item<int64_t>()));
+  }
+  rows[1][40] = token::kPad;  // a masked target inside the second chunk
+  Result<TokenBatch> batch = MakeTokenBatch(rows, model.config());
+  ASSERT_TRUE(batch.ok());
+
+  LossOptions whole;
+  double whole_loss = 0;
+  std::vector<at::Tensor> expected = Gradients(model, *batch, whole, &whole_loss);
+
+  LossOptions chunked;
+  chunked.path = TrainingPath::kInference;
+  chunked.chunk_tokens = 32;  // 150 = 4 x 32 + 22: an uneven last chunk
+  double chunked_loss = 0;
+  std::vector<at::Tensor> actual = Gradients(model, *batch, chunked, &chunked_loss);
+  EXPECT_NEAR(chunked_loss, whole_loss, 1e-10);
+  double max_diff = 0, max_grad = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    max_diff = std::max(max_diff, (expected[i] - actual[i]).abs().max().item<double>());
+    max_grad = std::max(max_grad, expected[i].abs().max().item<double>());
+  }
+  EXPECT_GT(max_grad, 1e-4);
+  EXPECT_LT(max_diff, 1e-9 * std::max(1.0, max_grad)) << "max grad " << max_grad;
+
+  // Truncated backpropagation: the same loss, but gradients that stop at chunk boundaries.
+  chunked.truncated = true;
+  double truncated_loss = 0;
+  std::vector<at::Tensor> truncated = Gradients(model, *batch, chunked, &truncated_loss);
+  EXPECT_NEAR(truncated_loss, whole_loss, 1e-10);
+  double truncated_diff = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    truncated_diff = std::max(truncated_diff, (expected[i] - truncated[i]).abs().max().item<double>());
+  }
+  EXPECT_GT(truncated_diff, 1e-8);
+}
+
+std::string WriteRunConfig(const std::string& dir, int64_t checkpoint_every) {
+  std::ostringstream yaml;
+  yaml << "mode: pretrain\n"
+       << "model_config: " << SourceDir() << "/configs/model/tiny.yaml\n"
+       << "seed: 3\nthreads: 1\n"
+       << "optimizer: {learning_rate: 0.003, warmup_steps: 2}\n"
+       << "balance: {enabled: true, warmup_steps: 1}\n"
+       << "evaluation: {documents: 2, batch: 2, chunk_tokens: 64}\n"
+       << "checkpoint: {every_steps: " << checkpoint_every << "}\n"
+       << "stages:\n"
+       << "  - {name: a, context: 64, tokens: 1024, batch_tokens: 256, objective: modality_alignment}\n"
+       << "  - {name: b, context: 128, tokens: 1024, batch_tokens: 256,"
+       << " objective: long_context_adaptation, paths: inference, chunk_tokens: 32}\n";
+  const std::string path = dir + "/run.yaml";
+  std::ofstream(path) << yaml.str();
+  return path;
+}
+
+bool SameWeights(const std::string& a, const std::string& b, double tolerance) {
+  Result<SafetensorsContents> x = ReadSafetensors(CheckpointModelPath(a));
+  Result<SafetensorsContents> y = ReadSafetensors(CheckpointModelPath(b));
+  if (!x.ok() || !y.ok() || x->tensors.size() != y->tensors.size()) return false;
+  for (const auto& [name, tensor] : x->tensors) {
+    const auto& other = y->tensors.at(name).bytes;
+    const float* p = reinterpret_cast<const float*>(tensor.bytes.data());
+    const float* q = reinterpret_cast<const float*>(other.data());
+    for (size_t i = 0; i < tensor.bytes.size() / 4; ++i) {
+      if (std::abs(p[i] - q[i]) > tolerance) return false;
+    }
+  }
+  return true;
+}
+
+TEST(Pretrain, ConfigErrorsNameTheKey) {
+  const std::string dir = TempDir("config");
+  std::ofstream(dir + "/bad.yaml") << "model_config: " << SourceDir()
+                                   << "/configs/model/tiny.yaml\nstages:\n  - {name: a, context: 64,"
+                                      " tokens: 10, objective: modality_alignment, colour: red}\n";
+  Result<PretrainConfig> config = LoadPretrainConfig(dir + "/bad.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("colour"), std::string::npos)
+      << config.status().message();
+  std::ofstream(dir + "/rl.yaml") << "mode: rl\n";
+  Result<std::string> mode = ReadLearnerMode(dir + "/rl.yaml");
+  ASSERT_TRUE(mode.ok());
+  EXPECT_EQ(*mode, "rl");
+  for (const char* name : {"tiny", "small", "reference"}) {
+    Result<PretrainConfig> shipped =
+        LoadPretrainConfig(SourceDir() + "/configs/pretrain/" + name + ".yaml");
+    EXPECT_TRUE(shipped.ok()) << name << ": " << shipped.status().ToString();
+    if (shipped.ok()) EXPECT_EQ(shipped->stages.size(), 4u);
+  }
+}
+
+TEST(Pretrain, NextStageStartsFromThePreviousStagesCheckpoint) {
+  const std::string dir = TempDir("stages");
+  Result<PretrainConfig> config = LoadPretrainConfig(WriteRunConfig(dir, 0));
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  PretrainOptions options;
+  options.run_dir = dir + "/run";
+  options.stages = 1;
+  options.bar = 0;
+  Result<std::vector<StageSummary>> first = RunPretraining(*config, options);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(first->size(), 1u);
+  EXPECT_EQ((*first)[0].steps, 4);  // 1024 tokens in batches of 4 x 64
+  // Stage b with no steps: its final checkpoint must be exactly what it loaded.
+  options.resume = options.run_dir + "/checkpoints/a/final";
+  options.stages = 2;
+  options.max_steps_per_stage = 0;
+  Result<std::vector<StageSummary>> second = RunPretraining(*config, options);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_EQ(second->size(), 1u);
+  EXPECT_EQ((*second)[0].stage, "b");
+  EXPECT_TRUE(SameWeights(options.run_dir + "/checkpoints/a/final",
+                          options.run_dir + "/checkpoints/b/final", 0.0));
+  // eval.jsonl: stage a at 64, stage b at 64 and 128.
+  std::ifstream eval(options.run_dir + "/eval.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(eval, line)) {
+    ++lines;
+    EXPECT_NE(line.find("\"retrieval_accuracy\""), std::string::npos);
+  }
+  EXPECT_EQ(lines, 3);
+}
+
+TEST(Pretrain, ResumeMidStageContinuesTheSameDataOrder) {
+  const std::string dir = TempDir("resume");
+  Result<PretrainConfig> config = LoadPretrainConfig(WriteRunConfig(dir, 2));
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  PretrainOptions options;
+  options.run_dir = dir + "/whole";
+  options.stages = 1;
+  options.bar = 0;
+  options.evaluate = false;
+  ASSERT_TRUE(RunPretraining(*config, options).ok());
+  Result<CheckpointState> latest = ReadCheckpointState(options.run_dir + "/checkpoints/a/latest");
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->step, 2);
+  EXPECT_EQ(latest->data_position, 8);  // two steps of four sequences
+  EXPECT_FALSE(latest->stage_complete);
+
+  PretrainOptions resumed = options;
+  resumed.run_dir = dir + "/resumed";
+  resumed.resume = options.run_dir + "/checkpoints/a/latest";
+  Result<std::vector<StageSummary>> rest = RunPretraining(*config, resumed);
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  EXPECT_EQ((*rest)[0].steps, 2);
+  EXPECT_TRUE(SameWeights(options.run_dir + "/checkpoints/a/final",
+                          resumed.run_dir + "/checkpoints/a/final", 1e-6));
+}
+
+}  // namespace
+}  // namespace strider
