@@ -68,9 +68,17 @@ at::Tensor FutureMask(int64_t queries, int64_t keys, const at::Device& device) {
 
 }  // namespace
 
-at::Tensor LatentAttentionForward(const LatentAttentionWeights& w, const LatentAttentionConfig& c,
-                                  const at::Tensor& x, LatentAttentionCache* cache,
-                                  double norm_epsilon, LatentAttentionForm form) {
+namespace {
+
+// Shared by the cache form and the ragged form. `past_latent`/`past_rope_key` (B, P, .) are the
+// cached tokens in x's dtype (P may be 0); `past_lengths` (B) marks valid entries per row when
+// rows differ, undefined when every row has all P. The new rows are returned through
+// *new_latent/*new_rope_key in x's dtype with their graph.
+at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& c,
+                  const at::Tensor& x, const at::Tensor& past_latent,
+                  const at::Tensor& past_rope_key, const at::Tensor& past_lengths,
+                  double norm_epsilon, LatentAttentionForm form, at::Tensor* new_latent,
+                  at::Tensor* new_rope_key) {
   const int64_t batch = x.size(0);
   const int64_t length = x.size(1);
   const int64_t heads = c.heads;
@@ -85,31 +93,27 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& w, const LatentA
   at::Tensor kv = Linear(x, w.kv_down);
   at::Tensor latent = RmsNorm(kv.narrow(-1, 0, c.kv_rank), w.kv_norm, norm_epsilon);  // (B,T,Dc)
   at::Tensor rope_key = kv.narrow(-1, c.kv_rank, c.rope_dim);                         // (B,T,Dr)
+  *new_latent = latent;
+  *new_rope_key = rope_key;
 
   at::Tensor all_latent = latent;
   at::Tensor all_rope_key = rope_key;
-  if (cache != nullptr) {
-    // While autograd records, earlier chunks' rows are read from the graph-carrying copies (when
-    // they cover the whole cache), so chunked training gets the gradients of one whole pass.
-    const bool have_graph = at::GradMode::is_enabled() && cache->latent_graph.defined() &&
-                            cache->latent_graph.size(1) == cache->length;
-    at::Tensor past_latent = have_graph ? cache->latent_graph : cache->Latent();
-    at::Tensor past_rope_key = have_graph ? cache->rope_key_graph : cache->RopeKey();
-    cache->Append(latent.detach().to(cache->latent.scalar_type()),
-                  rope_key.detach().to(cache->rope_key.scalar_type()));
+  const int64_t past = past_latent.defined() ? past_latent.size(1) : 0;
+  if (past > 0) {
     // Past tokens come from the cache (possibly stored in lower precision); the new tokens keep
     // their exact values and their graph, so chunked training through this path is possible.
     all_latent = at::cat({past_latent.to(x.scalar_type()), latent}, 1);
     all_rope_key = at::cat({past_rope_key.to(x.scalar_type()), rope_key}, 1);
-    if (at::GradMode::is_enabled() && latent.requires_grad()) {
-      cache->latent_graph = all_latent;
-      cache->rope_key_graph = all_rope_key;
-    } else {
-      cache->latent_graph = at::Tensor();
-      cache->rope_key_graph = at::Tensor();
-    }
   }
   const int64_t keys = all_latent.size(1);
+  // Masked where the key is in the query's future or, for ragged rows, is past padding.
+  at::Tensor mask = FutureMask(length, keys, x.device());  // (T, S)
+  if (past_lengths.defined() && past > 0) {
+    at::Tensor key_position = at::arange(past, at::TensorOptions().device(x.device()));
+    at::Tensor padding = key_position.unsqueeze(0) >= past_lengths.unsqueeze(1);  // (B, P)
+    padding = at::cat({padding, at::zeros({batch, length}, padding.options())}, 1);
+    mask = (mask.unsqueeze(0) | padding.unsqueeze(1)).unsqueeze(1);  // (B, 1, T, S)
+  }
 
   // W_ukv per head: rows [k_nope (Dn); v (Dv)] of each head.
   at::Tensor kv_up = w.kv_up.view({heads, c.nope_dim + c.value_dim, c.kv_rank});
@@ -124,8 +128,7 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& w, const LatentA
     at::Tensor value = at::einsum("bsc,hvc->bhsv", {all_latent, value_up});    // (B,H,S,Dv)
     at::Tensor scores = at::einsum("bthn,bhsn->bhts", {query_nope, key_nope}) + rope_scores;
     scores = scores * scale;
-    scores = scores.masked_fill(FutureMask(length, keys, x.device()),
-                                -std::numeric_limits<double>::infinity());
+    scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
     at::Tensor probabilities = at::softmax(scores, -1);
     head_output = at::einsum("bhts,bhsv->bthv", {probabilities, value});
   } else {
@@ -133,8 +136,7 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& w, const LatentA
     at::Tensor absorbed_query = at::einsum("bthn,hnc->bhtc", {query_nope, key_up});
     at::Tensor scores = at::matmul(absorbed_query, all_latent.unsqueeze(1).transpose(-1, -2));
     scores = (scores + rope_scores) * scale;
-    scores = scores.masked_fill(FutureMask(length, keys, x.device()),
-                                -std::numeric_limits<double>::infinity());
+    scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
     at::Tensor probabilities = at::softmax(scores, -1);                    // (B, H, T, S)
     at::Tensor latent_output = at::matmul(probabilities, all_latent.unsqueeze(1));  // (B,H,T,Dc)
     head_output = at::einsum("bhtc,hvc->bthv", {latent_output, value_up});
@@ -142,6 +144,58 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& w, const LatentA
   at::Tensor gated =
       at::sigmoid(Linear(x, w.gate)) * head_output.reshape({batch, length, heads * c.value_dim});
   return Linear(gated, w.output);
+}
+
+}  // namespace
+
+at::Tensor LatentAttentionForward(const LatentAttentionWeights& w, const LatentAttentionConfig& c,
+                                  const at::Tensor& x, LatentAttentionCache* cache,
+                                  double norm_epsilon, LatentAttentionForm form) {
+  at::Tensor past_latent, past_rope_key;
+  // While autograd records, earlier chunks' rows are read from the graph-carrying copies (when
+  // they cover the whole cache), so chunked training gets the gradients of one whole pass.
+  const bool have_graph = cache != nullptr && at::GradMode::is_enabled() &&
+                          cache->latent_graph.defined() &&
+                          cache->latent_graph.size(1) == cache->length;
+  if (have_graph) {
+    past_latent = cache->latent_graph;
+    past_rope_key = cache->rope_key_graph;
+  } else if (cache != nullptr) {
+    past_latent = cache->Latent();
+    past_rope_key = cache->RopeKey();
+  }
+  at::Tensor latent, rope_key;
+  at::Tensor out = Attend(w, c, x, past_latent, past_rope_key, at::Tensor(), norm_epsilon,
+                          form, &latent, &rope_key);
+  if (cache != nullptr) {
+    cache->Append(latent.detach().to(cache->latent.scalar_type()),
+                  rope_key.detach().to(cache->rope_key.scalar_type()));
+    if (at::GradMode::is_enabled() && latent.requires_grad()) {
+      if (past_latent.defined() && past_latent.size(1) > 0) {
+        cache->latent_graph = at::cat({past_latent.to(x.scalar_type()), latent}, 1);
+        cache->rope_key_graph = at::cat({past_rope_key.to(x.scalar_type()), rope_key}, 1);
+      } else {
+        cache->latent_graph = latent;
+        cache->rope_key_graph = rope_key;
+      }
+    } else {
+      cache->latent_graph = at::Tensor();
+      cache->rope_key_graph = at::Tensor();
+    }
+  }
+  return out;
+}
+
+at::Tensor LatentAttentionForwardRagged(const LatentAttentionWeights& w,
+                                        const LatentAttentionConfig& c, const at::Tensor& x,
+                                        const LatentAttentionPast& past, double norm_epsilon,
+                                        LatentAttentionForm form, LatentAttentionRows* rows) {
+  at::Tensor latent, rope_key;
+  at::Tensor out = Attend(w, c, x, past.latent, past.rope_key, past.lengths, norm_epsilon, form,
+                          &latent, &rope_key);
+  rows->latent = latent.detach().to(past.latent.scalar_type());
+  rows->rope_key = rope_key.detach().to(past.rope_key.scalar_type());
+  return out;
 }
 
 }  // namespace strider::model

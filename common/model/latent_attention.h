@@ -57,6 +57,21 @@ struct LatentAttentionCache {
 
 enum class LatentAttentionForm { kExplicit, kAbsorbed };
 
+// The past of a batch whose sequences have different lengths (the rollout engine's paged cache,
+// gathered for one step). Row b holds its `lengths[b]` cached tokens first; entries past that are
+// padding, must be finite (zeros), and are masked out of the softmax.
+struct LatentAttentionPast {
+  at::Tensor latent;    // (B, P, Dc)
+  at::Tensor rope_key;  // (B, P, Dr)
+  at::Tensor lengths;   // (B) int64, each <= P
+};
+
+// The new rows a ragged-batch call produced, in the dtype of the past; the caller stores them.
+struct LatentAttentionRows {
+  at::Tensor latent;    // (B, T, Dc)
+  at::Tensor rope_key;  // (B, T, Dr)
+};
+
 // x: (B, T, d). Without a cache: the training path over the whole sequence (explicit form).
 // With a cache: the new tokens are appended and attend to everything cached; `form` picks the
 // computation (absorbed by default, explicit for tests and equality checks).
@@ -64,5 +79,13 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& weights,
                                   const LatentAttentionConfig& config, const at::Tensor& x,
                                   LatentAttentionCache* cache, double norm_epsilon,
                                   LatentAttentionForm form = LatentAttentionForm::kAbsorbed);
+
+// The same attention as the cache form (one implementation inside), for a batch whose rows have
+// pasts of different lengths: the T new tokens of row b sit at positions lengths[b].. and attend
+// to that row's past and to themselves causally. The new compressed rows are returned in *rows.
+at::Tensor LatentAttentionForwardRagged(const LatentAttentionWeights& weights,
+                                        const LatentAttentionConfig& config, const at::Tensor& x,
+                                        const LatentAttentionPast& past, double norm_epsilon,
+                                        LatentAttentionForm form, LatentAttentionRows* rows);
 
 }  // namespace strider::model

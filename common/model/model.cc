@@ -330,7 +330,7 @@ Status Model::CheckInput(const ModelInput& input) const {
 }
 
 ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
-                         const ForwardOptions& options) const {
+                         const ForwardOptions& options, RaggedBatch* ragged) const {
   const Layers& w = *layers_;
   const at::Tensor& tokens = input.tokens;
   const int64_t batch = tokens.size(0);
@@ -366,9 +366,19 @@ ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
     at::Tensor normed = model::RmsNorm(h, layer.attention_norm, epsilon);
     at::Tensor attention;
     if (layer.kind == 'I') {
-      attention = model::IncrementalAttentionForward(
-          layer.incremental, config_.incremental, normed,
-          state != nullptr ? &state->layers_[i].incremental : nullptr, epsilon);
+      model::IncrementalAttentionState* layer_state = nullptr;
+      if (state != nullptr) layer_state = &state->layers_[i].incremental;
+      if (ragged != nullptr) layer_state = &ragged->layers[i].incremental;
+      attention = model::IncrementalAttentionForward(layer.incremental, config_.incremental,
+                                                     normed, layer_state, epsilon);
+    } else if (ragged != nullptr) {
+      model::LatentAttentionPast past = ragged->load_past(i);
+      if (!past.lengths.defined()) past.lengths = ragged->past_lengths;
+      attention = model::LatentAttentionForwardRagged(
+          layer.latent, config_.latent, normed, past, epsilon,
+          options.explicit_latent_attention ? model::LatentAttentionForm::kExplicit
+                                            : model::LatentAttentionForm::kAbsorbed,
+          &ragged->layers[i].new_rows);
     } else {
       attention = model::LatentAttentionForward(
           layer.latent, config_.latent, normed,
@@ -407,9 +417,10 @@ ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
     }
     sources.Add(feed_forward);
   }
-  at::Tensor final_hidden = model::RmsNorm(
-      model::ReadResidual(sources, w.residual_queries[2 * config_.layers], epsilon),
-      w.final_norm, epsilon);
+  at::Tensor final_read =
+      model::ReadResidual(sources, w.residual_queries[2 * config_.layers], epsilon);
+  if (options.last_position_only) final_read = final_read.narrow(1, length - 1, 1);
+  at::Tensor final_hidden = model::RmsNorm(final_read, w.final_norm, epsilon);
   out.logits = model::Linear(final_hidden, w.output);
   if (options.compute_values) {
     out.values = (model::Linear(final_hidden, w.value_weight) + w.value_bias).squeeze(-1);
@@ -472,6 +483,42 @@ Result<ForwardOutput> Model::Append(InferenceState* state, const ModelInput& inp
   }));
   next.length_ += input.tokens.size(1);
   *state = std::move(next);
+  return out;
+}
+
+Result<ForwardOutput> Model::Step(RaggedBatch* batch, const ModelInput& input,
+                                  const ForwardOptions& options) const {
+  if (batch == nullptr) return Status::InvalidArgument("Step needs a ragged batch");
+  STRIDER_RETURN_IF_ERROR(CheckInput(input));
+  if (!input.images.empty()) {
+    return Status::InvalidArgument("Step does not take images; append image turns with Append");
+  }
+  const int64_t rows = input.tokens.size(0);
+  if (batch->layers.size() != static_cast<size_t>(config_.layers)) {
+    return Status::InvalidArgument("ragged batch has " + std::to_string(batch->layers.size()) +
+                                   " layers, the model " + std::to_string(config_.layers));
+  }
+  if (!batch->past_lengths.defined() || batch->past_lengths.dim() != 1 ||
+      batch->past_lengths.size(0) != rows) {
+    return Status::InvalidArgument("ragged batch needs past_lengths of shape (" +
+                                   std::to_string(rows) + ")");
+  }
+  if (config_.CountLayers('G') > 0 && !batch->load_past) {
+    return Status::InvalidArgument("ragged batch has no load_past for the latent layers");
+  }
+  const int64_t longest = batch->past_lengths.max().item<int64_t>();
+  if (longest + input.tokens.size(1) > config_.context) {
+    return Status::OutOfRange("appending " + std::to_string(input.tokens.size(1)) +
+                              " tokens to a sequence of " + std::to_string(longest) +
+                              " exceeds model.context = " + std::to_string(config_.context));
+  }
+  ForwardOutput out;
+  RaggedBatch next = *batch;  // handles only: a failure midway leaves `batch` as it was
+  STRIDER_RETURN_IF_ERROR(Guarded("model step (inference path, ragged batch)", [&] {
+    at::AutoGradMode grad_mode(options.enable_grad);
+    out = Run(input, nullptr, options, &next);
+  }));
+  *batch = std::move(next);
   return out;
 }
 

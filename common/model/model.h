@@ -21,6 +21,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -67,6 +68,9 @@ struct ForwardOptions {
   bool enable_grad = false;
   // Append only: the explicit latent-attention form instead of the absorbed one (for checks).
   bool explicit_latent_attention = false;
+  // Append and Step: logits (and values) only for the last position of each row, (B, 1, V).
+  // Long prefills need only the next-token distribution; this keeps their output small.
+  bool last_position_only = false;
 };
 
 struct ForwardOutput {
@@ -100,6 +104,24 @@ class InferenceState {
   std::vector<Layer> layers_;
 };
 
+// A batch of sequences whose lengths differ, for one Model::Step (the rollout engine's decode
+// step over continuous batches). The caller owns the per-sequence storage: it stacks the rows'
+// incremental states in, supplies each latent layer's past on request, and after a successful
+// Step stores the updated states and the new latent rows back.
+struct RaggedBatch {
+  struct Layer {
+    // Incremental layers: (B, ...) stacked states in; the updated states out.
+    model::IncrementalAttentionState incremental;
+    // Latent layers, out: the new compressed rows (B, T, .) in the past's dtype.
+    model::LatentAttentionRows new_rows;
+  };
+  at::Tensor past_lengths;  // (B) int64: tokens each row has already seen
+  // Latent layers: returns layer `layer`'s past, padded (B, P, .) with P >= max past_lengths.
+  // Called once per latent layer in depth order, so only one layer's gathered past is alive.
+  std::function<model::LatentAttentionPast(int64_t layer)> load_past;
+  std::vector<Layer> layers;  // one per model layer
+};
+
 class Model {
  public:
   // Random initialisation from the parameter table, deterministic in `seed`.
@@ -125,6 +147,11 @@ class Model {
   Result<InferenceState> NewState(int64_t batch_size) const;
   Result<ForwardOutput> Append(InferenceState* state, const ModelInput& input,
                                const ForwardOptions& options = {}) const;
+  // The inference path for rows of different past lengths: row b's T new tokens sit at
+  // positions past_lengths[b].. . Same layers and kernels as Append. On failure `batch` keeps
+  // its inputs. Images are not supported here (use Append for image turns).
+  Result<ForwardOutput> Step(RaggedBatch* batch, const ModelInput& input,
+                             const ForwardOptions& options = {}) const;
 
   // One quantile-balancing update of every sparse layer's router bias from the scores of a
   // record (MODEL.md s.5). Returns the MaxVio of each layer's recorded choices.
@@ -139,7 +166,7 @@ class Model {
   explicit Model(ModelConfig config);
   void Bind();
   ForwardOutput Run(const ModelInput& input, InferenceState* state,
-                    const ForwardOptions& options) const;
+                    const ForwardOptions& options, RaggedBatch* ragged = nullptr) const;
 
   ModelConfig config_;
   std::vector<std::pair<std::string, at::Tensor>> tensors_;
