@@ -1,0 +1,1134 @@
+// The engine behind rollout_engine/engine.h: sequences, admission against the block budget,
+// chunked prefill, ragged batched decode through Model::Step, fork, snapshot and weight swap.
+//
+// The model's layers are used as they are: the engine only assembles a RaggedBatch (stacked
+// incremental states, the latent past gathered from the paged cache one layer at a time) and
+// stores what comes back. No attention or expert math lives here.
+#include "rollout_engine/engine.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "common/model/parameters.h"
+#include "common/tokenizer.h"
+#include "rollout_engine/paged_cache.h"
+
+namespace strider::rollout {
+namespace {
+
+constexpr char kSnapshotMagic[8] = {'S', 'T', 'R', 'D', 'S', 'N', 'A', 'P'};
+constexpr uint32_t kSnapshotVersion = 1;
+
+// Runs LibTorch code and turns its exceptions into a Status naming the operation.
+template <typename Function>
+auto Guarded(const char* what, Function&& function) -> decltype(function()) {
+  try {
+    return function();
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string(what) + ": " + error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    return Status::Internal(std::string(what) + ": " + error.what());
+  }
+}
+
+// A 64-bit hash over bytes, eight at a time (FNV-style multiply, final avalanche). Used for the
+// state digest and the snapshot checksum; not cryptographic.
+class Hasher {
+ public:
+  void Update(const void* data, size_t size) {
+    const unsigned char* bytes = static_cast<const unsigned char*>(data);
+    size_t i = 0;
+    for (; i + 8 <= size; i += 8) {
+      uint64_t word;
+      std::memcpy(&word, bytes + i, 8);
+      state_ = (state_ ^ word) * 0x100000001b3ull;
+      state_ ^= state_ >> 29;
+    }
+    for (; i < size; ++i) state_ = (state_ ^ bytes[i]) * 0x100000001b3ull;
+    total_ += size;
+  }
+  uint64_t Digest() const {
+    uint64_t x = state_ ^ total_;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
+
+ private:
+  uint64_t state_ = 0xcbf29ce484222325ull;
+  uint64_t total_ = 0;
+};
+
+uint64_t ConfigFingerprint(const ModelConfig& config) {
+  Hasher hasher;
+  for (const ParameterSpec& spec : ModelParameterSpecs(config)) {
+    hasher.Update(spec.name.data(), spec.name.size());
+    hasher.Update(spec.shape.data(), spec.shape.size() * sizeof(int64_t));
+  }
+  hasher.Update(config.cache_dtype.data(), config.cache_dtype.size());
+  return hasher.Digest();
+}
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(T value) {
+    out_.append(reinterpret_cast<const char*>(&value), sizeof(T));
+  }
+  void PutBytes(const void* data, size_t size) {
+    out_.append(static_cast<const char*>(data), size);
+  }
+  void PutString(const std::string& text) {
+    Put<uint32_t>(static_cast<uint32_t>(text.size()));
+    out_ += text;
+  }
+  std::string& bytes() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  Reader(const char* data, size_t size) : data_(data), size_(size) {}
+  template <typename T>
+  bool Get(T* value) {
+    if (size_ - offset_ < sizeof(T)) return false;
+    std::memcpy(value, data_ + offset_, sizeof(T));
+    offset_ += sizeof(T);
+    return true;
+  }
+  bool GetBytes(void* out, size_t size) {
+    if (size_ - offset_ < size) return false;
+    std::memcpy(out, data_ + offset_, size);
+    offset_ += size;
+    return true;
+  }
+  bool GetString(std::string* text, size_t limit = 1 << 20) {
+    uint32_t size;
+    if (!Get(&size) || size > limit || size_ - offset_ < size) return false;
+    text->assign(data_ + offset_, size);
+    offset_ += size;
+    return true;
+  }
+  size_t remaining() const { return size_ - offset_; }
+
+ private:
+  const char* data_;
+  size_t size_;
+  size_t offset_ = 0;
+};
+
+uint8_t DtypeCode(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return 0;
+    case at::kDouble: return 1;
+    case at::kBFloat16: return 2;
+    default: return 255;
+  }
+}
+
+struct Sequence {
+  SequenceId id = 0;
+  SequenceStatus status = SequenceStatus::kIdle;
+  std::vector<model::IncrementalAttentionState> incremental;  // per model layer ('I' only)
+  BlockTable table;
+  int64_t length = 0;                  // tokens fed
+  std::vector<int64_t> pending;        // tokens waiting to be fed
+  std::vector<float> next_logits;      // distribution of the next token; empty before any feed
+  uint64_t logits_version = 0;
+  std::optional<SamplingParams> turn;  // generated after `pending` is fed
+  bool release_on_finish = false;
+  uint64_t counter = 0;                // draws taken from the random stream this turn
+  int64_t generated = 0;               // tokens sampled this turn
+  std::string turn_text;               // tail of this turn's bytes, for stop strings
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const EngineOptions& options, std::shared_ptr<const Model> model, uint64_t version,
+             const PagedCacheOptions& cache_options)
+      : options_(options),
+        model_(std::move(model)),
+        version_(version),
+        config_(model_->config()),
+        fingerprint_(ConfigFingerprint(config_)),
+        cache_(cache_options) {
+    kinds_ = config_.LayerKinds();
+    for (int64_t i = 0; i < config_.layers; ++i) {
+      latent_index_.push_back(kinds_[i] == 'G' ? latent_layers_++ : -1);
+    }
+    sparse_layers_ = config_.layers - std::min(config_.layers, config_.feed_forward.dense_layers);
+  }
+
+  Result<SequenceId> Submit(const Request& request) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (request.tokens.empty()) {
+      return Status::InvalidArgument("submit: the prompt must hold at least one token");
+    }
+    STRIDER_RETURN_IF_ERROR(CheckRequest(request, 0, "submit"));
+    if (static_cast<int64_t>(sequences_.size()) >= options_.max_sequences) {
+      return Status::ResourceExhausted("submit: " + std::to_string(sequences_.size()) +
+                                       " live sequences, options.max_sequences = " +
+                                       std::to_string(options_.max_sequences));
+    }
+    auto sequence = std::make_unique<Sequence>();
+    sequence->id = next_id_++;
+    sequence->pending = request.tokens;
+    sequence->turn = request.sampling;
+    sequence->release_on_finish = request.release_on_finish;
+    Status status = Guarded("allocating sequence state", [&] {
+      const at::TensorOptions tensor_options = at::TensorOptions().dtype(model_->dtype());
+      sequence->incremental.resize(config_.layers);
+      for (int64_t i = 0; i < config_.layers; ++i) {
+        if (kinds_[i] == 'I') {
+          sequence->incremental[i] =
+              model::IncrementalAttentionState::Zeros(config_.incremental, 1, tensor_options);
+        }
+      }
+      return Status::Ok();
+    });
+    STRIDER_RETURN_IF_ERROR(status);
+    STRIDER_RETURN_IF_ERROR(Admit(sequence.get(), "submit"));
+    const SequenceId id = sequence->id;
+    sequences_[id] = std::move(sequence);
+    return id;
+  }
+
+  Status Append(SequenceId id, const Request& request) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "append"));
+    if (sequence->status != SequenceStatus::kIdle) {
+      return Status::FailedPrecondition("append: sequence " + std::to_string(id) +
+                                        " is not idle (its turn has not ended)");
+    }
+    if (request.tokens.empty() && !request.sampling) {
+      return Status::InvalidArgument("append: no tokens and no turn to generate");
+    }
+    // A turn needs a next-token distribution: from these tokens or from earlier ones.
+    if (request.tokens.empty() && sequence->next_logits.empty()) {
+      return Status::FailedPrecondition("append: sequence " + std::to_string(id) +
+                                        " has no tokens to generate from");
+    }
+    STRIDER_RETURN_IF_ERROR(CheckRequest(request, sequence->length, "append"));
+    // Tentatively apply, then admit; undo on refusal so the sequence is untouched.
+    Sequence before_turn = *sequence;
+    sequence->pending = request.tokens;
+    sequence->turn = request.sampling;
+    sequence->release_on_finish = request.release_on_finish;
+    sequence->counter = 0;
+    sequence->generated = 0;
+    sequence->turn_text.clear();
+    Status status = Admit(sequence, "append");
+    if (!status.ok()) {
+      *sequence = std::move(before_turn);
+      return status;
+    }
+    return Status::Ok();
+  }
+
+  Result<StepResult> Step() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return Guarded("rollout step", [&]() -> Result<StepResult> {
+      at::NoGradGuard no_grad;
+      StepResult result;
+      result.policy_version = version_;
+      AdmitQueued();
+      std::map<SequenceId, SequenceStep> touched;
+      // Prefill. Pending runs that fit one model call are batched with others of the same
+      // length (many short prompts: one call); longer ones are fed alone in chunks, so an
+      // appended turn of any length never recomputes history and never makes a call too large.
+      std::map<int64_t, std::vector<Sequence*>> by_length;
+      for (auto& [id, sequence] : sequences_) {
+        if (sequence->status != SequenceStatus::kPrefill) continue;
+        SequenceStep& step = touched[id];
+        step.id = id;
+        const int64_t count = static_cast<int64_t>(sequence->pending.size());
+        if (PrefillChunk(sequence->length, count) == count) {
+          by_length[count].push_back(sequence.get());
+        } else {
+          STRIDER_RETURN_IF_ERROR(Prefill(sequence.get(), &step, &result));
+        }
+      }
+      for (auto& [count, group] : by_length) {
+        STRIDER_RETURN_IF_ERROR(PrefillGroup(group, count, &touched, &result));
+      }
+      std::vector<Sequence*> generating;
+      for (auto& [id, sequence] : sequences_) {
+        if (sequence->status == SequenceStatus::kGenerating) generating.push_back(sequence.get());
+      }
+      for (size_t begin = 0; begin < generating.size();
+           begin += static_cast<size_t>(options_.max_batch)) {
+        const size_t end =
+            std::min(generating.size(), begin + static_cast<size_t>(options_.max_batch));
+        std::vector<Sequence*> rows(generating.begin() + begin, generating.begin() + end);
+        STRIDER_RETURN_IF_ERROR(Decode(rows, &touched, &result));
+      }
+      for (auto& [id, step] : touched) {
+        if (step.released) ReleaseSequence(id);
+        result.sequences.push_back(std::move(step));
+      }
+      return result;
+    });
+  }
+
+  Status Cancel(SequenceId id) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    STRIDER_RETURN_IF_ERROR(Find(id, "cancel").status());
+    ReleaseSequence(id);
+    return Status::Ok();
+  }
+
+  Status Release(SequenceId id) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "release"));
+    if (sequence->status != SequenceStatus::kIdle) {
+      return Status::FailedPrecondition("release: sequence " + std::to_string(id) +
+                                        " is not idle; use Cancel to stop it");
+    }
+    ReleaseSequence(id);
+    return Status::Ok();
+  }
+
+  Result<std::vector<SequenceId>> Fork(SequenceId id, int64_t count,
+                                       const std::optional<SamplingParams>& sampling) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    STRIDER_ASSIGN_OR_RETURN(Sequence * source, Find(id, "fork"));
+    if (count < 1) return Status::InvalidArgument("fork: count must be >= 1");
+    if (source->status == SequenceStatus::kQueued || source->status == SequenceStatus::kPrefill ||
+        source->next_logits.empty()) {
+      return Status::FailedPrecondition("fork: sequence " + std::to_string(id) +
+                                        " has tokens not yet fed; Step first");
+    }
+    if (sampling) {
+      STRIDER_RETURN_IF_ERROR(ValidateSamplingParams(*sampling, config_.vocabulary));
+      if (source->length + sampling->max_new_tokens > config_.context) {
+        return Status::OutOfRange("fork: " + std::to_string(source->length) + " tokens plus " +
+                                  std::to_string(sampling->max_new_tokens) +
+                                  " new tokens exceed model.context = " +
+                                  std::to_string(config_.context));
+      }
+    }
+    if (static_cast<int64_t>(sequences_.size()) + count > options_.max_sequences) {
+      return Status::ResourceExhausted("fork: " + std::to_string(count) +
+                                       " more sequences exceed options.max_sequences = " +
+                                       std::to_string(options_.max_sequences));
+    }
+    std::vector<std::unique_ptr<Sequence>> children;
+    for (int64_t i = 0; i < count; ++i) {
+      auto child = std::make_unique<Sequence>(*source);
+      child->id = next_id_ + static_cast<SequenceId>(i);
+      child->table = cache_.Fork(source->table);
+      child->turn = sampling;
+      if (sampling) child->turn->seed = DeriveSeed(sampling->seed, static_cast<uint64_t>(i));
+      child->status = sampling ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
+      child->release_on_finish = false;
+      child->counter = 0;
+      child->generated = 0;
+      child->turn_text.clear();
+      children.push_back(std::move(child));
+    }
+    // Sharing may add copy-on-write needs to the source too: check the whole demand.
+    int64_t demand = cache_.used_blocks() + ReservedBlocks();
+    for (const auto& child : children) demand += FutureBlocks(*child);
+    if (demand > cache_.options().max_blocks) {
+      for (auto& child : children) cache_.Release(&child->table);
+      return Status::ResourceExhausted("fork: " + std::to_string(count) +
+                                       " continuations need " + std::to_string(demand) +
+                                       " blocks in all, the budget holds " +
+                                       std::to_string(cache_.options().max_blocks));
+    }
+    std::vector<SequenceId> ids;
+    for (auto& child : children) {
+      ids.push_back(child->id);
+      sequences_[child->id] = std::move(child);
+    }
+    next_id_ += static_cast<SequenceId>(count);
+    return ids;
+  }
+
+  Result<std::string> Snapshot(SequenceId id) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "snapshot"));
+    if (sequence->status == SequenceStatus::kQueued ||
+        sequence->status == SequenceStatus::kPrefill) {
+      return Status::FailedPrecondition("snapshot: sequence " + std::to_string(id) +
+                                        " has tokens not yet fed; Step first");
+    }
+    Writer writer;
+    writer.PutBytes(kSnapshotMagic, sizeof(kSnapshotMagic));
+    writer.Put<uint32_t>(kSnapshotVersion);
+    writer.PutString(config_.name);
+    writer.Put<uint64_t>(fingerprint_);
+    writer.Put<uint8_t>(sequence->status == SequenceStatus::kGenerating ? 1 : 0);
+    writer.Put<uint64_t>(sequence->logits_version);
+    writer.Put<uint8_t>(sequence->turn.has_value() ? 1 : 0);
+    const SamplingParams params = sequence->turn.value_or(SamplingParams{});
+    writer.Put<double>(params.temperature);
+    writer.Put<int64_t>(params.top_k);
+    writer.Put<double>(params.top_p);
+    writer.Put<int64_t>(params.max_new_tokens);
+    writer.Put<uint32_t>(static_cast<uint32_t>(params.stop_tokens.size()));
+    for (int64_t token : params.stop_tokens) writer.Put<int64_t>(token);
+    writer.Put<uint32_t>(static_cast<uint32_t>(params.stop_strings.size()));
+    for (const std::string& stop : params.stop_strings) writer.PutString(stop);
+    writer.Put<uint64_t>(params.seed);
+    writer.Put<uint8_t>(sequence->release_on_finish ? 1 : 0);
+    writer.Put<uint64_t>(sequence->counter);
+    writer.Put<int64_t>(sequence->generated);
+    writer.PutString(sequence->turn_text);
+    writer.Put<uint32_t>(static_cast<uint32_t>(sequence->next_logits.size()));
+    writer.PutBytes(sequence->next_logits.data(), sequence->next_logits.size() * sizeof(float));
+    std::string state;
+    STRIDER_RETURN_IF_ERROR(Guarded("snapshot", [&] {
+      state = SerializeState(*sequence);
+      return Status::Ok();
+    }));
+    Hasher state_hash;
+    state_hash.Update(state.data(), state.size());
+    writer.Put<uint64_t>(state_hash.Digest());
+    writer.Put<uint64_t>(state.size());
+    writer.PutBytes(state.data(), state.size());
+    Hasher whole;
+    whole.Update(writer.bytes().data(), writer.bytes().size());
+    writer.Put<uint64_t>(whole.Digest());
+    return std::move(writer.bytes());
+  }
+
+  Result<SequenceId> Restore(const std::string& bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (bytes.size() < sizeof(kSnapshotMagic) + 12 ||
+        std::memcmp(bytes.data(), kSnapshotMagic, sizeof(kSnapshotMagic)) != 0) {
+      return Status::Corruption("restore: not a Strider sequence snapshot (bad magic)");
+    }
+    {
+      Hasher whole;
+      whole.Update(bytes.data(), bytes.size() - 8);
+      uint64_t stored;
+      std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
+      if (stored != whole.Digest()) {
+        return Status::Corruption("restore: snapshot checksum mismatch (corrupt or truncated)");
+      }
+    }
+    Reader reader(bytes.data() + sizeof(kSnapshotMagic),
+                  bytes.size() - sizeof(kSnapshotMagic) - 8);
+    auto truncated = [] { return Status::Corruption("restore: snapshot is truncated"); };
+    uint32_t version;
+    if (!reader.Get(&version)) return truncated();
+    if (version != kSnapshotVersion) {
+      return Status::Corruption("restore: snapshot format version " + std::to_string(version) +
+                                ", this engine reads version " +
+                                std::to_string(kSnapshotVersion));
+    }
+    std::string name;
+    uint64_t fingerprint;
+    if (!reader.GetString(&name) || !reader.Get(&fingerprint)) return truncated();
+    if (name != config_.name || fingerprint != fingerprint_) {
+      return Status::FailedPrecondition("restore: snapshot of model config '" + name +
+                                        "' does not match this engine's config '" +
+                                        config_.name + "' (names or shapes differ)");
+    }
+    auto sequence = std::make_unique<Sequence>();
+    uint8_t generating, has_turn, release;
+    SamplingParams params;
+    uint32_t stops;
+    if (!reader.Get(&generating) || !reader.Get(&sequence->logits_version) ||
+        !reader.Get(&has_turn) || !reader.Get(&params.temperature) ||
+        !reader.Get(&params.top_k) || !reader.Get(&params.top_p) ||
+        !reader.Get(&params.max_new_tokens) || !reader.Get(&stops) ||
+        stops > reader.remaining() / 8) {
+      return truncated();
+    }
+    params.stop_tokens.resize(stops);
+    for (int64_t& token : params.stop_tokens) {
+      if (!reader.Get(&token)) return truncated();
+    }
+    if (!reader.Get(&stops) || stops > reader.remaining() / 4) return truncated();
+    params.stop_strings.resize(stops);
+    for (std::string& stop : params.stop_strings) {
+      if (!reader.GetString(&stop)) return truncated();
+    }
+    uint32_t vocabulary;
+    if (!reader.Get(&params.seed) || !reader.Get(&release) || !reader.Get(&sequence->counter) ||
+        !reader.Get(&sequence->generated) || !reader.GetString(&sequence->turn_text) ||
+        !reader.Get(&vocabulary)) {
+      return truncated();
+    }
+    if (vocabulary != 0 && vocabulary != config_.vocabulary) {
+      return Status::Corruption("restore: snapshot holds " + std::to_string(vocabulary) +
+                                " logits, the vocabulary has " +
+                                std::to_string(config_.vocabulary));
+    }
+    sequence->next_logits.resize(vocabulary);
+    if (!reader.GetBytes(sequence->next_logits.data(), vocabulary * sizeof(float))) {
+      return truncated();
+    }
+    if (has_turn) {
+      STRIDER_RETURN_IF_ERROR(ValidateSamplingParams(params, config_.vocabulary)
+                                  .WithContext("restore: snapshot's sampling parameters"));
+      sequence->turn = params;
+    }
+    sequence->release_on_finish = release != 0;
+    sequence->status = generating ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
+    if (generating && (!has_turn || vocabulary == 0)) {
+      return Status::Corruption("restore: a generating snapshot without a turn or logits");
+    }
+    uint64_t state_digest, state_size;
+    if (!reader.Get(&state_digest) || !reader.Get(&state_size) ||
+        state_size != reader.remaining()) {
+      return truncated();
+    }
+    std::string state(state_size, '\0');
+    reader.GetBytes(state.data(), state_size);
+    Hasher state_hash;
+    state_hash.Update(state.data(), state.size());
+    if (state_hash.Digest() != state_digest) {
+      return Status::Corruption("restore: state digest mismatch");
+    }
+    if (static_cast<int64_t>(sequences_.size()) >= options_.max_sequences) {
+      return Status::ResourceExhausted("restore: options.max_sequences reached");
+    }
+    sequence->id = next_id_;
+    std::vector<at::Tensor> rows;
+    STRIDER_RETURN_IF_ERROR(Guarded("restore", [&] {
+      return DeserializeState(state, sequence.get(), &rows);
+    }));
+    // Admission: its stored rows plus its remaining turn must fit the budget now.
+    const int64_t stored_blocks =
+        (sequence->length + options_.block_tokens - 1) / options_.block_tokens;
+    const int64_t needed = latent_layers_ == 0 ? 0 : stored_blocks + FutureBlocks(*sequence);
+    if (cache_.used_blocks() + ReservedBlocks() + needed > cache_.options().max_blocks) {
+      return Status::ResourceExhausted("restore: the sequence needs " + std::to_string(needed) +
+                                       " blocks, " +
+                                       std::to_string(cache_.options().max_blocks -
+                                                      cache_.used_blocks() - ReservedBlocks()) +
+                                       " are available");
+    }
+    const int64_t length = sequence->length;
+    sequence->length = 0;
+    STRIDER_RETURN_IF_ERROR(Guarded("restore", [&] {
+      STRIDER_RETURN_IF_ERROR(cache_.Append(&sequence->table, rows));
+      return Status::Ok();
+    }));
+    sequence->table.length = length;
+    sequence->length = length;
+    ++next_id_;
+    const SequenceId id = sequence->id;
+    sequences_[id] = std::move(sequence);
+    return id;
+  }
+
+  Result<uint64_t> StateDigest(SequenceId id) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "state digest"));
+    std::string state;
+    STRIDER_RETURN_IF_ERROR(Guarded("state digest", [&] {
+      state = SerializeState(*sequence);
+      return Status::Ok();
+    }));
+    Hasher hasher;
+    hasher.Update(state.data(), state.size());
+    return hasher.Digest();
+  }
+
+  Status SwapWeights(std::shared_ptr<const Model> model, uint64_t policy_version) override {
+    if (model == nullptr) return Status::InvalidArgument("swap weights: no model");
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (ConfigFingerprint(model->config()) != fingerprint_ || model->dtype() != model_->dtype()) {
+      return Status::FailedPrecondition(
+          "swap weights: the new model's config '" + model->config().name +
+          "' has other shapes or dtype than the engine's '" + config_.name + "'");
+    }
+    model_ = std::move(model);
+    version_ = policy_version;
+    return Status::Ok();
+  }
+
+  Result<SequenceInfo> Info(SequenceId id) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "info"));
+    SequenceInfo info;
+    info.status = sequence->status;
+    info.length = sequence->length;
+    info.pending_tokens = static_cast<int64_t>(sequence->pending.size());
+    info.generated = sequence->generated;
+    info.blocks = static_cast<int64_t>(sequence->table.blocks.size());
+    return info;
+  }
+
+  EngineStats Stats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    EngineStats stats;
+    stats.live_sequences = static_cast<int64_t>(sequences_.size());
+    stats.queued_requests = static_cast<int64_t>(queue_.size());
+    stats.used_blocks = cache_.used_blocks();
+    stats.reserved_blocks = ReservedBlocks();
+    stats.capacity_blocks = cache_.options().max_blocks;
+    stats.block_bytes = cache_.BlockBytes();
+    stats.allocated_blocks = cache_.allocated_blocks();
+    return stats;
+  }
+
+  uint64_t policy_version() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return version_;
+  }
+
+ private:
+  Result<Sequence*> Find(SequenceId id, const char* what) {
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) {
+      return Status::NotFound(std::string(what) + ": unknown sequence " + std::to_string(id));
+    }
+    return it->second.get();
+  }
+
+  Status CheckRequest(const Request& request, int64_t length, const char* what) const {
+    for (size_t i = 0; i < request.tokens.size(); ++i) {
+      const int64_t token = request.tokens[i];
+      if (token < 0 || token >= config_.vocabulary) {
+        return Status::InvalidArgument(std::string(what) + ": token " + std::to_string(token) +
+                                       " at index " + std::to_string(i) +
+                                       " is outside the vocabulary [0, " +
+                                       std::to_string(config_.vocabulary) + ")");
+      }
+      if (token == token::kImagePatch) {
+        return Status::InvalidArgument(std::string(what) +
+                                       ": image patches are not supported by the engine yet");
+      }
+    }
+    if (request.sampling) {
+      STRIDER_RETURN_IF_ERROR(ValidateSamplingParams(*request.sampling, config_.vocabulary)
+                                  .WithContext(what));
+    }
+    const int64_t longest = length + static_cast<int64_t>(request.tokens.size()) +
+                            (request.sampling ? request.sampling->max_new_tokens : 0);
+    if (longest > config_.context) {
+      return Status::OutOfRange(std::string(what) + ": " + std::to_string(length) +
+                                " tokens + " + std::to_string(request.tokens.size()) +
+                                " appended" +
+                                (request.sampling ? " + " +
+                                                        std::to_string(
+                                                            request.sampling->max_new_tokens) +
+                                                        " new"
+                                                  : std::string()) +
+                                " exceed model.context = " + std::to_string(config_.context));
+    }
+    return Status::Ok();
+  }
+
+  // Blocks the sequence may still allocate: up to its longest possible length, plus a copy of
+  // a shared partially filled last block. Growth never raises used + reserved (a new block
+  // lowers this count by one), so admitted sequences cannot run the pool dry.
+  int64_t FutureBlocks(const Sequence& sequence) const {
+    if (latent_layers_ == 0) return 0;
+    const int64_t block = options_.block_tokens;
+    int64_t longest = sequence.length + static_cast<int64_t>(sequence.pending.size());
+    if (sequence.turn) longest += sequence.turn->max_new_tokens - sequence.generated;
+    const int64_t have = (sequence.length + block - 1) / block;
+    int64_t future = std::max<int64_t>(0, (longest + block - 1) / block - have);
+    if (sequence.length % block != 0 && !sequence.table.blocks.empty() &&
+        cache_.RefCount(sequence.table.blocks.back()) > 1) {
+      ++future;
+    }
+    return future;
+  }
+
+  // Sum over admitted sequences other than `except`.
+  int64_t ReservedBlocks(SequenceId except = 0) const {
+    int64_t reserved = 0;
+    for (const auto& [id, sequence] : sequences_) {
+      if (id == except) continue;
+      if (sequence->status != SequenceStatus::kQueued) reserved += FutureBlocks(*sequence);
+    }
+    return reserved;
+  }
+
+  // Admits `sequence` (new, or idle with a new request) or, by policy, queues it.
+  Status Admit(Sequence* sequence, const char* what) {
+    const int64_t future = FutureBlocks(*sequence);
+    const int64_t capacity = cache_.options().max_blocks;
+    const int64_t own = static_cast<int64_t>(sequence->table.blocks.size());
+    if (own + future > capacity) {
+      return Status::ResourceExhausted(
+          std::string(what) + ": the sequence would need " + std::to_string(own + future) +
+          " blocks of " + std::to_string(options_.block_tokens) +
+          " tokens, more than the whole budget of " + std::to_string(capacity) + " blocks (" +
+          std::to_string(options_.cache_budget_bytes) + " bytes)");
+    }
+    // Queued requests keep their order: nobody overtakes them.
+    const int64_t others = ReservedBlocks(sequence->id);
+    if (queue_.empty() && cache_.used_blocks() + others + future <= capacity) {
+      sequence->status = StatusAfterAdmission(*sequence);
+      return Status::Ok();
+    }
+    if (options_.admission == AdmissionPolicy::kQueue) {
+      sequence->status = SequenceStatus::kQueued;
+      queue_.push_back(sequence->id);
+      return Status::Ok();
+    }
+    return Status::ResourceExhausted(
+        std::string(what) + ": the latent cache budget is full: the request needs " +
+        std::to_string(future) + " blocks, " +
+        std::to_string(std::max<int64_t>(0, capacity - cache_.used_blocks() - others)) +
+        " of " + std::to_string(capacity) + " are neither used nor reserved");
+  }
+
+  SequenceStatus StatusAfterAdmission(const Sequence& sequence) const {
+    if (!sequence.pending.empty()) return SequenceStatus::kPrefill;
+    return sequence.turn ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
+  }
+
+  void AdmitQueued() {
+    while (!queue_.empty()) {
+      auto it = sequences_.find(queue_.front());
+      if (it == sequences_.end()) {  // cancelled while queued
+        queue_.pop_front();
+        continue;
+      }
+      Sequence& sequence = *it->second;
+      if (cache_.used_blocks() + ReservedBlocks(sequence.id) + FutureBlocks(sequence) >
+          cache_.options().max_blocks) {
+        return;
+      }
+      sequence.status = StatusAfterAdmission(sequence);
+      queue_.pop_front();
+    }
+  }
+
+  void ReleaseSequence(SequenceId id) {
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) return;
+    cache_.Release(&it->second->table);
+    sequences_.erase(it);
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+  }
+
+  // Runs one model call over `rows`, each feeding tokens.size(1) tokens, and commits states,
+  // latent rows and next-token logits. Fails without changing any row.
+  Result<ForwardOutput> Feed(const std::vector<Sequence*>& rows, const at::Tensor& tokens) {
+    const int64_t batch = static_cast<int64_t>(rows.size());
+    const int64_t count = tokens.size(1);
+    RaggedBatch ragged;
+    ragged.layers.resize(config_.layers);
+    std::vector<int64_t> lengths;
+    int64_t longest = 0;
+    for (Sequence* row : rows) {
+      lengths.push_back(row->length);
+      longest = std::max(longest, row->length);
+    }
+    ragged.past_lengths = at::tensor(lengths, at::kLong);
+    for (int64_t i = 0; i < config_.layers; ++i) {
+      if (kinds_[i] != 'I') continue;
+      if (batch == 1) {
+        ragged.layers[i].incremental = rows[0]->incremental[i];
+      } else {
+        std::vector<at::Tensor> recurrent, tails;
+        for (Sequence* row : rows) {
+          recurrent.push_back(row->incremental[i].recurrent);
+          tails.push_back(row->incremental[i].conv_tail);
+        }
+        ragged.layers[i].incremental.recurrent = at::cat(recurrent, 0);
+        ragged.layers[i].incremental.conv_tail = at::cat(tails, 0);
+      }
+    }
+    std::vector<const BlockTable*> tables;
+    for (Sequence* row : rows) tables.push_back(&row->table);
+    const int64_t latent_rank = config_.latent.kv_rank;
+    const int64_t rope = config_.latent.rope_dim;
+    ragged.load_past = [&](int64_t layer) {
+      at::Tensor gathered = cache_.Gather(tables, latent_index_[layer], longest);
+      model::LatentAttentionPast past;
+      past.latent = gathered.narrow(-1, 0, latent_rank);
+      past.rope_key = gathered.narrow(-1, latent_rank, rope);
+      return past;
+    };
+    ForwardOptions forward;
+    forward.record_routing = options_.record_routing;
+    forward.last_position_only = true;
+    STRIDER_ASSIGN_OR_RETURN(ForwardOutput out, model_->Step(&ragged, {tokens, {}}, forward));
+
+    // Commit. Blocks were reserved at admission, so the cache append cannot run out.
+    at::Tensor logits = out.logits.select(1, 0).to(at::kFloat).contiguous();  // (B, V)
+    for (int64_t b = 0; b < batch; ++b) {
+      Sequence* row = rows[b];
+      for (int64_t i = 0; i < config_.layers; ++i) {
+        if (kinds_[i] != 'I') continue;
+        const model::IncrementalAttentionState& state = ragged.layers[i].incremental;
+        if (batch == 1) {
+          row->incremental[i] = state;
+        } else {
+          // Own copies: a view would keep the whole batch's tensor alive after the row leaves.
+          row->incremental[i].recurrent = state.recurrent.narrow(0, b, 1).clone();
+          row->incremental[i].conv_tail = state.conv_tail.narrow(0, b, 1).clone();
+        }
+      }
+      if (latent_layers_ > 0) {
+        std::vector<at::Tensor> layer_rows;
+        for (int64_t i = 0; i < config_.layers; ++i) {
+          if (kinds_[i] != 'G') continue;
+          const model::LatentAttentionRows& fresh = ragged.layers[i].new_rows;
+          layer_rows.push_back(at::cat({fresh.latent[b], fresh.rope_key[b]}, -1));  // (T, W)
+        }
+        Status stored = cache_.Append(&row->table, layer_rows);
+        if (!stored.ok()) return Status::Internal("reserved blocks missing: " + stored.message());
+      }
+      row->length += count;
+      const float* data = logits[b].data_ptr<float>();
+      row->next_logits.assign(data, data + config_.vocabulary);
+      row->logits_version = version_;
+    }
+    return out;
+  }
+
+  CompactRouting Compact(const ForwardOutput& out, int64_t row, int64_t first_position) const {
+    CompactRouting routing;
+    routing.first_position = first_position;
+    routing.layers = static_cast<int64_t>(out.routing.layers.size());
+    if (routing.layers == 0) return routing;
+    routing.tokens = out.routing.layers[0].experts.size(1);
+    routing.experts_per_token = out.routing.layers[0].experts.size(2);
+    routing.experts.resize(routing.tokens * routing.layers * routing.experts_per_token);
+    for (int64_t layer = 0; layer < routing.layers; ++layer) {
+      at::Tensor experts = out.routing.layers[layer].experts[row].to(at::kLong).contiguous();
+      const int64_t* data = experts.data_ptr<int64_t>();
+      for (int64_t t = 0; t < routing.tokens; ++t) {
+        for (int64_t j = 0; j < routing.experts_per_token; ++j) {
+          routing.experts[(t * routing.layers + layer) * routing.experts_per_token + j] =
+              static_cast<uint16_t>(data[t * routing.experts_per_token + j]);
+        }
+      }
+    }
+    return routing;
+  }
+
+  // Largest prefill call that keeps latent attention's scores under the configured bytes.
+  int64_t PrefillChunk(int64_t length, int64_t remaining) const {
+    int64_t chunk = std::min(options_.prefill_chunk_tokens, remaining);
+    if (latent_layers_ == 0) return chunk;
+    const int64_t per_pair = config_.latent.heads * 4;
+    while (chunk > 1 && chunk * (length + chunk) * per_pair > options_.attention_scores_bytes) {
+      chunk = (chunk + 1) / 2;
+    }
+    return chunk;
+  }
+
+  Status Prefill(Sequence* sequence, SequenceStep* step, StepResult* result) {
+    std::vector<CompactRouting> parts;
+    size_t done = 0;
+    const int64_t total = static_cast<int64_t>(sequence->pending.size());
+    while (static_cast<int64_t>(done) < total) {
+      const int64_t count = PrefillChunk(sequence->length, total - static_cast<int64_t>(done));
+      at::Tensor tokens =
+          at::tensor(std::vector<int64_t>(sequence->pending.begin() + done,
+                                          sequence->pending.begin() + done + count),
+                     at::kLong)
+              .view({1, count});
+      const int64_t first = sequence->length;
+      Result<ForwardOutput> out = Feed({sequence}, tokens);
+      if (!out.ok()) {
+        // Keep the sequence consistent: drop what was fed, keep the rest pending.
+        sequence->pending.erase(sequence->pending.begin(), sequence->pending.begin() + done);
+        return out.status().WithContext("prefill of sequence " + std::to_string(sequence->id));
+      }
+      if (options_.record_routing) parts.push_back(Compact(*out, 0, first));
+      done += static_cast<size_t>(count);
+      result->prefill_tokens += count;
+    }
+    sequence->pending.clear();
+    sequence->status = sequence->turn ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
+    if (!parts.empty()) {
+      Result<CompactRouting> joined = CompactRouting::Concatenate(parts);
+      if (joined.ok()) step->routing = std::move(*joined);
+    }
+    return Status::Ok();
+  }
+
+  // Feeds the whole pending run of several sequences (all `count` long) in batched calls.
+  Status PrefillGroup(const std::vector<Sequence*>& group, int64_t count,
+                      std::map<SequenceId, SequenceStep>* touched, StepResult* result) {
+    size_t begin = 0;
+    while (begin < group.size()) {
+      // As many rows as max_batch and the scores bound allow (at least one).
+      size_t end = begin + 1;
+      int64_t longest = group[begin]->length;
+      while (end < group.size() && static_cast<int64_t>(end - begin) < options_.max_batch) {
+        const int64_t candidate = std::max(longest, group[end]->length);
+        const int64_t rows = static_cast<int64_t>(end - begin) + 1;
+        if (latent_layers_ > 0 && rows * count * (candidate + count) * config_.latent.heads * 4 >
+                                      options_.attention_scores_bytes) {
+          break;
+        }
+        longest = candidate;
+        ++end;
+      }
+      std::vector<Sequence*> rows(group.begin() + begin, group.begin() + end);
+      std::vector<int64_t> tokens, firsts;
+      for (Sequence* row : rows) {
+        tokens.insert(tokens.end(), row->pending.begin(), row->pending.end());
+        firsts.push_back(row->length);
+      }
+      at::Tensor input =
+          at::tensor(tokens, at::kLong).view({static_cast<int64_t>(rows.size()), count});
+      STRIDER_ASSIGN_OR_RETURN(ForwardOutput out, Feed(rows, input));
+      for (size_t b = 0; b < rows.size(); ++b) {
+        Sequence* row = rows[b];
+        row->pending.clear();
+        row->status = row->turn ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
+        if (options_.record_routing) {
+          (*touched)[row->id].routing = Compact(out, static_cast<int64_t>(b), firsts[b]);
+        }
+      }
+      result->prefill_tokens += count * static_cast<int64_t>(rows.size());
+      begin = end;
+    }
+    return Status::Ok();
+  }
+
+  Status Decode(const std::vector<Sequence*>& rows, std::map<SequenceId, SequenceStep>* touched,
+                StepResult* result) {
+    std::vector<Sample> samples;
+    std::vector<int64_t> tokens;
+    for (Sequence* row : rows) {
+      const double uniform = UniformDraw(row->turn->seed, row->counter);
+      samples.push_back(SampleToken(row->next_logits.data(), config_.vocabulary, *row->turn,
+                                    uniform, token::kImagePatch));
+      tokens.push_back(samples.back().token);
+    }
+    std::vector<uint64_t> versions;
+    std::vector<int64_t> positions;
+    for (Sequence* row : rows) {
+      versions.push_back(row->logits_version);
+      positions.push_back(row->length);
+    }
+    at::Tensor input =
+        at::tensor(tokens, at::kLong).view({static_cast<int64_t>(rows.size()), 1});
+    STRIDER_ASSIGN_OR_RETURN(ForwardOutput out, Feed(rows, input));
+    for (size_t b = 0; b < rows.size(); ++b) {
+      Sequence* row = rows[b];
+      ++row->counter;
+      ++row->generated;
+      SequenceStep& step = (*touched)[row->id];
+      step.id = row->id;
+      step.sampled = true;
+      step.token = samples[b].token;
+      step.position = positions[b];
+      step.log_prob = samples[b].log_prob;
+      step.model_log_prob = samples[b].model_log_prob;
+      step.entropy = samples[b].entropy;
+      step.policy_version = versions[b];
+      if (options_.record_routing) {
+        CompactRouting routing = Compact(out, static_cast<int64_t>(b), positions[b]);
+        if (step.routing.tokens == 0) {
+          step.routing = std::move(routing);
+        } else {
+          Result<CompactRouting> joined = CompactRouting::Concatenate({step.routing, routing});
+          if (joined.ok()) step.routing = std::move(*joined);
+        }
+      }
+      const SamplingParams& params = *row->turn;
+      size_t longest_stop = 0;
+      for (const std::string& stop : params.stop_strings) {
+        longest_stop = std::max(longest_stop, stop.size());
+      }
+      if (step.token < token::kByteCount && longest_stop > 0) {
+        row->turn_text.push_back(static_cast<char>(step.token));
+        if (row->turn_text.size() > longest_stop) {
+          row->turn_text.erase(0, row->turn_text.size() - longest_stop);
+        }
+      }
+      if (std::find(params.stop_tokens.begin(), params.stop_tokens.end(), step.token) !=
+          params.stop_tokens.end()) {
+        step.finish = FinishReason::kStopToken;
+      } else if (step.token < token::kByteCount &&
+                 std::any_of(params.stop_strings.begin(), params.stop_strings.end(),
+                             [&](const std::string& stop) {
+                               return row->turn_text.size() >= stop.size() &&
+                                      row->turn_text.compare(row->turn_text.size() - stop.size(),
+                                                             stop.size(), stop) == 0;
+                             })) {
+        step.finish = FinishReason::kStopString;
+      } else if (row->generated >= params.max_new_tokens) {
+        step.finish = FinishReason::kMaxTokens;
+      }
+      if (step.finish != FinishReason::kNone) {
+        row->status = SequenceStatus::kIdle;
+        row->turn.reset();  // the rest of its reservation returns to the pool
+        row->generated = 0;
+        row->turn_text.clear();
+        step.released = row->release_on_finish;
+      }
+      ++result->decode_tokens;
+    }
+    return Status::Ok();
+  }
+
+  // Length, incremental states and latent rows, in a fixed layout (the digest covers it).
+  std::string SerializeState(const Sequence& sequence) const {
+    Writer writer;
+    writer.Put<int64_t>(sequence.length);
+    auto put_tensor = [&](const at::Tensor& tensor) {
+      at::Tensor contiguous = tensor.contiguous();
+      writer.Put<uint8_t>(DtypeCode(contiguous.scalar_type()));
+      writer.Put<uint32_t>(static_cast<uint32_t>(contiguous.dim()));
+      for (int64_t size : contiguous.sizes()) writer.Put<int64_t>(size);
+      writer.PutBytes(contiguous.data_ptr(), contiguous.nbytes());
+    };
+    for (int64_t i = 0; i < config_.layers; ++i) {
+      if (kinds_[i] != 'I') continue;
+      put_tensor(sequence.incremental[i].recurrent);
+      put_tensor(sequence.incremental[i].conv_tail);
+    }
+    for (int64_t layer = 0; layer < latent_layers_; ++layer) {
+      put_tensor(cache_.Gather({&sequence.table}, layer, sequence.length)[0]);
+    }
+    return std::move(writer.bytes());
+  }
+
+  Status DeserializeState(const std::string& state, Sequence* sequence,
+                          std::vector<at::Tensor>* rows) const {
+    Reader reader(state.data(), state.size());
+    auto bad = [](const std::string& what) {
+      return Status::Corruption("restore: snapshot state: " + what);
+    };
+    if (!reader.Get(&sequence->length) || sequence->length < 0 ||
+        sequence->length > config_.context) {
+      return bad("bad length");
+    }
+    auto get_tensor = [&](const std::vector<int64_t>& shape, at::ScalarType type,
+                          at::Tensor* out) -> Status {
+      uint8_t code;
+      uint32_t dims;
+      if (!reader.Get(&code) || !reader.Get(&dims)) return bad("truncated");
+      if (code != DtypeCode(type)) return bad("unexpected dtype");
+      if (dims != shape.size()) return bad("unexpected rank");
+      for (int64_t expected : shape) {
+        int64_t size;
+        if (!reader.Get(&size)) return bad("truncated");
+        if (size != expected) return bad("unexpected shape");
+      }
+      *out = at::empty(shape, at::TensorOptions().dtype(type));
+      if (!reader.GetBytes(out->data_ptr(), out->nbytes())) return bad("truncated tensor");
+      return Status::Ok();
+    };
+    const at::ScalarType model_type = model_->dtype();
+    const at::ScalarType state_type = model_type == at::kDouble ? at::kDouble : at::kFloat;
+    const auto& inc = config_.incremental;
+    sequence->incremental.resize(config_.layers);
+    for (int64_t i = 0; i < config_.layers; ++i) {
+      if (kinds_[i] != 'I') continue;
+      STRIDER_RETURN_IF_ERROR(get_tensor({1, inc.heads, inc.key_dim, inc.value_dim}, state_type,
+                                         &sequence->incremental[i].recurrent));
+      STRIDER_RETURN_IF_ERROR(get_tensor(
+          {1, inc.conv_width - 1, inc.heads * (2 * inc.key_dim + inc.value_dim)}, model_type,
+          &sequence->incremental[i].conv_tail));
+    }
+    const int64_t width = config_.latent.kv_rank + config_.latent.rope_dim;
+    for (int64_t layer = 0; layer < latent_layers_; ++layer) {
+      at::Tensor layer_rows;
+      STRIDER_RETURN_IF_ERROR(
+          get_tensor({sequence->length, width}, cache_.options().dtype, &layer_rows));
+      rows->push_back(layer_rows);
+    }
+    if (reader.remaining() != 0) return bad("trailing bytes");
+    return Status::Ok();
+  }
+
+  std::mutex mutex_;
+  EngineOptions options_;
+  std::shared_ptr<const Model> model_;
+  uint64_t version_;
+  const ModelConfig config_;
+  const uint64_t fingerprint_;
+  std::vector<char> kinds_;
+  std::vector<int64_t> latent_index_;  // per model layer: index among latent layers, or -1
+  int64_t latent_layers_ = 0;
+  int64_t sparse_layers_ = 0;
+  PagedCache cache_;
+  std::map<SequenceId, std::unique_ptr<Sequence>> sequences_;  // ordered: steps run by id
+  std::deque<SequenceId> queue_;
+  SequenceId next_id_ = 1;
+};
+
+}  // namespace
+
+Result<CompactRouting> CompactRouting::Concatenate(const std::vector<CompactRouting>& parts) {
+  CompactRouting joined;
+  if (parts.empty()) return joined;
+  joined = parts.front();
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const CompactRouting& part = parts[i];
+    if (part.tokens == 0) continue;
+    if (joined.tokens == 0) {
+      joined = part;
+      continue;
+    }
+    if (part.layers != joined.layers || part.experts_per_token != joined.experts_per_token) {
+      return Status::InvalidArgument("routing records of different shapes");
+    }
+    if (part.first_position != joined.first_position + joined.tokens) {
+      return Status::InvalidArgument("routing record starting at " +
+                                     std::to_string(part.first_position) + " does not follow " +
+                                     std::to_string(joined.first_position + joined.tokens));
+    }
+    joined.experts.insert(joined.experts.end(), part.experts.begin(), part.experts.end());
+    joined.tokens += part.tokens;
+  }
+  return joined;
+}
+
+RoutingRecord CompactRouting::ToRoutingRecord() const {
+  RoutingRecord record;
+  std::vector<int64_t> widened(experts.begin(), experts.end());
+  at::Tensor all = at::tensor(widened, at::kLong).view({tokens, layers, experts_per_token});
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    RoutingRecord::Layer entry;
+    entry.experts = all.select(1, layer).contiguous().unsqueeze(0);  // (1, T, k)
+    record.layers.push_back(std::move(entry));
+  }
+  return record;
+}
+
+double SequenceBytesFormula(const ModelConfig& config, int64_t tokens, int64_t block_tokens) {
+  const CacheAccounting accounting = AccountCaches(config);
+  const int64_t rounded = (tokens + block_tokens - 1) / block_tokens * block_tokens;
+  return static_cast<double>(accounting.state_bytes_per_sequence) +
+         static_cast<double>(accounting.kv_cache_bytes_per_token) * static_cast<double>(rounded);
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                               std::shared_ptr<const Model> model,
+                                               uint64_t policy_version) {
+  if (model == nullptr) return Status::InvalidArgument("engine: no model");
+  if (options.block_tokens < 1) {
+    return Status::InvalidArgument("engine: block_tokens must be >= 1");
+  }
+  if (options.max_batch < 1 || options.prefill_chunk_tokens < 1 || options.max_sequences < 1) {
+    return Status::InvalidArgument(
+        "engine: max_batch, prefill_chunk_tokens and max_sequences must be >= 1");
+  }
+  if (options.cache_budget_bytes < 0 || options.attention_scores_bytes < 1) {
+    return Status::InvalidArgument("engine: negative cache budget or scores bytes");
+  }
+  const ModelConfig& config = model->config();
+  PagedCacheOptions cache;
+  cache.block_tokens = options.block_tokens;
+  cache.latent_layers = config.CountLayers('G');
+  cache.row_width = config.latent.kv_rank + config.latent.rope_dim;
+  cache.dtype = model->dtype() == at::kDouble
+                    ? at::kDouble
+                    : (config.cache_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat);
+  const int64_t block_bytes = cache.latent_layers * cache.block_tokens * cache.row_width *
+                              static_cast<int64_t>(c10::elementSize(cache.dtype));
+  cache.max_blocks = block_bytes > 0 ? options.cache_budget_bytes / block_bytes : 0;
+  ConfigureRuntime(options.threads);
+  return std::unique_ptr<Engine>(new EngineImpl(options, std::move(model), policy_version, cache));
+}
+
+}  // namespace strider::rollout
