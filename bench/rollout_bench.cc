@@ -1,0 +1,336 @@
+// Rollout engine benchmark (DESIGN.md s.9): each figure beside its ceiling from the same run.
+//
+//   decode_b{1,8,64}  decode tokens/s of the small config through Engine::Step. Batch 1 against
+//                     the memory-bandwidth roofline (active weight bytes per token over a
+//                     measured copy bandwidth); batch 64 against the LibTorch matmul peak (model
+//                     FLOPs per token = 2 x active parameters).
+//   per_token_*       engine decode cost per token at short and long context for an
+//                     incremental-only config (1K vs 1M), and the hybrid tiny config against an
+//                     equal-size full multi-head-attention baseline at 64K and 256K (baseline:
+//                     the hybrid's own non-attention cost at 1K plus, for every layer, full
+//                     attention of one query over a K and V cache of the context, timed here).
+//   memory_1m         resident memory of one 1M-token incremental-only sequence against the
+//                     formula (state + compressed cache + the constant working set of a chunk).
+//
+//   rollout_bench [--quick] [--threads N]
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_json.h"
+#include "common/model/config.h"
+#include "common/model/model.h"
+#include "common/model/parameters.h"
+#include "rollout_engine/engine.h"
+
+#ifndef STRIDER_SOURCE_DIR
+#define STRIDER_SOURCE_DIR "."
+#endif
+
+namespace strider {
+namespace {
+
+using rollout::Engine;
+using rollout::EngineOptions;
+using rollout::Request;
+using rollout::SamplingParams;
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename T>
+T Unwrap(Result<T> result, const char* what) {
+  if (!result.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, result.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(result).value();
+}
+
+void Check(const Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+double ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;
+  }
+  return 0;
+}
+
+std::vector<int64_t> Tokens(int64_t count, uint64_t seed) {
+  std::vector<int64_t> tokens(count);
+  uint64_t x = seed + 1;
+  for (int64_t& token : tokens) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    token = static_cast<int64_t>((x >> 33) % 256);
+  }
+  return tokens;
+}
+
+ModelConfig LoadConfig(const char* name) {
+  return Unwrap(LoadModelConfig(std::string(STRIDER_SOURCE_DIR) + "/configs/model/" + name),
+                "loading config");
+}
+
+std::unique_ptr<Engine> MakeEngine(const ModelConfig& config, EngineOptions options,
+                                   int64_t threads) {
+  std::shared_ptr<const Model> model(Unwrap(Model::Create(config, 1), "creating model"));
+  options.threads = threads;
+  options.record_routing = false;
+  return Unwrap(Engine::Create(options, model, 0), "creating engine");
+}
+
+// Copy bandwidth (bytes read + written per second), best of a few 256 MiB copies.
+double CopyBandwidth() {
+  at::Tensor source = at::rand({64 << 20});
+  at::Tensor target = at::empty_like(source);
+  target.copy_(source);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const double start = Seconds();
+    target.copy_(source);
+    best = std::max(best, 2.0 * source.nbytes() / (Seconds() - start));
+  }
+  return best;
+}
+
+double MatmulPeakFlops() {
+  at::Tensor a = at::randn({2048, 2048});
+  at::Tensor b = at::randn({2048, 2048});
+  at::Tensor c = at::mm(a, b);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const double start = Seconds();
+    at::mm_out(c, a, b);
+    best = std::max(best, 2.0 * 2048.0 * 2048.0 * 2048.0 / (Seconds() - start));
+  }
+  return best;
+}
+
+// Median seconds per Step with every one of `batch` sequences generating.
+double DecodeStepSeconds(Engine* engine, int64_t batch, int64_t prompt, int steps) {
+  for (int64_t i = 0; i < batch; ++i) {
+    Request request;
+    request.tokens = Tokens(prompt, i);
+    SamplingParams sampling;
+    sampling.max_new_tokens = steps + 8;
+    sampling.seed = i;
+    request.sampling = sampling;
+    request.release_on_finish = true;
+    Unwrap(engine->Submit(request), "submit");
+  }
+  Unwrap(engine->Step(), "step");  // prefill and the first token
+  Unwrap(engine->Step(), "step");
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+    const double start = Seconds();
+    rollout::StepResult result = Unwrap(engine->Step(), "step");
+    times.push_back(Seconds() - start);
+    if (result.decode_tokens != batch) {
+      std::fprintf(stderr, "expected %lld decode tokens, got %lld\n",
+                   static_cast<long long>(batch), static_cast<long long>(result.decode_tokens));
+    }
+  }
+  while (engine->Stats().live_sequences > 0) Unwrap(engine->Step(), "step");
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+void DecodeThroughput(bool quick, int64_t threads) {
+  const ModelConfig config = LoadConfig("small.yaml");
+  const ParameterCounts counts = CountParameters(config);
+  // Weights read per token: the active parameters, less the embedding table (one row read).
+  const double embedding = static_cast<double>(config.vocabulary * config.width);
+  const double active = counts.active - embedding + config.width;
+  const double bandwidth = CopyBandwidth();
+  const double peak = MatmulPeakFlops();
+  bench::PrintResult("rollout", "copy_bandwidth", bandwidth / 1e9, "GB/s");
+  bench::PrintResult("rollout", "matmul_peak_fp32", peak / 1e9, "GFLOP/s");
+  std::unique_ptr<Engine> engine = MakeEngine(config, EngineOptions{}, threads);
+  for (int64_t batch : {1, 8, 64}) {
+    const double seconds = DecodeStepSeconds(engine.get(), batch, 32, quick ? 4 : 12);
+    const double tokens_per_second = batch / seconds;
+    const std::string metric = "decode_b" + std::to_string(batch) + "_small";
+    if (batch == 1) {
+      // Roofline: every active weight byte read once per token at the copy bandwidth's read
+      // half (a copy moves each byte twice; reading alone is about as fast as copying).
+      const double roofline = bandwidth / 2.0 / (4.0 * active);
+      bench::PrintResult("rollout", metric, tokens_per_second, "tokens/s", roofline);
+    } else {
+      const double flops = 2.0 * active * tokens_per_second;
+      bench::PrintResult("rollout", metric + "_flops", flops / 1e9, "GFLOP/s", peak / 1e9);
+      bench::PrintResult("rollout", metric, tokens_per_second, "tokens/s");
+    }
+  }
+}
+
+ModelConfig IncrementalConfig() {
+  ModelConfig config;
+  config.name = "incremental-32";
+  config.width = 32;
+  config.layers = 2;
+  config.layer_pattern = "I";
+  config.residual_block = 1;
+  config.context = 1 << 20;
+  config.incremental.heads = 2;
+  config.incremental.key_dim = 16;
+  config.incremental.value_dim = 16;
+  config.incremental.decay_rank = 8;
+  config.feed_forward.dense_hidden = 64;
+  config.feed_forward.latent_width = 16;
+  config.feed_forward.expert_hidden = 16;
+  config.feed_forward.shared_hidden = 32;
+  config.vision.enabled = false;
+  Check(ValidateModelConfig(config, "incremental-32"), "config");
+  return config;
+}
+
+// Grows one sequence to each context in turn and times single-token steps there (median).
+// Also reports resident memory around the growth.
+struct GrowthPoint {
+  int64_t context;
+  double step_seconds;
+  double resident;
+};
+
+std::vector<GrowthPoint> GrowAndTime(const ModelConfig& config, std::vector<int64_t> contexts,
+                                     int64_t threads, double* resident_before,
+                                     double* resident_after_first_chunk) {
+  EngineOptions options;
+  options.prefill_chunk_tokens = 65536;
+  options.block_tokens = 1024;
+  std::unique_ptr<Engine> engine = MakeEngine(config, options, threads);
+  *resident_before = ResidentBytes();
+  std::vector<GrowthPoint> points;
+  rollout::SequenceId id = 0;
+  int64_t length = 0;
+  for (int64_t context : contexts) {
+    while (length < context - 16) {
+      Request request;
+      request.tokens = Tokens(std::min<int64_t>(65536, context - 16 - length), length);
+      if (id == 0) {
+        id = Unwrap(engine->Submit(request), "submit");
+      } else {
+        Check(engine->Append(id, request), "append");
+      }
+      Unwrap(engine->Step(), "prefill");
+      length = Unwrap(engine->Info(id), "info").length;
+      if (*resident_after_first_chunk == 0) *resident_after_first_chunk = ResidentBytes();
+    }
+    Request turn;
+    SamplingParams sampling;
+    sampling.max_new_tokens = 16;
+    turn.sampling = sampling;
+    Check(engine->Append(id, turn), "turn");
+    std::vector<double> times;
+    for (int i = 0; i < 16; ++i) {
+      const double start = Seconds();
+      Unwrap(engine->Step(), "decode");
+      times.push_back(Seconds() - start);
+    }
+    std::sort(times.begin(), times.end());
+    length = Unwrap(engine->Info(id), "info").length;
+    points.push_back({context, times[times.size() / 2], ResidentBytes()});
+    std::fprintf(stderr, "%s: context %lld, %.3f ms per token\n", config.name.c_str(),
+                 static_cast<long long>(context), 1e3 * points.back().step_seconds);
+  }
+  return points;
+}
+
+// One decode token of full multi-head attention over a cache of `context` tokens in every
+// layer: q (H, 1, D) against K, V (H, S, D), with D the latent config's value width.
+double FullAttentionSeconds(const ModelConfig& config, int64_t context) {
+  const int64_t heads = config.latent.heads;
+  const int64_t dim = config.latent.value_dim;
+  at::Tensor keys = at::randn({heads, context, dim});
+  at::Tensor values = at::randn({heads, context, dim});
+  at::Tensor query = at::randn({heads, 1, dim});
+  std::vector<double> times;
+  for (int i = 0; i < 9; ++i) {
+    const double start = Seconds();
+    for (int64_t layer = 0; layer < config.layers; ++layer) {
+      at::Tensor scores = at::matmul(query, keys.transpose(1, 2)) / std::sqrt(double(dim));
+      at::Tensor out = at::matmul(at::softmax(scores, -1), values);
+    }
+    times.push_back(Seconds() - start);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+void LongContext(bool quick, int64_t threads) {
+  // Incremental-only: cost per token at 1K and 1M (quick: 64K).
+  const ModelConfig incremental = IncrementalConfig();
+  const int64_t far = quick ? 65536 : (int64_t{1} << 20);
+  double before = 0, first_chunk = 0;
+  std::vector<GrowthPoint> points =
+      GrowAndTime(incremental, {1024, far}, threads, &before, &first_chunk);
+  bench::PrintResult("rollout", "per_token_incremental_1k", 1e3 * points[0].step_seconds, "ms");
+  bench::PrintResult("rollout", quick ? "per_token_incremental_64k" : "per_token_incremental_1m",
+                     1e3 * points[1].step_seconds, "ms", 1e3 * points[0].step_seconds);
+  // Memory: what the sequence added to the process against state + cache + the constant
+  // working set of one chunk (measured after the first chunk).
+  const double used = points[1].resident - before;
+  const double formula = rollout::SequenceBytesFormula(incremental, points[1].context, 1024) +
+                         (first_chunk - before);
+  bench::PrintResult("rollout", quick ? "memory_64k_incremental" : "memory_1m_incremental",
+                     used / (1 << 20), "MiB", formula / (1 << 20));
+
+  // Hybrid tiny against the multi-head baseline.
+  ModelConfig hybrid = LoadConfig("tiny.yaml");
+  hybrid.vision.enabled = false;
+  std::vector<int64_t> contexts = {1024, quick ? 16384 : 65536};
+  if (!quick) contexts.push_back(262144);
+  std::vector<GrowthPoint> hybrid_points = GrowAndTime(hybrid, contexts, threads, &before,
+                                                       &first_chunk);
+  const double rest = hybrid_points[0].step_seconds - FullAttentionSeconds(hybrid, 1024) *
+                                                          hybrid.CountLayers('G') /
+                                                          hybrid.layers;
+  for (size_t i = 1; i < hybrid_points.size(); ++i) {
+    const int64_t context = hybrid_points[i].context;
+    const double baseline = std::max(0.0, rest) + FullAttentionSeconds(hybrid, context);
+    bench::PrintResult("rollout",
+                       "per_token_hybrid_speedup_" + std::to_string(context / 1024) + "k",
+                       baseline / hybrid_points[i].step_seconds, "x");
+    bench::PrintResult("rollout", "per_token_hybrid_" + std::to_string(context / 1024) + "k",
+                       1e3 * hybrid_points[i].step_seconds, "ms", 1e3 * baseline);
+  }
+}
+
+}  // namespace
+}  // namespace strider
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int64_t threads = 2;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      threads = std::atoll(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: rollout_bench [--quick] [--threads N]\n");
+      return 2;
+    }
+  }
+  strider::ConfigureRuntime(threads);
+  at::NoGradGuard no_grad;
+  strider::DecodeThroughput(quick, threads);
+  strider::LongContext(quick, threads);
+  return 0;
+}
