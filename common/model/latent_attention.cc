@@ -31,7 +31,7 @@ LatentAttentionCache LatentAttentionCache::Empty(const LatentAttentionConfig& c,
 void LatentAttentionCache::Append(const at::Tensor& latent_rows, const at::Tensor& rope_rows) {
   const int64_t added = latent_rows.size(1);
   const int64_t needed = length + added;
-  if (needed > latent.size(1)) {
+  if (needed > latent.size(1) || *rows_written > length) {
     const int64_t capacity = std::max<int64_t>(needed, std::max<int64_t>(16, 2 * latent.size(1)));
     at::Tensor grown_latent =
         at::empty({latent.size(0), capacity, latent.size(2)}, latent.options());
@@ -41,10 +41,12 @@ void LatentAttentionCache::Append(const at::Tensor& latent_rows, const at::Tenso
     grown_rope.narrow(1, 0, length).copy_(rope_key.narrow(1, 0, length));
     latent = grown_latent;
     rope_key = grown_rope;
+    rows_written = std::make_shared<int64_t>(length);
   }
   latent.narrow(1, length, added).copy_(latent_rows);
   rope_key.narrow(1, length, added).copy_(rope_rows);
   length = needed;
+  *rows_written = needed;
 }
 
 at::Tensor LatentAttentionCache::Latent() const { return latent.narrow(1, 0, length); }

@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <string>
 
 #include "common/model/config.h"
@@ -46,6 +47,11 @@ struct LatentAttentionCache {
   // Undefined otherwise; a no-grad append drops them.
   at::Tensor latent_graph;    // (B, length, Dc)
   at::Tensor rope_key_graph;  // (B, length, Dr)
+  // Rows written into the storage by this cache or any copy of it. Copies of a cache (a forked
+  // InferenceState, Append's all-or-nothing working copy) share storage; a copy whose length is
+  // below this count would overwrite another copy's rows, so it moves to storage of its own first
+  // (copy on write).
+  std::shared_ptr<int64_t> rows_written = std::make_shared<int64_t>(0);
 
   static LatentAttentionCache Empty(const LatentAttentionConfig& config, int64_t batch,
                                     const at::TensorOptions& options);

@@ -156,6 +156,41 @@ TEST(Append, RejectsBadRequestsAndLeavesTheStateUsable) {
   EXPECT_LE((next_a->logits - next_b->logits).abs().max().item<double>(), 1e-5);
 }
 
+TEST(InferenceState, CopiesContinueIndependently) {
+  std::unique_ptr<Model> model = TinyModel(23);
+  at::Tensor prefix = RandomTokens(1, 20, 24);
+  at::Tensor first = RandomTokens(1, 5, 25);
+  at::Tensor second = RandomTokens(1, 5, 26);
+  Result<InferenceState> original = model->NewState(1);
+  ASSERT_TRUE(original.ok());
+  // Two appends leave spare capacity in the cache storage (doubling), so the copies below share
+  // storage with room to write in place.
+  ASSERT_TRUE(model->Append(&*original, {prefix.narrow(1, 0, 19), {}}).ok());
+  ASSERT_TRUE(model->Append(&*original, {prefix.narrow(1, 19, 1), {}}).ok());
+  // Both copies share the latent cache storage; each must see only its own continuation.
+  InferenceState copy = *original;
+  Result<ForwardOutput> original_out = model->Append(&*original, {first, {}});
+  Result<ForwardOutput> copy_out = model->Append(&copy, {second, {}});
+  Result<ForwardOutput> original_next = model->Append(&*original, {second.narrow(1, 0, 1), {}});
+  ASSERT_TRUE(original_out.ok() && copy_out.ok() && original_next.ok());
+
+  for (const at::Tensor& continuation : {first, second}) {
+    Result<InferenceState> fresh = model->NewState(1);
+    ASSERT_TRUE(fresh.ok());
+    Result<ForwardOutput> expected =
+        model->Append(&*fresh, {at::cat({prefix, continuation}, 1), {}});
+    ASSERT_TRUE(expected.ok());
+    const at::Tensor& got = continuation.equal(first) ? original_out->logits : copy_out->logits;
+    EXPECT_LE((expected->logits.narrow(1, 20, 5) - got).abs().max().item<double>(), 1e-5);
+  }
+  Result<InferenceState> fresh = model->NewState(1);
+  Result<ForwardOutput> expected =
+      model->Append(&*fresh, {at::cat({prefix, first, second.narrow(1, 0, 1)}, 1), {}});
+  ASSERT_TRUE(expected.ok());
+  EXPECT_LE((expected->logits.narrow(1, 25, 1) - original_next->logits).abs().max().item<double>(),
+            1e-5);
+}
+
 TEST(InferenceState, IncrementalStateIsConstantAndLatentCacheGrowsByTheFormula) {
   std::unique_ptr<Model> model = TinyModel(17);
   Result<InferenceState> state = model->NewState(1);
