@@ -64,7 +64,7 @@ Result<std::string> Inspector::StatsJson() {
                            store_->Get(store_->meta(), meta::kSchema));
   j["path"] = store_->path();
   j["schema_version"] = version.value_or("");
-  STRIDER_ASSIGN_OR_RETURN(uint64_t next_sequence, store_->GetCounter(meta::kNextSequence));
+  STRIDER_ASSIGN_OR_RETURN(uint64_t next_sequence, store_->NextSequence());
   j["next_sequence"] = next_sequence;
   uint64_t segments = 0;
   uint64_t oldest_ms = 0;
@@ -114,8 +114,9 @@ Result<std::string> Inspector::StatsJson() {
     table["segments"] = per_table[name].first;
     table["bytes"] = per_table[name].second;
     table["tokens"] = tokens_per_table[name];
-    STRIDER_ASSIGN_OR_RETURN(table["inserts"], store_->GetCounter(meta::TableInserts(name)));
-    STRIDER_ASSIGN_OR_RETURN(table["samples"], store_->GetCounter(meta::TableSamples(name)));
+    STRIDER_ASSIGN_OR_RETURN(table["inserts"], store_->TableInserts(name));
+    STRIDER_ASSIGN_OR_RETURN(table["samples"],
+                             store_->GetSamplingCounter(meta::TableSamples(name)));
     STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> definition,
                              store_->Get(store_->meta(), meta::TableDefinition(name)));
     if (definition) {
@@ -268,7 +269,7 @@ Result<VerifyReport> Inspector::Verify() {
               " segments but no summary");
     }
   }
-  STRIDER_ASSIGN_OR_RETURN(uint64_t next_sequence, store_->GetCounter(meta::kNextSequence));
+  STRIDER_ASSIGN_OR_RETURN(uint64_t next_sequence, store_->NextSequence());
   if (!index.empty() && next_sequence <= max_sequence) {
     problem("next_sequence " + std::to_string(next_sequence) + " is not past the largest entry " +
             std::to_string(max_sequence));

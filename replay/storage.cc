@@ -1,6 +1,8 @@
 #include "replay/storage.h"
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include <rocksdb/table.h>
 
@@ -99,6 +101,12 @@ namespace meta {
 std::string TableDefinition(const std::string& table) { return "table/" + table + "/definition"; }
 std::string TableInserts(const std::string& table) { return "table/" + table + "/inserts"; }
 std::string TableSamples(const std::string& table) { return "table/" + table + "/samples"; }
+std::string NextSequenceSlot(int slot) {
+  return std::string(kNextSequence) + std::string(1, '\0') + std::to_string(slot);
+}
+std::string TableInsertsSlot(const std::string& table, int slot) {
+  return TableInserts(table) + std::string(1, '\0') + std::to_string(slot);
+}
 std::string TimesSampled(uint64_t sequence) {
   return std::string(kTimesSampledPrefix) + EncodeU64(sequence);
 }
@@ -160,6 +168,28 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, const StoreO
     return FromRocks(status, "opening replay store " + path);
   }
   store->db_.reset(db);
+
+  // The sampling store: small writes only, so small memtables and no compression.
+  rocksdb::Options sampling_options;
+  sampling_options.create_if_missing = true;
+  sampling_options.compression = rocksdb::kNoCompression;
+  sampling_options.write_buffer_size = 4 << 20;
+  sampling_options.max_background_jobs = 1;
+  const std::string sampling_path = path + "/sampling";
+  rocksdb::DB* sampling = nullptr;
+  if (options.read_only) {
+    // A store written by an older version has none yet: its reads find nothing.
+    std::error_code error;
+    if (std::filesystem::exists(sampling_path + "/CURRENT", error)) {
+      sampling_options.create_if_missing = false;
+      status = rocksdb::DB::OpenForReadOnly(sampling_options, sampling_path, &sampling);
+      if (!status.ok()) return FromRocks(status, "opening the sampling store " + sampling_path);
+    }
+  } else {
+    status = rocksdb::DB::Open(sampling_options, sampling_path, &sampling);
+    if (!status.ok()) return FromRocks(status, "opening the sampling store " + sampling_path);
+  }
+  store->sampling_.reset(sampling);
   if (!options.read_only) {
     STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> version,
                              store->Get(store->meta(), meta::kSchema));
@@ -181,6 +211,10 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, const StoreO
 }
 
 Store::~Store() {
+  if (sampling_) {
+    sampling_->Close();
+    sampling_.reset();
+  }
   if (db_) {
     for (auto* handle : handles_) db_->DestroyColumnFamilyHandle(handle);
     db_->Close();
@@ -211,6 +245,85 @@ std::unique_ptr<rocksdb::Iterator> Store::Scan(rocksdb::ColumnFamilyHandle* fami
 Result<uint64_t> Store::GetCounter(std::string_view key) const {
   STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> value, Get(meta(), key));
   return value ? DecodeU64(*value) : 0;
+}
+
+}  // namespace strider::replay
+
+namespace strider::replay {
+
+Result<uint64_t> Store::NextSequence() const {
+  STRIDER_ASSIGN_OR_RETURN(uint64_t next, GetCounter(meta::kNextSequence));
+  const std::string prefix = std::string(meta::kNextSequence) + std::string(1, '\0');
+  auto it = Scan(meta());
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    next = std::max(next, DecodeU64(std::string_view(it->value().data(), it->value().size())));
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "reading the sequence counters");
+  return next;
+}
+
+Result<uint64_t> Store::TableInserts(const std::string& table) const {
+  STRIDER_ASSIGN_OR_RETURN(uint64_t total, GetCounter(meta::TableInserts(table)));
+  const std::string prefix = meta::TableInserts(table) + std::string(1, '\0');
+  auto it = Scan(meta());
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    total += DecodeU64(std::string_view(it->value().data(), it->value().size()));
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "reading the insert counters");
+  return total;
+}
+
+Status Store::WriteSampling(rocksdb::WriteBatch* batch) {
+  if (!sampling_) return Status::FailedPrecondition("the sampling store is not open");
+  rocksdb::WriteOptions write_options;
+  write_options.sync = options_.sync_wal;
+  return FromRocks(sampling_->Write(write_options, batch), "sampling store write");
+}
+
+Result<std::optional<std::string>> Store::GetSampling(std::string_view key) const {
+  if (!sampling_) return std::optional<std::string>();
+  std::string value;
+  rocksdb::Status status =
+      sampling_->Get(rocksdb::ReadOptions(), rocksdb::Slice(key.data(), key.size()), &value);
+  if (status.IsNotFound()) return std::optional<std::string>();
+  STRIDER_RETURN_IF_ERROR(FromRocks(status, "sampling store read"));
+  return std::optional<std::string>(std::move(value));
+}
+
+std::unique_ptr<rocksdb::Iterator> Store::ScanSampling() const {
+  if (!sampling_) return nullptr;
+  return std::unique_ptr<rocksdb::Iterator>(sampling_->NewIterator(rocksdb::ReadOptions()));
+}
+
+Result<uint64_t> Store::GetSamplingCounter(std::string_view key) const {
+  STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> value, GetSampling(key));
+  return value ? DecodeU64(*value) : 0;
+}
+
+Status Store::MigrateSamplingState() {
+  rocksdb::WriteBatch copy;
+  rocksdb::WriteBatch erase;
+  auto it = Scan(meta());
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    const std::string_view key(it->key().data(), it->key().size());
+    const bool table_samples = key.substr(0, 6) == "table/" && key.size() > 8 &&
+                               key.substr(key.size() - 8) == "/samples";
+    if (!table_samples && key.substr(0, meta::kTimesSampledPrefix.size()) !=
+                              meta::kTimesSampledPrefix &&
+        key.substr(0, meta::kPriorityPrefix.size()) != meta::kPriorityPrefix &&
+        key.substr(0, meta::kLearnerPrefix.size()) != meta::kLearnerPrefix &&
+        key.substr(0, meta::kDrawPrefix.size()) != meta::kDrawPrefix) {
+      continue;
+    }
+    copy.Put(it->key(), it->value());
+    erase.Delete(meta(), it->key());
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "scanning meta for sampling state");
+  if (copy.Count() == 0) return Status::Ok();
+  // Copy first, erase second: a crash in between leaves both copies, and the next start moves
+  // the same values again.
+  STRIDER_RETURN_IF_ERROR(WriteSampling(&copy));
+  return Write(&erase);
 }
 
 }  // namespace strider::replay

@@ -4,13 +4,23 @@
 //                 + the segment's envelope (checksummed; the bytes that arrived on the wire)
 //   trajectories  trajectory id (16) -> TrajectorySummary envelope
 //   sequence      insertion number (8, big-endian) -> IndexRecord (below)
-//   meta          text keys: schema version, counters, table definitions, sampling state
+//   meta          text keys: schema version, counters, table definitions
+//
+// Sampling state (draw records, learner positions, times-sampled counts, priorities, sample
+// counters) lives in a second, small RocksDB under <path>/sampling with its own write-ahead log.
+// A sample's durable record is then a write of a few hundred bytes to a log nobody else uses: it
+// never waits behind megabyte segment batches or a write stall of the segment store.
 //
 // The segment value starts with its sequence number so an index entry points to a segment and
 // the segment points back; `verify` checks both directions. Every change that belongs together
 // (a segment, its index entry, its trajectory summary and the counters; or a sample's draw
 // record, the learner's position and the times-sampled counts) is one WriteBatch, written with
 // the write-ahead log on, so a crash leaves all of it or none of it.
+//
+// Insert counters are written by several writer threads whose batches may reach the log in any
+// order, so each writer has its own counter key (a slot) that only it writes, in the same batch
+// as the inserts it counts: each slot is exact, and the totals are the sum (inserts) or the
+// maximum (next sequence) over the slots.
 #pragma once
 
 #include <cstdint>
@@ -60,11 +70,17 @@ inline constexpr std::string_view kSchema = "schema_version";
 inline constexpr std::string_view kNextSequence = "next_sequence";
 std::string TableDefinition(const std::string& table);  // "table/<name>/definition"
 std::string TableInserts(const std::string& table);
-std::string TableSamples(const std::string& table);
+std::string TableSamples(const std::string& table);  // in the sampling store
+// Per-writer slots of the counters above (the plain keys are read too, for older stores).
+std::string NextSequenceSlot(int slot);
+std::string TableInsertsSlot(const std::string& table, int slot);
+// The keys below live in the sampling store.
 std::string TimesSampled(uint64_t sequence);            // "sampled/" + 8-byte sequence
 std::string Priority(uint64_t sequence);                // "priority/" + 8-byte sequence
 inline constexpr std::string_view kTimesSampledPrefix = "sampled/";
 inline constexpr std::string_view kPriorityPrefix = "priority/";
+inline constexpr std::string_view kLearnerPrefix = "learner/";
+inline constexpr std::string_view kDrawPrefix = "draw/";
 // A learner's fifo position and last answered step, and the draw answered at each step.
 std::string LearnerState(const std::string& table, const std::string& learner);
 std::string Draw(const std::string& table, const std::string& learner, uint64_t step);
@@ -91,6 +107,19 @@ class Store {
 
   // A meta counter (8 bytes big-endian), 0 when absent.
   Result<uint64_t> GetCounter(std::string_view key) const;
+  // The next unused sequence number as counted (the maximum over the writer slots).
+  Result<uint64_t> NextSequence() const;
+  // Segments ever inserted into a table (the sum over the writer slots).
+  Result<uint64_t> TableInserts(const std::string& table) const;
+
+  // The sampling store (see the top of this file). In a read-only store opened before any
+  // server created it, reads find nothing.
+  Status WriteSampling(rocksdb::WriteBatch* batch);
+  Result<std::optional<std::string>> GetSampling(std::string_view key) const;
+  std::unique_ptr<rocksdb::Iterator> ScanSampling() const;  // null when there is none
+  Result<uint64_t> GetSamplingCounter(std::string_view key) const;
+  // Moves sampling state that older versions kept in `meta` into the sampling store.
+  Status MigrateSamplingState();
 
   const std::string& path() const { return path_; }
 
@@ -103,6 +132,7 @@ class Store {
   StoreOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // default, then the four above
+  std::unique_ptr<rocksdb::DB> sampling_;
 };
 
 Status FromRocks(const rocksdb::Status& status, std::string_view what);
