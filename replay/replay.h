@@ -61,9 +61,12 @@ struct ServerOptions {
   // Storage.
   bool sync_wal = false;  // also fsync the log: survives power loss, not only kill -9
   std::string compression = "lz4";
-  // Segments written per WriteBatch at most (group commit); small batches keep sample latency
-  // low while ingesting because a sample's own write waits behind the batch in the log.
+  // Segments written per WriteBatch at most. Several writers' batches are merged by RocksDB into
+  // one log write (group commit), so this bounds the work one writer does per round.
   uint64_t write_batch_bytes = 1ull << 20;
+  // Threads writing batches concurrently: RocksDB groups their writes and inserts them into the
+  // memtable in parallel, like several threads calling Put.
+  int writer_threads = 4;
   // Sample steps per learner whose answers are kept for replay after a learner restart.
   int64_t sample_log_steps = 1024;
   double stats_interval_s = 10;  // how often stats go to the log; 0: never

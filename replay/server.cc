@@ -3,13 +3,22 @@
 // Threads and what they own:
 //   actor thread    the actor ROUTER socket and a PULL socket the writer wakes it with; decodes
 //                   and validates every frame, enforces credit, queues segments, sends acks
-//   writer thread   the ingest queue, the set of stored keys and the sequence counter; groups
-//                   queued segments into WriteBatches, writes them with the log, applies
-//                   retention, and hands completed keys back to the actor thread for acking
+//   writer threads  (writer_threads of them) each take a group of queued segments, write it as
+//                   one WriteBatch with the log, publish it to the tables, apply retention, and
+//                   hand completed keys back to the actor thread for acking. Several writers let
+//                   RocksDB merge their batches into one log write and insert into the memtable
+//                   in parallel, as it does for several threads calling Put.
 //   learner thread  the learner ROUTER socket; samples, updates priorities, answers stats
+// Writers run concurrently, and RocksDB may put their batches into the log in any order, so:
+//   - a trajectory is in at most one batch in flight (busy_trajectories_): its summary is
+//     read, updated and written by one writer at a time, never overwritten by an older value;
+//   - batches are published to the tables in the order of their sequence numbers (tickets),
+//     so a fifo learner's position never passes a segment that is still being written;
+//   - counters are per writer (meta::NextSequenceSlot, meta::TableInsertsSlot).
 // The tables and the learners' sampling state are shared between writer and learner threads
 // under state_mutex_. A sample's durable record is written while holding it, so retention can
-// never delete a segment between a draw being chosen and the draw being recorded.
+// never delete a segment between a draw being chosen and the draw being recorded; it goes to
+// the sampling store's own log (replay/storage.h), so it never queues behind segment batches.
 #include <rocksdb/slice.h>
 #include <spdlog/spdlog.h>
 
@@ -141,7 +150,11 @@ class ServerImpl : public ReplayServer {
  private:
   Status Recover();
   void ActorLoop();
-  void WriterLoop();
+  void WriterLoop(int slot);
+  // Takes up to write_batch_bytes of queued segments whose trajectories no other writer holds
+  // and marks those trajectories busy. Requires queue_mutex_.
+  std::vector<PendingSegment> TakeGroup(std::vector<std::string>* trajectories);
+  void ReleaseTrajectories(const std::vector<std::string>& trajectories);
   void LearnerLoop();
 
   void HandleActorFrame(const std::string& identity, zmq::message_t frame);
@@ -150,7 +163,8 @@ class ServerImpl : public ReplayServer {
               const schema::SegmentKey* key);
   void SendAcks();
 
-  void WriteGroup(std::vector<PendingSegment>& group);
+  void WriteGroup(std::vector<PendingSegment>& group, int slot,
+                  const std::vector<std::string>& trajectories);
   void ApplyRetention();
   Status DeleteItems(const std::vector<std::pair<uint64_t, IndexRecord>>& victims);
 
@@ -170,6 +184,9 @@ class ServerImpl : public ReplayServer {
   uint64_t instance_ = 0;
   std::unique_ptr<Store> store_;
   zmq::context_t context_{1};
+  // The learner socket has its own context, so its own I/O thread: sample requests and replies
+  // never wait behind the actors' megabytes in a shared I/O thread.
+  zmq::context_t learner_context_{1};
   zmq::socket_t actor_socket_;
   zmq::socket_t learner_socket_;
   zmq::socket_t wake_receiver_;  // actor thread
@@ -177,7 +194,7 @@ class ServerImpl : public ReplayServer {
   std::string actor_endpoint_;
   std::string learner_endpoint_;
   std::thread actor_thread_;
-  std::thread writer_thread_;
+  std::vector<std::thread> writer_threads_;
   std::thread learner_thread_;
   std::atomic<bool> stopping_{false};
   std::once_flag stop_once_;
@@ -186,18 +203,27 @@ class ServerImpl : public ReplayServer {
   std::unordered_map<std::string, uint64_t> in_flight_bytes_;  // by connection identity
   std::unordered_set<std::string> greeted_;
 
-  // Ingest queue: actor thread -> writer thread.
+  // Ingest queue: actor thread -> writer threads. queue_ready_ also signals trajectories
+  // released by a writer.
   std::mutex queue_mutex_;
   std::condition_variable queue_ready_;
   std::deque<PendingSegment> queue_;
+  std::unordered_set<std::string> busy_trajectories_;  // in a batch being written
 
-  // Completions: writer thread -> actor thread.
+  // Completions: writer threads -> actor thread. Also guards wake_sender_.
   std::mutex done_mutex_;
   std::vector<Completion> done_;
 
-  // Writer thread only (after Recover).
+  // Shared by the writer threads.
+  std::mutex commit_mutex_;
   std::unordered_map<std::string, uint64_t> stored_keys_;  // segment store key -> sequence
   uint64_t next_sequence_ = 1;
+  uint64_t next_ticket_ = 0;
+  // Writer slot -> table -> inserts counted in that slot (only that writer touches its slot).
+  std::vector<std::map<std::string, uint64_t>> slot_inserts_;
+  std::mutex publish_mutex_;
+  std::condition_variable published_;
+  uint64_t next_publish_ = 0;  // the ticket whose batch is published next
 
   // Shared by writer and learner threads.
   std::mutex state_mutex_;
@@ -253,7 +279,8 @@ Status ServerImpl::Init() {
   STRIDER_ASSIGN_OR_RETURN(actor_socket_,
                            transport::MakeSocket(context_, zmq::socket_type::router, hard_limit));
   STRIDER_ASSIGN_OR_RETURN(learner_socket_,
-                           transport::MakeSocket(context_, zmq::socket_type::router, 1 << 20));
+                           transport::MakeSocket(learner_context_, zmq::socket_type::router,
+                                                 1 << 20));
   // Actors may send faster than the disk: let their pipes hold one credit's worth, no more.
   actor_socket_.set(zmq::sockopt::rcvhwm, 1000);
   actor_socket_.set(zmq::sockopt::sndhwm, 100000);
@@ -270,7 +297,9 @@ Status ServerImpl::Init() {
   STRIDER_RETURN_IF_ERROR(transport::Bind(wake_receiver_, wake).status());
   STRIDER_RETURN_IF_ERROR(transport::Connect(wake_sender_, wake));
 
-  writer_thread_ = std::thread([this] { WriterLoop(); });
+  for (int slot = 0; slot < options_.writer_threads; ++slot) {
+    writer_threads_.emplace_back([this, slot] { WriterLoop(slot); });
+  }
   actor_thread_ = std::thread([this] { ActorLoop(); });
   learner_thread_ = std::thread([this] { LearnerLoop(); });
   spdlog::info("replay server: store {}, actors on {}, learners on {}, {} table(s)",
@@ -279,15 +308,21 @@ Status ServerImpl::Init() {
 }
 
 Status ServerImpl::Recover() {
-  STRIDER_ASSIGN_OR_RETURN(next_sequence_, store_->GetCounter(meta::kNextSequence));
+  STRIDER_RETURN_IF_ERROR(store_->MigrateSamplingState());
+  STRIDER_ASSIGN_OR_RETURN(next_sequence_, store_->NextSequence());
   if (next_sequence_ == 0) next_sequence_ = 1;
+  if (options_.writer_threads < 1) options_.writer_threads = 1;
+  slot_inserts_.resize(options_.writer_threads);
   rocksdb::WriteBatch definitions;
   std::map<std::string, Table*> by_name;
   for (const TableConfig& config : options_.tables) {
-    STRIDER_ASSIGN_OR_RETURN(uint64_t inserts,
-                             store_->GetCounter(meta::TableInserts(config.name)));
+    STRIDER_ASSIGN_OR_RETURN(uint64_t inserts, store_->TableInserts(config.name));
+    for (int slot = 0; slot < options_.writer_threads; ++slot) {
+      STRIDER_ASSIGN_OR_RETURN(slot_inserts_[slot][config.name],
+                               store_->GetCounter(meta::TableInsertsSlot(config.name, slot)));
+    }
     STRIDER_ASSIGN_OR_RETURN(uint64_t samples,
-                             store_->GetCounter(meta::TableSamples(config.name)));
+                             store_->GetSamplingCounter(meta::TableSamples(config.name)));
     tables_.push_back(std::make_unique<Table>(config, inserts, samples, instance_));
     by_name[config.name] = tables_.back().get();
     definitions.Put(store_->meta(), meta::TableDefinition(config.name), TableConfigJson(config));
@@ -296,7 +331,7 @@ Status ServerImpl::Recover() {
 
   std::unordered_map<uint64_t, uint32_t> times_sampled;
   std::unordered_map<uint64_t, double> priorities;
-  auto it = store_->Scan(store_->meta());
+  auto it = store_->ScanSampling();
   for (it->Seek(std::string(meta::kTimesSampledPrefix)); it->Valid(); it->Next()) {
     const std::string_view key(it->key().data(), it->key().size());
     if (key.substr(0, meta::kTimesSampledPrefix.size()) != meta::kTimesSampledPrefix) break;
@@ -356,7 +391,10 @@ void ServerImpl::Stop() {
     queue_ready_.notify_all();
     if (actor_thread_.joinable()) actor_thread_.join();
     if (learner_thread_.joinable()) learner_thread_.join();
-    if (writer_thread_.joinable()) writer_thread_.join();
+    queue_ready_.notify_all();
+    for (std::thread& writer : writer_threads_) {
+      if (writer.joinable()) writer.join();
+    }
     actor_socket_.close();
     learner_socket_.close();
     wake_receiver_.close();
@@ -533,153 +571,203 @@ void ServerImpl::ActorLoop() {
 
 // --------------------------------------------------------------------------- writer thread
 
-void ServerImpl::WriterLoop() {
+std::vector<PendingSegment> ServerImpl::TakeGroup(std::vector<std::string>* trajectories) {
+  std::vector<PendingSegment> group;
+  std::unordered_set<std::string> mine;
+  std::unordered_set<std::string> passed;  // held elsewhere: later segments of it wait too
+  uint64_t bytes = 0;
+  // A bounded look-ahead: the queue holds at most a credit's worth per connection.
+  size_t looked = 0;
+  for (auto it = queue_.begin(); it != queue_.end() && looked < 4096; ++looked) {
+    std::string trajectory(it->facts.key.trajectory.View());
+    if (!mine.count(trajectory) &&
+        (busy_trajectories_.count(trajectory) || passed.count(trajectory))) {
+      passed.insert(std::move(trajectory));
+      ++it;
+      continue;
+    }
+    if (!group.empty() && bytes + it->frame.size() > options_.write_batch_bytes) break;
+    bytes += it->frame.size();
+    group.push_back(std::move(*it));
+    it = queue_.erase(it);
+    mine.insert(std::move(trajectory));
+  }
+  for (const std::string& trajectory : mine) {
+    busy_trajectories_.insert(trajectory);
+    trajectories->push_back(trajectory);
+  }
+  return group;
+}
+
+void ServerImpl::ReleaseTrajectories(const std::vector<std::string>& trajectories) {
+  if (trajectories.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    for (const std::string& trajectory : trajectories) busy_trajectories_.erase(trajectory);
+  }
+  queue_ready_.notify_all();
+}
+
+void ServerImpl::WriterLoop(int slot) {
   auto next_age_check = Clock::now();
   while (true) {
     std::vector<PendingSegment> group;
+    std::vector<std::string> trajectories;
     {
       std::unique_lock<std::mutex> lock(queue_mutex_);
       queue_ready_.wait_for(lock, std::chrono::milliseconds(200),
                             [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty() && stopping_) return;
-      uint64_t bytes = 0;
-      while (!queue_.empty() && (group.empty() || bytes + queue_.front().frame.size() <=
-                                                      options_.write_batch_bytes)) {
-        bytes += queue_.front().frame.size();
-        group.push_back(std::move(queue_.front()));
-        queue_.pop_front();
+      group = TakeGroup(&trajectories);
+      if (group.empty() && !queue_.empty()) {
+        // Everything queued belongs to trajectories other writers hold: wait for a release.
+        queue_ready_.wait_for(lock, std::chrono::milliseconds(5));
       }
     }
-    if (!group.empty()) WriteGroup(group);
-    if (Clock::now() >= next_age_check) {
+    if (!group.empty()) WriteGroup(group, slot, trajectories);
+    if (slot == 0 && Clock::now() >= next_age_check) {
       ApplyRetention();
       next_age_check = Clock::now() + std::chrono::seconds(1);
     }
   }
 }
 
-void ServerImpl::WriteGroup(std::vector<PendingSegment>& group) {
-  rocksdb::WriteBatch batch;
+void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
+                            const std::vector<std::string>& trajectories) {
   const uint64_t now_ms = NowUnixMs();
   struct Stored {
     uint64_t sequence;
     const PendingSegment* segment;
+    std::string store_key;
   };
   std::vector<Stored> stored;
-  std::unordered_map<std::string, uint64_t> new_keys;
-  std::map<std::string, schema::TrajectorySummary> summaries;  // by trajectory id bytes
-  std::map<std::string, uint64_t> inserts;                     // by table
-  std::vector<std::string> sequence_prefixes;  // keep the 8-byte prefixes alive until Write
-  sequence_prefixes.reserve(group.size());
-  std::string error;
-
-  for (const PendingSegment& p : group) {
-    const std::string store_key = SegmentStoreKey(p.facts.key);
-    if (stored_keys_.count(store_key) || new_keys.count(store_key)) {
-      duplicates_++;
-      continue;
-    }
-    const uint64_t sequence = next_sequence_++;
-    new_keys[store_key] = sequence;
-    stored.push_back({sequence, &p});
-    sequence_prefixes.push_back(EncodeU64(sequence));
-    // The segment value is the sequence number followed by the envelope as received; SliceParts
-    // avoids concatenating megabytes.
-    rocksdb::Slice key_slice(store_key);
-    rocksdb::Slice value_parts[2] = {
-        rocksdb::Slice(sequence_prefixes.back()),
-        rocksdb::Slice(static_cast<const char*>(p.frame.data()), p.frame.size())};
-    batch.Put(store_->segments(), rocksdb::SliceParts(&key_slice, 1),
-              rocksdb::SliceParts(value_parts, 2));
-    IndexRecord record;
-    record.key = p.facts.key;
-    record.min_policy_version = p.facts.min_policy_version;
-    record.max_policy_version = p.facts.max_policy_version;
-    record.bytes = p.frame.size();
-    record.tokens = p.facts.tokens;
-    record.insert_unix_ms = now_ms;
-    record.table = p.facts.table;
-    batch.Put(store_->sequence(), SequenceKey(sequence), EncodeIndexRecord(record));
-
-    const std::string trajectory(p.facts.key.trajectory.View());
-    auto summary_it = summaries.find(trajectory);
-    if (summary_it == summaries.end()) {
-      schema::TrajectorySummary summary;
-      Result<std::optional<std::string>> existing = store_->Get(store_->trajectories(), trajectory);
-      if (existing.ok() && existing->has_value()) {
-        Result<schema::TrajectorySummary> decoded = schema::DecodeTrajectorySummary(**existing);
-        if (decoded.ok()) summary = *decoded;
+  uint64_t ticket = 0;
+  {
+    // Sequence numbers and tickets in one order. No other writer holds these trajectories, so
+    // no other writer can be storing these keys right now: stored_keys_ is exact for them.
+    std::lock_guard<std::mutex> lock(commit_mutex_);
+    std::unordered_set<std::string> in_group;
+    for (const PendingSegment& p : group) {
+      std::string store_key = SegmentStoreKey(p.facts.key);
+      if (stored_keys_.count(store_key) || !in_group.insert(store_key).second) {
+        duplicates_++;  // stored by an earlier batch (or this one): already in the log
+        continue;
       }
-      if (summary.segments_stored == 0) {
-        summary.trajectory_id = p.facts.key.trajectory;
-        summary.first_insert_unix_ms = now_ms;
-        summary.min_policy_version = p.facts.min_policy_version;
-      }
-      summary_it = summaries.emplace(trajectory, summary).first;
+      stored.push_back({next_sequence_++, &p, std::move(store_key)});
     }
-    schema::TrajectorySummary& s = summary_it->second;
-    s.env = p.facts.env;
-    s.table = p.facts.table;
-    s.min_policy_version = s.segments_stored == 0
-                               ? p.facts.min_policy_version
-                               : std::min(s.min_policy_version, p.facts.min_policy_version);
-    s.max_policy_version = std::max(s.max_policy_version, p.facts.max_policy_version);
-    s.segments_stored += 1;
-    s.tokens += p.facts.tokens;
-    s.steps += p.facts.steps;
-    s.process_reward_sum += p.facts.process_reward_sum;
-    if (p.facts.is_last) {
-      s.complete = true;
-      s.outcome_reward = p.facts.outcome_reward;
-    }
-    inserts[p.facts.table] += 1;
+    if (!stored.empty()) ticket = next_ticket_++;
   }
 
-  std::map<std::string, uint64_t> insert_totals;
+  std::string error;
+  std::map<std::string, uint64_t> inserts;  // by table
   if (!stored.empty()) {
+    rocksdb::WriteBatch batch;
+    std::map<std::string, schema::TrajectorySummary> summaries;  // by trajectory id bytes
+    std::vector<std::string> sequence_prefixes;  // the 8-byte prefixes must outlive Write
+    sequence_prefixes.reserve(stored.size());
+    for (const Stored& st : stored) {
+      const PendingSegment& p = *st.segment;
+      sequence_prefixes.push_back(EncodeU64(st.sequence));
+      // The segment value is the sequence number followed by the envelope as received;
+      // SliceParts avoids concatenating megabytes.
+      rocksdb::Slice key_slice(st.store_key);
+      rocksdb::Slice value_parts[2] = {
+          rocksdb::Slice(sequence_prefixes.back()),
+          rocksdb::Slice(static_cast<const char*>(p.frame.data()), p.frame.size())};
+      batch.Put(store_->segments(), rocksdb::SliceParts(&key_slice, 1),
+                rocksdb::SliceParts(value_parts, 2));
+      IndexRecord record;
+      record.key = p.facts.key;
+      record.min_policy_version = p.facts.min_policy_version;
+      record.max_policy_version = p.facts.max_policy_version;
+      record.bytes = p.frame.size();
+      record.tokens = p.facts.tokens;
+      record.insert_unix_ms = now_ms;
+      record.table = p.facts.table;
+      batch.Put(store_->sequence(), SequenceKey(st.sequence), EncodeIndexRecord(record));
+
+      // This writer holds the trajectory, so the stored summary is the latest one.
+      const std::string trajectory(p.facts.key.trajectory.View());
+      auto summary_it = summaries.find(trajectory);
+      if (summary_it == summaries.end()) {
+        schema::TrajectorySummary summary;
+        Result<std::optional<std::string>> existing =
+            store_->Get(store_->trajectories(), trajectory);
+        if (existing.ok() && existing->has_value()) {
+          Result<schema::TrajectorySummary> decoded = schema::DecodeTrajectorySummary(**existing);
+          if (decoded.ok()) summary = *decoded;
+        }
+        if (summary.segments_stored == 0) {
+          summary.trajectory_id = p.facts.key.trajectory;
+          summary.first_insert_unix_ms = now_ms;
+          summary.min_policy_version = p.facts.min_policy_version;
+        }
+        summary_it = summaries.emplace(trajectory, summary).first;
+      }
+      schema::TrajectorySummary& s = summary_it->second;
+      s.env = p.facts.env;
+      s.table = p.facts.table;
+      s.min_policy_version = s.segments_stored == 0
+                                 ? p.facts.min_policy_version
+                                 : std::min(s.min_policy_version, p.facts.min_policy_version);
+      s.max_policy_version = std::max(s.max_policy_version, p.facts.max_policy_version);
+      s.segments_stored += 1;
+      s.tokens += p.facts.tokens;
+      s.steps += p.facts.steps;
+      s.process_reward_sum += p.facts.process_reward_sum;
+      if (p.facts.is_last) {
+        s.complete = true;
+        s.outcome_reward = p.facts.outcome_reward;
+      }
+      inserts[p.facts.table] += 1;
+    }
     for (const auto& [trajectory, summary] : summaries) {
       batch.Put(store_->trajectories(), trajectory, schema::EncodeTrajectorySummary(summary));
     }
-    {
-      // Counters are read under the state lock (the learner thread reads tables too).
-      std::lock_guard<std::mutex> lock(state_mutex_);
-      for (const auto& [table, count] : inserts) {
-        Table* t = FindTable(table);
-        insert_totals[table] = (t ? t->inserts() : 0) + count;
-      }
+    // This writer's own counter slots: only it writes them, one batch after another, so each
+    // slot is exact whatever order the writers' batches reach the log in.
+    std::map<std::string, uint64_t>& slot_inserts = slot_inserts_[slot];
+    for (const auto& [table, count] : inserts) {
+      batch.Put(store_->meta(), meta::TableInsertsSlot(table, slot),
+                EncodeU64(slot_inserts[table] + count));
     }
-    for (const auto& [table, total] : insert_totals) {
-      batch.Put(store_->meta(), meta::TableInserts(table), EncodeU64(total));
-    }
-    batch.Put(store_->meta(), std::string(meta::kNextSequence), EncodeU64(next_sequence_));
+    batch.Put(store_->meta(), meta::NextSequenceSlot(slot), EncodeU64(stored.back().sequence + 1));
     Status status = store_->Write(&batch);
-    if (!status.ok()) {
-      // Nothing of the group is durable: undo the sequence numbers and tell the clients; they
-      // resend after their ack timeout.
+    if (status.ok()) {
+      for (const auto& [table, count] : inserts) slot_inserts[table] += count;
+      std::lock_guard<std::mutex> lock(commit_mutex_);
+      for (const Stored& st : stored) stored_keys_[st.store_key] = st.sequence;
+    } else {
+      // Nothing of the group is durable: tell the clients, they resend after their ack
+      // timeout. Its sequence numbers stay unused (gaps are allowed).
       write_errors_++;
       error = status.ToString();
       spdlog::error("replay server: {}", error);
-      next_sequence_ -= stored.size();
     }
-  }
 
-  if (error.empty()) {
-    for (auto& [key, sequence] : new_keys) stored_keys_[key] = sequence;
-    std::lock_guard<std::mutex> lock(state_mutex_);
-    for (const Stored& s : stored) {
-      Table* table = FindTable(s.segment->facts.table);
-      if (table == nullptr) continue;
-      ItemInfo info;
-      info.min_policy_version = s.segment->facts.min_policy_version;
-      info.max_policy_version = s.segment->facts.max_policy_version;
-      info.bytes = s.segment->frame.size();
-      info.insert_unix_ms = now_ms;
-      info.priority = table->config().sampler.default_priority;
-      table->Insert(s.sequence, info, /*counted=*/true);
-      segments_stored_++;
-      bytes_stored_ += info.bytes;
+    // Publish in ticket order, so the tables see sequence numbers in increasing order.
+    std::unique_lock<std::mutex> publish(publish_mutex_);
+    published_.wait(publish, [&] { return next_publish_ == ticket; });
+    if (error.empty()) {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      for (const Stored& st : stored) {
+        Table* table = FindTable(st.segment->facts.table);
+        if (table == nullptr) continue;
+        ItemInfo info;
+        info.min_policy_version = st.segment->facts.min_policy_version;
+        info.max_policy_version = st.segment->facts.max_policy_version;
+        info.bytes = st.segment->frame.size();
+        info.insert_unix_ms = now_ms;
+        info.priority = table->config().sampler.default_priority;
+        table->Insert(st.sequence, info, /*counted=*/true);
+        segments_stored_++;
+        bytes_stored_ += info.bytes;
+      }
     }
+    ++next_publish_;
+    published_.notify_all();
   }
+  ReleaseTrajectories(trajectories);
 
   // Retention before the acks, so a client that saw its ack also sees the bound respected.
   if (!stored.empty() && error.empty()) ApplyRetention();
@@ -688,8 +776,8 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group) {
     for (const PendingSegment& p : group) {
       done_.push_back({p.identity, p.facts.key, p.frame.size(), error});
     }
+    (void)transport::SendParts(wake_sender_, {std::string_view("w", 1)}, true);
   }
-  (void)transport::SendParts(wake_sender_, {std::string_view("w", 1)}, true);
 }
 
 void ServerImpl::ApplyRetention() {
@@ -711,45 +799,75 @@ void ServerImpl::ApplyRetention() {
 }
 
 Status ServerImpl::DeleteItems(const std::vector<std::pair<uint64_t, IndexRecord>>& victims) {
-  rocksdb::WriteBatch batch;
-  std::map<std::string, schema::TrajectorySummary> summaries;
-  std::vector<std::string> forgotten;
+  // Index records first: they name the trajectories whose summaries change.
+  std::vector<std::pair<uint64_t, IndexRecord>> records;
+  std::unordered_set<std::string> wanted;
   for (const auto& [sequence, unused] : victims) {
     STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> raw,
                              store_->Get(store_->sequence(), SequenceKey(sequence)));
     if (!raw) continue;
     STRIDER_ASSIGN_OR_RETURN(IndexRecord record, DecodeIndexRecord(*raw));
-    const std::string store_key = SegmentStoreKey(record.key);
-    batch.Delete(store_->segments(), store_key);
-    batch.Delete(store_->sequence(), SequenceKey(sequence));
-    batch.Delete(store_->meta(), meta::TimesSampled(sequence));
-    batch.Delete(store_->meta(), meta::Priority(sequence));
-    forgotten.push_back(store_key);
-    const std::string trajectory(record.key.trajectory.View());
-    auto it = summaries.find(trajectory);
-    if (it == summaries.end()) {
-      STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> existing,
-                               store_->Get(store_->trajectories(), trajectory));
-      schema::TrajectorySummary summary;
-      if (existing) {
-        STRIDER_ASSIGN_OR_RETURN(summary, schema::DecodeTrajectorySummary(*existing));
+    wanted.insert(std::string(record.key.trajectory.View()));
+    records.push_back({sequence, std::move(record)});
+  }
+  // Hold those trajectories like a writer does, so no insert batch rewrites their summaries
+  // at the same time. Whoever holds them now is writing and never waits for retention.
+  std::vector<std::string> trajectories(wanted.begin(), wanted.end());
+  {
+    std::unique_lock<std::mutex> lock(queue_mutex_);
+    queue_ready_.wait(lock, [&] {
+      return std::none_of(trajectories.begin(), trajectories.end(), [&](const std::string& t) {
+        return busy_trajectories_.count(t) > 0;
+      });
+    });
+    for (const std::string& t : trajectories) busy_trajectories_.insert(t);
+  }
+  Status status = [&]() -> Status {
+    rocksdb::WriteBatch batch;
+    rocksdb::WriteBatch sampling;
+    std::map<std::string, schema::TrajectorySummary> summaries;
+    std::vector<std::string> forgotten;
+    for (const auto& [sequence, record] : records) {
+      const std::string store_key = SegmentStoreKey(record.key);
+      batch.Delete(store_->segments(), store_key);
+      batch.Delete(store_->sequence(), SequenceKey(sequence));
+      sampling.Delete(meta::TimesSampled(sequence));
+      sampling.Delete(meta::Priority(sequence));
+      forgotten.push_back(store_key);
+      const std::string trajectory(record.key.trajectory.View());
+      auto it = summaries.find(trajectory);
+      if (it == summaries.end()) {
+        STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> existing,
+                                 store_->Get(store_->trajectories(), trajectory));
+        schema::TrajectorySummary summary;
+        if (existing) {
+          STRIDER_ASSIGN_OR_RETURN(summary, schema::DecodeTrajectorySummary(*existing));
+        }
+        it = summaries.emplace(trajectory, summary).first;
       }
-      it = summaries.emplace(trajectory, summary).first;
+      it->second.segments_stored -= std::min<uint32_t>(it->second.segments_stored, 1);
+      it->second.tokens -= std::min(it->second.tokens, record.tokens);
     }
-    it->second.segments_stored -= std::min<uint32_t>(it->second.segments_stored, 1);
-    it->second.tokens -= std::min(it->second.tokens, record.tokens);
-  }
-  for (const auto& [trajectory, summary] : summaries) {
-    if (summary.segments_stored == 0) {
-      batch.Delete(store_->trajectories(), trajectory);
-    } else {
-      batch.Put(store_->trajectories(), trajectory, schema::EncodeTrajectorySummary(summary));
+    for (const auto& [trajectory, summary] : summaries) {
+      if (summary.segments_stored == 0) {
+        batch.Delete(store_->trajectories(), trajectory);
+      } else {
+        batch.Put(store_->trajectories(), trajectory, schema::EncodeTrajectorySummary(summary));
+      }
     }
-  }
-  STRIDER_RETURN_IF_ERROR(store_->Write(&batch));
-  for (const std::string& key : forgotten) stored_keys_.erase(key);
-  deleted_segments_ += forgotten.size();
-  return Status::Ok();
+    STRIDER_RETURN_IF_ERROR(store_->Write(&batch));
+    {
+      std::lock_guard<std::mutex> lock(commit_mutex_);
+      for (const std::string& key : forgotten) stored_keys_.erase(key);
+    }
+    deleted_segments_ += forgotten.size();
+    // Sampling state of deleted segments is dead weight, never wrong: sequence numbers are not
+    // reused, and recovery only looks it up for stored segments. A crash before this write
+    // leaves it behind harmlessly.
+    return store_->WriteSampling(&sampling);
+  }();
+  ReleaseTrajectories(trajectories);
+  return status;
 }
 
 // -------------------------------------------------------------------------- learner thread
@@ -769,7 +887,7 @@ Result<LearnerState> ServerImpl::LoadLearnerState(const std::string& table,
   if (it != learners_.end()) return it->second;
   LearnerState state;
   STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> raw,
-                           store_->Get(store_->meta(), meta::LearnerState(table, learner)));
+                           store_->GetSampling(meta::LearnerState(table, learner)));
   if (raw && raw->size() == 16) {
     state.last_step = DecodeU64(raw->substr(0, 8));
     state.fifo_position = DecodeU64(raw->substr(8, 8));
@@ -799,7 +917,7 @@ schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Sta
     }
     LearnerState state = *loaded;
     const std::string draw_key = meta::Draw(name, request.learner_id, request.step);
-    Result<std::optional<std::string>> previous = store_->Get(store_->meta(), draw_key);
+    Result<std::optional<std::string>> previous = store_->GetSampling(draw_key);
     if (!previous.ok()) {
       *error = previous.status();
       return reply;
@@ -833,20 +951,19 @@ schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Sta
         encoded += EncodeU64(item);
         state.fifo_position = std::max(state.fifo_position, item);
         const ItemInfo* info = table->Find(item);
-        batch.Put(store_->meta(), meta::TimesSampled(item),
-                  EncodeU64(info ? info->times_sampled : 1));
+        batch.Put(meta::TimesSampled(item), EncodeU64(info ? info->times_sampled : 1));
       }
       state.last_step = request.step;
-      batch.Put(store_->meta(), draw_key, encoded);
-      batch.Put(store_->meta(), meta::LearnerState(name, request.learner_id),
+      batch.Put(draw_key, encoded);
+      batch.Put(meta::LearnerState(name, request.learner_id),
                 EncodeU64(state.last_step) + EncodeU64(state.fifo_position));
-      batch.Put(store_->meta(), meta::TableSamples(name), EncodeU64(table->samples()));
+      batch.Put(meta::TableSamples(name), EncodeU64(table->samples()));
       if (request.step > static_cast<uint64_t>(options_.sample_log_steps)) {
-        batch.Delete(store_->meta(),
-                     meta::Draw(name, request.learner_id,
+        batch.Delete(meta::Draw(name, request.learner_id,
                                 request.step - static_cast<uint64_t>(options_.sample_log_steps)));
       }
-      Status written = store_->Write(&batch);
+      // The sampling store's own log: a few hundred bytes that never wait behind segments.
+      Status written = store_->WriteSampling(&batch);
       if (!written.ok()) {
         // The draw already counted in memory; it is not durable, so the learner retries and may
         // get different items. Logged as a storage failure.
@@ -892,10 +1009,10 @@ Status ServerImpl::UpdatePriorities(const schema::PriorityUpdate& update) {
   for (size_t i = 0; i < update.sequences.size(); ++i) {
     // Items deleted by retention since the learner sampled them are skipped, not errors.
     if (!table->SetPriority(update.sequences[i], update.priorities[i]).ok()) continue;
-    batch.Put(store_->meta(), meta::Priority(update.sequences[i]),
+    batch.Put(meta::Priority(update.sequences[i]),
               std::string(reinterpret_cast<const char*>(&update.priorities[i]), sizeof(double)));
   }
-  return store_->Write(&batch);
+  return store_->WriteSampling(&batch);
 }
 
 void ServerImpl::HandleLearnerFrame(const std::string& identity, const zmq::message_t& frame) {
@@ -1045,10 +1162,12 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   int64_t max_message_bytes = static_cast<int64_t>(options.max_message_bytes);
   int64_t credit_bytes = static_cast<int64_t>(options.credit_bytes);
   int64_t write_batch_bytes = static_cast<int64_t>(options.write_batch_bytes);
+  int64_t writer_threads = options.writer_threads;
   int64_t max_token_id = options.max_token_id;
   server.Optional("max_message_bytes", &max_message_bytes);
   server.Optional("credit_bytes", &credit_bytes);
   server.Optional("write_batch_bytes", &write_batch_bytes);
+  server.Optional("writer_threads", &writer_threads);
   server.Optional("max_token_id", &max_token_id);
   server.Optional("sync_wal", &options.sync_wal);
   server.Optional("compression", &options.compression);
@@ -1058,6 +1177,8 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   server.Check(credit_bytes >= max_message_bytes, "credit_bytes",
                "must be at least max_message_bytes");
   server.Check(write_batch_bytes >= 1, "write_batch_bytes", "must be positive");
+  server.Check(writer_threads >= 1 && writer_threads <= 64, "writer_threads",
+               "must be in [1, 64]");
   server.Check(max_token_id >= 1 && max_token_id <= INT32_MAX, "max_token_id",
                "must be in [1, 2^31)");
   server.Check(options.compression == "lz4" || options.compression == "zstd" ||
@@ -1068,6 +1189,7 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   options.max_message_bytes = static_cast<uint64_t>(max_message_bytes);
   options.credit_bytes = static_cast<uint64_t>(credit_bytes);
   options.write_batch_bytes = static_cast<uint64_t>(write_batch_bytes);
+  options.writer_threads = static_cast<int>(writer_threads);
   options.max_token_id = static_cast<int32_t>(max_token_id);
   std::set<std::string> names;
   for (ConfigReader& table : root.List("tables")) {
