@@ -7,6 +7,7 @@
 //
 //   replay_bench [--quick]
 #include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -71,6 +72,18 @@ std::vector<Frame> MakeFrames(size_t target_bytes, size_t count, uint64_t seed) 
   return frames;
 }
 
+// PrintResult plus a "baseline_is" field saying what the baseline is.
+void PrintWithBaseline(const std::string& metric, double value, const std::string& unit,
+                       double baseline, const std::string& baseline_is) {
+  const double ratio = baseline != 0 ? value / baseline : 0;
+  std::printf("{\"bench\":\"replay_bench\",\"metric\":%s,\"value\":%s,\"unit\":%s,"
+              "\"baseline\":%s,\"ratio\":%s,\"baseline_is\":%s}\n",
+              JsonString(metric).c_str(), JsonNumber(value).c_str(), JsonString(unit).c_str(),
+              JsonNumber(baseline).c_str(), JsonNumber(ratio).c_str(),
+              JsonString(baseline_is).c_str());
+  std::fflush(stdout);
+}
+
 double MegabytesPerSecond(uint64_t bytes, Clock::duration elapsed) {
   return static_cast<double>(bytes) / 1e6 / std::chrono::duration<double>(elapsed).count();
 }
@@ -81,8 +94,10 @@ uint64_t TotalBytes(const std::vector<Frame>& frames) {
   return total;
 }
 
-// 4 threads putting the frames (the same values the server stores) into a fresh RocksDB with
-// the options the store uses, WAL on, no sync: the ceiling for ingest.
+// 4 threads putting the frames into a fresh RocksDB with the options the store uses
+// (Store::MakeOptions: same compression, memtables, background jobs, pipelined writes), WAL on,
+// no sync, as the server writes them: the same 20-byte keys and the same values (the 8-byte
+// sequence number followed by the envelope). The ceiling for ingest.
 double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) {
   std::filesystem::remove_all(dir);
   rocksdb::Options options = replay::Store::MakeOptions(replay::StoreOptions());
@@ -98,9 +113,15 @@ double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) 
   for (int a = 0; a < kActors; ++a) {
     threads.emplace_back([&, a] {
       rocksdb::WriteOptions write;
+      write.sync = replay::StoreOptions().sync_wal;
       for (size_t i = a; i < frames.size(); i += kActors) {
         const std::string key = replay::SegmentStoreKey(frames[i].key);
-        (void)db->Put(write, key, frames[i].bytes);
+        const std::string sequence = replay::EncodeU64(i + 1);
+        rocksdb::Slice key_slice(key);
+        rocksdb::Slice value_parts[2] = {rocksdb::Slice(sequence), rocksdb::Slice(frames[i].bytes)};
+        rocksdb::WriteBatch batch;
+        batch.Put(rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(value_parts, 2));
+        (void)db->Write(write, &batch);
       }
     });
   }
@@ -278,18 +299,23 @@ int main(int argc, char** argv) {
       return v[v.size() / 2];
     };
     const double ingest = median(ours);
-    PrintResult("replay_bench", "ingest_" + label + "_4_actors", ingest, "MB/s", median(raw_rates));
-    PrintResult("replay_bench", "stream_" + label + "_4_actors", ingest, "MB/s", median(zmq_rates));
+    PrintWithBaseline("ingest_" + label + "_4_actors", ingest, "MB/s", median(raw_rates),
+                      "raw RocksDB puts of the same keys and values, 4 threads, Store::MakeOptions "
+                      "(lz4, WAL on, no sync), random tokens, same run, median of " +
+                          std::to_string(repeats));
+    PrintWithBaseline("stream_" + label + "_4_actors", ingest, "MB/s", median(zmq_rates),
+                      "raw ZeroMQ PUSH/PULL of the same frames over tcp loopback, 4 senders, "
+                      "same run, median of " + std::to_string(repeats));
   }
   {
     const std::vector<Frame> prefill = MakeFrames(64 << 10, quick ? 64 : 512, 1);
     const std::vector<Frame> load = MakeFrames(64 << 10, quick ? 256 : 2048, 2);
     Latency latency =
         SampleLatencyUnderIngest(prefill, load, quick ? 200 : 1000, dir + "_latency");
-    PrintResult("replay_bench", "sample_latency_p50_64KiB_under_ingest", latency.p50_ms, "ms",
-                5.0);
-    PrintResult("replay_bench", "sample_latency_p99_64KiB_under_ingest", latency.p99_ms, "ms",
-                5.0);
+    const std::string target = "the 5 ms target; measured at the client over " +
+                               std::to_string(latency.samples) + " one-segment samples";
+    PrintWithBaseline("sample_latency_p50_64KiB_under_ingest", latency.p50_ms, "ms", 5.0, target);
+    PrintWithBaseline("sample_latency_p99_64KiB_under_ingest", latency.p99_ms, "ms", 5.0, target);
   }
   return 0;
 }
