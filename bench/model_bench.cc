@@ -693,7 +693,7 @@ Options ParseOptions(int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace strider;
   const Options options = ParseOptions(argc, argv);
-  ConfigureThreads(options.threads);
+  ConfigureRuntime(options.threads);
   at::manual_seed(0);
   const double start = Seconds();
   if (options.only.empty() || options.only == "cache") RunCache(options);
