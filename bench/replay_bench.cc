@@ -9,6 +9,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -277,6 +278,12 @@ int main(int argc, char** argv) {
   using namespace strider::bench;
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   spdlog::set_level(spdlog::level::warn);
+  // Keep freed buffers (64 KiB - 1 MiB frames, RocksDB and ZeroMQ buffers) in the heap instead
+  // of returning them with munmap: every munmap takes the process-wide mmap lock and every fresh
+  // page faults, which stalls all threads, the sampling ones included. Applies to the baselines
+  // and the server alike.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("replay_bench_" + std::to_string(::getpid())))
           .string();
