@@ -18,5 +18,6 @@ int ReportError(const Status& status);
 
 void AddModelCommands(CLI::App& app, int& exit_code);
 void AddReplayCommands(CLI::App& app, int& exit_code);
+void AddPretrainCommands(CLI::App& app, int& exit_code);
 
 }  // namespace strider::cli

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   int exit_code = strider::cli::kExitOk;
   strider::cli::AddModelCommands(app, exit_code);
   strider::cli::AddReplayCommands(app, exit_code);
+  strider::cli::AddPretrainCommands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -1,0 +1,158 @@
+// `strider pretrain`, `strider learner` (mode: pretrain; rl follows with the RL learner) and
+// `strider data build` (DESIGN.md sections 7 and 8).
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "learner/data/builder.h"
+#include "learner/data/generators.h"
+#include "learner/pretrain.h"
+#include "learner/pretrain_config.h"
+
+namespace strider::cli {
+namespace {
+
+struct PretrainFlags {
+  std::string config;
+  std::string run_dir = "runs/pretrain";
+  std::string resume;
+  int64_t stages = -1;
+  int64_t max_steps = -1;
+};
+
+int RunPretrain(const PretrainFlags& flags) {
+  Result<PretrainConfig> config = LoadPretrainConfig(flags.config);
+  if (!config.ok()) return ReportError(config.status());
+  PretrainOptions options;
+  options.run_dir = flags.run_dir;
+  options.resume = flags.resume;
+  options.stages = flags.stages;
+  options.max_steps_per_stage = flags.max_steps;
+  Result<std::vector<StageSummary>> summaries = RunPretraining(*config, options);
+  if (!summaries.ok()) return ReportError(summaries.status());
+  for (const StageSummary& s : *summaries) {
+    nlohmann::ordered_json json = {{"stage", s.stage},
+                                   {"steps", s.steps},
+                                   {"tokens", s.tokens},
+                                   {"seconds", s.seconds},
+                                   {"first_loss", s.first_loss},
+                                   {"last_loss", s.last_loss},
+                                   {"max_violation_after_warmup", s.max_violation_after_warmup}};
+    std::cout << json.dump() << std::endl;
+  }
+  return kExitOk;
+}
+
+void AddPretrainFlags(CLI::App* command, PretrainFlags& flags) {
+  command->add_option("--config", flags.config, "pretraining config (YAML)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  command->add_option("--run-dir", flags.run_dir,
+                      "run directory: data, checkpoints, metrics.jsonl, eval.jsonl");
+  command->add_option("--resume", flags.resume, "checkpoint directory to resume from");
+  command->add_option("--stages", flags.stages, "run only the first N stages");
+  command->add_option("--max-steps", flags.max_steps, "cap every stage at N steps (smoke runs)");
+}
+
+}  // namespace
+
+void AddPretrainCommands(CLI::App& app, int& exit_code) {
+  auto flags = std::make_shared<PretrainFlags>();
+  CLI::App* pretrain = app.add_subcommand(
+      "pretrain", "staged pretraining: runs the config's stages in order, evaluates each");
+  AddPretrainFlags(pretrain, *flags);
+  pretrain->callback([flags, &exit_code] { exit_code = RunPretrain(*flags); });
+
+  auto learner_flags = std::make_shared<PretrainFlags>();
+  CLI::App* learner = app.add_subcommand("learner", "one learner rank (mode: pretrain or rl)");
+  AddPretrainFlags(learner, *learner_flags);
+  learner->callback([learner_flags, &exit_code] {
+    Result<std::string> mode = ReadLearnerMode(learner_flags->config);
+    if (!mode.ok()) {
+      exit_code = ReportError(mode.status());
+    } else if (*mode == "pretrain") {
+      exit_code = RunPretrain(*learner_flags);
+    } else if (*mode == "rl") {
+      exit_code = ReportError(Status::InvalidArgument(
+          learner_flags->config +
+          ": mode: rl is not available yet; this build's learner runs mode: pretrain"));
+    } else {
+      exit_code = ReportError(Status::InvalidArgument(
+          learner_flags->config + ": mode: must be pretrain or rl, got '" + *mode + "'"));
+    }
+  });
+
+  struct DataFlags {
+    std::string out;
+    std::vector<std::string> text;
+    std::string generator;
+    int64_t documents = 0;
+    int64_t tokens = 0;
+    int64_t length = 1024;
+    int64_t min_length = 0;
+    int64_t facts = 4;
+    double flawed = 0.2;
+    int64_t image_size = 32;
+    int64_t patch_size = 4;
+    int64_t seed = 1;
+    int64_t shard_tokens = 16 << 20;
+  };
+  auto data_flags = std::make_shared<DataFlags>();
+  CLI::App* data = app.add_subcommand("data", "pretraining data tools");
+  data->require_subcommand(1);
+  CLI::App* build = data->add_subcommand(
+      "build", "write token shards from UTF-8 text files (one document each) or a generator");
+  build->add_option("--out", data_flags->out, "output directory (must hold no shards)")->required();
+  CLI::Option* text = build->add_option("--text", data_flags->text, "UTF-8 text files")
+                          ->check(CLI::ExistingFile);
+  CLI::Option* generator = build->add_option("--generator", data_flags->generator,
+                                             "retrieval | tool_use | image_text");
+  text->excludes(generator);
+  build->add_option("--documents", data_flags->documents, "documents to generate");
+  build->add_option("--tokens", data_flags->tokens, "generate until this many tokens");
+  build->add_option("--length", data_flags->length, "retrieval: document length in tokens");
+  build->add_option("--min-length", data_flags->min_length,
+                    "retrieval: draw lengths uniformly from [min-length, length]");
+  build->add_option("--facts", data_flags->facts, "retrieval: facts per document");
+  build->add_option("--flawed", data_flags->flawed, "tool_use: share of flawed transcripts");
+  build->add_option("--image-size", data_flags->image_size, "image_text: image side in pixels");
+  build->add_option("--patch-size", data_flags->patch_size, "image_text: model patch side");
+  build->add_option("--seed", data_flags->seed, "generator seed");
+  build->add_option("--shard-tokens", data_flags->shard_tokens, "tokens per shard file");
+  build->callback([data_flags, &exit_code] {
+    const DataFlags& f = *data_flags;
+    data::BuildOptions options;
+    options.shard_tokens = f.shard_tokens;
+    Result<data::BuildSummary> summary = Status::InvalidArgument("give --text or --generator");
+    if (!f.text.empty()) {
+      summary = data::BuildTextShards(f.text, f.out, options);
+    } else if (!f.generator.empty()) {
+      Result<data::GeneratorKind> kind = data::ParseGeneratorName(f.generator);
+      if (!kind.ok()) {
+        exit_code = ReportError(kind.status());
+        return;
+      }
+      data::GeneratorOptions generator;
+      generator.length = f.length;
+      generator.min_length = f.min_length;
+      generator.facts = f.facts;
+      generator.flawed_fraction = f.flawed;
+      generator.image_size = f.image_size;
+      generator.patch_size = f.patch_size;
+      summary = data::BuildGeneratedShards(*kind, generator, static_cast<uint64_t>(f.seed),
+                                           f.documents, f.tokens, f.out, options);
+    }
+    if (!summary.ok()) {
+      exit_code = ReportError(summary.status());
+      return;
+    }
+    nlohmann::ordered_json json = {{"out", f.out},
+                                   {"shards", summary->shards},
+                                   {"documents", summary->documents},
+                                   {"tokens", summary->tokens}};
+    std::cout << json.dump() << std::endl;
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace strider::cli
