@@ -1,0 +1,157 @@
+// Pretraining throughput and memory per stage length (DESIGN.md s.9, issue "staged pretraining").
+//
+// For every stage of a pretraining config (default configs/pretrain/small.yaml): one sequence of
+// the stage's length from the retrieval generator, trained with the stage's path (training path,
+// or inference path in chunks with full or truncated backpropagation) and an AdamW step.
+// Reports, per stage: training tokens per second, the model FLOP rate (6 x active parameters per
+// token, plus the latent layers' attention) against LibTorch's fp32 matmul peak measured in the
+// same run, and the peak resident memory the step added. Finally the exponent of memory growth
+// between the first and the last stage length (1 = linear).
+//
+//   pretrain_bench [--config F] [--steps N] [--quick]
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "bench/bench_json.h"
+#include "common/model/model.h"
+#include "common/model/parameters.h"
+#include "learner/data/generators.h"
+#include "learner/language_model_loss.h"
+#include "learner/optimizer.h"
+#include "learner/pretrain_config.h"
+
+namespace strider {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// Peak resident set (VmHWM) in bytes; ResetPeak makes the kernel restart it from the current RSS.
+int64_t PeakResident() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+int64_t Resident() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+void ResetPeak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+double MatmulPeak() {
+  at::Tensor a = at::randn({2048, 2048});
+  at::Tensor b = at::randn({2048, 2048});
+  at::matmul(a, b);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto start = Clock::now();
+    at::Tensor c = at::matmul(a, b);
+    best = std::max(best, 2.0 * 2048 * 2048 * 2048 / Seconds(start));
+  }
+  return best;
+}
+
+int Run(int argc, char** argv) {
+  std::string config_path = std::string(STRIDER_SOURCE_DIR) + "/configs/pretrain/small.yaml";
+  int64_t steps = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--config") && i + 1 < argc) config_path = argv[++i];
+    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::stoll(argv[++i]);
+    if (!std::strcmp(argv[i], "--quick")) {
+      config_path = std::string(STRIDER_SOURCE_DIR) + "/configs/pretrain/tiny.yaml";
+    }
+  }
+  Result<PretrainConfig> config = LoadPretrainConfig(config_path);
+  if (!config.ok()) {
+    std::fprintf(stderr, "pretrain_bench: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  ConfigureRuntime(config->threads > 0 ? config->threads : config->model.threads);
+  const std::string bench = "pretrain_" + config->model.name;
+  const double peak = MatmulPeak();
+  bench::PrintResult(bench, "matmul_peak_fp32", peak / 1e9, "GFLOP/s");
+
+  Result<std::unique_ptr<Model>> model = Model::Create(config->model, 1);
+  if (!model.ok()) return 1;
+  (*model)->SetRequiresGrad(true);
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const at::Tensor& t : (*model)->TrainableParameters()) named.emplace_back(std::to_string(named.size()), t);
+  AdamW optimizer(named, config->optimizer);
+  const double active = static_cast<double>(CountParameters(config->model).active);
+  const ModelConfig& m = config->model;
+  const double latent_layers = static_cast<double>(m.CountLayers('G'));
+
+  double first_memory = 0, last_memory = 0;
+  int64_t first_length = 0, last_length = 0;
+  for (const PretrainStage& stage : config->stages) {
+    data::GeneratorOptions generator;
+    generator.length = stage.context;
+    generator.facts = config->retrieval_facts;
+    std::vector<std::vector<int32_t>> rows = {
+        data::Generate(data::GeneratorKind::kRetrieval, generator, 7, 0).tokens};
+    Result<TokenBatch> batch = MakeTokenBatch(rows, m);
+    if (!batch.ok()) return 1;
+    LossOptions options;
+    options.path = stage.paths == "inference" ? TrainingPath::kInference : TrainingPath::kTraining;
+    options.chunk_tokens = stage.chunk_tokens;
+    options.truncated = stage.backprop == "truncated";
+    options.record_routing = config->balance;
+    const int64_t baseline = Resident();
+    ResetPeak();
+    double seconds = 0;
+    for (int64_t step = 0; step < steps; ++step) {
+      const auto start = Clock::now();
+      optimizer.ZeroGrad();
+      Result<LossResult> loss = LanguageModelLoss(**model, *batch, options);
+      if (!loss.ok()) {
+        std::fprintf(stderr, "pretrain_bench: %s\n", loss.status().ToString().c_str());
+        return 1;
+      }
+      if (!optimizer.Step(1e-4).ok()) return 1;
+      if (config->balance) (void)(*model)->UpdateRoutingBalance(loss->routing);
+      seconds += Seconds(start);
+    }
+    const double memory = static_cast<double>(PeakResident() - baseline);
+    const double tokens_per_second = stage.context * steps / seconds;
+    // Attention over the latent cache: scores and weighted sums, forward and backward (x3), per
+    // head over Dc + Dr (scores) and Dc (values), causal (half the pairs).
+    const double attention_flops = latent_layers * 3 * 2 * m.latent.heads *
+                                   (2.0 * m.latent.kv_rank + m.latent.rope_dim) * stage.context / 2;
+    const double flops = tokens_per_second * (6 * active + attention_flops);
+    const std::string suffix = "_" + std::to_string(stage.context);
+    bench::PrintResult(bench, "train_tokens_per_second" + suffix, tokens_per_second, "tokens/s");
+    bench::PrintResult(bench, "train_flops" + suffix, flops / 1e9, "GFLOP/s", peak / 1e9);
+    bench::PrintResult(bench, "peak_memory" + suffix, memory / (1 << 20), "MiB");
+    if (first_length == 0) first_length = stage.context, first_memory = memory;
+    last_length = stage.context, last_memory = memory;
+  }
+  if (last_length > first_length && first_memory > 0) {
+    const double exponent = std::log(last_memory / first_memory) /
+                            std::log(static_cast<double>(last_length) / first_length);
+    bench::PrintResult(bench, "memory_growth_exponent_" + std::to_string(first_length) + "_to_" +
+                                  std::to_string(last_length),
+                       exponent, "exponent", 1.0);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace strider
+
+int main(int argc, char** argv) { return strider::Run(argc, argv); }
