@@ -1,4 +1,5 @@
-// Constructors of the concrete samplers, one file each; MakeSampler (factory.cc) picks one.
+// Constructors of the concrete samplers; MakeSampler (factory.cc) picks one. fifo and newest
+// share insertion_order.cc (they differ only in direction), the others have a file each.
 #pragma once
 
 #include "replay/samplers/interface.h"
