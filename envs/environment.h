@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -90,6 +91,8 @@ struct EnvironmentSpec {
   std::string description;
   std::vector<ToolSpec> tools;
   int32_t max_turns = 16;  // the actor ends an episode that runs past this
+  // The option keys Reset and the config accept (ReadEnvironmentConfig reads exactly these).
+  std::vector<std::string> options;
 };
 
 // Options from the config (`env: {name: calculator, options: {...}}`), as strings; each
@@ -133,5 +136,9 @@ struct EnvironmentConfig {
 Result<std::unique_ptr<Environment>> MakeEnvironment(const EnvironmentConfig& config);
 Result<std::unique_ptr<ScriptedPolicy>> MakeScriptedPolicy(const EnvironmentConfig& config);
 std::vector<std::string> RegisteredEnvironments();
+
+// Labels and roles as lower-case words ("correct", "tool_result"), for logs, JSON and plug-ins.
+std::string_view StepLabelName(StepLabel label);
+std::string_view ObservationRoleName(ObservationRole role);
 
 }  // namespace strider::envs
