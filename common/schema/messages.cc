@@ -74,12 +74,192 @@ Status ReadKey(wire::SegmentKey::Reader in, SegmentKey* out, const char* where) 
   return Status::Ok();
 }
 
-Status ReadSegment(wire::Segment::Reader in, SegmentData* out) {
+// A segment's fields as read-only views, over a Cap'n Proto reader or a SegmentData: the one
+// thing ValidateView checks, so the decoder and the encoder apply the same rules whether or not
+// the arrays are copied.
+struct SegmentView {
+  SegmentKey key;
+  bool is_last = false;
+  uint64_t token_begin = 0;
+  const char* tokens = nullptr;  // token_count little-endian int32
+  size_t token_count = 0;
+  const uint8_t* roles = nullptr;  // role_count bytes
+  size_t role_count = 0;
+  const char* logprobs = nullptr;  // logprob_count little-endian float32
+  size_t logprob_count = 0;
+  std::vector<PolicyRun> policy_runs;  // short lists: copied
+  uint16_t layers = 0;
+  uint16_t top_k = 0;
+  size_t experts = 0;
+  std::vector<Step> steps;
+  float outcome_reward = 0;
+  struct ImageShape {
+    uint32_t token_offset = 0;
+    uint32_t width = 0;
+    uint32_t height = 0;
+    uint8_t channels = 0;
+    size_t pixel_bytes = 0;
+  };
+  std::vector<ImageShape> images;
+  std::string_view env;
+  std::string_view table;
+};
+
+int32_t TokenAt(const SegmentView& v, size_t i) { return Get<int32_t>(v.tokens + 4 * i); }
+float LogprobAt(const SegmentView& v, size_t i) { return Get<float>(v.logprobs + 4 * i); }
+
+// The per-token checks as flat passes without early exits (the compiler vectorises them); a
+// segment that fails goes through the exact loop below to name the first bad token.
+bool TokensLookValid(const SegmentView& v, const DecodeLimits& limits) {
+  const size_t n = v.token_count;
+  // One unsigned comparison covers both bounds (max_token_id is positive).
+  const uint32_t max_id = static_cast<uint32_t>(limits.max_token_id);
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad |= static_cast<uint32_t>(TokenAt(v, i)) >= max_id;
+  uint8_t max_role = 0;
+  for (size_t i = 0; i < n; ++i) max_role = std::max(max_role, v.roles[i]);
+  bad |= max_role >= kRoleCount;
+  // Finite and <= 0: NaN fails both comparisons, -inf the second.
+  constexpr float kLowest = std::numeric_limits<float>::lowest();
+  for (size_t i = 0; i < n; ++i) {
+    const float lp = LogprobAt(v, i);
+    bad |= !(lp <= 0.0f) | !(lp >= kLowest);
+  }
+  return bad == 0;
+}
+
+size_t ActionTokens(const SegmentView& v) {
+  size_t actions = 0;
+  for (size_t i = 0; i < v.role_count; ++i) {
+    actions += IsAction(static_cast<Role>(v.roles[i])) ? 1 : 0;
+  }
+  return actions;
+}
+
+Status ValidateView(const SegmentView& s, const DecodeLimits& limits) {
+  const size_t n = s.token_count;
+  const std::string where = "segment " + s.key.ToString();
+  if (n == 0) return Reject(reject::kMissingField, where + ": no tokens");
+  if (s.env.empty()) return Reject(reject::kMissingField, where + ": env is empty");
+  if (s.policy_runs.empty()) return Reject(reject::kMissingField, where + ": no policy runs");
+  if (s.role_count != n) {
+    return Reject(reject::kLengthMismatch, where + ": " + std::to_string(n) + " tokens but " +
+                                               std::to_string(s.role_count) + " roles");
+  }
+  if (s.logprob_count != n) {
+    return Reject(reject::kLengthMismatch,
+                  where + ": " + std::to_string(n) + " tokens but " +
+                      std::to_string(s.logprob_count) + " behaviour log-probs");
+  }
+  if (!TokensLookValid(s, limits)) {
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t token = TokenAt(s, i);
+      if (token < 0 || token >= limits.max_token_id) {
+        return Reject(reject::kRange, where + ": token " + std::to_string(i) + " has id " +
+                                          std::to_string(token) + ", outside [0, " +
+                                          std::to_string(limits.max_token_id) + ")");
+      }
+      if (s.roles[i] >= kRoleCount) {
+        return Reject(reject::kRange,
+                      where + ": token " + std::to_string(i) + " has no valid role");
+      }
+      const float lp = LogprobAt(s, i);
+      if (!std::isfinite(lp) || lp > 0) {
+        return Reject(reject::kRange, where + ": behaviour log-prob " + std::to_string(i) +
+                                          " is not a finite value <= 0");
+      }
+    }
+  }
+  if (s.token_begin > std::numeric_limits<uint64_t>::max() - n) {
+    return Reject(reject::kRange, where + ": tokenBegin overflows");
+  }
+  if (s.policy_runs.front().begin != 0) {
+    return Reject(reject::kRange, where + ": the first policy run must begin at offset 0");
+  }
+  for (size_t i = 1; i < s.policy_runs.size(); ++i) {
+    if (s.policy_runs[i].begin <= s.policy_runs[i - 1].begin || s.policy_runs[i].begin >= n) {
+      return Reject(reject::kRange, where + ": policy run " + std::to_string(i) +
+                                        " does not begin after the previous one inside the "
+                                        "segment");
+    }
+  }
+  uint32_t previous_end = 0;
+  for (size_t i = 0; i < s.steps.size(); ++i) {
+    if (s.steps[i].end <= previous_end || s.steps[i].end > n) {
+      return Reject(reject::kRange, where + ": step " + std::to_string(i) + " ends at " +
+                                        std::to_string(s.steps[i].end) +
+                                        ", not after the previous step and within " +
+                                        std::to_string(n) + " tokens");
+    }
+    if (!std::isfinite(s.steps[i].process_reward)) {
+      return Reject(reject::kRange, where + ": step " + std::to_string(i) +
+                                        " has a non-finite process reward");
+    }
+    previous_end = s.steps[i].end;
+  }
+  if (!std::isfinite(s.outcome_reward)) {
+    return Reject(reject::kRange, where + ": outcome reward is not finite");
+  }
+  const size_t actions = ActionTokens(s);
+  const size_t expected_experts = actions * static_cast<size_t>(s.layers) * s.top_k;
+  if (s.experts != expected_experts) {
+    return Reject(reject::kLengthMismatch,
+                  where + ": routing record has " + std::to_string(s.experts) +
+                      " expert ids, expected " + std::to_string(actions) + " action tokens x " +
+                      std::to_string(s.layers) + " layers x top-" + std::to_string(s.top_k));
+  }
+  for (size_t i = 0; i < s.images.size(); ++i) {
+    const SegmentView::ImageShape& image = s.images[i];
+    if (image.token_offset >= n) {
+      return Reject(reject::kRange, where + ": image " + std::to_string(i) +
+                                        " is placed past the segment's tokens");
+    }
+    const uint64_t expected = uint64_t{image.width} * image.height * image.channels;
+    if (image.pixel_bytes != expected || expected == 0) {
+      return Reject(reject::kLengthMismatch,
+                    where + ": image " + std::to_string(i) + " has " +
+                        std::to_string(image.pixel_bytes) + " pixel bytes, expected " +
+                        std::to_string(image.width) + "x" + std::to_string(image.height) + "x" +
+                        std::to_string(image.channels));
+    }
+  }
+  return Status::Ok();
+}
+
+SegmentView ViewOf(const SegmentData& s) {
+  SegmentView v;
+  v.key = s.key();
+  v.is_last = s.is_last;
+  v.token_begin = s.token_begin;
+  v.tokens = reinterpret_cast<const char*>(s.tokens.data());
+  v.token_count = s.tokens.size();
+  v.roles = reinterpret_cast<const uint8_t*>(s.roles.data());
+  v.role_count = s.roles.size();
+  v.logprobs = reinterpret_cast<const char*>(s.behaviour_logprobs.data());
+  v.logprob_count = s.behaviour_logprobs.size();
+  v.policy_runs = s.policy_runs;
+  v.layers = s.routing.layers;
+  v.top_k = s.routing.top_k;
+  v.experts = s.routing.experts.size();
+  v.steps = s.steps;
+  v.outcome_reward = s.outcome_reward;
+  for (const Image& image : s.images) {
+    v.images.push_back(
+        {image.token_offset, image.width, image.height, image.channels, image.pixels.size()});
+  }
+  v.env = s.env;
+  v.table = s.table;
+  return v;
+}
+
+// The structural checks that need the wire form (array byte counts, role values), then a view
+// over the reader's memory; nothing is copied.
+Status ReadSegmentView(wire::Segment::Reader in, SegmentView* out) {
   if (!in.hasTrajectoryId() || in.getTrajectoryId().size() != 16) {
     return Reject(reject::kMissingField, "segment.trajectoryId must be 16 bytes");
   }
-  std::memcpy(out->trajectory_id.bytes.data(), in.getTrajectoryId().begin(), 16);
-  out->segment_index = in.getSegmentIndex();
+  std::memcpy(out->key.trajectory.bytes.data(), in.getTrajectoryId().begin(), 16);
+  out->key.index = in.getSegmentIndex();
   out->is_last = in.getIsLast();
   out->token_begin = in.getTokenBegin();
 
@@ -89,18 +269,22 @@ Status ReadSegment(wire::Segment::Reader in, SegmentData* out) {
                   "segment.tokens has " + std::to_string(tokens.size()) +
                       " bytes, not a multiple of 4");
   }
-  out->tokens.resize(tokens.size() / 4);
-  if (tokens.size() != 0) std::memcpy(out->tokens.data(), tokens.begin(), tokens.size());
+  out->tokens = reinterpret_cast<const char*>(tokens.begin());
+  out->token_count = tokens.size() / 4;
 
   capnp::Data::Reader roles = in.getRoles();
-  out->roles.resize(roles.size());
-  for (size_t i = 0; i < roles.size(); ++i) {
-    if (roles[i] >= kRoleCount) {
-      return Reject(reject::kRange, "segment.roles[" + std::to_string(i) + "] = " +
-                                        std::to_string(roles[i]) + " is not a role");
+  uint8_t max_role = 0;
+  for (size_t i = 0; i < roles.size(); ++i) max_role = std::max(max_role, roles[i]);
+  if (max_role >= kRoleCount) {
+    for (size_t i = 0; i < roles.size(); ++i) {
+      if (roles[i] >= kRoleCount) {
+        return Reject(reject::kRange, "segment.roles[" + std::to_string(i) + "] = " +
+                                          std::to_string(roles[i]) + " is not a role");
+      }
     }
-    out->roles[i] = static_cast<Role>(roles[i]);
   }
+  out->roles = roles.begin();
+  out->role_count = roles.size();
 
   capnp::Data::Reader logprobs = in.getBehaviourLogprobs();
   if (logprobs.size() % 4 != 0) {
@@ -108,28 +292,75 @@ Status ReadSegment(wire::Segment::Reader in, SegmentData* out) {
                                                std::to_string(logprobs.size()) +
                                                " bytes, not a multiple of 4");
   }
-  out->behaviour_logprobs.resize(logprobs.size() / 4);
-  if (logprobs.size() != 0) {
-    std::memcpy(out->behaviour_logprobs.data(), logprobs.begin(), logprobs.size());
-  }
+  out->logprobs = reinterpret_cast<const char*>(logprobs.begin());
+  out->logprob_count = logprobs.size() / 4;
 
   for (auto run : in.getPolicyRuns()) out->policy_runs.push_back({run.getBegin(), run.getVersion()});
 
   auto routing = in.getRouting();
-  out->routing.layers = routing.getLayers();
-  out->routing.top_k = routing.getTopK();
+  out->layers = routing.getLayers();
+  out->top_k = routing.getTopK();
   capnp::Data::Reader experts = routing.getExperts();
   if (experts.size() % 2 != 0) {
     return Reject(reject::kLengthMismatch, "segment.routing.experts has an odd byte count " +
                                                std::to_string(experts.size()));
   }
-  out->routing.experts.resize(experts.size() / 2);
-  if (experts.size() != 0) {
-    std::memcpy(out->routing.experts.data(), experts.begin(), experts.size());
-  }
+  out->experts = experts.size() / 2;
 
   for (auto step : in.getSteps()) out->steps.push_back({step.getEnd(), step.getProcessReward()});
   out->outcome_reward = in.getOutcomeReward();
+  for (auto image : in.getImages()) {
+    out->images.push_back({image.getTokenOffset(), image.getWidth(), image.getHeight(),
+                           image.getChannels(), image.getPixels().size()});
+  }
+  auto env = in.getEnv();
+  out->env = std::string_view(env.begin(), env.size());
+  auto table = in.getTable();
+  out->table = std::string_view(table.begin(), table.size());
+  return Status::Ok();
+}
+
+SegmentFacts FactsOf(const SegmentView& v) {
+  SegmentFacts facts;
+  facts.key = v.key;
+  facts.table = std::string(v.table);
+  facts.env = std::string(v.env);
+  facts.min_policy_version = std::numeric_limits<uint64_t>::max();
+  for (const PolicyRun& run : v.policy_runs) {
+    facts.min_policy_version = std::min(facts.min_policy_version, run.version);
+    facts.max_policy_version = std::max(facts.max_policy_version, run.version);
+  }
+  if (v.policy_runs.empty()) facts.min_policy_version = 0;
+  facts.tokens = v.token_count;
+  facts.steps = static_cast<uint32_t>(v.steps.size());
+  for (const Step& step : v.steps) facts.process_reward_sum += step.process_reward;
+  facts.is_last = v.is_last;
+  facts.outcome_reward = v.outcome_reward;
+  return facts;
+}
+
+// Copies the arrays of a validated segment (SegmentDecoding::kCopy).
+void CopySegment(wire::Segment::Reader in, const SegmentView& v, SegmentData* out) {
+  out->trajectory_id = v.key.trajectory;
+  out->segment_index = v.key.index;
+  out->is_last = v.is_last;
+  out->token_begin = v.token_begin;
+  out->tokens.resize(v.token_count);
+  if (v.token_count != 0) std::memcpy(out->tokens.data(), v.tokens, v.token_count * 4);
+  out->roles.resize(v.role_count);
+  if (v.role_count != 0) std::memcpy(out->roles.data(), v.roles, v.role_count);
+  out->behaviour_logprobs.resize(v.logprob_count);
+  if (v.logprob_count != 0) {
+    std::memcpy(out->behaviour_logprobs.data(), v.logprobs, v.logprob_count * 4);
+  }
+  out->policy_runs = v.policy_runs;
+  out->routing.layers = v.layers;
+  out->routing.top_k = v.top_k;
+  capnp::Data::Reader experts = in.getRouting().getExperts();
+  out->routing.experts.resize(v.experts);
+  if (v.experts != 0) std::memcpy(out->routing.experts.data(), experts.begin(), v.experts * 2);
+  out->steps = v.steps;
+  out->outcome_reward = v.outcome_reward;
   for (auto image : in.getImages()) {
     Image decoded;
     decoded.token_offset = image.getTokenOffset();
@@ -140,15 +371,31 @@ Status ReadSegment(wire::Segment::Reader in, SegmentData* out) {
     decoded.pixels.assign(reinterpret_cast<const char*>(pixels.begin()), pixels.size());
     out->images.push_back(std::move(decoded));
   }
-  out->env = in.getEnv();
+  out->env = std::string(v.env);
   for (auto kv : in.getMetadata()) out->metadata.emplace_back(kv.getKey(), kv.getValue());
   auto digest = in.getStateDigest();
   out->state_digest.assign(reinterpret_cast<const char*>(digest.begin()), digest.size());
-  out->table = in.getTable();
+  out->table = std::string(v.table);
+}
+
+Status ReadSegment(wire::Segment::Reader in, const DecodeLimits& limits,
+                   SegmentDecoding decoding, Message* out) {
+  SegmentView view;
+  STRIDER_RETURN_IF_ERROR(ReadSegmentView(in, &view));
+  STRIDER_RETURN_IF_ERROR(ValidateView(view, limits));
+  // Metadata is not checked but must be readable: a malformed list throws here, inside ReadRoot.
+  for (auto kv : in.getMetadata()) {
+    (void)kv.getKey();
+    (void)kv.getValue();
+  }
+  (void)in.getStateDigest();
+  out->segment_facts = FactsOf(view);
+  if (decoding == SegmentDecoding::kCopy) CopySegment(in, view, &out->segment);
   return Status::Ok();
 }
 
-Status ReadMessage(wire::Message::Reader root, const DecodeLimits& limits, Message* out) {
+Status ReadMessage(wire::Message::Reader root, const DecodeLimits& limits,
+                   SegmentDecoding segment_decoding, Message* out) {
   switch (root.which()) {
     case wire::Message::HELLO: {
       out->kind = MessageKind::kHello;
@@ -163,8 +410,7 @@ Status ReadMessage(wire::Message::Reader root, const DecodeLimits& limits, Messa
     }
     case wire::Message::SEGMENT:
       out->kind = MessageKind::kSegment;
-      STRIDER_RETURN_IF_ERROR(ReadSegment(root.getSegment(), &out->segment));
-      return ValidateSegment(out->segment, limits);
+      return ReadSegment(root.getSegment(), limits, segment_decoding, out);
     case wire::Message::ACK:
       out->kind = MessageKind::kAck;
       for (auto key : root.getAck().getKeys()) {
@@ -354,90 +600,7 @@ size_t SegmentData::ActionTokens() const {
 }
 
 Status ValidateSegment(const SegmentData& s, const DecodeLimits& limits) {
-  const size_t n = s.tokens.size();
-  const std::string where = "segment " + s.key().ToString();
-  if (n == 0) return Reject(reject::kMissingField, where + ": no tokens");
-  if (s.env.empty()) return Reject(reject::kMissingField, where + ": env is empty");
-  if (s.policy_runs.empty()) return Reject(reject::kMissingField, where + ": no policy runs");
-  if (s.roles.size() != n) {
-    return Reject(reject::kLengthMismatch, where + ": " + std::to_string(n) + " tokens but " +
-                                               std::to_string(s.roles.size()) + " roles");
-  }
-  if (s.behaviour_logprobs.size() != n) {
-    return Reject(reject::kLengthMismatch,
-                  where + ": " + std::to_string(n) + " tokens but " +
-                      std::to_string(s.behaviour_logprobs.size()) + " behaviour log-probs");
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (s.tokens[i] < 0 || s.tokens[i] >= limits.max_token_id) {
-      return Reject(reject::kRange, where + ": token " + std::to_string(i) + " has id " +
-                                        std::to_string(s.tokens[i]) + ", outside [0, " +
-                                        std::to_string(limits.max_token_id) + ")");
-    }
-    if (static_cast<uint8_t>(s.roles[i]) >= kRoleCount) {
-      return Reject(reject::kRange, where + ": token " + std::to_string(i) + " has no valid role");
-    }
-    const float lp = s.behaviour_logprobs[i];
-    if (!std::isfinite(lp) || lp > 0) {
-      return Reject(reject::kRange, where + ": behaviour log-prob " + std::to_string(i) +
-                                        " is not a finite value <= 0");
-    }
-  }
-  if (s.token_begin > std::numeric_limits<uint64_t>::max() - n) {
-    return Reject(reject::kRange, where + ": tokenBegin overflows");
-  }
-  if (s.policy_runs.front().begin != 0) {
-    return Reject(reject::kRange, where + ": the first policy run must begin at offset 0");
-  }
-  for (size_t i = 1; i < s.policy_runs.size(); ++i) {
-    if (s.policy_runs[i].begin <= s.policy_runs[i - 1].begin || s.policy_runs[i].begin >= n) {
-      return Reject(reject::kRange, where + ": policy run " + std::to_string(i) +
-                                        " does not begin after the previous one inside the "
-                                        "segment");
-    }
-  }
-  uint32_t previous_end = 0;
-  for (size_t i = 0; i < s.steps.size(); ++i) {
-    if (s.steps[i].end <= previous_end || s.steps[i].end > n) {
-      return Reject(reject::kRange, where + ": step " + std::to_string(i) + " ends at " +
-                                        std::to_string(s.steps[i].end) +
-                                        ", not after the previous step and within " +
-                                        std::to_string(n) + " tokens");
-    }
-    if (!std::isfinite(s.steps[i].process_reward)) {
-      return Reject(reject::kRange, where + ": step " + std::to_string(i) +
-                                        " has a non-finite process reward");
-    }
-    previous_end = s.steps[i].end;
-  }
-  if (!std::isfinite(s.outcome_reward)) {
-    return Reject(reject::kRange, where + ": outcome reward is not finite");
-  }
-  const size_t expected_experts =
-      s.ActionTokens() * static_cast<size_t>(s.routing.layers) * s.routing.top_k;
-  if (s.routing.experts.size() != expected_experts) {
-    return Reject(reject::kLengthMismatch,
-                  where + ": routing record has " + std::to_string(s.routing.experts.size()) +
-                      " expert ids, expected " + std::to_string(s.ActionTokens()) +
-                      " action tokens x " + std::to_string(s.routing.layers) + " layers x top-" +
-                      std::to_string(s.routing.top_k));
-  }
-  for (size_t i = 0; i < s.images.size(); ++i) {
-    const Image& image = s.images[i];
-    if (image.token_offset >= n) {
-      return Reject(reject::kRange, where + ": image " + std::to_string(i) +
-                                        " is placed past the segment's tokens");
-    }
-    const uint64_t expected = uint64_t{image.width} * image.height * image.channels;
-    if (image.pixels.size() != expected || expected == 0) {
-      return Reject(reject::kLengthMismatch,
-                    where + ": image " + std::to_string(i) + " has " +
-                        std::to_string(image.pixels.size()) + " pixel bytes, expected " +
-                        std::to_string(image.width) + "x" + std::to_string(image.height) + "x" +
-                        std::to_string(image.channels));
-    }
-  }
-  return Status::Ok();
+  return ValidateView(ViewOf(s), limits);
 }
 
 Result<std::string> EncodeSegment(const SegmentData& s, const DecodeLimits& limits) {
@@ -657,11 +820,12 @@ Status ReadRoot(std::string_view frame, Fn&& read) {
 
 }  // namespace
 
-Result<Message> Decode(std::string_view frame, const DecodeLimits& limits) {
+Result<Message> Decode(std::string_view frame, const DecodeLimits& limits,
+                       SegmentDecoding segment_decoding) {
   STRIDER_RETURN_IF_ERROR(CheckEnvelope(frame, limits));
   Message message;
   STRIDER_RETURN_IF_ERROR(ReadRoot<wire::Message>(frame, [&](wire::Message::Reader root) {
-    return ReadMessage(root, limits, &message);
+    return ReadMessage(root, limits, segment_decoding, &message);
   }));
   return message;
 }

@@ -128,6 +128,21 @@ struct SegmentData {
 // Checks the rules Decode applies to a segment; encoders call it so bad data never leaves.
 Status ValidateSegment(const SegmentData& segment, const DecodeLimits& limits);
 
+// What a server needs of a segment besides its bytes (index record, trajectory summary). Decode
+// fills it for every segment, in either SegmentDecoding mode.
+struct SegmentFacts {
+  SegmentKey key;
+  std::string table;  // as sent; empty: the server's first table
+  std::string env;
+  uint64_t min_policy_version = 0;
+  uint64_t max_policy_version = 0;
+  uint64_t tokens = 0;
+  uint32_t steps = 0;
+  float process_reward_sum = 0;
+  bool is_last = false;
+  float outcome_reward = 0;
+};
+
 enum class ClientRole : uint8_t { kActor = 0, kLearner = 1 };
 
 struct Hello {
@@ -192,7 +207,8 @@ std::string_view MessageKindName(MessageKind kind);
 struct Message {
   MessageKind kind = MessageKind::kStatsRequest;
   Hello hello;
-  SegmentData segment;
+  SegmentData segment;  // empty under SegmentDecoding::kFactsOnly
+  SegmentFacts segment_facts;
   std::vector<SegmentKey> ack;
   Credit credit;
   SampleRequest sample_request;
@@ -234,8 +250,14 @@ std::string EncodeError(const ErrorReply& error);
 std::string EncodeStatsRequest();
 std::string EncodeStats(const std::string& json);
 
+// kCopy copies a segment's arrays into Message::segment. kFactsOnly validates the segment on the
+// Cap'n Proto reader over `frame` with exactly the same checks and fills only segment_facts: for
+// a server that stores the received bytes as they are and never needs the arrays.
+enum class SegmentDecoding { kCopy, kFactsOnly };
+
 // Validates and decodes one frame (see the top of this file for the order of checks).
-Result<Message> Decode(std::string_view frame, const DecodeLimits& limits = DecodeLimits());
+Result<Message> Decode(std::string_view frame, const DecodeLimits& limits = DecodeLimits(),
+                       SegmentDecoding segment_decoding = SegmentDecoding::kCopy);
 
 // Only the envelope checks (size, header, version, length, checksum): what `verify` and the
 // server's storage path need to trust stored bytes without a full decode.
