@@ -1,0 +1,174 @@
+#include "envs/calculator/calculator.h"
+
+#include <gtest/gtest.h>
+
+#include "envs/registry.h"
+#include "envs/tools.h"
+
+namespace strider::envs {
+namespace {
+
+std::unique_ptr<Environment> Make(const Options& options = {}) {
+  Result<std::unique_ptr<Environment>> env = MakeEnvironment({.name = "calculator", .options = options});
+  EXPECT_TRUE(env.ok()) << env.status().ToString();
+  return env.ok() ? std::move(*env) : nullptr;
+}
+
+TEST(Arithmetic, EvaluatesAndRejects) {
+  EXPECT_EQ(*EvaluateArithmetic("12*7+3"), 87);
+  EXPECT_EQ(*EvaluateArithmetic(" -(2+3)*4 / 8 "), -2.5);
+  EXPECT_EQ(FormatNumber(87), "87");
+  EXPECT_EQ(FormatNumber(-2.5), "-2.5");
+  EXPECT_NE(EvaluateArithmetic("1/0").status().message().find("division by zero"), std::string::npos);
+  EXPECT_NE(EvaluateArithmetic("2+").status().message().find("expected a number"), std::string::npos);
+  EXPECT_NE(EvaluateArithmetic("2+x").status().message().find("'x'"), std::string::npos);
+  EXPECT_FALSE(EvaluateArithmetic(std::string(100, '(') + "1" + std::string(100, ')')).ok());
+  EXPECT_FALSE(EvaluateArithmetic(std::string(300, '1')).ok());
+}
+
+// Plays an episode with the scripted policy; returns the step results.
+std::vector<StepResult> Play(Environment& env, ScriptedPolicy& policy, uint64_t seed,
+                             const Options& episode = {}) {
+  std::vector<StepResult> steps;
+  Result<Observation> first = env.Reset(seed, episode);
+  EXPECT_TRUE(first.ok()) << first.status().ToString();
+  if (!first.ok()) return steps;
+  std::vector<Observation> observations = {*first};
+  for (int turn = 0; turn < env.Describe().max_turns; ++turn) {
+    Result<std::string> text = policy.NextTurn(observations);
+    EXPECT_TRUE(text.ok()) << text.status().ToString();
+    if (!text.ok()) break;
+    Result<StepResult> step = env.Step(MakeAction(*text));
+    EXPECT_TRUE(step.ok()) << step.status().ToString();
+    if (!step.ok()) break;
+    steps.push_back(*step);
+    observations.push_back(step->observation);
+    if (step->done) break;
+  }
+  return steps;
+}
+
+TEST(Calculator, ScriptedPolicySolvesEveryDifficultyWithCorrectSteps) {
+  auto env = Make();
+  Result<std::unique_ptr<ScriptedPolicy>> policy = MakeScriptedPolicy({.name = "calculator"});
+  ASSERT_TRUE(policy.ok());
+  for (int difficulty = 1; difficulty <= 5; ++difficulty) {
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      const std::vector<StepResult> steps =
+          Play(*env, **policy, seed, {{"difficulty", std::to_string(difficulty)}});
+      ASSERT_EQ(steps.size(), static_cast<size_t>(difficulty + 2)) << "seed " << seed;
+      for (const StepResult& step : steps) {
+        EXPECT_EQ(step.label, StepLabel::kCorrect) << step.observation.text;
+        EXPECT_EQ(step.reward, 1.0);
+      }
+      EXPECT_TRUE(steps.back().done);
+      EXPECT_EQ(steps.back().outcome_reward, 1.0);
+    }
+  }
+}
+
+TEST(Calculator, SameSeedSameProblemAndWrongStepsAreLabelled) {
+  auto env = Make({{"difficulty", "3"}});
+  Result<Observation> a = env->Reset(7, {});
+  Result<Observation> b = env->Reset(7, {});
+  Result<Observation> c = env->Reset(8, {});
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->text, b->text);
+  EXPECT_NE(a->text, c->text);
+
+  Result<StepResult> wrong = env->Step(MakeAction(FormatToolCall("calc", "123456789+1")));
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_EQ(wrong->observation.role, ObservationRole::kToolResult);
+  EXPECT_EQ(wrong->observation.text, "123456790");
+  EXPECT_EQ(wrong->label, StepLabel::kIncorrect);
+  EXPECT_EQ(wrong->reward, 0.0);
+
+  Result<StepResult> malformed = env->Step(MakeAction("<|tool_call|>calc(1+<|tool_call_end|>"));
+  ASSERT_TRUE(malformed.ok());
+  EXPECT_EQ(malformed->observation.text.rfind("error: tool call:", 0), 0u) << malformed->observation.text;
+  EXPECT_EQ(malformed->label, StepLabel::kIncorrect);
+  EXPECT_FALSE(malformed->done);
+
+  Result<StepResult> unknown = env->Step(MakeAction(FormatToolCall("python", "print(1)")));
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->observation.text, "error: unknown tool 'python'");
+
+  Result<StepResult> bad_expr = env->Step(MakeAction(FormatToolCall("calc", "1/0")));
+  ASSERT_TRUE(bad_expr.ok());
+  EXPECT_NE(bad_expr->observation.text.find("division by zero"), std::string::npos);
+
+  Result<StepResult> chat = env->Step(MakeAction("hmm"));
+  ASSERT_TRUE(chat.ok());
+  EXPECT_EQ(chat->observation.role, ObservationRole::kUser);
+  EXPECT_EQ(chat->label, StepLabel::kUnknown);
+
+  Result<StepResult> answer = env->Step(MakeAction("Answer: -1"));
+  ASSERT_TRUE(answer.ok());
+  EXPECT_TRUE(answer->done);
+  EXPECT_EQ(answer->outcome_reward, 0.0);
+  EXPECT_EQ(answer->label, StepLabel::kIncorrect);
+  EXPECT_FALSE(env->Step(MakeAction("Answer: 1")).ok());  // the episode is over
+}
+
+TEST(Calculator, PythonToolRunsInTheSandbox) {
+  auto env = Make({{"python", "true"}, {"steps", "1"}});
+  ASSERT_EQ(env->Describe().tools.size(), 2u);
+  Result<Observation> first = env->Reset(3, {});
+  ASSERT_TRUE(first.ok());
+  Result<StepResult> loop = env->Step(MakeAction(FormatToolCall("python", "while True: pass")));
+  ASSERT_TRUE(loop.ok()) << loop.status().ToString();
+  EXPECT_NE(loop->observation.text.find("CPU limit"), std::string::npos) << loop->observation.text;
+  EXPECT_EQ(loop->label, StepLabel::kIncorrect);
+  Result<StepResult> print = env->Step(MakeAction(FormatToolCall("python", "print(2+2)")));
+  ASSERT_TRUE(print.ok());
+  EXPECT_EQ(print->observation.text, "4\n");
+}
+
+TEST(Calculator, BadOptionsNameTheKey) {
+  Result<std::unique_ptr<Environment>> env =
+      MakeEnvironment({.name = "calculator", .options = {{"dificulty", "2"}}});
+  ASSERT_FALSE(env.ok());
+  EXPECT_NE(env.status().message().find("'dificulty': unknown option"), std::string::npos)
+      << env.status().message();
+  env = MakeEnvironment({.name = "calculator", .options = {{"difficulty", "9"}}});
+  EXPECT_NE(env.status().message().find("outside [1, 5]"), std::string::npos);
+  auto ok = Make();
+  EXPECT_FALSE(ok->Reset(1, {{"steps", "many"}}).ok());
+  Result<std::unique_ptr<Environment>> none = MakeEnvironment({.name = "nope"});
+  EXPECT_TRUE(none.status().IsNotFound());
+  EXPECT_NE(none.status().message().find("calculator"), std::string::npos);
+}
+
+TEST(Registry, ReadsEnvironmentConfigStrictly) {
+  Result<ConfigReader> root = ConfigReader::FromString(
+      "env:\n  name: calculator\n  options: {difficulty: 3, python: true}\n  step_timeout_ms: 500\n",
+      "<inline>");
+  ASSERT_TRUE(root.ok());
+  ConfigReader env = root->Section("env");
+  Result<EnvironmentConfig> config = ReadEnvironmentConfig(env);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_TRUE(root->Finish().ok());
+  EXPECT_EQ(config->name, "calculator");
+  EXPECT_EQ(config->options.at("difficulty"), "3");
+  EXPECT_EQ(config->options.at("python"), "true");
+  EXPECT_EQ(config->step_timeout_ms, 500);
+
+  root = ConfigReader::FromString("env:\n  name: calculator\n  options:\n    level: 3\n", "f.yaml");
+  ASSERT_TRUE(root.ok());
+  env = root->Section("env");
+  ASSERT_TRUE(ReadEnvironmentConfig(env).ok());
+  const Status status = root->Finish();
+  EXPECT_NE(status.message().find("f.yaml:4: env.options.level"), std::string::npos)
+      << status.message();
+
+  root = ConfigReader::FromString("env:\n  name: nope\n", "g.yaml");
+  env = root->Section("env");
+  Result<EnvironmentConfig> unknown = ReadEnvironmentConfig(env);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("g.yaml:2: env.name: unknown environment 'nope'"),
+            std::string::npos)
+      << unknown.status().message();
+}
+
+}  // namespace
+}  // namespace strider::envs

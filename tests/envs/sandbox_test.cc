@@ -1,0 +1,129 @@
+// The sandbox's limits, exercised for real with /bin/sh and python3 children.
+#include "envs/sandbox.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+namespace strider::envs {
+namespace {
+
+const char* kPython = "/usr/bin/python3";
+
+SandboxRequest Python(const std::string& code) {
+  SandboxRequest request;
+  request.argv = {kPython, "-I", "main.py"};
+  request.files = {{"main.py", code}};
+  return request;
+}
+
+class SandboxTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::access(kPython, X_OK) != 0) GTEST_SKIP() << "no " << kPython;
+  }
+};
+
+TEST_F(SandboxTest, CapturesOutputAndExitCode) {
+  Result<SandboxResult> run = RunSandboxed(Python("import sys\nprint(6*7)\nsys.exit(3)"));
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_EQ(run->exit_code, 3);
+  EXPECT_EQ(run->stdout_text, "42\n");
+  EXPECT_FALSE(run->timed_out);
+}
+
+TEST_F(SandboxTest, CpuLoopIsKilledByTheCpuLimit) {
+  SandboxRequest request = Python("while True:\n    pass\n");
+  request.limits.cpu_seconds = 1;
+  request.limits.wall_ms = 20000;
+  Result<SandboxResult> run = RunSandboxed(request);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_TRUE(run->cpu_limit) << run->Summary(request.limits);
+  EXPECT_FALSE(run->timed_out);
+  EXPECT_LT(run->wall_seconds, 10);
+  EXPECT_NE(run->Summary(request.limits).find("CPU limit"), std::string::npos);
+}
+
+TEST_F(SandboxTest, SleeperIsKilledAtTheWallClockLimitWithItsChildren) {
+  // The shell's background child must die with it: the whole process group is killed.
+  SandboxRequest request;
+  request.argv = {"/bin/sh", "-c", "sleep 30 & sleep 30"};
+  request.limits.wall_ms = 300;
+  Result<SandboxResult> run = RunSandboxed(request);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_TRUE(run->timed_out);
+  EXPECT_EQ(run->signal, SIGKILL);
+  EXPECT_LT(run->wall_seconds, 5);
+}
+
+TEST_F(SandboxTest, MemoryHogIsStopped) {
+  SandboxRequest request = Python("x = bytearray(1 << 30)\nprint('allocated')\n");
+  request.limits.memory_bytes = 256LL << 20;
+  Result<SandboxResult> run = RunSandboxed(request);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_NE(run->exit_code, 0);
+  EXPECT_EQ(run->stdout_text.find("allocated"), std::string::npos);
+  EXPECT_NE(run->stderr_text.find("MemoryError"), std::string::npos) << run->stderr_text;
+}
+
+TEST_F(SandboxTest, WritesOutsideTheScratchDirectoryAreRefused) {
+  if (!SandboxCanContainWrites()) GTEST_SKIP() << "kernel without Landlock";
+  const std::string outside = ::testing::TempDir() + "/strider_sandbox_outside_" +
+                              std::to_string(::getpid());
+  std::filesystem::remove(outside);
+  SandboxRequest request = Python(
+      "open('inside.txt', 'w').write('ok')\n"
+      "print(open('inside.txt').read())\n"
+      "try:\n"
+      "    open('" + outside + "', 'w').write('escaped')\n"
+      "    print('escaped')\n"
+      "except OSError as e:\n"
+      "    print('refused', e.errno)\n");
+  Result<SandboxResult> run = RunSandboxed(request);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_TRUE(run->contained);
+  EXPECT_EQ(run->exit_code, 0) << run->stderr_text;
+  EXPECT_NE(run->stdout_text.find("ok\nrefused"), std::string::npos) << run->stdout_text;
+  EXPECT_FALSE(std::filesystem::exists(outside));
+}
+
+TEST_F(SandboxTest, LargeFilesAndLargeOutputAreBounded) {
+  SandboxRequest request = Python(
+      "import sys\n"
+      "sys.stdout.write('y' * 1000000)\n"
+      "sys.stdout.flush()\n"
+      "try:\n"
+      "    open('big', 'wb').write(b'z' * (4 << 20))\n"
+      "except OSError as e:\n"
+      "    sys.stderr.write('too big %d' % e.errno)\n");
+  request.limits.file_bytes = 1 << 20;
+  request.limits.output_bytes = 1000;
+  Result<SandboxResult> run = RunSandboxed(request);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_TRUE(run->output_truncated);
+  EXPECT_EQ(run->stdout_text.size(), 1000u);
+  EXPECT_NE(run->stderr_text.find("too big 27"), std::string::npos) << run->stderr_text;  // EFBIG
+}
+
+TEST_F(SandboxTest, FreshScratchDirectoryIsRemovedAndBadRequestsAreErrors) {
+  SandboxRequest request;
+  request.argv = {"/bin/sh", "-c", "pwd"};
+  Result<SandboxResult> run = RunSandboxed(request);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  const std::string dir = run->stdout_text.substr(0, run->stdout_text.size() - 1);
+  EXPECT_NE(dir.find("strider-sandbox-"), std::string::npos) << dir;
+  EXPECT_FALSE(std::filesystem::exists(dir));
+
+  EXPECT_FALSE(RunSandboxed(SandboxRequest{}).ok());
+  request.files = {{"../escape", "x"}};
+  EXPECT_TRUE(RunSandboxed(request).status().IsInvalidArgument());
+  request.files.clear();
+  request.argv = {"/nonexistent/tool"};
+  Result<SandboxResult> missing = RunSandboxed(request);
+  ASSERT_TRUE(missing.ok());
+  EXPECT_EQ(missing->exit_code, 127);
+}
+
+}  // namespace
+}  // namespace strider::envs
