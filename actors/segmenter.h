@@ -1,0 +1,96 @@
+// Cuts one trajectory into replay segments as it grows (DESIGN.md section 4).
+//
+// The actor feeds every token of an episode in order: context it wrote (observations, turn
+// markers) and actions the model sampled (with behaviour log-prob, policy version and experts).
+// The segmenter keeps only the tokens not yet cut, so a million-token trajectory never sits in
+// memory whole. A segment is cut once more than `segment_tokens` tokens wait:
+//
+//   tokens waiting:  |<------------- segment_tokens ------------->|x
+//   turn boundaries:      ^             ^                 ^
+//   cut:                                                  ^  the last boundary in the window,
+//                                                            when it keeps at least half of it;
+//                                                            else exactly at the window's end
+//
+// Each segment carries its tokens, roles, behaviour log-probs (0 for context), policy runs, the
+// experts of its action tokens, the steps that end inside it (a step spanning a cut belongs to
+// the segment where it ends), the state digest recorded at its first token (when the actor had
+// one there), and on the last segment the outcome reward. Metadata is set on the last segment
+// only, because only then is the episode's status known.
+//
+// Not thread-safe; one per trajectory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/schema/messages.h"
+#include "common/status.h"
+
+namespace strider::actors {
+
+struct SegmenterOptions {
+  int64_t segment_tokens = 4096;  // most tokens in one segment (> 0)
+  std::string env;                // environment name stamped on every segment
+  std::string table;              // replay table; empty: the server's first
+  // Routing record layout of action tokens: sparse layers x experts per token (0 x 0 for a
+  // model without experts).
+  int64_t routing_layers = 0;
+  int64_t routing_top_k = 0;
+};
+
+class Segmenter {
+ public:
+  Segmenter(SegmenterOptions options, schema::TrajectoryId id);
+
+  // Context tokens (any role that is not an action).
+  Status AddContext(std::span<const int32_t> tokens, schema::Role role);
+  // One sampled token: `experts` holds routing_layers x routing_top_k ids.
+  Status AddAction(int32_t token, schema::Role role, float log_prob, uint64_t policy_version,
+                   std::span<const uint16_t> experts);
+  // The current position is a turn boundary (a preferred cut). `digest` is the inference state
+  // after every token so far, when the caller has it.
+  void MarkTurnBoundary(std::optional<uint64_t> digest);
+  // A step (one model turn, its tool call included) ends at the current position.
+  Status EndStep(float process_reward);
+
+  // Segments cut so far and not yet taken, oldest first.
+  std::vector<schema::SegmentData> TakeReady();
+  // Cuts everything left (there must be at least one token in the trajectory) and marks the
+  // final segment last, with the outcome reward and metadata. The segmenter is spent after it.
+  Result<std::vector<schema::SegmentData>> Finish(
+      float outcome_reward, std::vector<std::pair<std::string, std::string>> metadata);
+
+  int64_t length() const { return begin_ + static_cast<int64_t>(tokens_.size()); }
+  int64_t segments_cut() const { return next_index_; }
+  const schema::TrajectoryId& id() const { return id_; }
+
+ private:
+  void CutWhileOver();
+  // Moves the first `count` waiting tokens into a new segment.
+  void Cut(int64_t count);
+
+  SegmenterOptions options_;
+  schema::TrajectoryId id_;
+  bool finished_ = false;
+  uint32_t next_index_ = 0;
+  int64_t begin_ = 0;  // absolute position of tokens_[0]
+  std::vector<int32_t> tokens_;
+  std::vector<schema::Role> roles_;
+  std::vector<float> log_probs_;
+  std::vector<uint64_t> versions_;    // per token; context tokens repeat the last action's
+  std::vector<uint16_t> experts_;     // of waiting action tokens, in order
+  uint64_t last_version_ = 0;
+  std::vector<std::pair<int64_t, std::optional<uint64_t>>> boundaries_;  // absolute position
+  std::vector<std::pair<int64_t, float>> steps_;                          // absolute end
+  std::optional<uint64_t> start_digest_;  // at begin_
+  std::vector<schema::SegmentData> ready_;
+};
+
+// 128 random bits from the operating system's generator.
+schema::TrajectoryId NewTrajectoryId();
+
+}  // namespace strider::actors

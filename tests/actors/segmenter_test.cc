@@ -1,0 +1,174 @@
+// Segmenter: cuts at turn boundaries where possible, never over segment_tokens, and the segments
+// reassemble into exactly the trajectory that was fed (tokens, roles, log-probs, versions,
+// experts, steps).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "actors/segmenter.h"
+#include "common/tokenizer.h"
+
+namespace strider::actors {
+namespace {
+
+using schema::Role;
+
+struct Fed {
+  std::vector<int32_t> tokens;
+  std::vector<Role> roles;
+  std::vector<float> log_probs;
+  std::vector<uint64_t> versions;  // for actions only
+  std::vector<uint16_t> experts;
+  std::vector<std::pair<int64_t, float>> steps;
+  std::vector<int64_t> boundaries;
+};
+
+// A random multi-turn episode: context turns and model turns of random lengths.
+Fed FeedEpisode(Segmenter& segmenter, uint64_t seed, int64_t turns, int64_t layers, int64_t k) {
+  std::mt19937_64 rng(seed);
+  Fed fed;
+  uint64_t version = 3;
+  for (int64_t turn = 0; turn < turns; ++turn) {
+    const int64_t context = 1 + rng() % 40;
+    std::vector<int32_t> text;
+    for (int64_t i = 0; i < context; ++i) text.push_back(static_cast<int32_t>(rng() % 256));
+    const Role context_role = turn == 0 ? Role::kUser : Role::kToolResult;
+    EXPECT_TRUE(segmenter.AddContext(text, context_role).ok());
+    for (int32_t t : text) {
+      fed.tokens.push_back(t);
+      fed.roles.push_back(context_role);
+      fed.log_probs.push_back(0);
+    }
+    if (rng() % 3 == 0) ++version;  // new weights arrive mid-episode
+    const int64_t actions = 1 + rng() % 30;
+    for (int64_t i = 0; i < actions; ++i) {
+      const int32_t token = static_cast<int32_t>(rng() % token::kVocabularySize);
+      const Role role = i > actions / 2 ? Role::kToolCall : Role::kModel;
+      const float log_prob = -static_cast<float>(rng() % 1000) / 100.0f;
+      std::vector<uint16_t> experts;
+      for (int64_t e = 0; e < layers * k; ++e) experts.push_back(static_cast<uint16_t>(rng() % 8));
+      EXPECT_TRUE(segmenter.AddAction(token, role, log_prob, version, experts).ok());
+      fed.tokens.push_back(token);
+      fed.roles.push_back(role);
+      fed.log_probs.push_back(log_prob);
+      fed.versions.push_back(version);
+      fed.experts.insert(fed.experts.end(), experts.begin(), experts.end());
+    }
+    const float reward = static_cast<float>(turn) * 0.5f;
+    EXPECT_TRUE(segmenter.EndStep(reward).ok());
+    fed.steps.emplace_back(static_cast<int64_t>(fed.tokens.size()), reward);
+    segmenter.MarkTurnBoundary(1000 + fed.tokens.size());
+    fed.boundaries.push_back(static_cast<int64_t>(fed.tokens.size()));
+  }
+  return fed;
+}
+
+void CheckReassembly(const std::vector<schema::SegmentData>& segments, const Fed& fed,
+                     int64_t segment_tokens, int64_t layers, int64_t k) {
+  ASSERT_FALSE(segments.empty());
+  std::vector<int32_t> tokens;
+  std::vector<Role> roles;
+  std::vector<float> log_probs;
+  std::vector<uint64_t> versions;
+  std::vector<uint16_t> experts;
+  std::vector<std::pair<int64_t, float>> steps;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const schema::SegmentData& s = segments[i];
+    ASSERT_TRUE(schema::ValidateSegment(s, {}).ok()) << schema::ValidateSegment(s, {}).ToString();
+    EXPECT_EQ(s.segment_index, i);
+    EXPECT_EQ(s.token_begin, tokens.size());
+    EXPECT_EQ(s.is_last, i + 1 == segments.size());
+    EXPECT_LE(static_cast<int64_t>(s.tokens.size()), segment_tokens);
+    EXPECT_EQ(s.env, "calculator");
+    EXPECT_EQ(s.routing.layers, layers);
+    EXPECT_EQ(s.routing.top_k, k);
+    // A digest is present exactly when the segment starts at a boundary the actor marked.
+    const bool at_boundary = std::find(fed.boundaries.begin(), fed.boundaries.end(),
+                                       static_cast<int64_t>(s.token_begin)) != fed.boundaries.end();
+    EXPECT_EQ(!s.state_digest.empty(), at_boundary) << "segment " << i;
+    for (size_t t = 0; t < s.tokens.size(); ++t) {
+      size_t run = 0;
+      while (run + 1 < s.policy_runs.size() && s.policy_runs[run + 1].begin <= t) ++run;
+      if (schema::IsAction(s.roles[t])) versions.push_back(s.policy_runs[run].version);
+    }
+    for (const schema::Step& step : s.steps) {
+      steps.emplace_back(static_cast<int64_t>(s.token_begin + step.end), step.process_reward);
+    }
+    tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
+    roles.insert(roles.end(), s.roles.begin(), s.roles.end());
+    log_probs.insert(log_probs.end(), s.behaviour_logprobs.begin(), s.behaviour_logprobs.end());
+    experts.insert(experts.end(), s.routing.experts.begin(), s.routing.experts.end());
+  }
+  EXPECT_EQ(tokens, fed.tokens);
+  EXPECT_EQ(roles, fed.roles);
+  EXPECT_EQ(log_probs, fed.log_probs);
+  EXPECT_EQ(versions, fed.versions);
+  EXPECT_EQ(experts, fed.experts);
+  EXPECT_EQ(steps, fed.steps);
+}
+
+TEST(Segmenter, ReassemblesIntoTheTrajectoryAcrossSegmentSizes) {
+  for (int64_t segment_tokens : {1, 7, 50, 100, 4096}) {
+    for (uint64_t seed = 0; seed < 5; ++seed) {
+      SegmenterOptions options{segment_tokens, "calculator", "", 3, 2};
+      Segmenter segmenter(options, NewTrajectoryId());
+      Fed fed = FeedEpisode(segmenter, seed, 12, 3, 2);
+      std::vector<schema::SegmentData> segments = segmenter.TakeReady();
+      auto rest = segmenter.Finish(1.5f, {{"status", "ok"}});
+      ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+      segments.insert(segments.end(), rest->begin(), rest->end());
+      CheckReassembly(segments, fed, segment_tokens, 3, 2);
+      EXPECT_FLOAT_EQ(segments.back().outcome_reward, 1.5f);
+      ASSERT_EQ(segments.back().metadata.size(), 1u);
+      SCOPED_TRACE(segment_tokens);
+    }
+  }
+}
+
+TEST(Segmenter, CutsAtTheLastTurnBoundaryInTheWindow) {
+  SegmenterOptions options{100, "calculator", "", 0, 0};
+  Segmenter segmenter(options, NewTrajectoryId());
+  std::vector<int32_t> sixty(60, 'a'), thirty(30, 'b'), twenty(20, 'c');
+  ASSERT_TRUE(segmenter.AddContext(sixty, Role::kUser).ok());
+  segmenter.MarkTurnBoundary(std::nullopt);  // at 60
+  ASSERT_TRUE(segmenter.AddContext(thirty, Role::kToolResult).ok());
+  segmenter.MarkTurnBoundary(77);  // at 90
+  ASSERT_TRUE(segmenter.AddContext(twenty, Role::kUser).ok());  // 110 waiting: cut at 90
+  auto ready = segmenter.TakeReady();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].tokens.size(), 90u);
+  auto rest = segmenter.Finish(0, {});
+  ASSERT_TRUE(rest.ok());
+  ASSERT_EQ(rest->size(), 1u);
+  EXPECT_EQ((*rest)[0].token_begin, 90u);
+  EXPECT_EQ((*rest)[0].state_digest, "000000000000004d");
+}
+
+TEST(Segmenter, LongTurnWithoutBoundaryIsCutAtTheWindow) {
+  SegmenterOptions options{64, "retrieval", "", 0, 0};
+  Segmenter segmenter(options, NewTrajectoryId());
+  segmenter.MarkTurnBoundary(std::nullopt);
+  std::vector<int32_t> long_turn(1000, 'x');
+  ASSERT_TRUE(segmenter.AddContext(long_turn, Role::kUser).ok());
+  auto ready = segmenter.TakeReady();
+  // A boundary near the window's start (here none) never makes a tiny segment.
+  ASSERT_EQ(ready.size(), 15u);
+  for (const auto& s : ready) EXPECT_EQ(s.tokens.size(), 64u);
+  auto rest = segmenter.Finish(0, {});
+  ASSERT_TRUE(rest.ok());
+  EXPECT_EQ(rest->back().tokens.size(), 1000u - 15 * 64);
+}
+
+TEST(Segmenter, RejectsMisuse) {
+  SegmenterOptions options{64, "calculator", "", 2, 1};
+  Segmenter segmenter(options, NewTrajectoryId());
+  std::vector<int32_t> one{1};
+  EXPECT_TRUE(segmenter.AddContext(one, Role::kModel).IsInvalidArgument());
+  std::vector<uint16_t> wrong_experts{1};
+  EXPECT_TRUE(segmenter.AddAction(5, Role::kModel, -1, 0, wrong_experts).IsInvalidArgument());
+  EXPECT_FALSE(segmenter.EndStep(0).ok());  // no tokens yet
+  EXPECT_FALSE(segmenter.Finish(0, {}).ok());
+}
+
+}  // namespace
+}  // namespace strider::actors
