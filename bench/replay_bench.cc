@@ -10,6 +10,7 @@
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
 #include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,7 +41,9 @@ constexpr int kActors = 4;
 
 struct Frame {
   schema::SegmentKey key;
-  std::string bytes;
+  // Shared: the actor clients send from these bytes without copying them, as an actor sends the
+  // frame it just encoded.
+  std::shared_ptr<const std::string> bytes;
 };
 
 // Segments of random tokens, roles and log-probs whose envelopes are close to `target_bytes`.
@@ -68,7 +71,7 @@ std::vector<Frame> MakeFrames(size_t target_bytes, size_t count, uint64_t seed) 
       std::fprintf(stderr, "replay_bench: %s\n", frame.status().ToString().c_str());
       std::exit(1);
     }
-    frames.push_back({s.key(), std::move(*frame)});
+    frames.push_back({s.key(), std::make_shared<const std::string>(std::move(*frame))});
   }
   return frames;
 }
@@ -85,13 +88,42 @@ void PrintWithBaseline(const std::string& metric, double value, const std::strin
   std::fflush(stdout);
 }
 
+// Process CPU time and page faults around one measured run, written to stderr: the JSON ratios
+// say how fast, these say where a slow run's time went (CPU spent per MB, or waiting).
+class RunCost {
+ public:
+  RunCost() : start_(Clock::now()), usage_(Usage()) {}
+  void Report(const std::string& what, uint64_t bytes) const {
+    const rusage now = Usage();
+    auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+    const double cpu = seconds(now.ru_utime) - seconds(usage_.ru_utime) + seconds(now.ru_stime) -
+                       seconds(usage_.ru_stime);
+    const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double mb = static_cast<double>(bytes) / 1e6;
+    std::fprintf(stderr,
+                 "replay_bench: %-14s wall %.3f s, cpu %.3f s (%.2f ms/MB), %ld minor faults "
+                 "(%.0f per MB)\n",
+                 what.c_str(), wall, cpu, cpu * 1e3 / mb, now.ru_minflt - usage_.ru_minflt,
+                 static_cast<double>(now.ru_minflt - usage_.ru_minflt) / mb);
+  }
+
+ private:
+  static rusage Usage() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return usage;
+  }
+  Clock::time_point start_;
+  rusage usage_;
+};
+
 double MegabytesPerSecond(uint64_t bytes, Clock::duration elapsed) {
   return static_cast<double>(bytes) / 1e6 / std::chrono::duration<double>(elapsed).count();
 }
 
 uint64_t TotalBytes(const std::vector<Frame>& frames) {
   uint64_t total = 0;
-  for (const Frame& f : frames) total += f.bytes.size();
+  for (const Frame& f : frames) total += f.bytes->size();
   return total;
 }
 
@@ -109,6 +141,7 @@ double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) 
     std::exit(1);
   }
   std::unique_ptr<rocksdb::DB> db(raw);
+  const RunCost cost;
   const auto start = Clock::now();
   std::vector<std::thread> threads;
   for (int a = 0; a < kActors; ++a) {
@@ -119,7 +152,7 @@ double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) 
         const std::string key = replay::SegmentStoreKey(frames[i].key);
         const std::string sequence = replay::EncodeU64(i + 1);
         rocksdb::Slice key_slice(key);
-        rocksdb::Slice value_parts[2] = {rocksdb::Slice(sequence), rocksdb::Slice(frames[i].bytes)};
+        rocksdb::Slice value_parts[2] = {rocksdb::Slice(sequence), rocksdb::Slice(*frames[i].bytes)};
         rocksdb::WriteBatch batch;
         batch.Put(rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(value_parts, 2));
         (void)db->Write(write, &batch);
@@ -128,6 +161,7 @@ double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) 
   }
   for (auto& t : threads) t.join();
   const auto elapsed = Clock::now() - start;
+  cost.Report("raw rocksdb", TotalBytes(frames));
   db->Close();
   db.reset();
   std::filesystem::remove_all(dir);
@@ -155,6 +189,7 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
     actors.push_back(replay::ActorClient::Connect(client).value());
   }
   std::atomic<int> failures{0};
+  const RunCost cost;
   const auto start = Clock::now();
   std::vector<std::thread> threads;
   for (int a = 0; a < kActors; ++a) {
@@ -167,6 +202,7 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
   }
   for (auto& t : threads) t.join();
   const auto elapsed = Clock::now() - start;
+  cost.Report("replay ingest", TotalBytes(frames));
   if (failures > 0) std::fprintf(stderr, "replay_bench: %d ingest failures\n", failures.load());
   actors.clear();
   (*server)->Stop();
@@ -182,6 +218,7 @@ double RawZmqRate(const std::vector<Frame>& frames) {
   pull.set(zmq::sockopt::linger, 0);
   pull.bind("tcp://127.0.0.1:0");
   const std::string endpoint = pull.get(zmq::sockopt::last_endpoint);
+  const RunCost cost;
   const auto start = Clock::now();
   std::vector<std::thread> threads;
   for (int a = 0; a < kActors; ++a) {
@@ -190,8 +227,7 @@ double RawZmqRate(const std::vector<Frame>& frames) {
       push.set(zmq::sockopt::linger, -1);
       push.connect(endpoint);
       for (size_t i = a; i < frames.size(); i += kActors) {
-        push.send(zmq::const_buffer(frames[i].bytes.data(), frames[i].bytes.size()),
-                  zmq::send_flags::none);
+        (void)transport::SendShared(push, frames[i].bytes);  // zero-copy, as the clients send
       }
     });
   }
@@ -201,6 +237,7 @@ double RawZmqRate(const std::vector<Frame>& frames) {
   }
   const auto elapsed = Clock::now() - start;
   for (auto& t : threads) t.join();
+  cost.Report("raw zeromq", TotalBytes(frames));
   return MegabytesPerSecond(TotalBytes(frames), elapsed);
 }
 

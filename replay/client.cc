@@ -101,7 +101,7 @@ Status ActorClient::HandleReply(std::string_view frame) {
       for (const schema::SegmentKey& key : message->ack) {
         auto it = unacked_.find(key);
         if (it == unacked_.end() || !it->second.sent) continue;
-        in_flight_bytes_ -= std::min<uint64_t>(in_flight_bytes_, it->second.frame.size());
+        in_flight_bytes_ -= std::min<uint64_t>(in_flight_bytes_, it->second.frame->size());
         unacked_.erase(it);
         acked_.push_back(key);
         ++acked_count_;
@@ -115,7 +115,7 @@ Status ActorClient::HandleReply(std::string_view frame) {
       if (!error.has_key) break;
       auto it = unacked_.find(error.key);
       if (it == unacked_.end() || !it->second.sent) break;
-      in_flight_bytes_ -= std::min<uint64_t>(in_flight_bytes_, it->second.frame.size());
+      in_flight_bytes_ -= std::min<uint64_t>(in_flight_bytes_, it->second.frame->size());
       if (error.reason == schema::reject::kCredit || error.message.rfind("storage:", 0) == 0) {
         // Transient: send it again later.
         it->second.sent = false;
@@ -155,9 +155,9 @@ Status ActorClient::SendWaiting() {
       queue.pop_front();
       continue;
     }
-    const uint64_t size = it->second.frame.size();
+    const uint64_t size = it->second.frame->size();
     if (credit_bytes_ == 0 || in_flight_bytes_ + size > credit_bytes_) return Status::Ok();
-    STRIDER_RETURN_IF_ERROR(transport::SendParts(socket_->socket, {it->second.frame}));
+    STRIDER_RETURN_IF_ERROR(transport::SendShared(socket_->socket, it->second.frame));
     if (in_flight_bytes_ == 0) last_progress_ = Clock::now();
     in_flight_bytes_ += size;
     it->second.sent = true;
@@ -172,9 +172,15 @@ Status ActorClient::Send(const schema::SegmentData& segment) {
 }
 
 Status ActorClient::SendFrame(const schema::SegmentKey& key, std::string frame) {
-  if (frame.size() > options_.limits.max_message_bytes) {
+  return SendFrame(key, std::make_shared<const std::string>(std::move(frame)));
+}
+
+Status ActorClient::SendFrame(const schema::SegmentKey& key,
+                              std::shared_ptr<const std::string> frame) {
+  if (frame == nullptr) return Status::InvalidArgument("segment " + key.ToString() + ": no frame");
+  if (frame->size() > options_.limits.max_message_bytes) {
     return Status::InvalidArgument("segment " + key.ToString() + " is " +
-                                   std::to_string(frame.size()) +
+                                   std::to_string(frame->size()) +
                                    " bytes, over the message size limit");
   }
   auto [it, inserted] = unacked_.try_emplace(key);

@@ -42,8 +42,11 @@ class ActorClient {
   // InvalidArgument for a segment that fails validation (nothing is sent), Unavailable when the
   // server made no progress for give_up_after.
   Status Send(const schema::SegmentData& segment);
-  // Sends an already encoded segment frame (the benchmark reuses frames).
+  // Sends an already encoded segment frame (the benchmark reuses frames). The shared form never
+  // copies the bytes: ZeroMQ sends from them, and the client keeps a reference until the segment
+  // is acknowledged (for resends), so the caller may share one frame between clients.
   Status SendFrame(const schema::SegmentKey& key, std::string frame);
+  Status SendFrame(const schema::SegmentKey& key, std::shared_ptr<const std::string> frame);
   // Waits until every sent segment is acknowledged or rejected, up to `timeout`.
   Status Flush(std::chrono::milliseconds timeout);
 
@@ -63,7 +66,7 @@ class ActorClient {
 
  private:
   struct Unacked {
-    std::string frame;
+    std::shared_ptr<const std::string> frame;
     bool sent = false;
   };
   explicit ActorClient(ActorClientOptions options);

@@ -71,19 +71,8 @@ std::string DeriveLearnerEndpoint(const std::string& actor) {
   }
 }
 
-// What the writer needs of a segment besides its bytes.
-struct SegmentFacts {
-  schema::SegmentKey key;
-  std::string table;
-  std::string env;
-  uint64_t min_policy_version = 0;
-  uint64_t max_policy_version = 0;
-  uint64_t tokens = 0;
-  uint32_t steps = 0;
-  float process_reward_sum = 0;
-  bool is_last = false;
-  float outcome_reward = 0;
-};
+// What the writer needs of a segment besides its bytes: read while it was validated in place.
+using schema::SegmentFacts;
 
 struct PendingSegment {
   std::string identity;
@@ -428,7 +417,10 @@ void ServerImpl::Reject(zmq::socket_t& socket, const std::string& identity, cons
 
 void ServerImpl::HandleActorFrame(const std::string& identity, zmq::message_t frame) {
   const std::string_view bytes = transport::View(frame);
-  Result<schema::Message> message = schema::Decode(bytes, limits_);
+  // Validated on the reader over the received bytes, arrays never copied: the bytes themselves
+  // are what the store keeps.
+  Result<schema::Message> message =
+      schema::Decode(bytes, limits_, schema::SegmentDecoding::kFactsOnly);
   if (!message.ok()) {
     Reject(actor_socket_, identity, message.status(), nullptr);
     return;
@@ -451,7 +443,7 @@ void ServerImpl::HandleActorFrame(const std::string& identity, zmq::message_t fr
              nullptr);
       return;
   }
-  const schema::SegmentData& segment = message->segment;
+  SegmentFacts& segment = message->segment_facts;
   if (!greeted_.count(identity)) {
     // A client that spoke to a previous server instance: tell it who we are, so it resends what
     // that instance never acknowledged. Its segment is still taken.
@@ -462,7 +454,7 @@ void ServerImpl::HandleActorFrame(const std::string& identity, zmq::message_t fr
   const bool known_table =
       std::any_of(options_.tables.begin(), options_.tables.end(),
                   [&](const TableConfig& t) { return t.name == table; });
-  const schema::SegmentKey key = segment.key();
+  const schema::SegmentKey key = segment.key;
   if (!known_table) {
     Reject(actor_socket_, identity,
            Status::InvalidArgument(std::string(schema::reject::kUnexpected) +
@@ -484,17 +476,8 @@ void ServerImpl::HandleActorFrame(const std::string& identity, zmq::message_t fr
   PendingSegment pending;
   pending.identity = identity;
   pending.frame = std::move(frame);
-  SegmentFacts& facts = pending.facts;
-  facts.key = key;
-  facts.table = table;
-  facts.env = segment.env;
-  facts.min_policy_version = segment.MinPolicyVersion();
-  facts.max_policy_version = segment.MaxPolicyVersion();
-  facts.tokens = segment.tokens.size();
-  facts.steps = static_cast<uint32_t>(segment.steps.size());
-  for (const schema::Step& step : segment.steps) facts.process_reward_sum += step.process_reward;
-  facts.is_last = segment.is_last;
-  facts.outcome_reward = segment.outcome_reward;
+  pending.facts = std::move(segment);
+  pending.facts.table = table;
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     queue_.push_back(std::move(pending));

@@ -105,4 +105,24 @@ Status SendParts(zmq::socket_t& socket, const std::vector<std::string_view>& par
   }
 }
 
+Status SendShared(zmq::socket_t& socket, std::shared_ptr<const std::string> bytes,
+                  bool dont_wait) {
+  // The message owns one reference, released by ZeroMQ (possibly on its I/O thread) when done.
+  auto* owner = new std::shared_ptr<const std::string>(std::move(bytes));
+  const std::string& data = **owner;
+  zmq::message_t message(
+      const_cast<char*>(data.data()), data.size(),
+      [](void*, void* hint) { delete static_cast<std::shared_ptr<const std::string>*>(hint); },
+      owner);
+  try {
+    const auto sent =
+        socket.send(message, dont_wait ? zmq::send_flags::dontwait : zmq::send_flags::none);
+    // Not sent: `message` still owns the reference and releases it when it goes out of scope.
+    if (!sent) return Status::ResourceExhausted("zmq send would block (peer pipe full)");
+    return Status::Ok();
+  } catch (const zmq::error_t& error) {
+    return Status::Unavailable(std::string("zmq send failed: ") + error.what());
+  }
+}
+
 }  // namespace strider::transport

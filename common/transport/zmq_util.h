@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,6 +42,11 @@ Result<std::vector<zmq::message_t>> ReceiveParts(zmq::socket_t& socket);
 // in which case a full pipe gives ResourceExhausted.
 Status SendParts(zmq::socket_t& socket, const std::vector<std::string_view>& parts,
                  bool dont_wait = false);
+
+// Sends `bytes` as a one-part message without copying them: ZeroMQ holds a reference until its
+// I/O thread has written them (also past a close with pending messages). Blocks like SendParts.
+Status SendShared(zmq::socket_t& socket, std::shared_ptr<const std::string> bytes,
+                  bool dont_wait = false);
 
 inline std::string_view View(const zmq::message_t& message) {
   return {static_cast<const char*>(message.data()), message.size()};
