@@ -1,0 +1,338 @@
+#include "common/transport/weight_stream.h"
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "common/schema/crc32c.h"
+#include "common/transport/zmq_util.h"
+
+namespace strider::transport {
+namespace {
+
+constexpr uint32_t kMagic = 0x57525453;  // "STRW" little-endian
+constexpr uint16_t kProtocol = 1;
+enum Kind : uint8_t { kQuery = 1, kChunkRequest = 2, kManifest = 3, kChunk = 4, kGone = 5 };
+constexpr size_t kHeaderBytes = 7;
+
+class Writer {
+ public:
+  explicit Writer(Kind kind) {
+    Put(kMagic);
+    Put(kProtocol);
+    Put(static_cast<uint8_t>(kind));
+  }
+  template <typename T>
+  Writer& Put(T value) {
+    char bytes[sizeof(T)];
+    std::memcpy(bytes, &value, sizeof(T));
+    out_.append(bytes, sizeof(T));
+    return *this;
+  }
+  Writer& PutBytes(std::string_view bytes) {
+    Put(static_cast<uint32_t>(bytes.size()));
+    out_.append(bytes);
+    return *this;
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string_view bytes) : bytes_(bytes) {}
+  template <typename T>
+  bool Get(T* value) {
+    if (bytes_.size() - offset_ < sizeof(T)) return false;
+    std::memcpy(value, bytes_.data() + offset_, sizeof(T));
+    offset_ += sizeof(T);
+    return true;
+  }
+  bool GetBytes(std::string_view* out) {
+    uint32_t length = 0;
+    if (!Get(&length) || bytes_.size() - offset_ < length) return false;
+    *out = bytes_.substr(offset_, length);
+    offset_ += length;
+    return true;
+  }
+  // Checks the header and returns the kind, or 0.
+  uint8_t Header() {
+    uint32_t magic = 0;
+    uint16_t protocol = 0;
+    uint8_t kind = 0;
+    if (!Get(&magic) || !Get(&protocol) || !Get(&kind)) return 0;
+    if (magic != kMagic || protocol != kProtocol) return 0;
+    return kind;
+  }
+
+ private:
+  std::string_view bytes_;
+  size_t offset_ = 0;
+};
+
+struct Version {
+  uint64_t version = 0;
+  std::shared_ptr<const std::string> bytes;
+  std::string metadata;
+  uint32_t crc = 0;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------- publisher
+
+struct WeightPublisher::Impl {
+  WeightPublisherOptions options;
+  zmq::context_t context{1};
+  zmq::socket_t socket;
+  std::string endpoint;
+  std::mutex mutex;
+  std::deque<Version> versions;  // oldest first
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> chunks_served{0};
+  std::thread thread;
+
+  std::string Answer(std::string_view request) {
+    Reader reader(request);
+    const uint8_t kind = reader.Header();
+    std::lock_guard<std::mutex> lock(mutex);
+    if (kind == kQuery) {
+      uint64_t have = 0;
+      if (!reader.Get(&have)) return "";
+      Writer writer(kManifest);
+      if (versions.empty() || versions.back().version <= have) {
+        writer.Put(uint64_t{0}).Put(uint64_t{0}).Put(uint32_t{0}).Put(uint32_t{0}).Put(uint32_t{0});
+        writer.PutBytes("");
+        return writer.Take();
+      }
+      const Version& newest = versions.back();
+      const uint64_t total = newest.bytes->size();
+      const uint32_t chunks =
+          static_cast<uint32_t>((total + options.chunk_bytes - 1) / options.chunk_bytes);
+      writer.Put(newest.version).Put(total).Put(options.chunk_bytes).Put(chunks).Put(newest.crc);
+      writer.PutBytes(newest.metadata);
+      return writer.Take();
+    }
+    if (kind == kChunkRequest) {
+      uint64_t version = 0;
+      uint32_t index = 0;
+      if (!reader.Get(&version) || !reader.Get(&index)) return "";
+      for (const Version& held : versions) {
+        if (held.version != version) continue;
+        const uint64_t begin = uint64_t{index} * options.chunk_bytes;
+        if (begin >= held.bytes->size() && !(begin == 0 && held.bytes->empty())) break;
+        const std::string_view chunk =
+            std::string_view(*held.bytes).substr(begin, options.chunk_bytes);
+        ++chunks_served;
+        return Writer(kChunk)
+            .Put(version)
+            .Put(index)
+            .Put(schema::Crc32c(chunk))
+            .PutBytes(chunk)
+            .Take();
+      }
+      return Writer(kGone).Put(version).Take();
+    }
+    return "";  // not ours: ignored, the peer times out
+  }
+
+  void Loop() {
+    while (!stop) {
+      Result<bool> readable = WaitReadable(socket, std::chrono::milliseconds(50));
+      if (!readable.ok() || !*readable) continue;
+      while (true) {
+        Result<std::vector<zmq::message_t>> parts = ReceiveParts(socket);
+        if (!parts.ok() || parts->size() < 2) break;
+        const std::string reply = Answer(View(parts->back()));
+        if (reply.empty()) continue;
+        // ROUTER: the peer's identity first. dont_wait: a peer that stopped reading loses its
+        // reply and asks again after its timeout, instead of stalling everyone else.
+        (void)SendParts(socket, {View((*parts)[0]), reply}, /*dont_wait=*/true);
+      }
+    }
+  }
+};
+
+WeightPublisher::WeightPublisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+WeightPublisher::~WeightPublisher() {
+  impl_->stop = true;
+  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->socket.close();
+}
+
+Result<std::unique_ptr<WeightPublisher>> WeightPublisher::Start(
+    const WeightPublisherOptions& options) {
+  STRIDER_RETURN_IF_ERROR(CheckEndpoint(options.endpoint));
+  if (options.chunk_bytes == 0) {
+    return Status::InvalidArgument("weight publisher: chunk_bytes must be > 0");
+  }
+  if (options.keep_versions < 1) {
+    return Status::InvalidArgument("weight publisher: keep_versions must be >= 1");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  STRIDER_ASSIGN_OR_RETURN(impl->socket, MakeSocket(impl->context, zmq::socket_type::router,
+                                                    size_t{1} << 20));
+  STRIDER_ASSIGN_OR_RETURN(std::string bound, Bind(impl->socket, options.endpoint));
+  impl->endpoint = LocalEndpoint(bound);
+  std::unique_ptr<WeightPublisher> publisher(new WeightPublisher(std::move(impl)));
+  publisher->impl_->thread = std::thread([p = publisher->impl_.get()] { p->Loop(); });
+  return publisher;
+}
+
+Status WeightPublisher::Publish(uint64_t version, std::string bytes, std::string metadata) {
+  Version published;
+  published.version = version;
+  published.crc = schema::Crc32c(bytes);
+  published.bytes = std::make_shared<const std::string>(std::move(bytes));
+  published.metadata = std::move(metadata);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (version == 0 || (!impl_->versions.empty() && impl_->versions.back().version >= version)) {
+    return Status::InvalidArgument(
+        "weight publisher: version " + std::to_string(version) + " is not newer than " +
+        std::to_string(impl_->versions.empty() ? 0 : impl_->versions.back().version) +
+        " (versions start at 1 and increase)");
+  }
+  impl_->versions.push_back(std::move(published));
+  while (static_cast<int>(impl_->versions.size()) > impl_->options.keep_versions) {
+    impl_->versions.pop_front();
+  }
+  return Status::Ok();
+}
+
+std::string WeightPublisher::endpoint() const { return impl_->endpoint; }
+uint64_t WeightPublisher::chunks_served() const { return impl_->chunks_served; }
+
+// ------------------------------------------------------------------------------- subscriber
+
+struct WeightSubscriber::Impl {
+  WeightSubscriberOptions options;
+  zmq::context_t context{1};
+  zmq::socket_t socket;
+  bool connected = false;
+
+  Status Reconnect() {
+    socket.close();
+    STRIDER_ASSIGN_OR_RETURN(socket, MakeSocket(context, zmq::socket_type::dealer,
+                                                size_t{1} << 31));
+    STRIDER_RETURN_IF_ERROR(transport::Connect(socket, options.endpoint));
+    connected = true;
+    return Status::Ok();
+  }
+
+  // The next reply, or Unavailable after the timeout (the socket is then dropped, so late
+  // replies of this exchange never mix into the next one).
+  Result<std::string> Receive() {
+    STRIDER_ASSIGN_OR_RETURN(bool readable, WaitReadable(socket, options.reply_timeout));
+    if (readable) {
+      STRIDER_ASSIGN_OR_RETURN(std::vector<zmq::message_t> parts, ReceiveParts(socket));
+      if (!parts.empty()) return std::string(View(parts.back()));
+    }
+    connected = false;
+    return Status::Unavailable("weight publisher at " + options.endpoint + " did not answer in " +
+                               std::to_string(options.reply_timeout.count()) + " ms");
+  }
+
+  Result<std::optional<WeightUpdate>> Fetch(uint64_t have) {
+    if (!connected) STRIDER_RETURN_IF_ERROR(Reconnect());
+    STRIDER_RETURN_IF_ERROR(SendParts(socket, {Writer(kQuery).Put(have).Take()}));
+    STRIDER_ASSIGN_OR_RETURN(std::string manifest, Receive());
+    Reader reader(manifest);
+    uint64_t version = 0, total = 0;
+    uint32_t chunk_bytes = 0, chunks = 0, crc = 0;
+    std::string_view metadata;
+    if (reader.Header() != kManifest || !reader.Get(&version) || !reader.Get(&total) ||
+        !reader.Get(&chunk_bytes) || !reader.Get(&chunks) || !reader.Get(&crc) ||
+        !reader.GetBytes(&metadata)) {
+      connected = false;
+      return Status::Corruption("weight stream: malformed manifest from " + options.endpoint);
+    }
+    if (version == 0 || version <= have) return std::optional<WeightUpdate>();
+    if (total > options.max_total_bytes || chunk_bytes == 0 ||
+        uint64_t{chunks} != (total + chunk_bytes - 1) / chunk_bytes) {
+      connected = false;
+      return Status::Corruption("weight stream: manifest of version " + std::to_string(version) +
+                                " is inconsistent (" + std::to_string(total) + " bytes, " +
+                                std::to_string(chunks) + " chunks of " +
+                                std::to_string(chunk_bytes) + ")");
+    }
+    WeightUpdate update;
+    update.version = version;
+    update.metadata = std::string(metadata);
+    update.bytes.resize(total);
+    std::vector<bool> have_chunk(chunks, false);
+    uint32_t next = 0, received = 0, in_flight = 0;
+    while (received < chunks) {
+      while (next < chunks && in_flight < static_cast<uint32_t>(options.window)) {
+        STRIDER_RETURN_IF_ERROR(
+            SendParts(socket, {Writer(kChunkRequest).Put(version).Put(next).Take()}));
+        ++next;
+        ++in_flight;
+      }
+      STRIDER_ASSIGN_OR_RETURN(std::string reply, Receive());
+      Reader chunk_reader(reply);
+      const uint8_t kind = chunk_reader.Header();
+      if (kind == kGone) {
+        connected = false;  // drop replies still in flight for the old version
+        return Status::Unavailable("weight stream: version " + std::to_string(version) +
+                                   " was replaced while it was being fetched");
+      }
+      uint64_t chunk_version = 0;
+      uint32_t index = 0, chunk_crc = 0;
+      std::string_view bytes;
+      if (kind != kChunk || !chunk_reader.Get(&chunk_version) || !chunk_reader.Get(&index) ||
+          !chunk_reader.Get(&chunk_crc) || !chunk_reader.GetBytes(&bytes) ||
+          chunk_version != version || index >= chunks) {
+        connected = false;
+        return Status::Corruption("weight stream: malformed chunk reply for version " +
+                                  std::to_string(version));
+      }
+      const uint64_t begin = uint64_t{index} * chunk_bytes;
+      const uint64_t expected = std::min<uint64_t>(chunk_bytes, total - begin);
+      if (bytes.size() != expected || schema::Crc32c(bytes) != chunk_crc) {
+        connected = false;
+        return Status::Corruption("weight stream: chunk " + std::to_string(index) +
+                                  " of version " + std::to_string(version) +
+                                  " fails its checksum or length");
+      }
+      if (!have_chunk[index]) {
+        std::memcpy(update.bytes.data() + begin, bytes.data(), bytes.size());
+        have_chunk[index] = true;
+        ++received;
+      }
+      --in_flight;
+    }
+    if (schema::Crc32c(update.bytes) != crc) {
+      return Status::Corruption("weight stream: version " + std::to_string(version) +
+                                " fails the checksum of the whole");
+    }
+    return std::optional<WeightUpdate>(std::move(update));
+  }
+};
+
+WeightSubscriber::WeightSubscriber(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+WeightSubscriber::~WeightSubscriber() { impl_->socket.close(); }
+
+Result<std::unique_ptr<WeightSubscriber>> WeightSubscriber::Connect(
+    const WeightSubscriberOptions& options) {
+  STRIDER_RETURN_IF_ERROR(CheckEndpoint(options.endpoint));
+  if (options.window < 1) return Status::InvalidArgument("weight subscriber: window must be >= 1");
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  STRIDER_RETURN_IF_ERROR(impl->Reconnect());
+  return std::unique_ptr<WeightSubscriber>(new WeightSubscriber(std::move(impl)));
+}
+
+Result<std::optional<WeightUpdate>> WeightSubscriber::FetchNewer(uint64_t have_version) {
+  return impl_->Fetch(have_version);
+}
+
+}  // namespace strider::transport
