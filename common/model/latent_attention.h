@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/model/config.h"
 #include "common/model/ops.h"
@@ -63,13 +64,25 @@ struct LatentAttentionCache {
 
 enum class LatentAttentionForm { kExplicit, kAbsorbed };
 
-// The past of a batch whose sequences have different lengths (the rollout engine's paged cache,
-// gathered for one step). Row b holds its `lengths[b]` cached tokens first; entries past that are
-// padding, must be finite (zeros), and are masked out of the softmax.
+// A run of consecutive cached tokens of one sequence, read where it lives (a block of the rollout
+// engine's paged cache, or a row of a contiguous cache). Both views have unit stride in their
+// last dimension; rows may be strided.
+struct LatentAttentionPage {
+  at::Tensor latent;    // (n, Dc)
+  at::Tensor rope_key;  // (n, Dr)
+};
+
+// The past of a batch whose sequences have different lengths, in one of two forms:
+//   - padded: row b holds its `lengths[b]` cached tokens first; entries past that are padding,
+//     must be finite (zeros), and are masked out of the softmax;
+//   - paged (`pages` non-empty, latent/rope_key undefined): pages[b] lists row b's cached tokens
+//     in position order; their sizes sum to lengths[b]. The absorbed form reads them in place,
+//     block by block with an online softmax, so nothing of size (past) is copied or allocated.
 struct LatentAttentionPast {
   at::Tensor latent;    // (B, P, Dc)
   at::Tensor rope_key;  // (B, P, Dr)
   at::Tensor lengths;   // (B) int64, each <= P
+  std::vector<std::vector<LatentAttentionPage>> pages;
 };
 
 // The new rows a ragged-batch call produced, in the dtype of the past; the caller stores them.
@@ -89,6 +102,12 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& weights,
 // The same attention as the cache form (one implementation inside), for a batch whose rows have
 // pasts of different lengths: the T new tokens of row b sit at positions lengths[b].. and attend
 // to that row's past and to themselves causally. The new compressed rows are returned in *rows.
+//
+// Unless autograd records or the explicit form is asked for, both entry points take the
+// absorbed form blockwise (MODEL.md s.2): queries in the latent space score the cached rows
+// where they are, in blocks, with a running maximum and sum per query and head (online
+// softmax). Transient memory is bounded by a block of scores, whatever the past's length; the
+// result equals one softmax over everything up to rounding.
 at::Tensor LatentAttentionForwardRagged(const LatentAttentionWeights& weights,
                                         const LatentAttentionConfig& config, const at::Tensor& x,
                                         const LatentAttentionPast& past, double norm_epsilon,
