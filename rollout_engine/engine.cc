@@ -718,11 +718,7 @@ class EngineImpl final : public Engine {
     RaggedBatch ragged;
     ragged.layers.resize(config_.layers);
     std::vector<int64_t> lengths;
-    int64_t longest = 0;
-    for (Sequence* row : rows) {
-      lengths.push_back(row->length);
-      longest = std::max(longest, row->length);
-    }
+    for (Sequence* row : rows) lengths.push_back(row->length);
     ragged.past_lengths = at::tensor(lengths, at::kLong);
     for (int64_t i = 0; i < config_.layers; ++i) {
       if (kinds_[i] != 'I') continue;
@@ -742,11 +738,16 @@ class EngineImpl final : public Engine {
     for (Sequence* row : rows) tables.push_back(&row->table);
     const int64_t latent_rank = config_.latent.kv_rank;
     const int64_t rope = config_.latent.rope_dim;
+    // The past is read in place from the blocks (views, nothing copied).
     ragged.load_past = [&](int64_t layer) {
-      at::Tensor gathered = cache_.Gather(tables, latent_index_[layer], longest);
       model::LatentAttentionPast past;
-      past.latent = gathered.narrow(-1, 0, latent_rank);
-      past.rope_key = gathered.narrow(-1, latent_rank, rope);
+      past.pages.resize(tables.size());
+      for (size_t b = 0; b < tables.size(); ++b) {
+        for (const at::Tensor& page : cache_.Pages(*tables[b], latent_index_[layer])) {
+          past.pages[b].push_back(
+              {page.narrow(-1, 0, latent_rank), page.narrow(-1, latent_rank, rope)});
+        }
+      }
       return past;
     };
     ForwardOptions forward;

@@ -101,6 +101,18 @@ void PagedCache::Release(BlockTable* table) {
   table->length = 0;
 }
 
+std::vector<at::Tensor> PagedCache::Pages(const BlockTable& table, int64_t layer) const {
+  std::vector<at::Tensor> pages;
+  pages.reserve(table.blocks.size());
+  const int64_t block = options_.block_tokens;
+  for (size_t i = 0; i < table.blocks.size(); ++i) {
+    const int64_t n = std::min<int64_t>(block, table.length - static_cast<int64_t>(i) * block);
+    if (n <= 0) break;
+    pages.push_back(storage_[table.blocks[i]].select(0, layer).narrow(0, 0, n));
+  }
+  return pages;
+}
+
 at::Tensor PagedCache::Gather(const std::vector<const BlockTable*>& tables, int64_t layer,
                               int64_t padded_length) const {
   const int64_t rows = static_cast<int64_t>(tables.size());

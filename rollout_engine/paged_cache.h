@@ -69,6 +69,11 @@ class PagedCache {
   // Drops the table's references; blocks nobody references return to the free list.
   void Release(BlockTable* table);
 
+  // Latent layer `layer` of the table's tokens as views of its blocks, in position order: one
+  // (n, W) tensor per block, n = block_tokens except for a partially filled last block. Valid
+  // until the table's blocks change; nothing is copied.
+  std::vector<at::Tensor> Pages(const BlockTable& table, int64_t layer) const;
+
   // Latent layer `layer` of every table, gathered into (B, padded_length, W) with zero padding
   // after each table's length (padded_length >= every length).
   at::Tensor Gather(const std::vector<const BlockTable*>& tables, int64_t layer,
