@@ -3,6 +3,8 @@
 #include <functional>
 
 #include "envs/calculator/calculator.h"
+#include "envs/external/external_env.h"
+#include "envs/plugin_loader.h"
 
 namespace strider::envs {
 namespace {
@@ -55,12 +57,26 @@ Result<std::unique_ptr<Environment>> MakeEnvironment(const EnvironmentConfig& co
     return Status::InvalidArgument("environment '" + config.name +
                                    "': set either `library` or `command`, not both");
   }
+  if (!config.library.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Environment> env,
+                             LoadPluginEnvironment(config.library, config.options));
+    const std::string reported = env->Describe().name;
+    if (!config.name.empty() && config.name != reported) {
+      return Status::InvalidArgument("environment plug-in " + config.library +
+                                     " describes itself as '" + reported +
+                                     "', the config names '" + config.name + "'");
+    }
+    return env;
+  }
+  if (!config.command.empty()) return MakeExternalEnvironment(config);
   const BuiltIn* built_in = FindBuiltIn(config.name);
   if (built_in == nullptr) return UnknownName(config.name);
   return built_in->make(config.options);
 }
 
 Result<std::unique_ptr<ScriptedPolicy>> MakeScriptedPolicy(const EnvironmentConfig& config) {
+  if (!config.library.empty()) return LoadPluginPolicy(config.library);
+  if (!config.command.empty()) return MakeExternalPolicy(config);
   const BuiltIn* built_in = FindBuiltIn(config.name);
   if (built_in == nullptr) return UnknownName(config.name);
   return built_in->policy();

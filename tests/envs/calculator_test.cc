@@ -4,6 +4,7 @@
 
 #include "envs/registry.h"
 #include "envs/tools.h"
+#include "tests/envs/play.h"
 
 namespace strider::envs {
 namespace {
@@ -26,28 +27,6 @@ TEST(Arithmetic, EvaluatesAndRejects) {
   EXPECT_FALSE(EvaluateArithmetic(std::string(300, '1')).ok());
 }
 
-// Plays an episode with the scripted policy; returns the step results.
-std::vector<StepResult> Play(Environment& env, ScriptedPolicy& policy, uint64_t seed,
-                             const Options& episode = {}) {
-  std::vector<StepResult> steps;
-  Result<Observation> first = env.Reset(seed, episode);
-  EXPECT_TRUE(first.ok()) << first.status().ToString();
-  if (!first.ok()) return steps;
-  std::vector<Observation> observations = {*first};
-  for (int turn = 0; turn < env.Describe().max_turns; ++turn) {
-    Result<std::string> text = policy.NextTurn(observations);
-    EXPECT_TRUE(text.ok()) << text.status().ToString();
-    if (!text.ok()) break;
-    Result<StepResult> step = env.Step(MakeAction(*text));
-    EXPECT_TRUE(step.ok()) << step.status().ToString();
-    if (!step.ok()) break;
-    steps.push_back(*step);
-    observations.push_back(step->observation);
-    if (step->done) break;
-  }
-  return steps;
-}
-
 TEST(Calculator, ScriptedPolicySolvesEveryDifficultyWithCorrectSteps) {
   auto env = Make();
   Result<std::unique_ptr<ScriptedPolicy>> policy = MakeScriptedPolicy({.name = "calculator"});
@@ -55,7 +34,7 @@ TEST(Calculator, ScriptedPolicySolvesEveryDifficultyWithCorrectSteps) {
   for (int difficulty = 1; difficulty <= 5; ++difficulty) {
     for (uint64_t seed = 0; seed < 20; ++seed) {
       const std::vector<StepResult> steps =
-          Play(*env, **policy, seed, {{"difficulty", std::to_string(difficulty)}});
+          testing::Play(*env, **policy, seed, {{"difficulty", std::to_string(difficulty)}}).steps;
       ASSERT_EQ(steps.size(), static_cast<size_t>(difficulty + 2)) << "seed " << seed;
       for (const StepResult& step : steps) {
         EXPECT_EQ(step.label, StepLabel::kCorrect) << step.observation.text;
