@@ -7,6 +7,7 @@
 #include "rollout_engine/engine.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
@@ -250,7 +251,7 @@ class EngineImpl final : public Engine {
         SequenceStep& step = touched[id];
         step.id = id;
         const int64_t count = static_cast<int64_t>(sequence->pending.size());
-        if (PrefillChunk(sequence->length, count) == count) {
+        if (PrefillChunk(count) == count) {
           by_length[count].push_back(sequence.get());
         } else {
           STRIDER_RETURN_IF_ERROR(Prefill(sequence.get(), &step, &result));
@@ -550,6 +551,50 @@ class EngineImpl final : public Engine {
     return Status::Ok();
   }
 
+  Status FillForBenchmark(SequenceId id, int64_t tokens, uint64_t seed) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "fill for benchmark"));
+    if (sequence->status != SequenceStatus::kIdle || !sequence->pending.empty()) {
+      return Status::FailedPrecondition("fill for benchmark: sequence " + std::to_string(id) +
+                                        " is not idle");
+    }
+    if (tokens < 1) {
+      return Status::InvalidArgument("fill for benchmark: tokens must be >= 1, got " +
+                                     std::to_string(tokens));
+    }
+    if (sequence->length + tokens > config_.context) {
+      return Status::OutOfRange("fill for benchmark: " + std::to_string(sequence->length) +
+                                " + " + std::to_string(tokens) +
+                                " tokens exceed model.context = " +
+                                std::to_string(config_.context));
+    }
+    const int64_t needed = cache_.BlocksToAppend(sequence->table, tokens);
+    if (cache_.used_blocks() + ReservedBlocks(id) + needed > cache_.options().max_blocks) {
+      return Status::ResourceExhausted("fill for benchmark: " + std::to_string(tokens) +
+                                       " tokens need " + std::to_string(needed) +
+                                       " blocks the budget does not have");
+    }
+    return Guarded("fill for benchmark", [&]() -> Status {
+      at::Generator generator = at::detail::createCPUGenerator(seed);
+      const int64_t latent_rank = config_.latent.kv_rank;
+      constexpr int64_t kPiece = 65536;
+      for (int64_t done = 0; done < tokens && latent_layers_ > 0; done += kPiece) {
+        const int64_t n = std::min(kPiece, tokens - done);
+        std::vector<at::Tensor> rows;
+        for (int64_t layer = 0; layer < latent_layers_; ++layer) {
+          // Like real rows: c_kv with unit root-mean-square (RMSNorm), any shared key part.
+          at::Tensor latent = at::randn({n, latent_rank}, generator, at::kFloat);
+          latent = latent * at::rsqrt(latent.pow(2).mean(-1, true) + config_.norm_epsilon);
+          at::Tensor rope = at::randn({n, config_.latent.rope_dim}, generator, at::kFloat);
+          rows.push_back(at::cat({latent, rope}, -1));
+        }
+        STRIDER_RETURN_IF_ERROR(cache_.Append(&sequence->table, rows));
+      }
+      sequence->length += tokens;
+      return Status::Ok();
+    });
+  }
+
   Result<SequenceInfo> Info(SequenceId id) override {
     std::lock_guard<std::mutex> lock(mutex_);
     STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "info"));
@@ -809,15 +854,10 @@ class EngineImpl final : public Engine {
     return routing;
   }
 
-  // Largest prefill call that keeps latent attention's scores under the configured bytes.
-  int64_t PrefillChunk(int64_t length, int64_t remaining) const {
-    int64_t chunk = std::min(options_.prefill_chunk_tokens, remaining);
-    if (latent_layers_ == 0) return chunk;
-    const int64_t per_pair = config_.latent.heads * 4;
-    while (chunk > 1 && chunk * (length + chunk) * per_pair > options_.attention_scores_bytes) {
-      chunk = (chunk + 1) / 2;
-    }
-    return chunk;
+  // Tokens of the next prefill call. Latent attention works blockwise over the cache in place
+  // (its transient memory is a bounded tile of scores), so only the option limits the chunk.
+  int64_t PrefillChunk(int64_t remaining) const {
+    return std::min(options_.prefill_chunk_tokens, remaining);
   }
 
   Status Prefill(Sequence* sequence, SequenceStep* step, StepResult* result) {
@@ -825,7 +865,7 @@ class EngineImpl final : public Engine {
     size_t done = 0;
     const int64_t total = static_cast<int64_t>(sequence->pending.size());
     while (static_cast<int64_t>(done) < total) {
-      const int64_t count = PrefillChunk(sequence->length, total - static_cast<int64_t>(done));
+      const int64_t count = PrefillChunk(total - static_cast<int64_t>(done));
       at::Tensor tokens =
           at::tensor(std::vector<int64_t>(sequence->pending.begin() + done,
                                           sequence->pending.begin() + done + count),
@@ -856,19 +896,9 @@ class EngineImpl final : public Engine {
                       std::map<SequenceId, SequenceStep>* touched, StepResult* result) {
     size_t begin = 0;
     while (begin < group.size()) {
-      // As many rows as max_batch and the scores bound allow (at least one).
-      size_t end = begin + 1;
-      int64_t longest = group[begin]->length;
-      while (end < group.size() && static_cast<int64_t>(end - begin) < options_.max_batch) {
-        const int64_t candidate = std::max(longest, group[end]->length);
-        const int64_t rows = static_cast<int64_t>(end - begin) + 1;
-        if (latent_layers_ > 0 && rows * count * (candidate + count) * config_.latent.heads * 4 >
-                                      options_.attention_scores_bytes) {
-          break;
-        }
-        longest = candidate;
-        ++end;
-      }
+      // Up to max_batch rows per call.
+      const size_t end =
+          std::min(group.size(), begin + static_cast<size_t>(options_.max_batch));
       std::vector<Sequence*> rows(group.begin() + begin, group.begin() + end);
       std::vector<int64_t> tokens, firsts;
       for (Sequence* row : rows) {
@@ -1114,8 +1144,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
     return Status::InvalidArgument(
         "engine: max_batch, prefill_chunk_tokens and max_sequences must be >= 1");
   }
-  if (options.cache_budget_bytes < 0 || options.attention_scores_bytes < 1) {
-    return Status::InvalidArgument("engine: negative cache budget or scores bytes");
+  if (options.cache_budget_bytes < 0) {
+    return Status::InvalidArgument("engine: negative cache budget");
   }
   const ModelConfig& config = model->config();
   PagedCacheOptions cache;

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <map>
 
@@ -441,6 +442,36 @@ TEST(Engine, WeightSwapKeepsSequencesAndReportsTheVersion) {
       engine->SwapWeights(std::shared_ptr<const Model>(std::move(mismatched).value()), 8);
   EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(engine->policy_version(), 7u);
+}
+
+TEST(Engine, FillForBenchmarkLengthensAnIdleSequenceWithinTheBudget) {
+  EngineOptions options;
+  options.block_tokens = 64;
+  options.cache_budget_bytes = 0;  // set below from the block size
+  std::shared_ptr<const Model> model = TinyModel(23);
+  const ModelConfig& config = model->config();
+  const int64_t block_bytes = (config.latent.kv_rank + config.latent.rope_dim) * 4 * 64;
+  options.cache_budget_bytes = 40 * block_bytes;  // 2560 tokens
+  std::unique_ptr<Engine> engine = MakeEngine(model, options);
+  const SequenceId id = *engine->Submit({Tokens(10, 1), std::nullopt});
+  EXPECT_EQ(engine->FillForBenchmark(id, 100, 1).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(engine->Step().ok());
+  EXPECT_EQ(engine->FillForBenchmark(999, 100, 1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine->FillForBenchmark(id, 0, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->FillForBenchmark(id, config.context, 1).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(engine->FillForBenchmark(id, 2600, 1).code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(engine->FillForBenchmark(id, 2000, 1).ok());
+  EXPECT_EQ(engine->Info(id)->length, 2010);
+  EXPECT_EQ(engine->Info(id)->blocks, (2010 + 63) / 64);
+  // Decoding over the filled context works and attends to the synthetic rows.
+  ASSERT_TRUE(engine->Append(id, {{}, Turn(4, 5)}).ok());
+  for (int i = 0; i < 4; ++i) {
+    Result<StepResult> step = engine->Step();
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    ASSERT_EQ(step->decode_tokens, 1);
+    EXPECT_TRUE(std::isfinite(step->sequences[0].model_log_prob));
+  }
+  EXPECT_EQ(engine->Info(id)->length, 2014);
 }
 
 TEST(Engine, BadRequestsReturnErrorsNamingTheProblem) {
