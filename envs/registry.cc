@@ -5,6 +5,8 @@
 #include "envs/calculator/calculator.h"
 #include "envs/external/external_env.h"
 #include "envs/plugin_loader.h"
+#include "envs/retrieval/retrieval.h"
+#include "envs/vision_count/vision_count.h"
 
 namespace strider::envs {
 namespace {
@@ -21,6 +23,10 @@ const std::vector<BuiltIn>& BuiltIns() {
   static const std::vector<BuiltIn> built_ins = {
       {"calculator", "multi-step arithmetic word problems with a calc tool (process labels)",
        MakeCalculatorEnvironment, MakeCalculatorPolicy},
+      {"retrieval", "long-context search over records revealed in parts (up to 1M tokens)",
+       MakeRetrievalEnvironment, MakeRetrievalPolicy},
+      {"vision_count", "count coloured shapes in a rendered image, with a zoom tool",
+       MakeVisionCountEnvironment, MakeVisionCountPolicy},
   };
   return built_ins;
 }

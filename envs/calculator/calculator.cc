@@ -197,13 +197,15 @@ Problem MakeProblem(uint64_t seed, int steps, int difficulty) {
   return problem;
 }
 
-const std::vector<std::string> kOptionKeys = {"difficulty", "steps", "python", "python_binary"};
+const std::vector<std::string> kOptionKeys = {"difficulty", "steps", "python", "python_binary",
+                                               "tool_timeout_ms"};
 
 struct Settings {
   int difficulty = 2;
   int steps = 3;
   bool python = false;
   std::string python_binary = "/usr/bin/python3";
+  int64_t tool_timeout_ms = 5000;
 };
 
 Result<Settings> ReadSettings(const Options& config, const Options& episode) {
@@ -213,6 +215,7 @@ Result<Settings> ReadSettings(const Options& config, const Options& episode) {
   settings.steps = static_cast<int>(reader.Int("steps", settings.difficulty + 1, 1, 12));
   settings.python = reader.Bool("python", false);
   settings.python_binary = reader.String("python_binary", settings.python_binary);
+  settings.tool_timeout_ms = reader.Int("tool_timeout_ms", settings.tool_timeout_ms, 100, 60000);
   STRIDER_RETURN_IF_ERROR(reader.status());
   return settings;
 }
@@ -327,7 +330,7 @@ class Calculator : public Environment {
     request.argv = {episode_.python_binary, "-I", "main.py"};
     request.files = {{"main.py", code}};
     request.limits.cpu_seconds = 2;
-    request.limits.wall_ms = 5000;
+    request.limits.wall_ms = episode_.tool_timeout_ms;
     request.limits.output_bytes = 4096;
     Result<SandboxResult> run = RunSandboxed(request);
     if (!run.ok()) return run.status().WithContext("calculator: python tool");

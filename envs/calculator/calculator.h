@@ -8,7 +8,8 @@
 //
 // Options: difficulty (1..5, default 2: steps = difficulty + 1), steps (overrides, 1..12),
 // python (true/false, default false: also offer `python`, which runs the model's code with
-// `python3 -I` in the sandbox), python_binary (default /usr/bin/python3).
+// `python3 -I` in the sandbox), python_binary (default /usr/bin/python3), tool_timeout_ms
+// (the python tool's wall-clock limit, 100..60000, default 5000; CPU limit 2 s, memory 512 MiB).
 #pragma once
 
 #include <memory>

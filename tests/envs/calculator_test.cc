@@ -90,7 +90,9 @@ TEST(Calculator, SameSeedSameProblemAndWrongStepsAreLabelled) {
 }
 
 TEST(Calculator, PythonToolRunsInTheSandbox) {
-  auto env = Make({{"python", "true"}, {"steps", "1"}});
+  // A generous wall-clock limit, so the CPU limit (2 s) is what stops the loop even on a busy
+  // machine.
+  auto env = Make({{"python", "true"}, {"steps", "1"}, {"tool_timeout_ms", "30000"}});
   ASSERT_EQ(env->Describe().tools.size(), 2u);
   Result<Observation> first = env->Reset(3, {});
   ASSERT_TRUE(first.ok());
@@ -101,6 +103,23 @@ TEST(Calculator, PythonToolRunsInTheSandbox) {
   Result<StepResult> print = env->Step(MakeAction(FormatToolCall("python", "print(2+2)")));
   ASSERT_TRUE(print.ok());
   EXPECT_EQ(print->observation.text, "4\n");
+}
+
+TEST(Calculator, PythonToolTimeoutIsAnErrorResultAndTheNextEpisodeWorks) {
+  auto env = Make({{"python", "true"}, {"steps", "1"}, {"tool_timeout_ms", "300"}});
+  ASSERT_TRUE(env->Reset(3, {}).ok());
+  Result<StepResult> sleep =
+      env->Step(MakeAction(FormatToolCall("python", "import time\ntime.sleep(30)")));
+  ASSERT_TRUE(sleep.ok()) << sleep.status().ToString();
+  EXPECT_NE(sleep->observation.text.find("wall-clock limit of 300 ms"), std::string::npos)
+      << sleep->observation.text;
+  EXPECT_EQ(sleep->label, StepLabel::kIncorrect);
+  EXPECT_FALSE(sleep->done);
+  Result<std::unique_ptr<ScriptedPolicy>> policy = MakeScriptedPolicy({.name = "calculator"});
+  ASSERT_TRUE(policy.ok());
+  testing::Episode next = testing::Play(*env, **policy, 4);
+  ASSERT_FALSE(next.steps.empty());
+  EXPECT_EQ(next.steps.back().outcome_reward, 1.0);
 }
 
 TEST(Calculator, BadOptionsNameTheKey) {

@@ -1,0 +1,109 @@
+#include "envs/retrieval/retrieval.h"
+
+#include <gtest/gtest.h>
+
+#include "envs/registry.h"
+#include "envs/tools.h"
+#include "tests/envs/play.h"
+
+namespace strider::envs {
+namespace {
+
+std::unique_ptr<Environment> Make(const Options& options = {}) {
+  Result<std::unique_ptr<Environment>> env = MakeEnvironment({.name = "retrieval", .options = options});
+  EXPECT_TRUE(env.ok()) << env.status().ToString();
+  return env.ok() ? std::move(*env) : nullptr;
+}
+
+std::unique_ptr<ScriptedPolicy> Policy() {
+  Result<std::unique_ptr<ScriptedPolicy>> policy = MakeScriptedPolicy({.name = "retrieval"});
+  EXPECT_TRUE(policy.ok());
+  return std::move(*policy);
+}
+
+TEST(Retrieval, ScriptedPolicyFindsFactsFromTheFirstAndLastParts) {
+  auto env = Make();
+  auto policy = Policy();
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    testing::Episode episode = testing::Play(*env, *policy, seed);
+    ASSERT_EQ(episode.steps.size(), 3u + 3u) << "seed " << seed;  // 3 more parts, 2 searches, answer
+    EXPECT_EQ(episode.steps.back().outcome_reward, 1.0);
+    // The agent's record is in part 1 (the first observation), the vault's in part 4.
+    const std::string& agent_result = episode.steps[3].observation.text;
+    const std::string& vault_result = episode.steps[4].observation.text;
+    EXPECT_EQ(episode.steps[3].label, StepLabel::kCorrect);
+    EXPECT_EQ(episode.steps[4].label, StepLabel::kCorrect);
+    const std::string agent_line = agent_result.substr(0, kRetrievalRecordBytes);
+    const std::string vault_line = vault_result.substr(0, kRetrievalRecordBytes);
+    EXPECT_NE(episode.observations[0].text.find(agent_line), std::string::npos);
+    EXPECT_NE(episode.observations[3].text.find(vault_line), std::string::npos);
+    EXPECT_EQ(episode.observations[3].text.rfind("Part 4/4:\n", 0), 0u);
+  }
+}
+
+TEST(Retrieval, RecordsAreFixedWidthAndTheLengthIsAsConfigured) {
+  auto env = Make({{"total_tokens", "65536"}, {"parts", "2"}});
+  Result<Observation> first = env->Reset(3, {});
+  ASSERT_TRUE(first.ok());
+  const std::string& text = first->text;
+  const size_t part = text.find("Part 1/2:\n") + 10;
+  EXPECT_EQ(text.size() - part, 32768u);  // half of 65536 bytes, one token per byte
+  for (size_t at = part; at < text.size(); at += kRetrievalRecordBytes) {
+    ASSERT_EQ(text[at], '[');
+    ASSERT_EQ(text[at + kRetrievalRecordBytes - 1], '\n');
+  }
+}
+
+TEST(Retrieval, MillionTokenEpisodeIsSolvedPartByPart) {
+  auto env = Make({{"total_tokens", "1048576"}, {"parts", "16"}});
+  auto policy = Policy();
+  testing::Episode episode = testing::Play(*env, *policy, 11);
+  ASSERT_FALSE(episode.steps.empty());
+  EXPECT_EQ(episode.steps.back().outcome_reward, 1.0);
+  size_t total = 0, largest = 0;
+  for (const Observation& observation : episode.observations) {
+    total += observation.text.size();
+    largest = std::max(largest, observation.text.size());
+  }
+  EXPECT_GE(total, 1048576u);
+  EXPECT_LT(largest, 1048576u / 16 + 512);  // no observation holds more than its part
+}
+
+TEST(Retrieval, SearchOnlySeesRevealedPartsAndBadCallsAreErrors) {
+  auto env = Make();
+  Result<Observation> first = env->Reset(5, {});
+  ASSERT_TRUE(first.ok());
+  // The agent's record is in part 1; the vault's is in the last part, which search cannot see
+  // before it is shown.
+  const std::string agent = first->text.substr(first->text.find("agent ") + 6,
+                                                first->text.find(" open?") - first->text.find("agent ") - 6);
+  Result<StepResult> found = env->Step(MakeAction(FormatToolCall("search", "Agent " + agent + " ")));
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(found->label, StepLabel::kCorrect) << found->observation.text;
+  const size_t at = found->observation.text.find("badge ") + 6;
+  const std::string badge = found->observation.text.substr(at, found->observation.text.find('.', at) - at);
+  Result<StepResult> early = env->Step(MakeAction(FormatToolCall("search", "Badge " + badge + " ")));
+  ASSERT_TRUE(early.ok());
+  EXPECT_EQ(early->observation.text, "no records match 'Badge " + badge + "'");
+  EXPECT_EQ(early->label, StepLabel::kIncorrect);
+  for (int part = 2; part <= 4; ++part) ASSERT_TRUE(env->Step(MakeAction("next")).ok());
+  Result<StepResult> late = env->Step(MakeAction(FormatToolCall("search", "Badge " + badge + " ")));
+  EXPECT_EQ(late->label, StepLabel::kCorrect) << late->observation.text;
+  Result<StepResult> nothing = env->Step(MakeAction(FormatToolCall("search", "zzzz")));
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_EQ(nothing->observation.text, "no records match 'zzzz'");
+  EXPECT_EQ(nothing->label, StepLabel::kIncorrect);
+  Result<StepResult> short_query = env->Step(MakeAction(FormatToolCall("search", "a")));
+  EXPECT_NE(short_query->observation.text.find("at least 3 characters"), std::string::npos);
+  Result<StepResult> malformed = env->Step(MakeAction("<|tool_call|>search<|tool_call_end|>"));
+  EXPECT_EQ(malformed->observation.text.rfind("error: tool call:", 0), 0u);
+  Result<StepResult> wrong = env->Step(MakeAction("Answer: 1"));
+  EXPECT_TRUE(wrong->done);
+  EXPECT_EQ(wrong->outcome_reward, 0.0);
+
+  EXPECT_FALSE(MakeEnvironment({.name = "retrieval", .options = {{"total_tokens", "2000000"}}}).ok());
+  EXPECT_FALSE(MakeEnvironment({.name = "retrieval", .options = {{"parts", "64"}, {"total_tokens", "1024"}}}).ok());
+}
+
+}  // namespace
+}  // namespace strider::envs
