@@ -1,0 +1,902 @@
+// The actor's decode loop and episode state machine (actors/actor.h has the picture).
+//
+// Episode phases:
+//   resetting ──(all G resets answered)──> prompt (group source prefilling)
+//   prompt ──(source idle: Fork into G)──> generating
+//   generating ──(turn ended)──> stepping (env Step on its own thread)
+//   stepping ──(observation appended)──> generating ... ──(done / limit / error)──> finished
+//
+// Only the main thread touches the engine, episodes and segmenters. Environment calls run on
+// short-lived threads that own nothing but a shared box with the environment; a call past its
+// time limit is abandoned (its episode ends with `env_timeout`) and its result dropped.
+#include "actors/actor.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <spdlog/spdlog.h>
+#include <thread>
+#include <unordered_map>
+
+#include "actors/segmenter.h"
+#include "actors/sender.h"
+#include "common/model/model.h"
+#include "common/tokenizer.h"
+#include "common/transport/weight_stream.h"
+#include "envs/tools.h"
+#include "rollout_engine/engine.h"
+
+namespace strider::actors {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using schema::Role;
+
+struct Wake {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool flag = false;
+  void Notify() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      flag = true;
+    }
+    cv.notify_one();
+  }
+  void WaitFor(milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait_for(lock, timeout, [&] { return flag; });
+    flag = false;
+  }
+};
+
+// The environment of one episode, shared with the thread of a call in progress.
+struct EnvBox {
+  std::unique_ptr<envs::Environment> env;
+  envs::EnvironmentSpec spec;
+};
+
+struct EnvCall {
+  std::mutex mutex;
+  bool done = false;
+  std::optional<Result<envs::Observation>> reset;
+  std::optional<Result<envs::StepResult>> step;
+  Clock::time_point started = Clock::now();
+};
+
+enum class Phase { kResetting, kPrompt, kGenerating, kStepping };
+
+struct Episode {
+  int64_t index = 0;
+  int64_t group = 0;
+  int64_t member = 0;  // index within the group
+  uint64_t seed = 0;
+  Phase phase = Phase::kResetting;
+  std::shared_ptr<EnvBox> box = std::make_shared<EnvBox>();
+  std::shared_ptr<EnvCall> call;
+  bool reset_failed = false;
+  std::string reset_error;
+  std::optional<envs::Observation> first_observation;
+  std::optional<rollout::SequenceId> sequence;
+  std::unique_ptr<Segmenter> segmenter;
+  std::vector<int32_t> turn_tokens;
+  bool in_tool_call = false;
+  int64_t turns = 0;
+  int64_t tool_calls = 0;
+  int64_t malformed_tool_calls = 0;
+  int64_t max_turns = 0;
+  float outcome = 0;
+  std::map<std::string, std::string> info;
+};
+
+struct Group {
+  int64_t id = 0;
+  uint64_t seed = 0;
+  std::vector<int64_t> members;  // episode indices
+  std::optional<rollout::SequenceId> source;
+  schema::TrajectoryId group_id;
+  std::vector<std::pair<std::vector<int32_t>, Role>> prompt;  // pieces with their roles
+};
+
+uint64_t Mix(uint64_t a, uint64_t b) { return rollout::DeriveSeed(a, b); }
+
+Role ObservationRoleOf(envs::ObservationRole role) {
+  switch (role) {
+    case envs::ObservationRole::kSystem: return Role::kSystem;
+    case envs::ObservationRole::kUser: return Role::kUser;
+    case envs::ObservationRole::kToolResult: return Role::kToolResult;
+  }
+  return Role::kUser;
+}
+
+int32_t MarkerOf(envs::ObservationRole role) {
+  switch (role) {
+    case envs::ObservationRole::kSystem: return token::kSystem;
+    case envs::ObservationRole::kUser: return token::kUser;
+    case envs::ObservationRole::kToolResult: return token::kToolResult;
+  }
+  return token::kUser;
+}
+
+class ActorImpl final : public Actor {
+ public:
+  ActorImpl(ActorOptions options, ModelConfig config, std::shared_ptr<const Model> model,
+            std::unique_ptr<rollout::Engine> engine, std::unique_ptr<Sender> sender)
+      : options_(std::move(options)),
+        config_(std::move(config)),
+        model_(std::move(model)),
+        engine_(std::move(engine)),
+        sender_(std::move(sender)) {
+    const bool moe = config_.feed_forward.routed_experts > 0 &&
+                     config_.feed_forward.dense_layers < config_.layers;
+    routing_layers_ = moe ? config_.layers - config_.feed_forward.dense_layers : 0;
+    routing_k_ = moe ? config_.feed_forward.experts_per_token : 0;
+    metrics_.policy_version = options_.policy_version;
+  }
+
+  ~ActorImpl() override {
+    if (weights_thread_.joinable()) {
+      weights_thread_.request_stop();
+      weights_thread_.join();
+    }
+  }
+
+  void StartWeightSubscriber() {
+    if (options_.weights_endpoint.empty()) return;
+    weights_thread_ = std::jthread([this](std::stop_token stop) { WeightLoop(stop); });
+  }
+
+  Status Run(std::stop_token stop) override;
+  ActorMetrics metrics() const override {
+    std::lock_guard<std::mutex> lock(metrics_mutex_);
+    return snapshot_;
+  }
+
+ private:
+  void WeightLoop(std::stop_token stop);
+  void ApplyWeights();
+  void StartGroups();
+  void LaunchReset(Episode& episode);
+  void LaunchStep(Episode& episode, envs::Action action);
+  void PollCalls();
+  void OnResetsDone(Group& group);
+  void PollGroups();
+  Status ProcessStep(const rollout::StepResult& step);
+  void OnTurnEnd(Episode& episode);
+  void OnStepResult(Episode& episode, Result<envs::StepResult> result);
+  void FinishEpisode(int64_t index, const std::string& status, const std::string& message);
+  void PushReady(Episode& episode);
+  void EndGroupIfEmpty(int64_t group);
+  void Report(bool final_report);
+  void Snapshot();
+  rollout::SamplingParams TurnSampling(const Episode& episode) const;
+  int64_t EngineActive() const;
+
+  ActorOptions options_;
+  ModelConfig config_;
+  std::shared_ptr<const Model> model_;
+  std::unique_ptr<rollout::Engine> engine_;
+  std::unique_ptr<Sender> sender_;
+  int64_t routing_layers_ = 0;
+  int64_t routing_k_ = 0;
+
+  std::map<int64_t, std::unique_ptr<Episode>> episodes_;
+  std::map<int64_t, Group> groups_;
+  std::unordered_map<rollout::SequenceId, int64_t> by_sequence_;
+  int64_t next_episode_ = 0;
+  int64_t next_group_ = 0;
+  std::shared_ptr<Wake> wake_ = std::make_shared<Wake>();
+  std::shared_ptr<std::atomic<int64_t>> calls_running_ = std::make_shared<std::atomic<int64_t>>(0);
+
+  // Weights: the subscriber thread leaves a loaded model here; the loop swaps it in.
+  std::jthread weights_thread_;
+  std::mutex weights_mutex_;
+  std::shared_ptr<const Model> pending_model_;
+  uint64_t pending_version_ = 0;
+  std::atomic<int64_t> weight_errors_{0};
+
+  ActorMetrics metrics_;  // main thread
+  mutable std::mutex metrics_mutex_;
+  ActorMetrics snapshot_;
+  Clock::time_point started_;
+  Clock::time_point next_report_;
+  Clock::time_point next_progress_;
+  std::ofstream metrics_file_;
+  bool terminal_ = false;
+};
+
+rollout::SamplingParams ActorImpl::TurnSampling(const Episode& episode) const {
+  rollout::SamplingParams sampling = options_.sampling;
+  sampling.stop_tokens = {token::kEndOfTurn, token::kEndOfText};
+  // A fresh stream per turn: the engine restarts the counter on every request.
+  sampling.seed = Mix(Mix(Mix(options_.sampling.seed, episode.seed), episode.member),
+                      static_cast<uint64_t>(episode.turns));
+  return sampling;
+}
+
+void ActorImpl::WeightLoop(std::stop_token stop) {
+  transport::WeightSubscriberOptions subscriber_options;
+  subscriber_options.endpoint = options_.weights_endpoint;
+  subscriber_options.reply_timeout = milliseconds(std::max<int64_t>(2000, options_.weights_poll_ms));
+  std::unique_ptr<transport::WeightSubscriber> subscriber;
+  uint64_t have = options_.policy_version;
+  while (!stop.stop_requested()) {
+    if (!subscriber) {
+      auto connected = transport::WeightSubscriber::Connect(subscriber_options);
+      if (connected.ok()) subscriber = std::move(*connected);
+    }
+    if (subscriber) {
+      Result<std::optional<transport::WeightUpdate>> update = subscriber->FetchNewer(have);
+      if (!update.ok()) {
+        if (update.status().code() != StatusCode::kUnavailable) {
+          ++weight_errors_;
+          spdlog::warn("weights: {}", update.status().ToString());
+        }
+      } else if (update->has_value()) {
+        // Model::Load reads a file: the checked bytes go to a private temporary one.
+        const std::string path = (std::filesystem::temp_directory_path() /
+                                  ("strider-weights-" + std::to_string(::getpid()) + "-" +
+                                   std::to_string((*update)->version) + ".safetensors"))
+                                     .string();
+        {
+          std::ofstream out(path, std::ios::binary | std::ios::trunc);
+          out.write((*update)->bytes.data(), static_cast<std::streamsize>((*update)->bytes.size()));
+        }
+        Result<std::unique_ptr<Model>> loaded = Model::Load(config_, path);
+        std::error_code ignored;
+        std::filesystem::remove(path, ignored);
+        if (!loaded.ok()) {
+          ++weight_errors_;
+          spdlog::error("weights: version {} does not load into model '{}': {}",
+                        (*update)->version, config_.name, loaded.status().ToString());
+          have = (*update)->version;  // do not fetch the same bad bytes again and again
+        } else {
+          std::lock_guard<std::mutex> lock(weights_mutex_);
+          pending_model_ = std::shared_ptr<const Model>(std::move(*loaded));
+          pending_version_ = (*update)->version;
+          have = pending_version_;
+          spdlog::info("weights: version {} received ({} bytes)", have, (*update)->bytes.size());
+        }
+      }
+    }
+    const auto until = Clock::now() + milliseconds(options_.weights_poll_ms);
+    while (!stop.stop_requested() && Clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+}
+
+void ActorImpl::ApplyWeights() {
+  std::shared_ptr<const Model> model;
+  uint64_t version = 0;
+  {
+    std::lock_guard<std::mutex> lock(weights_mutex_);
+    if (!pending_model_) return;
+    model = std::move(pending_model_);
+    version = pending_version_;
+  }
+  // Between engine steps: every token reports the version that computed its distribution, and
+  // segments carry those versions as policy runs, so no segment needs to end here.
+  Status swapped = engine_->SwapWeights(model, version);
+  if (!swapped.ok()) {
+    ++metrics_.errors["weights"];
+    spdlog::error("weights: version {} refused by the engine: {}", version, swapped.ToString());
+    return;
+  }
+  model_ = std::move(model);
+  metrics_.policy_version = version;
+  ++metrics_.weight_updates;
+}
+
+void ActorImpl::StartGroups() {
+  const int64_t g = options_.group_size;
+  while (static_cast<int64_t>(episodes_.size()) + g <= options_.episodes_in_flight &&
+         (options_.episodes == 0 || next_episode_ + g <= options_.episodes) &&
+         !sender_->Backlogged()) {
+    Group group;
+    group.id = next_group_++;
+    group.seed = Mix(options_.seed, static_cast<uint64_t>(group.id));
+    group.group_id = NewTrajectoryId();
+    for (int64_t member = 0; member < g; ++member) {
+      auto episode = std::make_unique<Episode>();
+      episode->index = next_episode_++;
+      episode->group = group.id;
+      episode->member = member;
+      episode->seed = group.seed;  // the same problem for the whole group
+      LaunchReset(*episode);
+      group.members.push_back(episode->index);
+      episodes_[episode->index] = std::move(episode);
+      ++metrics_.episodes_started;
+    }
+    groups_[group.id] = std::move(group);
+  }
+}
+
+void ActorImpl::LaunchReset(Episode& episode) {
+  auto call = std::make_shared<EnvCall>();
+  episode.call = call;
+  ++*calls_running_;
+  std::thread([call, box = episode.box, config = options_.env, seed = episode.seed,
+               wake = wake_, running = calls_running_] {
+    std::optional<Result<envs::Observation>> result;
+    try {
+      Result<std::unique_ptr<envs::Environment>> made = envs::MakeEnvironment(config);
+      if (!made.ok()) {
+        result = made.status();
+      } else {
+        box->env = std::move(*made);
+        box->spec = box->env->Describe();
+        result = box->env->Reset(seed, {});
+      }
+    } catch (const std::exception& e) {
+      result = Status::Internal(std::string("environment threw: ") + e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(call->mutex);
+      call->reset = std::move(result);
+      call->done = true;
+    }
+    --*running;
+    wake->Notify();
+  }).detach();
+}
+
+void ActorImpl::LaunchStep(Episode& episode, envs::Action action) {
+  auto call = std::make_shared<EnvCall>();
+  episode.call = call;
+  ++*calls_running_;
+  std::thread([call, box = episode.box, action = std::move(action), wake = wake_,
+               running = calls_running_] {
+    std::optional<Result<envs::StepResult>> result;
+    try {
+      result = box->env->Step(action);
+    } catch (const std::exception& e) {
+      result = Status::Internal(std::string("environment threw: ") + e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(call->mutex);
+      call->step = std::move(result);
+      call->done = true;
+    }
+    --*running;
+    wake->Notify();
+  }).detach();
+}
+
+void ActorImpl::PollCalls() {
+  const auto now = Clock::now();
+  const auto limit = milliseconds(options_.env.step_timeout_ms);
+  std::vector<int64_t> indices;
+  for (const auto& [index, episode] : episodes_) {
+    if (episode->call) indices.push_back(index);
+  }
+  for (int64_t index : indices) {
+    auto it = episodes_.find(index);
+    if (it == episodes_.end()) continue;
+    Episode& episode = *it->second;
+    std::shared_ptr<EnvCall> call = episode.call;
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> lock(call->mutex);
+      done = call->done;
+    }
+    if (!done) {
+      if (now - call->started > limit) {
+        const std::string what = episode.phase == Phase::kResetting ? "reset" : "step";
+        if (episode.phase == Phase::kResetting) {
+          episode.call.reset();
+          episode.reset_failed = true;
+          episode.reset_error = "env_timeout";
+          episode.box = nullptr;
+          OnResetsDone(groups_[episode.group]);
+        } else {
+          FinishEpisode(index, "env_timeout",
+                        "environment " + what + " did not answer within " +
+                            std::to_string(options_.env.step_timeout_ms) + " ms");
+        }
+      }
+      continue;
+    }
+    episode.call.reset();
+    if (episode.phase == Phase::kResetting) {
+      Result<envs::Observation> reset = std::move(*call->reset);
+      if (!reset.ok()) {
+        episode.reset_failed = true;
+        episode.reset_error = reset.status().ToString();
+      } else {
+        episode.first_observation = std::move(*reset);
+        episode.max_turns = options_.max_turns > 0 ? options_.max_turns
+                                                   : episode.box->spec.max_turns;
+      }
+      OnResetsDone(groups_[episode.group]);
+    } else {
+      OnStepResult(episode, std::move(*call->step));
+    }
+  }
+}
+
+// When every member of the group has answered its reset: build the prompt once, submit it.
+void ActorImpl::OnResetsDone(Group& group) {
+  std::vector<int64_t> waiting;
+  for (int64_t index : group.members) {
+    auto it = episodes_.find(index);
+    if (it == episodes_.end()) continue;
+    Episode& e = *it->second;
+    if (e.phase != Phase::kResetting) return;
+    if (!e.reset_failed && !e.first_observation) return;  // still running
+    if (e.call) return;
+  }
+  // Members whose reset failed end now, with their error.
+  std::optional<int64_t> leader;
+  for (int64_t index : std::vector<int64_t>(group.members)) {
+    auto it = episodes_.find(index);
+    if (it == episodes_.end()) continue;
+    if (it->second->reset_failed) {
+      const std::string error = it->second->reset_error;
+      FinishEpisode(index, error == "env_timeout" ? "env_timeout" : "env_reset", error);
+    } else if (!leader) {
+      leader = index;
+    }
+  }
+  if (!leader) return;
+  Episode& first = *episodes_[*leader];
+  const envs::Observation& observation = *first.first_observation;
+  const int64_t group_id = group.id;
+  auto fail_group = [&](const std::string& status, const std::string& message) {
+    for (int64_t index : std::vector<int64_t>(groups_[group_id].members)) {
+      if (episodes_.count(index)) FinishEpisode(index, status, message);
+    }
+  };
+  if (!observation.images.empty()) {
+    // The engine's requests carry tokens only (rollout_engine/engine.h), so image observations
+    // cannot be fed yet.
+    fail_group("unsupported_image", "the rollout engine takes no image input");
+    return;
+  }
+  // The prompt, tokenized once: system turn (description and tools), the first observation,
+  // and the header of the model's turn.
+  const envs::EnvironmentSpec& spec = first.box->spec;
+  std::string system_text = spec.description;
+  const std::string tools = envs::RenderToolList(spec.tools);
+  if (!tools.empty()) system_text += (system_text.empty() ? "" : "\n") + tools;
+  std::vector<int32_t> system{token::kBeginOfText, token::kSystem};
+  for (int32_t t : Tokenizer::Encode(system_text)) system.push_back(t);
+  system.push_back(token::kEndOfTurn);
+  std::vector<int32_t> turn{MarkerOf(observation.role)};
+  for (int32_t t : Tokenizer::Encode(observation.text)) turn.push_back(t);
+  turn.push_back(token::kEndOfTurn);
+  turn.push_back(token::kModel);
+  group.prompt = {{system, Role::kSystem}, {turn, ObservationRoleOf(observation.role)}};
+  std::vector<int64_t> tokens;
+  for (const auto& [piece, role] : group.prompt) tokens.insert(tokens.end(), piece.begin(), piece.end());
+  if (static_cast<int64_t>(tokens.size()) + options_.sampling.max_new_tokens >
+      options_.max_episode_tokens) {
+    fail_group("prompt_too_long", "the prompt has " + std::to_string(tokens.size()) +
+                                      " tokens; with max_new_tokens it exceeds max_episode_tokens");
+    return;
+  }
+  Result<rollout::SequenceId> source = engine_->Submit({tokens, std::nullopt, false});
+  if (!source.ok()) {
+    fail_group("engine", source.status().ToString());
+    return;
+  }
+  group.source = *source;
+  for (int64_t index : group.members) {
+    if (episodes_.count(index)) episodes_[index]->phase = Phase::kPrompt;
+  }
+}
+
+// Prefilled prompts fork into their groups.
+void ActorImpl::PollGroups() {
+  for (auto& [id, group] : groups_) {
+    if (!group.source) continue;
+    Result<rollout::SequenceInfo> info = engine_->Info(*group.source);
+    if (!info.ok() || info->status != rollout::SequenceStatus::kIdle) continue;
+    std::vector<int64_t> members;
+    for (int64_t index : group.members) {
+      if (episodes_.count(index)) members.push_back(index);
+    }
+    const rollout::SequenceId source = *group.source;
+    group.source.reset();
+    if (members.empty()) {
+      (void)engine_->Release(source);
+      continue;
+    }
+    // Each member then samples with DeriveSeed(seed, i): the group shares the prompt's state
+    // and next-token distribution and differs only in its random stream.
+    rollout::SamplingParams sampling = TurnSampling(*episodes_[members[0]]);
+    Result<std::vector<rollout::SequenceId>> forked =
+        engine_->Fork(source, static_cast<int64_t>(members.size()), sampling);
+    (void)engine_->Release(source);
+    if (!forked.ok()) {
+      for (int64_t index : members) FinishEpisode(index, "engine", forked.status().ToString());
+      continue;
+    }
+    for (size_t i = 0; i < members.size(); ++i) {
+      Episode& e = *episodes_[members[i]];
+      e.sequence = (*forked)[i];
+      by_sequence_[e.sequence.value()] = e.index;
+      SegmenterOptions segmenter_options;
+      segmenter_options.segment_tokens = options_.segment_tokens;
+      segmenter_options.env = options_.env.name;
+      segmenter_options.table = options_.table;
+      segmenter_options.routing_layers = routing_layers_;
+      segmenter_options.routing_top_k = routing_k_;
+      e.segmenter = std::make_unique<Segmenter>(segmenter_options, NewTrajectoryId());
+      for (const auto& [piece, role] : group.prompt) {
+        (void)e.segmenter->AddContext(piece, role);
+        metrics_.context_tokens += static_cast<int64_t>(piece.size());
+      }
+      e.phase = Phase::kGenerating;
+      PushReady(e);
+    }
+  }
+}
+
+Status ActorImpl::ProcessStep(const rollout::StepResult& step) {
+  const size_t per_token = static_cast<size_t>(routing_layers_ * routing_k_);
+  for (const rollout::SequenceStep& s : step.sequences) {
+    if (!s.sampled) continue;
+    auto found = by_sequence_.find(s.id);
+    if (found == by_sequence_.end()) continue;
+    const int64_t index = found->second;
+    Episode& e = *episodes_[index];
+    Role role = Role::kModel;
+    if (s.token == token::kToolCall) e.in_tool_call = true;
+    if (e.in_tool_call) role = Role::kToolCall;
+    if (s.token == token::kToolCallEnd) e.in_tool_call = false;
+    std::span<const uint16_t> experts;
+    if (per_token > 0) {
+      const int64_t offset = s.position - s.routing.first_position;
+      if (s.routing.layers != routing_layers_ || s.routing.experts_per_token != routing_k_ ||
+          offset < 0 || offset >= s.routing.tokens ||
+          s.routing.experts.size() < static_cast<size_t>(s.routing.tokens) * per_token) {
+        FinishEpisode(index, "routing", "the engine's routing record does not cover position " +
+                                            std::to_string(s.position));
+        continue;
+      }
+      experts = std::span<const uint16_t>(s.routing.experts.data() + offset * per_token, per_token);
+    }
+    Status added = e.segmenter->AddAction(static_cast<int32_t>(s.token), role,
+                                          static_cast<float>(s.log_prob), s.policy_version, experts);
+    if (!added.ok()) {
+      FinishEpisode(index, "internal", added.ToString());
+      continue;
+    }
+    e.turn_tokens.push_back(static_cast<int32_t>(s.token));
+    ++metrics_.generated_tokens;
+    PushReady(e);
+    if (s.finish != rollout::FinishReason::kNone) OnTurnEnd(e);
+  }
+  return Status::Ok();
+}
+
+void ActorImpl::OnTurnEnd(Episode& e) {
+  // The sequence is idle: its state covers every token so far, a clean place for a cut.
+  std::optional<uint64_t> digest;
+  Result<uint64_t> state = engine_->StateDigest(*e.sequence);
+  if (state.ok()) digest = *state;
+  e.segmenter->MarkTurnBoundary(digest);
+  std::vector<int32_t> text_tokens = e.turn_tokens;
+  if (!text_tokens.empty() &&
+      (text_tokens.back() == token::kEndOfTurn || text_tokens.back() == token::kEndOfText)) {
+    text_tokens.pop_back();
+  }
+  envs::Action action = envs::MakeAction(Tokenizer::Decode(text_tokens));
+  ++e.turns;
+  ++metrics_.turns;
+  if (action.tool_call) {
+    ++e.tool_calls;
+    ++metrics_.tool_calls;
+  }
+  if (!action.tool_call_error.empty()) {
+    ++e.malformed_tool_calls;
+    ++metrics_.malformed_tool_calls;
+  }
+  e.phase = Phase::kStepping;
+  LaunchStep(e, std::move(action));
+}
+
+void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
+  const int64_t index = e.index;
+  if (!result.ok()) {
+    (void)e.segmenter->EndStep(0);
+    FinishEpisode(index, "env_error", result.status().ToString());
+    return;
+  }
+  envs::StepResult& r = *result;
+  (void)e.segmenter->EndStep(static_cast<float>(r.reward.value_or(0.0)));
+  for (const auto& [key, value] : r.info) e.info[key] = value;
+  const bool closed = !e.turn_tokens.empty() && e.turn_tokens.back() == token::kEndOfTurn;
+  // What the actor writes: a closing marker when the turn hit max_new_tokens, the observation
+  // as one turn, and the header of the next model turn.
+  std::vector<int32_t> block;
+  if (!closed) block.push_back(token::kEndOfTurn);
+  if (!r.observation.text.empty() || !r.done) {
+    block.push_back(MarkerOf(r.observation.role));
+    for (int32_t t : Tokenizer::Encode(r.observation.text)) block.push_back(t);
+    block.push_back(token::kEndOfTurn);
+  }
+  const Role role = ObservationRoleOf(r.observation.role);
+  if (r.done) {
+    // The final observation (a verdict) is context after the last action; no turn follows.
+    e.outcome = static_cast<float>(r.outcome_reward.value_or(0.0));
+    if (!block.empty()) {
+      (void)e.segmenter->AddContext(block, role);
+      metrics_.context_tokens += static_cast<int64_t>(block.size());
+    }
+    FinishEpisode(index, "done", "");
+    return;
+  }
+  if (e.turns >= e.max_turns) {
+    FinishEpisode(index, "max_turns", "no answer after " + std::to_string(e.turns) + " turns");
+    return;
+  }
+  if (!r.observation.images.empty()) {
+    FinishEpisode(index, "unsupported_image", "the rollout engine takes no image input");
+    return;
+  }
+  block.push_back(token::kModel);
+  if (e.segmenter->length() + static_cast<int64_t>(block.size()) +
+          options_.sampling.max_new_tokens > options_.max_episode_tokens) {
+    FinishEpisode(index, "max_tokens",
+                  "the next turn could exceed max_episode_tokens (" +
+                      std::to_string(options_.max_episode_tokens) + ")");
+    return;
+  }
+  (void)e.segmenter->AddContext(block, role);
+  metrics_.context_tokens += static_cast<int64_t>(block.size());
+  e.turn_tokens.clear();
+  e.in_tool_call = false;
+  Status appended = engine_->Append(
+      *e.sequence, {std::vector<int64_t>(block.begin(), block.end()), TurnSampling(e), false});
+  if (!appended.ok()) {
+    FinishEpisode(index, "engine", appended.ToString());
+    return;
+  }
+  e.phase = Phase::kGenerating;
+  PushReady(e);
+}
+
+void ActorImpl::PushReady(Episode& e) {
+  for (schema::SegmentData& segment : e.segmenter->TakeReady()) {
+    Status pushed = sender_->Push(segment);
+    if (!pushed.ok()) {
+      ++metrics_.errors["segment"];
+      spdlog::error("segment {} not sent: {}", segment.key().ToString(), pushed.ToString());
+      continue;
+    }
+    ++metrics_.segments;
+  }
+}
+
+void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
+                              const std::string& message) {
+  auto it = episodes_.find(index);
+  if (it == episodes_.end()) return;
+  Episode& e = *it->second;
+  if (e.sequence) {
+    (void)engine_->Cancel(*e.sequence);
+    by_sequence_.erase(*e.sequence);
+  }
+  if (status == "done") {
+    ++metrics_.episodes_ok;
+  } else {
+    ++metrics_.errors[status];
+    spdlog::debug("episode {} ended: {}: {}", e.index, status, message);
+  }
+  if (e.segmenter && e.segmenter->length() > 0) {
+    const Group& group = groups_[e.group];
+    std::vector<std::pair<std::string, std::string>> metadata = {
+        {"status", status},
+        {"actor", options_.actor_id},
+        {"episode", std::to_string(e.index)},
+        {"seed", std::to_string(e.seed)},
+        {"group", group.group_id.Hex()},
+        {"group_index", std::to_string(e.member)},
+        {"group_size", std::to_string(options_.group_size)},
+        {"turns", std::to_string(e.turns)},
+        {"tool_calls", std::to_string(e.tool_calls)},
+        {"malformed_tool_calls", std::to_string(e.malformed_tool_calls)},
+    };
+    if (!message.empty()) metadata.emplace_back("error", message);
+    for (const auto& [key, value] : e.info) metadata.emplace_back("info." + key, value);
+    Result<std::vector<schema::SegmentData>> last =
+        e.segmenter->Finish(e.outcome, std::move(metadata));
+    if (last.ok()) {
+      for (const schema::SegmentData& segment : *last) {
+        Status pushed = sender_->Push(segment);
+        if (pushed.ok()) {
+          ++metrics_.segments;
+        } else {
+          ++metrics_.errors["segment"];
+          spdlog::error("segment {} not sent: {}", segment.key().ToString(), pushed.ToString());
+        }
+      }
+    }
+  }
+  // Close the environment off the loop (a process may take a while to go), unless a call is
+  // still running in it: then the box dies with that call.
+  if (!e.call && e.box && e.box->env) {
+    ++*calls_running_;
+    std::thread([box = e.box, running = calls_running_] {
+      box->env->Close();
+      --*running;
+    }).detach();
+  }
+  const int64_t group = e.group;
+  episodes_.erase(it);
+  ++metrics_.episodes_finished;
+  EndGroupIfEmpty(group);
+}
+
+void ActorImpl::EndGroupIfEmpty(int64_t id) {
+  auto it = groups_.find(id);
+  if (it == groups_.end()) return;
+  for (int64_t index : it->second.members) {
+    if (episodes_.count(index)) return;
+  }
+  if (it->second.source) (void)engine_->Cancel(*it->second.source);
+  groups_.erase(it);
+}
+
+int64_t ActorImpl::EngineActive() const {
+  int64_t active = 0;
+  for (const auto& [id, group] : groups_) active += group.source ? 1 : 0;
+  for (const auto& [index, e] : episodes_) active += e->phase == Phase::kGenerating ? 1 : 0;
+  return active;
+}
+
+void ActorImpl::Snapshot() {
+  const SenderStats sent = sender_->stats();
+  metrics_.elapsed_s = std::chrono::duration<double>(Clock::now() - started_).count();
+  metrics_.live_episodes = static_cast<int64_t>(episodes_.size());
+  metrics_.env_calls_running = *calls_running_;
+  metrics_.engine_sequences = engine_->Stats().live_sequences;
+  metrics_.send_queue_segments = sent.queued_segments;
+  metrics_.send_queue_bytes = sent.queued_bytes;
+  metrics_.in_flight_segments = sent.in_flight;
+  metrics_.acked_segments = sent.acked;
+  metrics_.spill_files = sent.spill_files;
+  metrics_.spill_bytes = sent.spill_bytes;
+  metrics_.replay_connected = sent.connected;
+  if (weight_errors_ > 0) metrics_.errors["weights"] = weight_errors_;
+  std::lock_guard<std::mutex> lock(metrics_mutex_);
+  snapshot_ = metrics_;
+}
+
+void ActorImpl::Report(bool final_report) {
+  const auto now = Clock::now();
+  if (terminal_ && (now >= next_progress_ || final_report)) {
+    next_progress_ = now + milliseconds(500);
+    int64_t errors = 0;
+    for (const auto& [kind, n] : metrics_.errors) errors += n;
+    const double elapsed = std::max(1e-9, metrics_.elapsed_s);
+    std::fprintf(stderr,
+                 "\r[%s] episodes %lld%s  tokens/s %.0f  tool calls %lld  errors %lld  "
+                 "segments %lld (acked %llu, spilled %llu)  v%llu   %s",
+                 options_.actor_id.c_str(), static_cast<long long>(metrics_.episodes_finished),
+                 options_.episodes > 0 ? ("/" + std::to_string(options_.episodes)).c_str() : "",
+                 (metrics_.generated_tokens + metrics_.context_tokens) / elapsed,
+                 static_cast<long long>(metrics_.tool_calls), static_cast<long long>(errors),
+                 static_cast<long long>(metrics_.segments),
+                 static_cast<unsigned long long>(metrics_.acked_segments),
+                 static_cast<unsigned long long>(metrics_.spill_files),
+                 static_cast<unsigned long long>(metrics_.policy_version),
+                 final_report ? "\n" : "");
+    std::fflush(stderr);
+  }
+  if (now < next_report_ && !final_report) return;
+  next_report_ = now + milliseconds(static_cast<int64_t>(options_.metrics_interval_s * 1000));
+  const std::string line = metrics_.ToJson();
+  if (metrics_file_.is_open()) {
+    metrics_file_ << line << "\n";
+    metrics_file_.flush();
+  }
+  if (!terminal_) spdlog::info("metrics {}", line);
+}
+
+Status ActorImpl::Run(std::stop_token stop) {
+  started_ = Clock::now();
+  next_report_ = started_ + milliseconds(static_cast<int64_t>(options_.metrics_interval_s * 1000));
+  terminal_ = options_.progress && ::isatty(STDERR_FILENO);
+  if (!options_.metrics_path.empty()) {
+    metrics_file_.open(options_.metrics_path, std::ios::app);
+    if (!metrics_file_) {
+      return Status::IoError("actor: cannot open the metrics file " + options_.metrics_path);
+    }
+  }
+  StartWeightSubscriber();
+  Status failure;
+  bool stopped = false;
+  while (true) {
+    if (stop.stop_requested() && !stopped) {
+      stopped = true;
+      std::vector<int64_t> live;
+      for (const auto& [index, e] : episodes_) live.push_back(index);
+      for (int64_t index : live) FinishEpisode(index, "stopped", "the actor was stopped");
+    }
+    ApplyWeights();
+    if (!stopped) StartGroups();
+    PollCalls();
+    PollGroups();
+    if (EngineActive() > 0) {
+      Result<rollout::StepResult> step = engine_->Step();
+      if (!step.ok()) {
+        failure = step.status().WithContext("rollout engine");
+        std::vector<int64_t> live;
+        for (const auto& [index, e] : episodes_) live.push_back(index);
+        for (int64_t index : live) FinishEpisode(index, "engine", failure.ToString());
+        break;
+      }
+      Status processed = ProcessStep(*step);
+      if (!processed.ok()) return processed;
+    } else if (episodes_.empty() &&
+               (stopped || (options_.episodes > 0 && next_episode_ >= options_.episodes))) {
+      break;
+    } else {
+      wake_->WaitFor(milliseconds(sender_->Backlogged() ? 50 : 2));
+    }
+    Snapshot();
+    Report(false);
+  }
+  // Every segment handed over: wait for the server, spill what it does not take in time.
+  Status closed = sender_->Close(milliseconds(std::max<int64_t>(10000, 4 * options_.spill_after_ms)));
+  if (!closed.ok()) spdlog::error("{}", closed.ToString());
+  // Environment threads still closing get a moment, so they do not outlive the process state.
+  const auto deadline = Clock::now() + milliseconds(2000);
+  while (*calls_running_ > 0 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(5));
+  if (weights_thread_.joinable()) {
+    weights_thread_.request_stop();
+    weights_thread_.join();
+  }
+  Snapshot();
+  Report(true);
+  if (!failure.ok()) return failure;
+  return closed;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
+  STRIDER_RETURN_IF_ERROR(ValidateActorOptions(options));
+  STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_config));
+  std::unique_ptr<Model> model;
+  if (options.weights.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(model, Model::Create(config, options.model_seed));
+  } else {
+    STRIDER_ASSIGN_OR_RETURN(model, Model::Load(config, options.weights));
+  }
+  rollout::EngineOptions engine_options;
+  engine_options.cache_budget_bytes = options.cache_budget_bytes;
+  engine_options.block_tokens = options.block_tokens;
+  engine_options.max_batch = options.max_batch;
+  engine_options.prefill_chunk_tokens = options.prefill_chunk_tokens;
+  engine_options.threads = options.threads;
+  engine_options.max_sequences = std::max<int64_t>(options.episodes_in_flight * 2 + 8, 64);
+  // Episodes whose turn does not fit the cache wait for others to end rather than fail.
+  engine_options.admission = rollout::AdmissionPolicy::kQueue;
+  engine_options.record_routing = true;
+  std::shared_ptr<const Model> shared(std::move(model));
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Engine> engine,
+                           rollout::Engine::Create(engine_options, shared, options.policy_version));
+  SenderOptions sender_options;
+  sender_options.endpoint = options.replay_endpoint;
+  sender_options.client_id = options.actor_id;
+  sender_options.spill_dir = options.spill_dir;
+  sender_options.spill_max_bytes = static_cast<uint64_t>(options.spill_max_bytes);
+  sender_options.queue_max_bytes = static_cast<uint64_t>(options.send_queue_max_bytes);
+  sender_options.spill_after = milliseconds(options.spill_after_ms);
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Sender> sender, Sender::Start(sender_options));
+  return std::unique_ptr<Actor>(new ActorImpl(options, std::move(config), std::move(shared),
+                                              std::move(engine), std::move(sender)));
+}
+
+}  // namespace strider::actors

@@ -1,0 +1,132 @@
+// The actor service (DESIGN.md s.1, s.4): plays episodes against environments, decodes every
+// live episode's model turns through one rollout engine, and streams the trajectories to the
+// replay server as segments.
+//
+//   main thread (decode loop)                           other threads
+//   ────────────────────────────────────────────        ─────────────────────────────────────
+//   start groups of G episodes (B live at most)  ─────> env Reset / Step (one thread per call,
+//   Engine::Step() for all of them at once              with a time limit; a late or failed
+//   turn ended: decode its tokens, parse the call ────>  call ends that episode, no other)
+//   env answered: tokenize the observation once,
+//     Append it, generate the next turn
+//   episode over: last segment, release            ──> sender: replay server / spill directory
+//   new weights arrived: SwapWeights between steps <──  weight subscriber: fetch, check, load
+//
+// Token in, token out: the trajectory is exactly the ids the engine was fed and sampled; the
+// actor appends tokenized environment text and never re-renders the conversation.
+//
+// Conversation format (the one pretraining teaches, learner/data/generators.cc ToolUse):
+//   <|begin_of_text|><|system|>description + tool list<|end_of_turn|><|user|>task<|end_of_turn|>
+//   <|model|>[sampled: text<|tool_call|>calc(..)<|tool_call_end|><|end_of_turn|>]
+//   <|tool_result|>87<|end_of_turn|><|model|>[sampled ...]
+// Tokens the actor writes (observations and the <|model|> header that opens each turn) are
+// context; sampled tokens are actions, role tool_call from <|tool_call|> to <|tool_call_end|>.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stop_token>
+#include <string>
+
+#include "common/status.h"
+#include "envs/environment.h"
+#include "rollout_engine/sampling.h"
+
+namespace strider::actors {
+
+struct ActorOptions {
+  std::string actor_id = "actor";  // replay client id, metrics and episode metadata
+
+  // --- Model ---
+  std::string model_config;   // path of a model config (configs/model/tiny.yaml); required
+  std::string weights;        // safetensors from `strider model init` or a learner; empty:
+  uint64_t model_seed = 0;    //   random initialisation with this seed
+  uint64_t policy_version = 0;  // version of the initial weights
+  int64_t threads = 0;        // LibTorch intra-op threads (0: all cores)
+
+  // --- Episodes ---
+  envs::EnvironmentConfig env;
+  int64_t episodes_in_flight = 8;  // B: live episodes decoded together
+  int64_t group_size = 1;          // G: episodes sharing a prompt (engine fork); divides B
+  int64_t episodes = 0;            // episodes to run, then stop; 0: until stopped
+  int64_t max_turns = 0;           // model turns per episode; 0: the environment's limit
+  int64_t max_episode_tokens = 8192;  // an episode that would grow past this ends (truncated)
+  uint64_t seed = 0;               // episode i resets its environment with a seed from (seed, i)
+  rollout::SamplingParams sampling;  // per turn; stop tokens are set by the actor
+
+  // --- Engine ---
+  int64_t cache_budget_bytes = int64_t{256} << 20;
+  int64_t block_tokens = 256;
+  int64_t max_batch = 64;
+  int64_t prefill_chunk_tokens = 4096;
+
+  // --- Segments and streaming ---
+  int64_t segment_tokens = 4096;
+  std::string replay_endpoint;   // required
+  std::string table;             // empty: the server's first table
+  std::string spill_dir;         // required: segments wait here while the server is away
+  int64_t spill_max_bytes = int64_t{1} << 30;
+  int64_t spill_after_ms = 3000;  // no progress from the server this long: spill
+  int64_t send_queue_max_bytes = int64_t{64} << 20;  // over this, no new episodes start
+
+  // --- Weights ---
+  std::string weights_endpoint;  // a WeightPublisher; empty: keep the initial weights
+  int64_t weights_poll_ms = 1000;
+
+  // --- Metrics ---
+  std::string metrics_path;      // JSON lines; empty: log only
+  double metrics_interval_s = 5;
+  bool progress = true;          // a one-line progress display when stderr is a terminal
+};
+
+// Reads `actor:` and `env:` of a YAML file strictly (unknown keys and bad values are errors
+// naming the file, line and key); docs/actors.md lists the keys.
+Result<ActorOptions> LoadActorConfig(const std::string& path);
+Status ValidateActorOptions(const ActorOptions& options);
+
+struct ActorMetrics {
+  double elapsed_s = 0;
+  int64_t episodes_started = 0;
+  int64_t episodes_finished = 0;  // ended in any way, segments handed to the sender
+  int64_t episodes_ok = 0;        // ended by the environment (done)
+  int64_t turns = 0;
+  int64_t generated_tokens = 0;   // sampled by the model
+  int64_t context_tokens = 0;     // written by the actor
+  int64_t tool_calls = 0;
+  int64_t malformed_tool_calls = 0;
+  std::map<std::string, int64_t> errors;  // episode endings other than done, by kind
+  int64_t segments = 0;           // handed to the sender
+  uint64_t policy_version = 0;
+  int64_t weight_updates = 0;
+  // Queue depths now.
+  int64_t live_episodes = 0;
+  int64_t env_calls_running = 0;
+  int64_t engine_sequences = 0;
+  uint64_t send_queue_segments = 0;
+  uint64_t send_queue_bytes = 0;
+  uint64_t in_flight_segments = 0;
+  uint64_t acked_segments = 0;
+  uint64_t spill_files = 0;
+  uint64_t spill_bytes = 0;
+  bool replay_connected = false;
+
+  std::string ToJson() const;  // one line
+};
+
+class Actor {
+ public:
+  // Loads the model and environment config, starts the sender (and the weight subscriber).
+  // Nothing is played until Run.
+  static Result<std::unique_ptr<Actor>> Create(const ActorOptions& options);
+  virtual ~Actor() = default;
+  // Plays episodes until `episodes` have finished or `stop` is requested (live episodes then end
+  // with status "stopped" and are sent as they are), then waits for the replay server to
+  // acknowledge everything (what it does not take in time stays in the spill directory).
+  // Errors: the model or engine failing as a whole; episode-level failures are metrics.
+  virtual Status Run(std::stop_token stop) = 0;
+  // Thread-safe snapshot.
+  virtual ActorMetrics metrics() const = 0;
+};
+
+}  // namespace strider::actors

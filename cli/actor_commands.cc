@@ -1,0 +1,96 @@
+// `strider actor --config F`: one actor service until its episodes are done or SIGINT/SIGTERM.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <stop_token>
+#include <thread>
+
+#include "actors/actor.h"
+#include "cli/commands.h"
+
+namespace strider::cli {
+namespace {
+
+std::atomic<bool> g_actor_stop{false};
+void OnActorSignal(int) { g_actor_stop = true; }
+
+struct ActorArgs {
+  std::string config;
+  std::string replay;
+  std::string spill_dir;
+  std::string metrics;
+  std::string weights;
+  std::string weights_endpoint;
+  std::string id;
+  int64_t episodes = -1;
+  int64_t seed = -1;
+  bool no_progress = false;
+};
+
+Status RunActor(const ActorArgs& args) {
+  // stdout carries JSON events; the log goes to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("actor"));
+  STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions options, actors::LoadActorConfig(args.config));
+  // Flags win over the file.
+  if (!args.replay.empty()) options.replay_endpoint = args.replay;
+  if (!args.spill_dir.empty()) options.spill_dir = args.spill_dir;
+  if (!args.metrics.empty()) options.metrics_path = args.metrics;
+  if (!args.weights.empty()) options.weights = args.weights;
+  if (!args.weights_endpoint.empty()) options.weights_endpoint = args.weights_endpoint;
+  if (!args.id.empty()) options.actor_id = args.id;
+  if (args.episodes >= 0) options.episodes = args.episodes;
+  if (args.seed >= 0) options.seed = static_cast<uint64_t>(args.seed);
+  if (args.no_progress) options.progress = false;
+  Status valid = actors::ValidateActorOptions(options);
+  if (!valid.ok()) return valid.WithContext(args.config);
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(options));
+  std::printf("{\"event\":\"ready\",\"actor\":\"%s\",\"env\":\"%s\",\"replay\":\"%s\"}\n",
+              options.actor_id.c_str(), options.env.name.c_str(),
+              options.replay_endpoint.c_str());
+  std::fflush(stdout);
+  std::signal(SIGINT, OnActorSignal);
+  std::signal(SIGTERM, OnActorSignal);
+  std::stop_source stop;
+  std::jthread watcher([&stop](std::stop_token done) {
+    while (!done.stop_requested()) {
+      if (g_actor_stop) {
+        stop.request_stop();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  Status status = actor->Run(stop.get_token());
+  watcher.request_stop();
+  std::printf("{\"event\":\"finished\",\"ok\":%s,\"metrics\":%s}\n", status.ok() ? "true" : "false",
+              actor->metrics().ToJson().c_str());
+  std::fflush(stdout);
+  return status;
+}
+
+}  // namespace
+
+void AddActorCommands(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<ActorArgs>();
+  CLI::App* actor = app.add_subcommand(
+      "actor", "One actor service: play episodes, stream segments to the replay server");
+  actor->add_option("--config", args->config, "Actor config (YAML: actor: and env:)")->required();
+  actor->add_option("--replay", args->replay, "Replay server actor endpoint (overrides the file)");
+  actor->add_option("--spill-dir", args->spill_dir, "Spill directory (overrides the file)");
+  actor->add_option("--metrics", args->metrics, "Metrics JSON-lines file (overrides the file)");
+  actor->add_option("--weights", args->weights, "Initial weights, safetensors (overrides)");
+  actor->add_option("--weights-endpoint", args->weights_endpoint,
+                    "Weight publisher endpoint (overrides the file)");
+  actor->add_option("--id", args->id, "Actor id (overrides the file)");
+  actor->add_option("--episodes", args->episodes, "Episodes to run, 0: until stopped (overrides)");
+  actor->add_option("--seed", args->seed, "Episode seed (overrides)");
+  actor->add_flag("--no-progress", args->no_progress, "No progress line on a terminal");
+  actor->callback([args, &exit_code] {
+    Status status = RunActor(*args);
+    if (!status.ok()) exit_code = ReportError(status);
+  });
+}
+
+}  // namespace strider::cli
