@@ -19,6 +19,7 @@ int ReportError(const Status& status);
 void AddModelCommands(CLI::App& app, int& exit_code);
 void AddReplayCommands(CLI::App& app, int& exit_code);
 void AddPretrainCommands(CLI::App& app, int& exit_code);
+void AddActorCommands(CLI::App& app, int& exit_code);
 void AddReportCommands(CLI::App& app, int& exit_code);
 
 }  // namespace strider::cli
