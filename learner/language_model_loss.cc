@@ -119,6 +119,12 @@ Result<LossResult> LanguageModelLoss(const Model& model, const TokenBatch& batch
     const double targets = batch.loss_mask.sum().item<double>();
     result.targets = static_cast<int64_t>(targets);
     if (result.targets == 0) return Status::InvalidArgument("batch has no scored targets");
+    const bool weighted = batch.loss_weight.defined();
+    const double weight_sum = weighted ? batch.loss_weight.sum().item<double>() : targets;
+    if (weighted && !(weight_sum > 0)) {
+      return Status::InvalidArgument("loss weights of the batch sum to " +
+                                     std::to_string(weight_sum));
+    }
     const bool chunked = options.path == TrainingPath::kInference;
     const int64_t chunk = chunked ? std::max<int64_t>(1, options.chunk_tokens) : length;
     ForwardOptions forward;
@@ -152,11 +158,16 @@ Result<LossResult> LanguageModelLoss(const Model& model, const TokenBatch& batch
           logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat), -1);
       at::Tensor target = batch.tokens.narrow(1, begin + 1, scored);
       at::Tensor mask = batch.loss_mask.narrow(1, begin, scored).to(log_probs.scalar_type());
-      at::Tensor chunk_loss =
-          -(log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask).sum() / targets;
+      at::Tensor target_log_probs = log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1);
+      at::Tensor chunk_loss = -(target_log_probs * mask).sum() / targets;
       if (options.keep_predictions) predictions.push_back(logits.argmax(-1).detach());
       loss_sum += chunk_loss.item<double>();
       if (!options.backward) continue;
+      if (weighted) {
+        at::Tensor weight =
+            batch.loss_weight.narrow(1, begin, scored).to(log_probs.scalar_type());
+        chunk_loss = -(target_log_probs * weight).sum() / weight_sum;
+      }
       if (chunked && options.truncated) {
         chunk_loss.backward();
         state.DetachGraph();

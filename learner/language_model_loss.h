@@ -24,6 +24,10 @@ namespace strider {
 struct TokenBatch {
   at::Tensor tokens;     // (B, L) int64
   at::Tensor loss_mask;  // (B, L-1) float: 1 where the target tokens[:, t+1] is scored
+  // Optional (B, L-1) float: the training objective's weight of each target (zero where the
+  // mask is zero). When set, gradients are those of the weighted mean; LossResult::loss stays
+  // the plain mean over the mask, so logged losses compare across weightings.
+  at::Tensor loss_weight;
   std::vector<ImageInput> images;
 };
 

@@ -18,6 +18,8 @@
 #include "learner/language_model_loss.h"
 #include "learner/optimizer.h"
 #include "learner/progress.h"
+#include "learner/report.h"
+#include "common/tokenizer.h"
 
 namespace strider {
 namespace {
@@ -83,10 +85,13 @@ Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& con
         const int64_t tokens = std::max<int64_t>(
             static_cast<int64_t>(stage.tokens * entry.weight / total_weight), stage.context * 4);
         const uint64_t seed = config.seed * 1000003ull + stage_index * 101 + e;
+        data::GeneratorOptions generator = GeneratorOptionsFor(config, stage.context);
+        if (entry.max_tokens > 0) generator.length = entry.max_tokens;
+        if (entry.min_tokens > 0) generator.min_length = entry.min_tokens;
+        if (entry.facts > 0) generator.facts = entry.facts;
         STRIDER_ASSIGN_OR_RETURN(
             data::BuildSummary summary,
-            data::BuildGeneratedShards(kind, GeneratorOptionsFor(config, stage.context), seed, 0,
-                                       tokens, directory));
+            data::BuildGeneratedShards(kind, generator, seed, 0, tokens, directory));
         (void)summary;
         std::ofstream(marker) << "ok\n";
       }
@@ -110,6 +115,44 @@ std::vector<std::pair<std::string, at::Tensor>> NamedTrainable(const Model& mode
     }
   }
   return named;
+}
+
+// Sets the batch's loss weights: `weight` for every scored retrieval answer token, else the mask.
+void WeightRetrievalAnswers(TokenBatch* batch, double weight) {
+  if (weight == 1.0) return;
+  at::Tensor tokens = batch->tokens.to(at::kInt).contiguous();
+  const int64_t rows = tokens.size(0), length = tokens.size(1);
+  const int32_t* t = tokens.data_ptr<int32_t>();
+  batch->loss_weight = batch->loss_mask.clone().contiguous();
+  float* mask = batch->loss_weight.data_ptr<float>();  // (B, L-1): target t+1 at index t
+  for (int64_t b = 0; b < rows; ++b) {
+    for (const auto& [begin, end] : data::FindRetrievalAnswers(t + b * length, length)) {
+      for (int64_t position = begin; position < end; ++position) {
+        mask[b * (length - 1) + position - 1] *= static_cast<float>(weight);
+      }
+    }
+  }
+}
+
+// The routing record restricted to real tokens. Padding fills the ends of packed sequences;
+// its positions all look alike to the router, so they pile onto the same experts in a share
+// that changes from batch to batch with the packing (up to half a long stage's single row).
+// Balancing on them tunes the biases to padding that inference never sees, and measuring
+// MaxVio on them reports that pile instead of the load of real tokens.
+RoutingRecord RealTokenRouting(const RoutingRecord& record, const at::Tensor& tokens) {
+  at::Tensor keep = (tokens.reshape({-1}) != token::kPad).nonzero().reshape({-1});
+  RoutingRecord real;
+  for (const RoutingRecord::Layer& layer : record.layers) {
+    RoutingRecord::Layer entry;
+    entry.experts =
+        layer.experts.reshape({-1, layer.experts.size(-1)}).index_select(0, keep).unsqueeze(0);
+    if (layer.scores.defined()) {
+      entry.scores =
+          layer.scores.reshape({-1, layer.scores.size(-1)}).index_select(0, keep).unsqueeze(0);
+    }
+    real.layers.push_back(std::move(entry));
+  }
+  return real;
 }
 
 Status AppendLine(const std::string& path, const std::string& line) {
@@ -283,6 +326,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       std::vector<std::vector<int32_t>> sequences;
       for (int64_t r = 0; r < rows; ++r) sequences.push_back(packer->Next());
       STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, MakeTokenBatch(sequences, config.model));
+      WeightRetrievalAnswers(&batch, config.retrieval_answer_weight);
       optimizer.ZeroGrad();
       STRIDER_ASSIGN_OR_RETURN(LossResult loss, LanguageModelLoss(*model, batch, loss_options));
       const double rate = LearningRate(config, stage, step, steps);
@@ -293,7 +337,8 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       double violation = -1;
       if (config.balance) {
         STRIDER_ASSIGN_OR_RETURN(std::vector<double> violations,
-                                 model->UpdateRoutingBalance(loss.routing));
+                                 model->UpdateRoutingBalance(
+                                     RealTokenRouting(loss.routing, batch.tokens)));
         violation = violations.empty() ? 0 : *std::max_element(violations.begin(), violations.end());
         if (step >= config.balance_warmup_steps) {
           summary.max_violation_after_warmup = std::max(summary.max_violation_after_warmup, violation);
@@ -365,6 +410,8 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       }
     }
     summaries.push_back(summary);
+    // The report after every stage, so an interrupted run still has one for what it did.
+    STRIDER_RETURN_IF_ERROR(WriteRunReport(options.run_dir).status());
   }
   return summaries;
 }

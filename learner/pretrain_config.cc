@@ -71,6 +71,8 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
     ConfigReader retrieval = root.Section("retrieval");
     retrieval.Optional("facts", &config.retrieval_facts);
     retrieval.Check(config.retrieval_facts >= 1, "facts", "must be at least 1");
+    retrieval.Optional("answer_weight", &config.retrieval_answer_weight);
+    retrieval.Check(config.retrieval_answer_weight > 0, "answer_weight", "must be positive");
   }
   {
     ConfigReader evaluation = root.Section("evaluation");
@@ -102,6 +104,17 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
       d.Optional("generator", &entry.generator);
       d.Optional("shards", &entry.shards);
       d.Optional("weight", &entry.weight);
+      d.Optional("min_tokens", &entry.min_tokens);
+      d.Optional("max_tokens", &entry.max_tokens);
+      d.Optional("facts", &entry.facts);
+      d.Check(entry.min_tokens >= 0 && entry.max_tokens >= 0 && entry.facts >= 0, "min_tokens",
+              "min_tokens, max_tokens and facts must not be negative");
+      d.Check(entry.min_tokens == 0 || entry.max_tokens == 0 || entry.min_tokens <= entry.max_tokens,
+              "min_tokens", "must not exceed max_tokens");
+      d.Check(entry.max_tokens <= stage.context, "max_tokens", "must not exceed the stage's context");
+      d.Check((entry.min_tokens == 0 && entry.max_tokens == 0 && entry.facts == 0) ||
+                  entry.generator == "retrieval",
+              "min_tokens", "min_tokens, max_tokens and facts apply to the retrieval generator");
       d.Check(entry.generator.empty() != entry.shards.empty(), "generator",
               "give exactly one of generator or shards");
       if (!entry.generator.empty()) {

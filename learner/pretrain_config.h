@@ -17,6 +17,12 @@ struct DataMixtureEntry {
   std::string generator;  // retrieval | tool_use | image_text
   std::string shards;     // a directory written by `strider data build`
   double weight = 1.0;
+  // retrieval generator: document lengths are uniform in [min_tokens, max_tokens] (0: the
+  // stage's context / 2 and context), so a stage can mix in short documents, whose facts are
+  // close together and many per token.
+  int64_t min_tokens = 0;
+  int64_t max_tokens = 0;
+  int64_t facts = 0;  // retrieval generator: facts per document (0: retrieval.facts)
 };
 
 struct PretrainStage {
@@ -52,6 +58,10 @@ struct PretrainConfig {
   double max_violation = 0.3;
   // Retrieval documents (generator and evaluation).
   int64_t retrieval_facts = 4;
+  // Training loss weight of retrieval answer tokens (the value digits after "?KEY="), relative
+  // to every other scored token. The answers are a few tokens among thousands of filler ones,
+  // so without extra weight the look-up is a small share of the gradient.
+  double retrieval_answer_weight = 1.0;
   // Evaluation after each stage.
   int64_t eval_documents = 32;
   int64_t eval_batch = 8;

@@ -57,6 +57,7 @@ std::string Filler(Rng& rng, int64_t count) {
 
 // A fact is "\nKQ=73\n" (7 tokens), a query "\n?KQ=73" (7 tokens).
 constexpr int64_t kFactTokens = 7;
+constexpr int64_t kValueTokens = 2;
 constexpr int64_t kQueryTokens = 7;
 
 GeneratedDocument Retrieval(const GeneratorOptions& options, uint64_t seed, int64_t index) {
@@ -230,6 +231,24 @@ std::string_view GeneratorName(GeneratorKind kind) {
     case GeneratorKind::kImageText: return "image_text";
   }
   return "?";
+}
+
+std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const int32_t* tokens,
+                                                              int64_t count) {
+  auto capital = [](int32_t t) { return t >= 'A' && t <= 'Z'; };
+  auto digit = [](int32_t t) { return t >= '0' && t <= '9'; };
+  std::vector<std::pair<int64_t, int64_t>> answers;
+  for (int64_t i = 0; i + 5 < count; ++i) {
+    if (tokens[i] != '\n' || tokens[i + 1] != '?' || !capital(tokens[i + 2]) ||
+        !capital(tokens[i + 3]) || tokens[i + 4] != '=') {
+      continue;
+    }
+    int64_t end = i + 5;
+    while (end < count && end < i + 5 + kValueTokens && digit(tokens[end])) ++end;
+    if (end > i + 5) answers.emplace_back(i + 5, end);
+    i = end - 1;
+  }
+  return answers;
 }
 
 int64_t MinimumRetrievalLength(int64_t facts) {

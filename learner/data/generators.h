@@ -59,6 +59,12 @@ GeneratedDocument Generate(GeneratorKind kind, const GeneratorOptions& options, 
 // describes; an error for text that is not such a caption.
 Result<std::vector<float>> RenderCaptionImage(std::string_view caption, int64_t size);
 
+// The answer spans [begin, end) of every retrieval query ("\n?KQ=" then the value digits) in a
+// token stream, found by their form, so packed training sequences (where the generator's
+// `answers` are gone) can weight them. A value cut by the end of the stream is cut here too.
+std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const int32_t* tokens,
+                                                              int64_t count);
+
 // Shortest retrieval document the generator can make with `facts` facts.
 int64_t MinimumRetrievalLength(int64_t facts);
 

@@ -235,6 +235,29 @@ TEST(Generators, RetrievalDocumentsHaveExactLengthAndAnswers) {
             Generate(GeneratorKind::kRetrieval, options, 1, 4).tokens);
 }
 
+TEST(Generators, RetrievalAnswersAreFoundByTheirFormInPackedStreams) {
+  GeneratorOptions options;
+  options.length = 300;
+  options.facts = 6;
+  // Two documents back to back, as packing puts them, the second cut inside its last answer.
+  GeneratedDocument first = Generate(GeneratorKind::kRetrieval, options, 5, 0);
+  GeneratedDocument second = Generate(GeneratorKind::kRetrieval, options, 5, 1);
+  std::vector<int32_t> stream = first.tokens;
+  const int64_t offset = static_cast<int64_t>(stream.size());
+  const int64_t cut = second.answers.back().first + 1;  // keeps one digit of the last answer
+  stream.insert(stream.end(), second.tokens.begin(), second.tokens.begin() + cut);
+  std::vector<std::pair<int64_t, int64_t>> expected = first.answers;
+  for (const auto& [begin, end] : second.answers) {
+    expected.emplace_back(offset + begin, std::min<int64_t>(offset + end, offset + cut));
+  }
+  // Sorted by position, like the generator's, which lists them in document order.
+  EXPECT_EQ(FindRetrievalAnswers(stream.data(), static_cast<int64_t>(stream.size())), expected);
+  // Facts ("\nKQ=73\n") are not queries.
+  const std::string fact = "ab\nKQ=73\ncd";
+  const std::vector<int32_t> tokens(fact.begin(), fact.end());
+  EXPECT_TRUE(FindRetrievalAnswers(tokens.data(), static_cast<int64_t>(tokens.size())).empty());
+}
+
 TEST(Generators, ToolUseHasRolesAndSomeFlawedTranscripts) {
   GeneratorOptions options;
   int flawed = 0;
