@@ -14,7 +14,7 @@
 //   memory_1m         resident memory of one 1M-token incremental-only sequence against the
 //                     formula (state + compressed cache + the constant working set of a chunk).
 //
-//   rollout_bench [--quick] [--threads N]
+//   rollout_bench [--quick] [--threads N] [--only decode|incremental|hybrid]
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -311,7 +311,7 @@ double FullAttentionSeconds(const ModelConfig& config, int64_t context) {
   return times[times.size() / 2];
 }
 
-void LongContext(bool quick, int64_t threads) {
+void IncrementalLongContext(bool quick, int64_t threads) {
   // Incremental-only: cost per token at 1K and 1M (quick: 64K).
   const ModelConfig incremental = IncrementalConfig();
   const int64_t far = quick ? 65536 : (int64_t{1} << 20);
@@ -329,6 +329,9 @@ void LongContext(bool quick, int64_t threads) {
   bench::PrintResult("rollout", quick ? "memory_64k_incremental" : "memory_1m_incremental",
                      used / (1 << 20), "MiB", formula / (1 << 20));
 
+}
+
+void HybridLongContext(int64_t threads) {
   // Hybrid tiny against the multi-head baseline. A real 1K prompt, then the context is made long
   // through the engine's benchmark-only fill (synthetic latent rows; a real 256K prefill is
   // quadratic). The baseline's K and V caches are random too: neither cost depends on the values.
@@ -360,19 +363,29 @@ void LongContext(bool quick, int64_t threads) {
 int main(int argc, char** argv) {
   bool quick = false;
   int64_t threads = 2;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: rollout_bench [--quick] [--threads N]\n");
+      std::fprintf(stderr,
+                   "usage: rollout_bench [--quick] [--threads N] "
+                   "[--only decode|incremental|hybrid]\n");
       return 2;
     }
   }
+  if (!only.empty() && only != "decode" && only != "incremental" && only != "hybrid") {
+    std::fprintf(stderr, "--only takes decode, incremental or hybrid, not '%s'\n", only.c_str());
+    return 2;
+  }
   strider::ConfigureRuntime(threads);
   at::NoGradGuard no_grad;
-  strider::DecodeThroughput(quick, threads);
-  strider::LongContext(quick, threads);
+  if (only.empty() || only == "decode") strider::DecodeThroughput(quick, threads);
+  if (only.empty() || only == "incremental") strider::IncrementalLongContext(quick, threads);
+  if (only.empty() || only == "hybrid") strider::HybridLongContext(threads);
   return 0;
 }

@@ -755,6 +755,37 @@ class EngineImpl final : public Engine {
     queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
   }
 
+  // The rows' (1, ...) tensors stacked along the batch: a view without a copy when they are, in
+  // order, consecutive rows of one tensor (the same rows decoded together last step), else a
+  // copy.
+  static at::Tensor StackRows(const std::vector<at::Tensor>& parts) {
+    const at::Tensor& first = parts.front();
+    bool consecutive = first.size(0) == 1;
+    for (size_t b = 1; b < parts.size() && consecutive; ++b) {
+      consecutive = parts[b].is_alias_of(first) && parts[b].sizes() == first.sizes() &&
+                    parts[b].strides() == first.strides() &&
+                    parts[b].storage_offset() ==
+                        first.storage_offset() + static_cast<int64_t>(b) * first.stride(0);
+    }
+    if (!consecutive) return at::cat(parts, 0);
+    std::vector<int64_t> sizes = first.sizes().vec();
+    sizes[0] = static_cast<int64_t>(parts.size());
+    return first.as_strided(sizes, first.strides(), first.storage_offset());
+  }
+
+  // Gives a sequence that leaves the decode batch (turn ended, prefilled alone) states of its
+  // own, so it does not keep a batch's tensors or a prefill's temporaries alive.
+  void OwnStates(Sequence* sequence) const {
+    for (model::IncrementalAttentionState& state : sequence->incremental) {
+      for (at::Tensor* tensor : {&state.recurrent, &state.conv_tail}) {
+        if (tensor->defined() &&
+            tensor->storage().nbytes() > static_cast<size_t>(tensor->nbytes())) {
+          *tensor = tensor->clone();
+        }
+      }
+    }
+  }
+
   // Runs one model call over `rows`, each feeding tokens.size(1) tokens, and commits states,
   // latent rows and next-token logits. Fails without changing any row.
   Result<ForwardOutput> Feed(const std::vector<Sequence*>& rows, const at::Tensor& tokens) {
@@ -775,8 +806,8 @@ class EngineImpl final : public Engine {
           recurrent.push_back(row->incremental[i].recurrent);
           tails.push_back(row->incremental[i].conv_tail);
         }
-        ragged.layers[i].incremental.recurrent = at::cat(recurrent, 0);
-        ragged.layers[i].incremental.conv_tail = at::cat(tails, 0);
+        ragged.layers[i].incremental.recurrent = StackRows(recurrent);
+        ragged.layers[i].incremental.conv_tail = StackRows(tails);
       }
     }
     std::vector<const BlockTable*> tables;
@@ -802,6 +833,12 @@ class EngineImpl final : public Engine {
 
     // Commit. Blocks were reserved at admission, so the cache append cannot run out.
     at::Tensor logits = out.logits.select(1, 0).to(at::kFloat).contiguous();  // (B, V)
+    std::vector<at::Tensor> new_rows;  // per latent layer: (B, T, W)
+    for (int64_t i = 0; i < config_.layers; ++i) {
+      if (kinds_[i] != 'G') continue;
+      const model::LatentAttentionRows& fresh = ragged.layers[i].new_rows;
+      new_rows.push_back(at::cat({fresh.latent, fresh.rope_key}, -1));
+    }
     for (int64_t b = 0; b < batch; ++b) {
       Sequence* row = rows[b];
       for (int64_t i = 0; i < config_.layers; ++i) {
@@ -810,18 +847,16 @@ class EngineImpl final : public Engine {
         if (batch == 1) {
           row->incremental[i] = state;
         } else {
-          // Own copies: a view would keep the whole batch's tensor alive after the row leaves.
-          row->incremental[i].recurrent = state.recurrent.narrow(0, b, 1).clone();
-          row->incremental[i].conv_tail = state.conv_tail.narrow(0, b, 1).clone();
+          // Views of the batch's states: rows decoded together again next step are stacked
+          // without a copy (StackRows). A row that leaves the batch takes its own copy
+          // (OwnStates), so it never keeps the whole batch's tensor alive.
+          row->incremental[i].recurrent = state.recurrent.narrow(0, b, 1);
+          row->incremental[i].conv_tail = state.conv_tail.narrow(0, b, 1);
         }
       }
       if (latent_layers_ > 0) {
         std::vector<at::Tensor> layer_rows;
-        for (int64_t i = 0; i < config_.layers; ++i) {
-          if (kinds_[i] != 'G') continue;
-          const model::LatentAttentionRows& fresh = ragged.layers[i].new_rows;
-          layer_rows.push_back(at::cat({fresh.latent[b], fresh.rope_key[b]}, -1));  // (T, W)
-        }
+        for (const at::Tensor& joined : new_rows) layer_rows.push_back(joined[b]);  // (T, W)
         Status stored = cache_.Append(&row->table, layer_rows);
         if (!stored.ok()) return Status::Internal("reserved blocks missing: " + stored.message());
       }
@@ -884,6 +919,7 @@ class EngineImpl final : public Engine {
     }
     sequence->pending.clear();
     sequence->status = sequence->turn ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
+    OwnStates(sequence);
     if (!parts.empty()) {
       Result<CompactRouting> joined = CompactRouting::Concatenate(parts);
       if (joined.ok()) step->routing = std::move(*joined);
@@ -912,6 +948,7 @@ class EngineImpl final : public Engine {
         Sequence* row = rows[b];
         row->pending.clear();
         row->status = row->turn ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
+        OwnStates(row);
         if (options_.record_routing) {
           (*touched)[row->id].routing = Compact(out, static_cast<int64_t>(b), firsts[b]);
         }
@@ -989,6 +1026,7 @@ class EngineImpl final : public Engine {
         step.finish = FinishReason::kMaxTokens;
       }
       if (step.finish != FinishReason::kNone) {
+        OwnStates(row);
         row->status = SequenceStatus::kIdle;
         row->turn.reset();  // the rest of its reservation returns to the pool
         row->generated = 0;
