@@ -106,6 +106,11 @@ struct OnlineSoftmax {
   }
 };
 
+// The inner loops below have run-time trip counts (widths, visible keys); the project builds
+// with -O2, whose cost model leaves such loops scalar. They are the whole decode cost at long
+// context, so this one function is vectorised.
+#pragma GCC push_options
+#pragma GCC optimize("O3")
 template <typename Storage, typename Compute>
 void ScoreRun(const Compute* query, int64_t tokens, int64_t heads, const KeyRun& run,
               OnlineSoftmax<Compute>* state) {
@@ -164,6 +169,8 @@ void ScoreRun(const Compute* query, int64_t tokens, int64_t heads, const KeyRun&
     }
   }
 }
+
+#pragma GCC pop_options
 
 template <typename Compute>
 void ScoreRunAnyStorage(const Compute* query, int64_t tokens, int64_t heads, const KeyRun& run,
