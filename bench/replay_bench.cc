@@ -5,7 +5,10 @@
 //   sample      p50/p99 latency of 64 KiB samples while 4 actors ingest, vs. the 5 ms target
 // Segment contents are random (incompressible), as PLATFORM.md advises for RocksDB figures.
 //
-//   replay_bench [--quick]
+// Ingest, stream and latency are measured over tcp loopback and, as `*_ipc`, over ipc:// (unix
+// sockets, what co-located actors use); the raw RocksDB baseline is the same for both.
+//
+//   replay_bench [--quick] [--only ingest|latency]
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
@@ -19,9 +22,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 #include <zmq.hpp>
 
@@ -169,10 +174,13 @@ double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) 
 }
 
 // 4 actors streaming the frames into a fresh in-process server until every one is acked.
-double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir) {
+// `endpoint`: tcp://127.0.0.1:0 or an ipc:// path.
+double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir,
+                        const std::string& endpoint) {
   std::filesystem::remove_all(dir);
   replay::ServerOptions options;
   options.db_path = dir;
+  options.actor_endpoint = endpoint;
   options.stats_interval_s = 0;
   options.tables.push_back(replay::TableConfig());
   options.tables.back().retention.max_bytes = 0;  // keep everything: measure pure ingest
@@ -202,7 +210,7 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
   }
   for (auto& t : threads) t.join();
   const auto elapsed = Clock::now() - start;
-  cost.Report("replay ingest", TotalBytes(frames));
+  cost.Report("replay " + endpoint.substr(0, 3), TotalBytes(frames));
   if (failures > 0) std::fprintf(stderr, "replay_bench: %d ingest failures\n", failures.load());
   actors.clear();
   (*server)->Stop();
@@ -211,12 +219,13 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
   return MegabytesPerSecond(TotalBytes(frames), elapsed);
 }
 
-// 4 PUSH sockets to one PULL over tcp loopback, the same frames: the transport's ceiling.
-double RawZmqRate(const std::vector<Frame>& frames) {
+// 4 PUSH sockets to one PULL over `bind` (tcp loopback or ipc), the same frames: the transport's
+// ceiling.
+double RawZmqRate(const std::vector<Frame>& frames, const std::string& bind) {
   zmq::context_t context(2);
   zmq::socket_t pull(context, zmq::socket_type::pull);
   pull.set(zmq::sockopt::linger, 0);
-  pull.bind("tcp://127.0.0.1:0");
+  pull.bind(bind);
   const std::string endpoint = pull.get(zmq::sockopt::last_endpoint);
   const RunCost cost;
   const auto start = Clock::now();
@@ -237,7 +246,7 @@ double RawZmqRate(const std::vector<Frame>& frames) {
   }
   const auto elapsed = Clock::now() - start;
   for (auto& t : threads) t.join();
-  cost.Report("raw zeromq", TotalBytes(frames));
+  cost.Report("raw zeromq " + bind.substr(0, 3), TotalBytes(frames));
   return MegabytesPerSecond(TotalBytes(frames), elapsed);
 }
 
@@ -245,16 +254,18 @@ struct Latency {
   double p50_ms = 0;
   double p99_ms = 0;
   size_t samples = 0;
+  std::string server_side;  // the server's own latency figures (request received to reply sent)
 };
 
 // A uniform table prefilled with 64 KiB segments; 4 actors keep ingesting while one learner
 // samples one segment per request.
 Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
                                  const std::vector<Frame>& load, size_t requests,
-                                 const std::string& dir) {
+                                 const std::string& dir, const std::string& endpoint) {
   std::filesystem::remove_all(dir);
   replay::ServerOptions options;
   options.db_path = dir;
+  options.actor_endpoint = endpoint;
   options.stats_interval_s = 0;
   replay::TableConfig table;
   table.sampler.kind = replay::SamplerKind::kUniform;
@@ -293,13 +304,18 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     if (batch.ok()) latencies.push_back(ms);
   }
+  Latency result;
+  {
+    const nlohmann::json stats = nlohmann::json::parse(server->StatsJson());
+    result.server_side = "server-side p50 " + stats["sample"]["latency_ms_p50"].dump() +
+                         " ms, p99 " + stats["sample"]["latency_ms_p99"].dump() + " ms";
+  }
   stop = true;
   for (auto& t : ingest) t.join();
   learner.reset();
   server->Stop();
   server.reset();
   std::filesystem::remove_all(dir);
-  Latency result;
   result.samples = latencies.size();
   if (latencies.empty()) return result;
   std::sort(latencies.begin(), latencies.end());
@@ -313,7 +329,20 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
 
 int main(int argc, char** argv) {
   using namespace strider::bench;
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  bool quick = false;
+  std::string only;  // empty: everything
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--only" && i + 1 < argc && (std::string(argv[i + 1]) == "ingest" ||
+                                                   std::string(argv[i + 1]) == "latency")) {
+      only = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: replay_bench [--quick] [--only ingest|latency]\n");
+      return 2;
+    }
+  }
   spdlog::set_level(spdlog::level::warn);
   // Keep freed buffers (64 KiB - 1 MiB frames, RocksDB and ZeroMQ buffers) in the heap instead
   // of returning them with munmap: every munmap takes the process-wide mmap lock and every fresh
@@ -324,42 +353,61 @@ int main(int argc, char** argv) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("replay_bench_" + std::to_string(::getpid())))
           .string();
+  const std::string tcp = "tcp://127.0.0.1:0";
+  const std::string ipc = "ipc://" + dir + ".sock";
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   const uint64_t volume = quick ? (32ull << 20) : (256ull << 20);
   for (size_t size : {size_t{64} << 10, size_t{1} << 20}) {
+    if (only == "latency") break;
     const std::vector<Frame> frames = MakeFrames(size, volume / size, size);
     const std::string label = size == (size_t{64} << 10) ? "64KiB" : "1MiB";
-    // Alternate the runs so machine noise hits both; report medians of the repeats.
+    // Alternate the runs so machine noise hits all of them; report medians of the repeats.
     std::vector<double> raw_rates;
-    std::vector<double> ours;
-    std::vector<double> zmq_rates;
+    std::vector<double> ours_tcp, ours_ipc;
+    std::vector<double> zmq_tcp, zmq_ipc;
     const int repeats = quick ? 1 : 3;
     for (int r = 0; r < repeats; ++r) {
       raw_rates.push_back(RawRocksDbRate(frames, dir + "_raw"));
-      ours.push_back(ReplayIngestRate(frames, dir + "_ours"));
-      zmq_rates.push_back(RawZmqRate(frames));
+      ours_tcp.push_back(ReplayIngestRate(frames, dir + "_ours", tcp));
+      ours_ipc.push_back(ReplayIngestRate(frames, dir + "_ours", ipc));
+      zmq_tcp.push_back(RawZmqRate(frames, tcp));
+      zmq_ipc.push_back(RawZmqRate(frames, ipc));
     }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    const double ingest = median(ours);
-    PrintWithBaseline("ingest_" + label + "_4_actors", ingest, "MB/s", median(raw_rates),
-                      "raw RocksDB puts of the same keys and values, 4 threads, Store::MakeOptions "
-                      "(lz4, WAL on, no sync), random tokens, same run, median of " +
-                          std::to_string(repeats));
-    PrintWithBaseline("stream_" + label + "_4_actors", ingest, "MB/s", median(zmq_rates),
-                      "raw ZeroMQ PUSH/PULL of the same frames over tcp loopback, 4 senders, "
-                      "same run, median of " + std::to_string(repeats));
+    const std::string same = "same run, median of " + std::to_string(repeats);
+    const std::string raw_is =
+        "raw RocksDB puts of the same keys and values, 4 threads, Store::MakeOptions (lz4, WAL "
+        "on, no sync), random tokens, " + same;
+    for (const auto& [suffix, ours, zmq_rates, transport] :
+         {std::tuple{std::string(), ours_tcp, zmq_tcp, std::string("tcp loopback")},
+          std::tuple{std::string("_ipc"), ours_ipc, zmq_ipc, std::string("ipc")}}) {
+      const double ingest = median(ours);
+      PrintWithBaseline("ingest_" + label + "_4_actors" + suffix, ingest, "MB/s",
+                        median(raw_rates), raw_is + "; actors over " + transport);
+      PrintWithBaseline("stream_" + label + "_4_actors" + suffix, ingest, "MB/s",
+                        median(zmq_rates),
+                        "raw ZeroMQ PUSH/PULL of the same frames over " + transport +
+                            ", 4 senders, zero-copy sends, " + same);
+    }
   }
-  {
+  if (only != "ingest") {
     const std::vector<Frame> prefill = MakeFrames(64 << 10, quick ? 64 : 512, 1);
     const std::vector<Frame> load = MakeFrames(64 << 10, quick ? 256 : 2048, 2);
-    Latency latency =
-        SampleLatencyUnderIngest(prefill, load, quick ? 200 : 1000, dir + "_latency");
-    const std::string target = "the 5 ms target; measured at the client over " +
-                               std::to_string(latency.samples) + " one-segment samples";
-    PrintWithBaseline("sample_latency_p50_64KiB_under_ingest", latency.p50_ms, "ms", 5.0, target);
-    PrintWithBaseline("sample_latency_p99_64KiB_under_ingest", latency.p99_ms, "ms", 5.0, target);
+    for (const auto& [suffix, endpoint] : {std::pair{std::string(), tcp},
+                                           std::pair{std::string("_ipc"), ipc}}) {
+      Latency latency = SampleLatencyUnderIngest(prefill, load, quick ? 200 : 1000,
+                                                 dir + "_latency", endpoint);
+      const std::string target = "the 5 ms target; measured at the client over " +
+                                 std::to_string(latency.samples) +
+                                 " one-segment samples; actors and learner over " +
+                                 endpoint.substr(0, 3) + "; " + latency.server_side;
+      PrintWithBaseline("sample_latency_p50_64KiB_under_ingest" + suffix, latency.p50_ms, "ms",
+                        5.0, target);
+      PrintWithBaseline("sample_latency_p99_64KiB_under_ingest" + suffix, latency.p99_ms, "ms",
+                        5.0, target);
+    }
   }
   return 0;
 }

@@ -67,6 +67,11 @@ struct ServerOptions {
   // Threads writing batches concurrently: RocksDB groups their writes and inserts them into the
   // memtable in parallel, like several threads calling Put.
   int writer_threads = 4;
+  // Received segment bytes not yet written that the server holds at most (all connections
+  // together). Above it the server stops reading from actors until the writers catch up, so
+  // segments wait in the actors' sockets instead of the server's memory; one segment is always
+  // taken, however large. Bounds memory and keeps it reused (no fresh pages to fault in).
+  uint64_t max_queued_bytes = 16ull << 20;
   // Sample steps per learner whose answers are kept for replay after a learner restart.
   int64_t sample_log_steps = 1024;
   double stats_interval_s = 10;  // how often stats go to the log; 0: never

@@ -20,6 +20,7 @@
 // never delete a segment between a draw being chosen and the draw being recorded; it goes to
 // the sampling store's own log (replay/storage.h), so it never queues behind segment batches.
 #include <rocksdb/slice.h>
+#include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -197,11 +198,17 @@ class ServerImpl : public ReplayServer {
   std::mutex queue_mutex_;
   std::condition_variable queue_ready_;
   std::deque<PendingSegment> queue_;
+  // Bytes received and not yet written (queued or in a writer's group): max_queued_bytes.
+  std::atomic<uint64_t> queued_bytes_{0};
   std::unordered_set<std::string> busy_trajectories_;  // in a batch being written
 
   // Completions: writer threads -> actor thread. Also guards wake_sender_.
   std::mutex done_mutex_;
   std::vector<Completion> done_;
+
+  // One reusable batch per writer slot (only that writer touches it).
+  std::vector<std::unique_ptr<rocksdb::WriteBatch>> write_batches_;
+  size_t WriteBatchReserve() const { return options_.write_batch_bytes + (256 << 10); }
 
   // Shared by the writer threads.
   std::mutex commit_mutex_;
@@ -271,7 +278,10 @@ Status ServerImpl::Init() {
                            transport::MakeSocket(learner_context_, zmq::socket_type::router,
                                                  1 << 20));
   // Actors may send faster than the disk: let their pipes hold one credit's worth, no more.
-  actor_socket_.set(zmq::sockopt::rcvhwm, 1000);
+  // Few messages per connection wait inside ZeroMQ: the server bounds what it holds itself
+  // (max_queued_bytes), and a full pipe makes ZeroMQ stop reading that connection, so the rest
+  // waits in the actor's socket.
+  actor_socket_.set(zmq::sockopt::rcvhwm, 4);
   actor_socket_.set(zmq::sockopt::sndhwm, 100000);
   STRIDER_ASSIGN_OR_RETURN(std::string actor_bound,
                            transport::Bind(actor_socket_, options_.actor_endpoint));
@@ -286,6 +296,9 @@ Status ServerImpl::Init() {
   STRIDER_RETURN_IF_ERROR(transport::Bind(wake_receiver_, wake).status());
   STRIDER_RETURN_IF_ERROR(transport::Connect(wake_sender_, wake));
 
+  for (int slot = 0; slot < options_.writer_threads; ++slot) {
+    write_batches_.push_back(std::make_unique<rocksdb::WriteBatch>(WriteBatchReserve()));
+  }
   for (int slot = 0; slot < options_.writer_threads; ++slot) {
     writer_threads_.emplace_back([this, slot] { WriterLoop(slot); });
   }
@@ -473,6 +486,7 @@ void ServerImpl::HandleActorFrame(const std::string& identity, zmq::message_t fr
     return;
   }
   in_flight += bytes.size();
+  queued_bytes_ += bytes.size();
   PendingSegment pending;
   pending.identity = identity;
   pending.frame = std::move(frame);
@@ -513,6 +527,9 @@ void ServerImpl::ActorLoop() {
   auto next_log = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(options_.stats_interval_s));
   while (!stopping_) {
+    // Over max_queued_bytes: leave segments in the sockets until a writer finishes a group (its
+    // wake-up brings the loop back here).
+    items[0].events = queued_bytes_ < options_.max_queued_bytes ? ZMQ_POLLIN : 0;
     try {
       zmq::poll(items, 2, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& error) {
@@ -529,7 +546,7 @@ void ServerImpl::ActorLoop() {
     }
     if (items[0].revents & ZMQ_POLLIN) {
       // A bounded batch per wake-up so acks are not starved by a flood of segments.
-      for (int i = 0; i < 64; ++i) {
+      for (int i = 0; i < 64 && queued_bytes_ < options_.max_queued_bytes; ++i) {
         Result<std::vector<zmq::message_t>> parts = transport::ReceiveParts(actor_socket_);
         if (!parts.ok() || parts->empty()) break;
         const std::string identity(transport::View((*parts)[0]));
@@ -644,7 +661,10 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
   std::string error;
   std::map<std::string, uint64_t> inserts;  // by table
   if (!stored.empty()) {
-    rocksdb::WriteBatch batch;
+    // This writer's own batch, kept between groups: its buffer is reserved once and reused, so
+    // building a batch neither regrows (copying what it holds) nor touches fresh pages.
+    rocksdb::WriteBatch& batch = *write_batches_[slot];
+    batch.Clear();
     std::map<std::string, schema::TrajectorySummary> summaries;  // by trajectory id bytes
     std::vector<std::string> sequence_prefixes;  // the 8-byte prefixes must outlive Write
     sequence_prefixes.reserve(stored.size());
@@ -716,6 +736,10 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
     }
     batch.Put(store_->meta(), meta::NextSequenceSlot(slot), EncodeU64(stored.back().sequence + 1));
     Status status = store_->Write(&batch);
+    if (batch.GetDataSize() > 2 * WriteBatchReserve()) {
+      // An outsized segment grew it: do not keep that much memory per writer.
+      write_batches_[slot] = std::make_unique<rocksdb::WriteBatch>(WriteBatchReserve());
+    }
     if (status.ok()) {
       for (const auto& [table, count] : inserts) slot_inserts[table] += count;
       std::lock_guard<std::mutex> lock(commit_mutex_);
@@ -756,9 +780,12 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
   if (!stored.empty() && error.empty()) ApplyRetention();
   {
     std::lock_guard<std::mutex> lock(done_mutex_);
+    uint64_t bytes = 0;
     for (const PendingSegment& p : group) {
       done_.push_back({p.identity, p.facts.key, p.frame.size(), error});
+      bytes += p.frame.size();
     }
+    queued_bytes_ -= bytes;
     (void)transport::SendParts(wake_sender_, {std::string_view("w", 1)}, true);
   }
 }
@@ -1146,11 +1173,13 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   int64_t credit_bytes = static_cast<int64_t>(options.credit_bytes);
   int64_t write_batch_bytes = static_cast<int64_t>(options.write_batch_bytes);
   int64_t writer_threads = options.writer_threads;
+  int64_t max_queued_bytes = static_cast<int64_t>(options.max_queued_bytes);
   int64_t max_token_id = options.max_token_id;
   server.Optional("max_message_bytes", &max_message_bytes);
   server.Optional("credit_bytes", &credit_bytes);
   server.Optional("write_batch_bytes", &write_batch_bytes);
   server.Optional("writer_threads", &writer_threads);
+  server.Optional("max_queued_bytes", &max_queued_bytes);
   server.Optional("max_token_id", &max_token_id);
   server.Optional("sync_wal", &options.sync_wal);
   server.Optional("compression", &options.compression);
@@ -1162,6 +1191,7 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   server.Check(write_batch_bytes >= 1, "write_batch_bytes", "must be positive");
   server.Check(writer_threads >= 1 && writer_threads <= 64, "writer_threads",
                "must be in [1, 64]");
+  server.Check(max_queued_bytes >= 1, "max_queued_bytes", "must be positive");
   server.Check(max_token_id >= 1 && max_token_id <= INT32_MAX, "max_token_id",
                "must be in [1, 2^31)");
   server.Check(options.compression == "lz4" || options.compression == "zstd" ||
@@ -1173,6 +1203,7 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   options.credit_bytes = static_cast<uint64_t>(credit_bytes);
   options.write_batch_bytes = static_cast<uint64_t>(write_batch_bytes);
   options.writer_threads = static_cast<int>(writer_threads);
+  options.max_queued_bytes = static_cast<uint64_t>(max_queued_bytes);
   options.max_token_id = static_cast<int32_t>(max_token_id);
   std::set<std::string> names;
   for (ConfigReader& table : root.List("tables")) {

@@ -108,33 +108,71 @@ struct SegmentView {
 int32_t TokenAt(const SegmentView& v, size_t i) { return Get<int32_t>(v.tokens + 4 * i); }
 float LogprobAt(const SegmentView& v, size_t i) { return Get<float>(v.logprobs + 4 * i); }
 
-// The per-token checks as flat passes without early exits (the compiler vectorises them); a
-// segment that fails goes through the exact loop below to name the first bad token.
+uint8_t MaxByte(const uint8_t* bytes, size_t size) {
+  constexpr size_t kBlock = 64;
+  uint8_t max = 0;
+  size_t i = 0;
+  for (; i + kBlock <= size; i += kBlock) {
+    uint8_t block = 0;
+    for (size_t j = 0; j < kBlock; ++j) block = std::max(block, bytes[i + j]);
+    max = std::max(max, block);
+  }
+  for (; i < size; ++i) max = std::max(max, bytes[i]);
+  return max;
+}
+
+// A log-prob must be finite and <= 0. On the bits: not all-ones exponent (inf, NaN), and not a
+// positive non-zero value (sign clear and any other bit set: > 0 as a signed integer). -0 passes.
+inline uint32_t BadLogprobBits(uint32_t bits) {
+  return static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u) |
+         static_cast<uint32_t>(static_cast<int32_t>(bits) > 0);
+}
+
+// The per-token checks as flat integer passes without early exits, in blocks of a fixed length,
+// so the compiler vectorises them; a segment that fails goes through the exact loop in
+// ValidateView to name the first bad token. Returns true when every token passes.
 bool TokensLookValid(const SegmentView& v, const DecodeLimits& limits) {
+  constexpr size_t kBlock = 64;
   const size_t n = v.token_count;
   // One unsigned comparison covers both bounds (max_token_id is positive).
   const uint32_t max_id = static_cast<uint32_t>(limits.max_token_id);
   uint32_t bad = 0;
-  for (size_t i = 0; i < n; ++i) bad |= static_cast<uint32_t>(TokenAt(v, i)) >= max_id;
-  uint8_t max_role = 0;
-  for (size_t i = 0; i < n; ++i) max_role = std::max(max_role, v.roles[i]);
-  bad |= max_role >= kRoleCount;
-  // Finite and <= 0: NaN fails both comparisons, -inf the second.
-  constexpr float kLowest = std::numeric_limits<float>::lowest();
-  for (size_t i = 0; i < n; ++i) {
-    const float lp = LogprobAt(v, i);
-    bad |= !(lp <= 0.0f) | !(lp >= kLowest);
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    uint32_t tokens[kBlock];
+    uint32_t logprobs[kBlock];
+    std::memcpy(tokens, v.tokens + 4 * i, sizeof(tokens));
+    std::memcpy(logprobs, v.logprobs + 4 * i, sizeof(logprobs));
+    uint32_t block_bad = 0;
+    for (size_t j = 0; j < kBlock; ++j) block_bad |= static_cast<uint32_t>(tokens[j] >= max_id);
+    for (size_t j = 0; j < kBlock; ++j) block_bad |= BadLogprobBits(logprobs[j]);
+    bad |= block_bad;
   }
-  return bad == 0;
+  for (; i < n; ++i) {
+    bad |= static_cast<uint32_t>(static_cast<uint32_t>(TokenAt(v, i)) >= max_id);
+    bad |= BadLogprobBits(Get<uint32_t>(v.logprobs + 4 * i));
+  }
+  return bad == 0 && MaxByte(v.roles, n) < kRoleCount;
 }
 
+// Blocked like TokensLookValid, for the same reason.
 size_t ActionTokens(const SegmentView& v) {
+  constexpr size_t kBlock = 64;
+  static_assert(static_cast<uint8_t>(Role::kToolCall) == static_cast<uint8_t>(Role::kModel) + 1);
+  constexpr uint8_t kFirstAction = static_cast<uint8_t>(Role::kModel);
   size_t actions = 0;
-  for (size_t i = 0; i < v.role_count; ++i) {
-    actions += IsAction(static_cast<Role>(v.roles[i])) ? 1 : 0;
+  size_t i = 0;
+  for (; i + kBlock <= v.role_count; i += kBlock) {
+    uint32_t block = 0;
+    for (size_t j = 0; j < kBlock; ++j) {
+      block += static_cast<uint8_t>(v.roles[i + j] - kFirstAction) < 2 ? 1u : 0u;
+    }
+    actions += block;
   }
+  for (; i < v.role_count; ++i) actions += IsAction(static_cast<Role>(v.roles[i])) ? 1 : 0;
   return actions;
 }
+
 
 Status ValidateView(const SegmentView& s, const DecodeLimits& limits) {
   const size_t n = s.token_count;
@@ -273,9 +311,7 @@ Status ReadSegmentView(wire::Segment::Reader in, SegmentView* out) {
   out->token_count = tokens.size() / 4;
 
   capnp::Data::Reader roles = in.getRoles();
-  uint8_t max_role = 0;
-  for (size_t i = 0; i < roles.size(); ++i) max_role = std::max(max_role, roles[i]);
-  if (max_role >= kRoleCount) {
+  if (MaxByte(roles.begin(), roles.size()) >= kRoleCount) {
     for (size_t i = 0; i < roles.size(); ++i) {
       if (roles[i] >= kRoleCount) {
         return Reject(reject::kRange, "segment.roles[" + std::to_string(i) + "] = " +

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include <capnp/message.h>
@@ -206,6 +207,81 @@ TEST(BadInput, TokenOutOfRangeIsRejected) {
   small.max_token_id = 100;
   s = MakeSegment(1, 0, 100);
   EXPECT_EQ(RejectReason(ValidateSegment(s, small)), reject::kRange);
+}
+
+// The flat checks run in blocks of 64 tokens plus a tail: a bad value must be found in either,
+// with the same message the exact loop gives, and every value the rule allows must pass.
+TEST(BadInput, EveryBadTokenValueIsFoundInBlocksAndTail) {
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float kDenormal = std::numeric_limits<float>::denorm_min();
+  for (size_t at : {size_t{0}, size_t{63}, size_t{64}, size_t{129}, size_t{130}}) {
+    for (float bad : {kNan, -kNan, kInf, -kInf, kDenormal, 0.5f}) {
+      SegmentData s = MakeSegment(1, 0, 131);
+      s.behaviour_logprobs[at] = bad;
+      Status status = ValidateSegment(s, DecodeLimits());
+      EXPECT_EQ(RejectReason(status), reject::kRange) << at << " " << bad;
+      EXPECT_NE(status.message().find("log-prob " + std::to_string(at) + " "), std::string::npos)
+          << status.message();
+    }
+    for (int32_t bad : {-1, 1 << 24, std::numeric_limits<int32_t>::min()}) {
+      SegmentData s = MakeSegment(1, 0, 131);
+      s.tokens[at] = bad;
+      Status status = ValidateSegment(s, DecodeLimits());
+      EXPECT_EQ(RejectReason(status), reject::kRange) << at << " " << bad;
+      EXPECT_NE(status.message().find("token " + std::to_string(at) + " has id"),
+                std::string::npos)
+          << status.message();
+    }
+    SegmentData s = MakeSegment(1, 0, 131);
+    s.roles[at] = static_cast<Role>(kRoleCount);
+    EXPECT_EQ(RejectReason(ValidateSegment(s, DecodeLimits())), reject::kRange) << at;
+  }
+  SegmentData edge = MakeSegment(1, 0, 131);
+  edge.behaviour_logprobs[3] = -0.0f;
+  edge.behaviour_logprobs[70] = std::numeric_limits<float>::lowest();
+  edge.behaviour_logprobs[130] = -kDenormal;
+  edge.tokens[5] = (1 << 24) - 1;
+  edge.tokens[100] = 0;
+  EXPECT_TRUE(ValidateSegment(edge, DecodeLimits()).ok());
+}
+
+// The server's path: validated in place, only the facts filled, same verdicts as a full decode.
+TEST(SegmentCodec, FactsOnlyDecodingValidatesAndSummarises) {
+  SegmentData s = MakeSegment(9, 4, 700, 3, /*is_last=*/true);
+  s.table = "side";
+  const std::string frame = Encoded(s);
+  Result<Message> m = Decode(frame, DecodeLimits(), SegmentDecoding::kFactsOnly);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->kind, MessageKind::kSegment);
+  EXPECT_TRUE(m->segment.tokens.empty());  // nothing copied
+  const SegmentFacts& facts = m->segment_facts;
+  EXPECT_EQ(facts.key, s.key());
+  EXPECT_EQ(facts.table, "side");
+  EXPECT_EQ(facts.env, s.env);
+  EXPECT_EQ(facts.min_policy_version, 3u);
+  EXPECT_EQ(facts.max_policy_version, 4u);
+  EXPECT_EQ(facts.tokens, 700u);
+  EXPECT_EQ(facts.steps, s.steps.size());
+  float reward_sum = 0;
+  for (const Step& step : s.steps) reward_sum += step.process_reward;
+  EXPECT_EQ(facts.process_reward_sum, reward_sum);
+  EXPECT_TRUE(facts.is_last);
+  EXPECT_EQ(facts.outcome_reward, s.outcome_reward);
+  // The full decode fills the same facts.
+  Result<Message> full = Decode(frame);
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(full->segment_facts.key, facts.key);
+  EXPECT_EQ(full->segment.tokens, s.tokens);
+
+  Result<Message> bad = Decode(strider::testing::MismatchedRolesFrame(), DecodeLimits(),
+                               SegmentDecoding::kFactsOnly);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(RejectReason(bad.status()), reject::kLengthMismatch);
+  DecodeLimits small;
+  small.max_token_id = 100;
+  EXPECT_EQ(RejectReason(Decode(frame, small, SegmentDecoding::kFactsOnly).status()),
+            reject::kRange);
 }
 
 TEST(BadInput, MissingRequiredFieldsAreNamed) {
