@@ -1,0 +1,120 @@
+// `strider env list` and `strider env run` through the built binary.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+std::string Dir(const char* variable) {
+  const char* dir = std::getenv(variable);
+  return dir ? dir : ".";
+}
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr
+};
+
+CliRun Strider(const std::string& arguments) {
+  const std::string command = "cd " + Dir("STRIDER_SOURCE_DIR") + " && " +
+                              Dir("STRIDER_BINARY_DIR") + "/cli/strider " + arguments + " 2>&1";
+  CliRun run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.out.append(buffer, n);
+  const int status = ::pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+// The last line of the output, parsed as the JSON summary.
+nlohmann::json Summary(const CliRun& run) {
+  std::istringstream lines(run.out);
+  std::string line, last;
+  while (std::getline(lines, line)) {
+    if (!line.empty()) last = line;
+  }
+  return nlohmann::json::parse(last, nullptr, false);
+}
+
+TEST(EnvCli, ListShowsEveryBuiltInWithItsTools) {
+  CliRun run = Strider("env list");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  for (const char* expected : {"calculator", "retrieval", "vision_count", "- calc(expression: string)",
+                               "- search(query: string)", "- zoom(row: integer, col: integer)"}) {
+    EXPECT_NE(run.out.find(expected), std::string::npos) << expected << "\n" << run.out;
+  }
+}
+
+TEST(EnvCli, ScriptedPolicySolvesEachBuiltIn) {
+  for (const char* name : {"calculator", "retrieval", "vision_count"}) {
+    CliRun run = Strider(std::string("env run ") + name + " --episodes 4 --seed 10 --json");
+    ASSERT_EQ(run.exit_code, 0) << run.out;
+    const nlohmann::json summary = Summary(run);
+    EXPECT_EQ(summary["summary"], name);
+    EXPECT_EQ(summary["episodes"], 4);
+    EXPECT_EQ(summary["errors"], 0);
+    EXPECT_EQ(summary["mean_outcome"], 1.0) << run.out;
+  }
+  CliRun human = Strider("env run calculator --episodes 2 --options difficulty=4");
+  ASSERT_EQ(human.exit_code, 0) << human.out;
+  EXPECT_NE(human.out.find("episode 1 seed 1: done outcome 1.000000, 6 turns (steps: 6 correct"),
+            std::string::npos)
+      << human.out;
+}
+
+TEST(EnvCli, RandomPolicyExercisesErrorPathsWithoutEpisodeErrors) {
+  for (const char* name : {"calculator", "vision_count"}) {
+    CliRun run = Strider(std::string("env run ") + name + " --episodes 10 --policy random --json");
+    ASSERT_EQ(run.exit_code, 0) << run.out;
+    EXPECT_EQ(Summary(run)["errors"], 0);
+    EXPECT_NE(run.out.find("\"incorrect\":"), std::string::npos);
+  }
+}
+
+TEST(EnvCli, PluginsByLibraryAndCommand) {
+  CliRun library = Strider("env run --library " + Dir("STRIDER_BINARY_DIR") +
+                        "/tests/envs/libstrider_template_env.so --episodes 3 --json");
+  ASSERT_EQ(library.exit_code, 0) << library.out;
+  EXPECT_EQ(Summary(library)["mean_outcome"], 1.0);
+  if (::access("/usr/bin/python3", X_OK) != 0 ||
+      std::system("/usr/bin/python3 -c 'import zmq' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with python3-zmq";
+  }
+  CliRun external = Strider("env run --config configs/envs/external_python.yaml --episodes 2 --json");
+  ASSERT_EQ(external.exit_code, 0) << external.out;
+  EXPECT_EQ(Summary(external)["summary"], "guess_number");
+  EXPECT_EQ(Summary(external)["mean_outcome"], 1.0);
+  // Episodes that end in environment errors are reported, the next one runs, exit code 1.
+  CliRun faulty = Strider("env run --command '/usr/bin/python3 tests/envs/faulty_env.py' "
+                       "--policy random --options fault=crash --episodes 2");
+  EXPECT_EQ(faulty.exit_code, 1) << faulty.out;
+  EXPECT_NE(faulty.out.find("episode 1 seed 1: ERROR"), std::string::npos) << faulty.out;
+  EXPECT_NE(faulty.out.find("exited with code 3"), std::string::npos) << faulty.out;
+  EXPECT_NE(faulty.out.find("2 episodes, 2 errors"), std::string::npos) << faulty.out;
+}
+
+// Each strider start loads LibTorch (seconds on a busy machine): few, telling cases.
+TEST(EnvCli, BadUsageExitsTwo) {
+  CliRun run = Strider("env run nope");
+  EXPECT_EQ(run.exit_code, 2) << run.out;
+  EXPECT_NE(run.out.find("unknown environment 'nope' (built-in: calculator, retrieval, vision_count"),
+            std::string::npos)
+      << run.out;
+  for (const char* arguments : {"env run calculator --options difficulty",
+                                "env run calculator --options dificulty=2 --policy clever",
+                                "env run calculator --episodes 0"}) {
+    run = Strider(arguments);
+    EXPECT_EQ(run.exit_code, 2) << arguments << "\n" << run.out;
+  }
+}
+
+}  // namespace
