@@ -1,0 +1,167 @@
+// Environment and tool costs against their raw floor, measured side by side (DESIGN.md s.9):
+//   - a sandboxed tool call (fork, limits, Landlock, pipes, scratch directory) against a plain
+//     fork/exec/wait of the same python3 command;
+//   - one step of an out-of-process environment (the Python example over the JSON protocol)
+//     against a raw ZeroMQ round trip to a Python echo process on the same kind of socket pair;
+//   - generating the retrieval environment's documents (a 1M-token episode read part by part)
+//     against copying the same number of bytes.
+// Usage: envs_bench [--quick]. Needs /usr/bin/python3 with python3-zmq for the first two.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "bench/bench_json.h"
+#include "envs/environment.h"
+#include "envs/sandbox.h"
+#include "envs/tools.h"
+
+extern char** environ;
+
+namespace strider::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char* kPython = "/usr/bin/python3";
+
+double Seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+double PlainRun(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  const auto start = Clock::now();
+  pid_t pid = 0;
+  posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  posix_spawn_file_actions_destroy(&actions);
+  return Seconds(start);
+}
+
+void SandboxBench(int runs) {
+  const std::vector<std::string> argv = {kPython, "-I", "-c", "print(1)"};
+  std::vector<double> ours, plain;
+  for (int i = 0; i < runs; ++i) {  // interleaved, so load changes hit both alike
+    envs::SandboxRequest request;
+    request.argv = argv;
+    const auto start = Clock::now();
+    Result<envs::SandboxResult> run = envs::RunSandboxed(request);
+    ours.push_back(Seconds(start));
+    if (!run.ok() || run->stdout_text != "1\n") {
+      std::fprintf(stderr, "sandbox run failed\n");
+      return;
+    }
+    plain.push_back(PlainRun(argv));
+  }
+  PrintResult("envs", "sandboxed_python_call_ms", 1e3 * Median(ours), "ms", 1e3 * Median(plain));
+}
+
+// A Python REP process that echoes each message: the floor of one protocol round trip.
+void ExternalBench(int steps) {
+  envs::EnvironmentConfig config;
+  config.command = std::string(kPython) + " " + STRIDER_SOURCE_DIR + "/envs/external/example_env.py";
+  Result<std::unique_ptr<envs::Environment>> env = envs::MakeEnvironment(config);
+  if (!env.ok()) {
+    std::fprintf(stderr, "%s\n", env.status().ToString().c_str());
+    return;
+  }
+  zmq::context_t context(1);
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.bind("tcp://127.0.0.1:*");
+  const std::string endpoint = dealer.get(zmq::sockopt::last_endpoint);
+  const std::string echo = std::string(kPython) +
+                           " -c \"import zmq,sys; s=zmq.Context().socket(zmq.REP); "
+                           "s.connect(sys.argv[1]);\n"
+                           "while True:\n m=s.recv()\n s.send(m)\n if m==b'stop': break\" " +
+                           endpoint + " &";
+  if (std::system(echo.c_str()) != 0) return;
+
+  const envs::Action action = envs::MakeAction(envs::FormatToolCall("guess", "50"));
+  std::vector<double> ours, raw;
+  (void)(*env)->Reset(0, {});
+  int in_episode = 0;
+  for (int i = 0; i < steps; ++i) {
+    if (++in_episode == 15) {
+      (void)(*env)->Reset(i, {});
+      in_episode = 0;
+    }
+    auto start = Clock::now();
+    Result<envs::StepResult> step = (*env)->Step(action);
+    ours.push_back(Seconds(start));
+    if (!step.ok()) {
+      std::fprintf(stderr, "%s\n", step.status().ToString().c_str());
+      return;
+    }
+    // The same request size through the raw socket pair.
+    const std::string payload(200, 'x');
+    std::array<zmq::const_buffer, 2> frames = {zmq::const_buffer(nullptr, 0), zmq::buffer(payload)};
+    start = Clock::now();
+    (void)zmq::send_multipart(dealer, frames);
+    std::vector<zmq::message_t> parts;
+    (void)zmq::recv_multipart(dealer, std::back_inserter(parts));
+    raw.push_back(Seconds(start));
+  }
+  std::array<zmq::const_buffer, 2> stop = {zmq::const_buffer(nullptr, 0), zmq::str_buffer("stop")};
+  (void)zmq::send_multipart(dealer, stop);
+  std::vector<zmq::message_t> parts;
+  (void)zmq::recv_multipart(dealer, std::back_inserter(parts));
+  (*env)->Close();
+  PrintResult("envs", "external_step_us", 1e6 * Median(ours), "us", 1e6 * Median(raw));
+}
+
+void RetrievalBench(int episodes) {
+  Result<std::unique_ptr<envs::Environment>> env = envs::MakeEnvironment(
+      {.name = "retrieval", .options = {{"total_tokens", "1048576"}, {"parts", "16"}}});
+  if (!env.ok()) return;
+  double ours = 0, copy = 0;
+  size_t bytes = 0;
+  std::vector<char> source(1 << 20, 'x'), target(1 << 20);
+  for (int e = 0; e < episodes; ++e) {
+    auto start = Clock::now();
+    Result<envs::Observation> first = (*env)->Reset(e, {});
+    bytes += first->text.size();
+    for (int part = 1; part < 16; ++part) bytes += (*env)->Step(envs::MakeAction("next"))->observation.text.size();
+    ours += Seconds(start);
+    start = Clock::now();
+    std::memcpy(target.data(), source.data(), source.size());
+    copy += Seconds(start);
+    if (target[e % target.size()] != 'x') std::abort();
+  }
+  const double per_second = static_cast<double>(bytes) / ours;
+  const double copy_per_second = static_cast<double>(source.size()) * episodes / copy;
+  PrintResult("envs", "retrieval_document_tokens_per_s", per_second, "tokens/s", copy_per_second);
+}
+
+}  // namespace
+}  // namespace strider::bench
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  strider::bench::RetrievalBench(quick ? 2 : 10);
+  if (::access(strider::bench::kPython, X_OK) != 0) {
+    std::fprintf(stderr, "no %s: skipping the sandbox and external benches\n", strider::bench::kPython);
+    return 0;
+  }
+  strider::bench::SandboxBench(quick ? 5 : 30);
+  strider::bench::ExternalBench(quick ? 100 : 2000);
+  return 0;
+}
