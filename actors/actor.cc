@@ -706,6 +706,12 @@ void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
         {"tool_calls", std::to_string(e.tool_calls)},
         {"malformed_tool_calls", std::to_string(e.malformed_tool_calls)},
     };
+    // The behaviour log-probs are those of the sampling distribution; these say what it was
+    // (the engine also never samples the image-patch placeholder).
+    metadata.emplace_back("sampling.temperature", std::to_string(options_.sampling.temperature));
+    metadata.emplace_back("sampling.top_k", std::to_string(options_.sampling.top_k));
+    metadata.emplace_back("sampling.top_p", std::to_string(options_.sampling.top_p));
+    metadata.emplace_back("sampling.banned", std::to_string(token::kImagePatch));
     if (!message.empty()) metadata.emplace_back("error", message);
     for (const auto& [key, value] : e.info) metadata.emplace_back("info." + key, value);
     Result<std::vector<schema::SegmentData>> last =

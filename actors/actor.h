@@ -80,8 +80,9 @@ struct ActorOptions {
   bool progress = true;          // a one-line progress display when stderr is a terminal
 };
 
-// Reads `actor:` and `env:` of a YAML file strictly (unknown keys and bad values are errors
-// naming the file, line and key); docs/actors.md lists the keys.
+// Reads `actor:` and `env:` of a YAML file strictly (unknown keys and wrong types are errors
+// naming the file, line and key); docs/actors.md lists the keys. Ranges and required values are
+// checked by ValidateActorOptions (Actor::Create calls it), after any overrides.
 Result<ActorOptions> LoadActorConfig(const std::string& path);
 Status ValidateActorOptions(const ActorOptions& options);
 
