@@ -1,8 +1,11 @@
 // The sandbox's limits, exercised for real with /bin/sh and python3 children.
 #include "envs/sandbox.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <filesystem>
 
@@ -104,6 +107,24 @@ TEST_F(SandboxTest, LargeFilesAndLargeOutputAreBounded) {
   EXPECT_TRUE(run->output_truncated);
   EXPECT_EQ(run->stdout_text.size(), 1000u);
   EXPECT_NE(run->stderr_text.find("too big 27"), std::string::npos) << run->stderr_text;  // EFBIG
+}
+
+TEST_F(SandboxTest, ParentDescriptorsDoNotLeakIntoTheTool) {
+  std::vector<int> opened;
+  for (int i = 0; i < 4; ++i) opened.push_back(::open("/dev/null", O_RDONLY));  // no O_CLOEXEC
+  // One far above the tool's RLIMIT_NOFILE (64), which a limit-bounded close loop would miss.
+  opened.push_back(::fcntl(opened[0], F_DUPFD, 200));
+  ASSERT_GE(opened.back(), 200);
+  SandboxRequest request;
+  request.argv = {"/bin/sh", "-c", "ls /proc/self/fd"};
+  Result<SandboxResult> run = RunSandboxed(request);
+  for (int fd : opened) ::close(fd);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  // 0, 1, 2 and the directory ls is reading; none of the parent's.
+  EXPECT_EQ(run->stdout_text.find("\n" + std::to_string(opened.back()) + "\n"), std::string::npos)
+      << run->stdout_text;
+  EXPECT_LE(std::count(run->stdout_text.begin(), run->stdout_text.end(), '\n'), 4)
+      << run->stdout_text;
 }
 
 TEST_F(SandboxTest, FreshScratchDirectoryIsRemovedAndBadRequestsAreErrors) {
