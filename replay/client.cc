@@ -247,7 +247,8 @@ Result<std::string> ActorClient::Stats(milliseconds timeout) {
 // ------------------------------------------------------------------------------- learner
 
 struct LearnerClient::Socket {
-  zmq::context_t context{1};
+  // Requests and replies only: its I/O thread should not wait behind bulk work on this machine.
+  transport::LatencySensitiveContext context;
   zmq::socket_t socket;
 };
 
@@ -270,7 +271,8 @@ Status LearnerClient::Reconnect() {
   socket_->socket.close();
   // Sample replies carry whole segments: no receive limit beyond the decoder's own.
   STRIDER_ASSIGN_OR_RETURN(socket_->socket,
-                           transport::MakeSocket(socket_->context, zmq::socket_type::dealer));
+                           transport::MakeSocket(socket_->context.get(), zmq::socket_type::dealer));
+  socket_->context.MarkIoThreads();
   socket_->socket.set(zmq::sockopt::routing_id, options_.learner_id + "-" + RandomSuffix());
   return transport::Connect(socket_->socket, options_.endpoint);
 }

@@ -176,7 +176,9 @@ class ServerImpl : public ReplayServer {
   zmq::context_t context_{1};
   // The learner socket has its own context, so its own I/O thread: sample requests and replies
   // never wait behind the actors' megabytes in a shared I/O thread.
-  zmq::context_t learner_context_{1};
+  // Its I/O thread, like the learner thread, is latency-sensitive (transport::MarkLatencySensitive):
+  // on waking it runs ahead of the writers and the actors' I/O instead of waiting out their slices.
+  transport::LatencySensitiveContext learner_context_;
   zmq::socket_t actor_socket_;
   zmq::socket_t learner_socket_;
   zmq::socket_t wake_receiver_;  // actor thread
@@ -275,7 +277,7 @@ Status ServerImpl::Init() {
   STRIDER_ASSIGN_OR_RETURN(actor_socket_,
                            transport::MakeSocket(context_, zmq::socket_type::router, hard_limit));
   STRIDER_ASSIGN_OR_RETURN(learner_socket_,
-                           transport::MakeSocket(learner_context_, zmq::socket_type::router,
+                           transport::MakeSocket(learner_context_.get(), zmq::socket_type::router,
                                                  1 << 20));
   // Actors may send faster than the disk: let their pipes hold one credit's worth, no more.
   // Few messages per connection wait inside ZeroMQ: the server bounds what it holds itself
@@ -287,6 +289,7 @@ Status ServerImpl::Init() {
                            transport::Bind(actor_socket_, options_.actor_endpoint));
   STRIDER_ASSIGN_OR_RETURN(std::string learner_bound,
                            transport::Bind(learner_socket_, options_.learner_endpoint));
+  learner_context_.MarkIoThreads();
   actor_endpoint_ = transport::LocalEndpoint(actor_bound);
   learner_endpoint_ = transport::LocalEndpoint(learner_bound);
   STRIDER_ASSIGN_OR_RETURN(wake_receiver_,
@@ -1076,6 +1079,8 @@ void ServerImpl::HandleLearnerFrame(const std::string& identity, const zmq::mess
 }
 
 void ServerImpl::LearnerLoop() {
+  // Sample requests are small and latency-bound; everything else here is bulk work.
+  transport::MarkLatencySensitive();
   while (!stopping_) {
     Result<bool> readable = transport::WaitReadable(learner_socket_, std::chrono::milliseconds(100));
     if (!readable.ok()) {

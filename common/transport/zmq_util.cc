@@ -1,6 +1,74 @@
 #include "common/transport/zmq_util.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+
 namespace strider::transport {
+namespace {
+
+// struct sched_attr of sched_setattr(2); glibc has no wrapper.
+struct SchedAttr {
+  uint32_t size;
+  uint32_t sched_policy;
+  uint64_t sched_flags;
+  int32_t sched_nice;
+  uint32_t sched_priority;
+  uint64_t sched_runtime;  // for SCHED_OTHER on EEVDF kernels: the thread's slice
+  uint64_t sched_deadline;
+  uint64_t sched_period;
+  uint32_t sched_util_min;
+  uint32_t sched_util_max;
+};
+
+// 0.1 ms instead of the default 3 ms: short enough to preempt on wake-up, long enough for a
+// request to be answered within one slice most of the time.
+constexpr uint64_t kLatencySliceNs = 100000;
+
+void SetSlice(pid_t tid) {
+#if defined(SYS_sched_setattr) && defined(SYS_sched_getattr)
+  SchedAttr attr{};
+  if (syscall(SYS_sched_getattr, tid, &attr, sizeof(attr), 0) != 0) return;
+  if (attr.sched_policy != SCHED_OTHER) return;  // leave real-time and batch threads alone
+  attr.size = sizeof(attr);
+  attr.sched_flags = 0;
+  attr.sched_runtime = kLatencySliceNs;
+  // Older kernels reject or ignore a runtime for SCHED_OTHER: nothing to do then.
+  (void)syscall(SYS_sched_setattr, tid, &attr, 0);
+#else
+  (void)tid;
+#endif
+}
+
+}  // namespace
+
+void MarkLatencySensitive() { SetSlice(0); }
+
+LatencySensitiveContext::LatencySensitiveContext() {
+  // A process-wide number names this context's threads "<n>/ZMQbg/IO/<i>" (15 characters at
+  // most, the kernel's limit for thread names).
+  static std::atomic<int> next{1};
+  prefix_ = next++ % 10000;
+  context_.set(zmq::ctxopt::thread_name_prefix, prefix_);
+}
+
+void LatencySensitiveContext::MarkIoThreads() {
+  const std::string wanted = std::to_string(prefix_) + "/ZMQbg/IO/";
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", error)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (!std::getline(comm, name) || name.rfind(wanted, 0) != 0) continue;
+    try {
+      SetSlice(static_cast<pid_t>(std::stoi(task.path().filename().string())));
+    } catch (...) {
+    }
+  }
+}
 
 Status CheckEndpoint(std::string_view endpoint) {
   for (std::string_view scheme : {"tcp://", "ipc://", "inproc://"}) {

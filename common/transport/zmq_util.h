@@ -43,6 +43,27 @@ Result<std::vector<zmq::message_t>> ReceiveParts(zmq::socket_t& socket);
 Status SendParts(zmq::socket_t& socket, const std::vector<std::string_view>& parts,
                  bool dont_wait = false);
 
+// Asks the scheduler to treat the calling thread as latency-sensitive: a short time slice (the
+// EEVDF per-task slice of Linux 6.12 and later, no privilege needed), so that when it wakes it
+// runs ahead of threads doing bulk work instead of waiting for their slices to end. Its share of
+// CPU time stays the same. A no-op where the kernel does not support it.
+void MarkLatencySensitive();
+
+// A context whose I/O threads are latency-sensitive as above: for sockets that carry small
+// requests and replies next to bulk traffic on the same machine. The I/O threads start with the
+// first socket; call MarkIoThreads after creating it.
+class LatencySensitiveContext {
+ public:
+  LatencySensitiveContext();
+  zmq::context_t& get() { return context_; }
+  // Marks this context's running I/O threads (found by the name prefix it gave them).
+  void MarkIoThreads();
+
+ private:
+  int prefix_;
+  zmq::context_t context_;
+};
+
 // Sends `bytes` as a one-part message without copying them: ZeroMQ holds a reference until its
 // I/O thread has written them (also past a close with pending messages). Blocks like SendParts.
 Status SendShared(zmq::socket_t& socket, std::shared_ptr<const std::string> bytes,

@@ -1,6 +1,11 @@
 // The server and clients in one process over real loopback sockets and a real store.
 #include <gtest/gtest.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -356,6 +361,49 @@ TEST(ReplayServer, ActorResendsAfterTheServerRestarts) {
   Result<VerifyReport> report = (*inspector)->Verify();
   EXPECT_EQ(report->segments, 20u);
   EXPECT_TRUE(report->ok());
+}
+
+// The slice the scheduler gives a thread (sched_getattr's runtime for SCHED_OTHER), 0 if unknown.
+uint64_t SliceNs(pid_t tid) {
+  struct {
+    uint32_t size;
+    uint32_t policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime, deadline, period;
+    uint32_t util_min, util_max;
+  } attr{};
+  if (syscall(SYS_sched_getattr, tid, &attr, sizeof(attr), 0) != 0) return 0;
+  return attr.runtime;
+}
+
+// The learner socket's I/O thread gets the short slice that lets it run ahead of bulk ingest;
+// the actors' I/O thread keeps the default.
+TEST(ReplayServer, LearnerIoThreadIsLatencySensitive) {
+  const uint64_t before = SliceNs(0);
+  bool supported = false;
+  std::thread probe([&] {
+    transport::MarkLatencySensitive();
+    supported = SliceNs(0) != before;
+  });
+  probe.join();
+  if (!supported) GTEST_SKIP() << "this kernel has no per-thread slices";
+  TempDir dir;
+  auto server = StartServer(Options(dir));
+  ASSERT_NE(server, nullptr);
+  int marked = 0;
+  int unmarked = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name.find("ZMQbg/IO/") == std::string::npos) continue;
+    const uint64_t slice = SliceNs(std::stoi(task.path().filename().string()));
+    (slice != before ? marked : unmarked) += 1;
+  }
+  EXPECT_EQ(marked, 1);      // the learner context's one I/O thread
+  EXPECT_GE(unmarked, 1);    // the actor context's
 }
 
 }  // namespace
