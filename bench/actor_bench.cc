@@ -1,0 +1,316 @@
+// Actor benchmark (DESIGN.md s.9): episodes and tokens per second of one actor on `calculator`
+// at B = 1, 16, 64 against the rollout engine alone on the same token counts, and optionally a
+// long `retrieval` trajectory end to end with its time and peak memory.
+//
+// The baseline replays the actor's own trajectories through a fresh engine with the same model,
+// options and concurrency: every context run is appended as it was, and every model turn
+// samples exactly as many tokens as the actor's did (no stop tokens), so the engine does the
+// same model work with nothing else around it. The actor's overhead is its time over that:
+// environments, tokenizing, tool parsing, segmenting, encoding and streaming to a real replay
+// server (in this process, on loopback). Target: at most 10% at B = 64.
+//
+//   actor_bench [--quick] [--model small|tiny] [--long-tokens N]
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <spdlog/spdlog.h>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "actors/actor.h"
+#include "bench/bench_json.h"
+#include "common/model/model.h"
+#include "envs/registry.h"
+#include "replay/inspect.h"
+#include "replay/replay.h"
+#include "rollout_engine/engine.h"
+
+namespace strider {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+int64_t PeakRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+void ResetPeakRss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+}
+
+struct Run {
+  std::string source = STRIDER_SOURCE_DIR;
+  std::string model = "small";
+};
+
+// A trajectory as runs: context tokens, then how many tokens the model sampled, and so on.
+struct Script {
+  std::vector<std::vector<int64_t>> context;  // context[i] precedes turn i
+  std::vector<int64_t> turn_tokens;
+};
+
+std::vector<Script> ReadScripts(const std::string& db) {
+  std::vector<Script> scripts;
+  auto inspector = replay::Inspector::Open(db);
+  if (!inspector.ok()) return scripts;
+  auto list = (*inspector)->List({});
+  if (!list.ok()) return scripts;
+  for (const schema::TrajectorySummary& summary : *list) {
+    auto segments = (*inspector)->Trajectory(summary.trajectory_id);
+    if (!segments.ok()) continue;
+    Script script;
+    bool in_action = false;
+    std::vector<int64_t> pending;
+    for (const replay::StoredSegment& stored : *segments) {
+      const schema::SegmentData& s = stored.segment;
+      for (size_t i = 0; i < s.tokens.size(); ++i) {
+        const bool action = schema::IsAction(s.roles[i]);
+        if (action) {
+          if (!in_action) {
+            script.context.push_back(std::move(pending));
+            pending.clear();
+            script.turn_tokens.push_back(0);
+          }
+          ++script.turn_tokens.back();
+        } else {
+          pending.push_back(s.tokens[i]);
+        }
+        in_action = action;
+      }
+    }
+    if (!script.turn_tokens.empty()) scripts.push_back(std::move(script));
+  }
+  return scripts;
+}
+
+struct EngineRun {
+  double seconds = 0;
+  int64_t tokens = 0;
+};
+
+// The same work through the engine alone, `concurrency` trajectories at a time.
+Result<EngineRun> ReplayThroughEngine(const std::vector<Script>& scripts,
+                                      std::shared_ptr<const Model> model,
+                                      const actors::ActorOptions& options) {
+  rollout::EngineOptions engine_options;
+  engine_options.cache_budget_bytes = options.cache_budget_bytes;
+  engine_options.block_tokens = options.block_tokens;
+  engine_options.max_batch = options.max_batch;
+  engine_options.prefill_chunk_tokens = options.prefill_chunk_tokens;
+  engine_options.threads = options.threads;
+  engine_options.admission = rollout::AdmissionPolicy::kQueue;
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Engine> engine,
+                           rollout::Engine::Create(engine_options, model, 0));
+  struct Live {
+    size_t script;
+    size_t turn;
+    rollout::SequenceId id;
+  };
+  std::map<rollout::SequenceId, Live> live;
+  size_t next = 0;
+  EngineRun run;
+  auto sampling_for = [&](const Script& s, size_t turn) {
+    rollout::SamplingParams sampling = options.sampling;
+    sampling.stop_tokens.clear();
+    sampling.max_new_tokens = s.turn_tokens[turn];
+    sampling.seed = turn * 7919 + 1;
+    return sampling;
+  };
+  const auto start = Clock::now();
+  while (next < scripts.size() || !live.empty()) {
+    while (next < scripts.size() &&
+           static_cast<int64_t>(live.size()) < options.episodes_in_flight) {
+      const Script& s = scripts[next];
+      STRIDER_ASSIGN_OR_RETURN(rollout::SequenceId id,
+                               engine->Submit({s.context[0], sampling_for(s, 0), false}));
+      run.tokens += static_cast<int64_t>(s.context[0].size());
+      live[id] = {next++, 0, id};
+    }
+    STRIDER_ASSIGN_OR_RETURN(rollout::StepResult step, engine->Step());
+    for (const rollout::SequenceStep& s : step.sequences) {
+      if (!s.sampled) continue;
+      ++run.tokens;
+      if (s.finish == rollout::FinishReason::kNone) continue;
+      Live& l = live[s.id];
+      const Script& script = scripts[l.script];
+      if (++l.turn < script.turn_tokens.size()) {
+        STRIDER_RETURN_IF_ERROR(engine->Append(
+            s.id, {script.context[l.turn], sampling_for(script, l.turn), false}));
+        run.tokens += static_cast<int64_t>(script.context[l.turn].size());
+      } else {
+        (void)engine->Cancel(s.id);
+        live.erase(s.id);
+      }
+    }
+  }
+  run.seconds = Seconds(start);
+  return run;
+}
+
+actors::ActorOptions BaseOptions(const Run& r, const std::string& dir) {
+  actors::ActorOptions o;
+  o.actor_id = "bench";
+  o.model_config = r.source + "/configs/model/" + r.model + ".yaml";
+  o.threads = 2;
+  o.max_turns = 2;
+  o.max_episode_tokens = 4096;
+  o.segment_tokens = 4096;
+  o.sampling.max_new_tokens = 32;
+  o.cache_budget_bytes = int64_t{512} << 20;
+  o.spill_dir = dir + "/spill";
+  o.metrics_interval_s = 1000;
+  o.progress = false;
+  o.env.name = "calculator";
+  o.env.options = {{"difficulty", "1"}};
+  return o;
+}
+
+Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("strider-actor-bench-" + std::to_string(batch)))
+                              .string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  replay::ServerOptions server_options;
+  server_options.db_path = dir + "/db";
+  server_options.stats_interval_s = 0;
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
+                           replay::ReplayServer::Start(server_options));
+  actors::ActorOptions o = BaseOptions(r, dir);
+  o.episodes_in_flight = batch;
+  o.episodes = episodes;
+  o.replay_endpoint = server->actor_endpoint();
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(o));
+  const auto start = Clock::now();
+  std::stop_source never;
+  STRIDER_RETURN_IF_ERROR(actor->Run(never.get_token()));
+  const double actor_seconds = Seconds(start);
+  const actors::ActorMetrics m = actor->metrics();
+  actor.reset();
+  server->Stop();
+  std::vector<Script> scripts = ReadScripts(server_options.db_path);
+  STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.model_config));
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config, o.model_seed));
+  STRIDER_ASSIGN_OR_RETURN(EngineRun engine_run,
+                           ReplayThroughEngine(scripts, std::shared_ptr<const Model>(std::move(model)), o));
+  const int64_t actor_tokens = m.generated_tokens + m.context_tokens;
+  const std::string b = "B=" + std::to_string(batch);
+  bench::PrintResult("actor", "episodes_per_s " + b, m.episodes_finished / actor_seconds, "1/s",
+                     static_cast<double>(scripts.size()) / engine_run.seconds);
+  bench::PrintResult("actor", "tokens_per_s " + b, actor_tokens / actor_seconds, "tokens/s",
+                     engine_run.tokens / engine_run.seconds);
+  bench::PrintResult("actor", "token_count_actor_over_engine " + b, actor_tokens, "tokens",
+                     engine_run.tokens);
+  bench::PrintResult("actor", "overhead " + b, actor_seconds / engine_run.seconds - 1, "fraction",
+                     0.10);
+  std::fprintf(stderr,
+               "B=%lld: actor %.2f s for %lld episodes, %lld tokens (%lld sampled); engine alone "
+               "%.2f s for %zu trajectories, %lld tokens\n",
+               static_cast<long long>(batch), actor_seconds,
+               static_cast<long long>(m.episodes_finished), static_cast<long long>(actor_tokens),
+               static_cast<long long>(m.generated_tokens), engine_run.seconds, scripts.size(),
+               static_cast<long long>(engine_run.tokens));
+  std::filesystem::remove_all(dir);
+  return Status::Ok();
+}
+
+// One retrieval episode of `tokens` document tokens, revealed in parts, end to end.
+Status LongRetrieval(const Run& r, int64_t tokens) {
+  const std::string dir = (std::filesystem::temp_directory_path() / "strider-actor-bench-long").string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  replay::ServerOptions server_options;
+  server_options.db_path = dir + "/db";
+  server_options.stats_interval_s = 0;
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
+                           replay::ReplayServer::Start(server_options));
+  actors::ActorOptions o = BaseOptions(r, dir);
+  const int64_t parts = std::max<int64_t>(1, tokens / 262144);
+  o.env.name = "retrieval";
+  o.env.options = {{"total_tokens", std::to_string(tokens)}, {"parts", std::to_string(parts)}};
+  o.env.step_timeout_ms = 600000;
+  o.episodes_in_flight = 1;
+  o.episodes = 1;
+  o.max_turns = parts + 2;
+  o.sampling.max_new_tokens = 16;
+  o.max_episode_tokens = tokens + 8192;
+  o.segment_tokens = 65536;
+  o.cache_budget_bytes = int64_t{8} << 30;
+  o.prefill_chunk_tokens = 8192;
+  o.replay_endpoint = server->actor_endpoint();
+  ResetPeakRss();
+  const int64_t rss_before = PeakRssBytes();
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(o));
+  const auto start = Clock::now();
+  std::stop_source never;
+  STRIDER_RETURN_IF_ERROR(actor->Run(never.get_token()));
+  const double seconds = Seconds(start);
+  const actors::ActorMetrics m = actor->metrics();
+  const int64_t total = m.generated_tokens + m.context_tokens;
+  bench::PrintResult("actor", "retrieval_trajectory_seconds tokens=" + std::to_string(total),
+                     seconds, "s");
+  bench::PrintResult("actor", "retrieval_peak_rss_bytes tokens=" + std::to_string(total),
+                     static_cast<double>(PeakRssBytes()), "bytes", static_cast<double>(rss_before));
+  bench::PrintResult("actor", "retrieval_segments", static_cast<double>(m.segments), "segments");
+  actor.reset();
+  server->Stop();
+  std::filesystem::remove_all(dir);
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace strider
+
+int main(int argc, char** argv) {
+  strider::Run run;
+  bool quick = false;
+  int64_t long_tokens = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else if (!std::strcmp(argv[i], "--model") && i + 1 < argc) {
+      run.model = argv[++i];
+    } else if (!std::strcmp(argv[i], "--long-tokens") && i + 1 < argc) {
+      long_tokens = std::stoll(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: actor_bench [--quick] [--model small|tiny] [--long-tokens N]\n");
+      return 2;
+    }
+  }
+  spdlog::set_level(spdlog::level::warn);
+  strider::ConfigureRuntime(2);
+  std::vector<std::pair<int64_t, int64_t>> plan =
+      quick ? std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {16, 16}}
+            : std::vector<std::pair<int64_t, int64_t>>{{1, 4}, {16, 32}, {64, 64}};
+  for (const auto& [batch, episodes] : plan) {
+    strider::Status status = strider::Calculator(run, batch, episodes);
+    if (!status.ok()) {
+      std::fprintf(stderr, "actor_bench: %s\n", status.ToString().c_str());
+      return 1;
+    }
+  }
+  if (long_tokens > 0) {
+    strider::Status status = strider::LongRetrieval(run, long_tokens);
+    if (!status.ok()) {
+      std::fprintf(stderr, "actor_bench: %s\n", status.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
