@@ -1,13 +1,31 @@
 #include "rollout_engine/paged_cache.h"
 
 #include <ATen/ATen.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <string>
 
 namespace strider::rollout {
 
+namespace {
+
+constexpr int64_t kSlabBytes = int64_t{4} << 20;
+
+}  // namespace
+
 PagedCache::PagedCache(const PagedCacheOptions& options) : options_(options) {}
+
+at::Tensor PagedCache::MapSlab(int64_t blocks) const {
+  const std::vector<int64_t> shape = {blocks, options_.latent_layers, options_.block_tokens,
+                                      options_.row_width};
+  const at::TensorOptions tensor_options = at::TensorOptions().dtype(options_.dtype);
+  const size_t bytes = static_cast<size_t>(blocks * BlockBytes());
+  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) return at::empty(shape, tensor_options);  // the heap, then
+  return at::from_blob(
+      memory, shape, [bytes](void* data) { munmap(data, bytes); }, tensor_options);
+}
 
 int64_t PagedCache::BlockBytes() const {
   return options_.latent_layers * options_.block_tokens * options_.row_width *
@@ -31,10 +49,15 @@ BlockId PagedCache::Allocate() {
     id = free_.back();
     free_.pop_back();
   } else {
+    if (slabs_.empty() || slab_next_ == slabs_.back().size(0)) {
+      const int64_t blocks =
+          std::min(std::max<int64_t>(1, kSlabBytes / BlockBytes()),
+                   options_.max_blocks - static_cast<int64_t>(storage_.size()));
+      slabs_.push_back(MapSlab(blocks));
+      slab_next_ = 0;
+    }
     id = static_cast<BlockId>(storage_.size());
-    storage_.push_back(at::empty({options_.latent_layers, options_.block_tokens,
-                                  options_.row_width},
-                                 at::TensorOptions().dtype(options_.dtype)));
+    storage_.push_back(slabs_.back()[slab_next_++]);
     refcount_.push_back(0);
   }
   refcount_[id] = 1;

@@ -12,7 +12,10 @@
 //   seq B:  table {0, 1, 2}  length 600  (forked from A at 512: blocks 0, 1 shared, refcount 2)
 //
 // Block storage is allocated on first use and kept for reuse after release, so resident memory
-// follows the high-water mark of blocks in use, never more than the capacity.
+// follows the high-water mark of blocks in use, never more than the capacity. Blocks are carved
+// from slabs mapped directly from the kernel (a few MiB each, pages resident once written), not
+// from the malloc heap: blocks allocated between a call's temporaries would otherwise pin heap
+// pages and resident memory would grow by fragmentation as a sequence gets longer.
 //
 // Not thread-safe: the engine calls it under its own mutex.
 #pragma once
@@ -81,10 +84,13 @@ class PagedCache {
 
  private:
   BlockId Allocate();  // caller has checked free_blocks()
+  at::Tensor MapSlab(int64_t blocks) const;
   void Unref(BlockId block);
 
   PagedCacheOptions options_;
-  std::vector<at::Tensor> storage_;  // per block: (latent_layers, block_tokens, W)
+  std::vector<at::Tensor> slabs_;    // (blocks, latent_layers, block_tokens, W) each
+  int64_t slab_next_ = 0;            // next unused block of the last slab
+  std::vector<at::Tensor> storage_;  // per block: (latent_layers, block_tokens, W), slab views
   std::vector<int32_t> refcount_;
   std::vector<BlockId> free_;        // allocated storage not referenced by any table
   int64_t used_ = 0;
