@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 namespace strider::transport {
 namespace {
@@ -58,15 +59,22 @@ LatencySensitiveContext::LatencySensitiveContext() {
 
 void LatencySensitiveContext::MarkIoThreads() {
   const std::string wanted = std::to_string(prefix_) + "/ZMQbg/IO/";
-  std::error_code error;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", error)) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    if (!std::getline(comm, name) || name.rfind(wanted, 0) != 0) continue;
-    try {
-      SetSlice(static_cast<pid_t>(std::stoi(task.path().filename().string())));
-    } catch (...) {
+  // A new I/O thread names itself once it runs: look again for a short while until it has.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int found = 0;
+    std::error_code error;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", error)) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      if (!std::getline(comm, name) || name.rfind(wanted, 0) != 0) continue;
+      try {
+        SetSlice(static_cast<pid_t>(std::stoi(task.path().filename().string())));
+        ++found;
+      } catch (...) {
+      }
     }
+    if (found > 0 || error) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 

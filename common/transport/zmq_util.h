@@ -56,7 +56,8 @@ class LatencySensitiveContext {
  public:
   LatencySensitiveContext();
   zmq::context_t& get() { return context_; }
-  // Marks this context's running I/O threads (found by the name prefix it gave them).
+  // Marks this context's I/O threads (found by the name prefix it gave them), waiting up to
+  // about 100 ms for them to have started.
   void MarkIoThreads();
 
  private:
