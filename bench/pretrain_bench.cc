@@ -103,6 +103,7 @@ int Run(int argc, char** argv) {
     data::GeneratorOptions generator;
     generator.length = stage.context;
     generator.facts = config->retrieval_facts;
+    generator.key_letters = config->retrieval_key_letters;
     std::vector<std::vector<int32_t>> rows = {
         data::Generate(data::GeneratorKind::kRetrieval, generator, 7, 0).tokens};
     Result<TokenBatch> batch = MakeTokenBatch(rows, m);

@@ -91,6 +91,7 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
     int64_t length = 1024;
     int64_t min_length = 0;
     int64_t facts = 4;
+    int64_t key_letters = 2;
     double flawed = 0.2;
     int64_t image_size = 32;
     int64_t patch_size = 4;
@@ -114,6 +115,8 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
   build->add_option("--min-length", data_flags->min_length,
                     "retrieval: draw lengths uniformly from [min-length, length]");
   build->add_option("--facts", data_flags->facts, "retrieval: facts per document");
+  build->add_option("--key-letters", data_flags->key_letters, "retrieval: letters per key (1 or 2)")
+      ->check(CLI::Range(1, 2));
   build->add_option("--flawed", data_flags->flawed, "tool_use: share of flawed transcripts");
   build->add_option("--image-size", data_flags->image_size, "image_text: image side in pixels");
   build->add_option("--patch-size", data_flags->patch_size, "image_text: model patch side");
@@ -136,6 +139,7 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
       generator.length = f.length;
       generator.min_length = f.min_length;
       generator.facts = f.facts;
+      generator.key_letters = f.key_letters;
       generator.flawed_fraction = f.flawed;
       generator.image_size = f.image_size;
       generator.patch_size = f.patch_size;

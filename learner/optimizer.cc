@@ -31,7 +31,21 @@ AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> parameters, AdamWOp
   for (const auto& [name, tensor] : parameters_) {
     exp_avg_.push_back(at::zeros_like(tensor, at::MemoryFormat::Contiguous));
     exp_avg_sq_.push_back(at::zeros_like(tensor, at::MemoryFormat::Contiguous));
+    scales_.push_back(1.0);
   }
+}
+
+Status AdamW::SetLearningRateScale(const std::string& name, double scale) {
+  if (!(scale >= 0) || !std::isfinite(scale)) {
+    return Status::InvalidArgument("learning-rate scale of " + name + " must be finite and >= 0");
+  }
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    if (parameters_[i].first == name) {
+      scales_[i] = scale;
+      return Status::Ok();
+    }
+  }
+  return Status::NotFound("optimizer has no parameter " + name);
 }
 
 void AdamW::ZeroGrad() {
@@ -60,16 +74,17 @@ Result<double> AdamW::Step(double learning_rate) {
     for (size_t i = 0; i < parameters_.size(); ++i) {
       at::Tensor& parameter = parameters_[i].second;
       if (!parameter.grad().defined()) continue;
+      const double rate = learning_rate * scales_[i];
       at::Tensor grad = parameter.grad();
       if (clip != 1.0) grad = grad * clip;
       exp_avg_[i].mul_(options_.beta1).add_(grad, 1.0 - options_.beta1);
       exp_avg_sq_[i].mul_(options_.beta2).addcmul_(grad, grad, 1.0 - options_.beta2);
       if (options_.weight_decay > 0 && parameter.dim() >= 2) {
-        parameter.mul_(1.0 - learning_rate * options_.weight_decay);
+        parameter.mul_(1.0 - rate * options_.weight_decay);
       }
       at::Tensor denominator =
           (exp_avg_sq_[i] / correction2).sqrt_().add_(options_.epsilon);
-      parameter.addcdiv_(exp_avg_[i], denominator, -learning_rate / correction1);
+      parameter.addcdiv_(exp_avg_[i], denominator, -rate / correction1);
     }
     return norm;
   } catch (const c10::Error& error) {

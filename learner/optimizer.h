@@ -43,6 +43,10 @@ class AdamW {
   Result<double> Step(double learning_rate);
   void ZeroGrad();
 
+  // Multiplies the learning rate of the parameter `name` (default 1; 0 freezes it). Not saved:
+  // it comes from the configuration, like the rate itself. An unknown name is an error.
+  Status SetLearningRateScale(const std::string& name, double scale);
+
   int64_t step() const { return step_; }
   const AdamWOptions& options() const { return options_; }
 
@@ -54,6 +58,7 @@ class AdamW {
   std::vector<std::pair<std::string, at::Tensor>> parameters_;
   std::vector<at::Tensor> exp_avg_;
   std::vector<at::Tensor> exp_avg_sq_;
+  std::vector<double> scales_;  // per parameter, multiplies the learning rate
   AdamWOptions options_;
   int64_t step_ = 0;
 };

@@ -53,6 +53,7 @@ data::GeneratorOptions GeneratorOptionsFor(const PretrainConfig& config, int64_t
   options.length = context;
   options.min_length = context / 2;
   options.facts = config.retrieval_facts;
+  options.key_letters = config.retrieval_key_letters;
   options.patch_size = config.model.vision.patch_size;
   options.image_size = config.model.vision.patch_size *
                        std::min<int64_t>({4, config.model.vision.max_grid_rows,
@@ -277,6 +278,14 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     model->SetRequiresGrad(true);
     AdamWOptions adam = config.optimizer;
     AdamW optimizer(NamedTrainable(*model), adam);
+    if (config.router_learning_rate_scale != 1.0) {
+      for (const auto& [name, tensor] : NamedTrainable(*model)) {
+        if (name.size() > 7 && name.compare(name.size() - 7, 7, ".router") == 0) {
+          STRIDER_RETURN_IF_ERROR(
+              optimizer.SetLearningRateScale(name, config.router_learning_rate_scale));
+        }
+      }
+    }
     if (!from.empty() && fs::exists(CheckpointOptimizerPath(from))) {
       STRIDER_RETURN_IF_ERROR(optimizer.Load(CheckpointOptimizerPath(from)));
     }

@@ -66,11 +66,19 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
     balance.Optional("enabled", &config.balance);
     balance.Optional("warmup_steps", &config.balance_warmup_steps);
     balance.Optional("max_violation", &config.max_violation);
+    balance.Optional("router_learning_rate_scale", &config.router_learning_rate_scale);
+    balance.Check(config.router_learning_rate_scale >= 0, "router_learning_rate_scale",
+                  "must not be negative");
   }
   {
     ConfigReader retrieval = root.Section("retrieval");
     retrieval.Optional("facts", &config.retrieval_facts);
     retrieval.Check(config.retrieval_facts >= 1, "facts", "must be at least 1");
+    retrieval.Optional("key_letters", &config.retrieval_key_letters);
+    retrieval.Check(config.retrieval_key_letters == 1 || config.retrieval_key_letters == 2,
+                    "key_letters", "must be 1 or 2");
+    retrieval.Check(config.retrieval_key_letters == 2 || config.retrieval_facts <= 26, "facts",
+                    "at most 26 with one-letter keys (keys of a document are distinct)");
     retrieval.Optional("answer_weight", &config.retrieval_answer_weight);
     retrieval.Check(config.retrieval_answer_weight > 0, "answer_weight", "must be positive");
   }

@@ -56,8 +56,14 @@ struct PretrainConfig {
   bool balance = true;
   int64_t balance_warmup_steps = 20;  // MaxVio is checked against the bound after this
   double max_violation = 0.3;
+  // Learning-rate multiplier of the router weights. The bias computed on one step's batch is
+  // used on the next, after the optimiser has moved the routers: with Adam every router weight
+  // moves by about the learning rate each step, which shifts many near-tied tokens across
+  // experts at once. A slower router keeps the biases current.
+  double router_learning_rate_scale = 1.0;
   // Retrieval documents (generator and evaluation).
   int64_t retrieval_facts = 4;
+  int64_t retrieval_key_letters = 2;  // 1 or 2 capital letters per key (generators.h)
   // Training loss weight of retrieval answer tokens (the value digits after "?KEY="), relative
   // to every other scored token. The answers are a few tokens among thousands of filler ones,
   // so without extra weight the look-up is a small share of the gradient.

@@ -55,22 +55,24 @@ std::string Filler(Rng& rng, int64_t count) {
   return text;
 }
 
-// A fact is "\nKQ=73\n" (7 tokens), a query "\n?KQ=73" (7 tokens).
-constexpr int64_t kFactTokens = 7;
+// A fact is "\nKQ=73\n" (5 tokens besides the key), a query "\n?KQ=73" (5 besides the key).
+constexpr int64_t kFactTokens = 5;
 constexpr int64_t kValueTokens = 2;
-constexpr int64_t kQueryTokens = 7;
+constexpr int64_t kQueryTokens = 5;
 
 GeneratedDocument Retrieval(const GeneratorOptions& options, uint64_t seed, int64_t index) {
   Rng rng(seed, index, 1);
-  const int64_t facts = std::max<int64_t>(1, options.facts);
-  int64_t length = std::max(options.length, MinimumRetrievalLength(facts));
+  const int64_t letters = std::clamp<int64_t>(options.key_letters, 1, 2);
+  const int64_t facts = std::clamp<int64_t>(options.facts, 1, letters == 1 ? 26 : 676);
+  const int64_t minimum = MinimumRetrievalLength(facts, letters);
+  int64_t length = std::max(options.length, minimum);
   if (options.min_length > 0 && options.min_length < length) {
-    length = rng.Range(std::max(options.min_length, MinimumRetrievalLength(facts)), length);
+    length = rng.Range(std::max(options.min_length, minimum), length);
   }
   std::vector<std::string> keys, values;
   while (static_cast<int64_t>(keys.size()) < facts) {
-    std::string key = {static_cast<char>('A' + rng.Uniform(26)),
-                       static_cast<char>('A' + rng.Uniform(26))};
+    std::string key;
+    for (int64_t l = 0; l < letters; ++l) key += static_cast<char>('A' + rng.Uniform(26));
     if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
     keys.push_back(key);
     values.push_back({static_cast<char>('0' + rng.Uniform(10)),
@@ -78,7 +80,7 @@ GeneratedDocument Retrieval(const GeneratorOptions& options, uint64_t seed, int6
   }
   // Body = filler with the facts spread out: fact i sits at a random point of the i-th of
   // `facts` equal parts, so at long lengths facts are far from each other and from the queries.
-  const int64_t body = length - 2 - facts * (kFactTokens + kQueryTokens);
+  const int64_t body = length - 2 - facts * (kFactTokens + kQueryTokens + 2 * letters);
   const int64_t part = body / facts;
   GeneratedDocument document;
   document.tokens.reserve(length);
@@ -99,7 +101,7 @@ GeneratedDocument Retrieval(const GeneratorOptions& options, uint64_t seed, int6
     AppendText(document.tokens, "\n?" + keys[i] + "=");
     const int64_t begin = static_cast<int64_t>(document.tokens.size());
     AppendText(document.tokens, values[i]);
-    document.answers.emplace_back(begin, begin + 2);
+    document.answers.emplace_back(begin, begin + kValueTokens);
   }
   document.tokens.push_back(token::kEndOfText);
   return document;
@@ -238,21 +240,22 @@ std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const int32_t* tok
   auto capital = [](int32_t t) { return t >= 'A' && t <= 'Z'; };
   auto digit = [](int32_t t) { return t >= '0' && t <= '9'; };
   std::vector<std::pair<int64_t, int64_t>> answers;
-  for (int64_t i = 0; i + 5 < count; ++i) {
-    if (tokens[i] != '\n' || tokens[i + 1] != '?' || !capital(tokens[i + 2]) ||
-        !capital(tokens[i + 3]) || tokens[i + 4] != '=') {
-      continue;
-    }
-    int64_t end = i + 5;
-    while (end < count && end < i + 5 + kValueTokens && digit(tokens[end])) ++end;
-    if (end > i + 5) answers.emplace_back(i + 5, end);
-    i = end - 1;
+  for (int64_t i = 0; i + 4 < count; ++i) {
+    if (tokens[i] != '\n' || tokens[i + 1] != '?' || !capital(tokens[i + 2])) continue;
+    const int64_t equals = capital(tokens[i + 3]) ? i + 4 : i + 3;  // one or two letters
+    if (equals >= count || tokens[equals] != '=') continue;
+    const int64_t begin = equals + 1;
+    int64_t end = begin;
+    while (end < count && end < begin + kValueTokens && digit(tokens[end])) ++end;
+    if (end > begin) answers.emplace_back(begin, end);
+    i = std::max(i, end - 1);
   }
   return answers;
 }
 
-int64_t MinimumRetrievalLength(int64_t facts) {
-  return 2 + std::max<int64_t>(1, facts) * (kFactTokens + kQueryTokens);
+int64_t MinimumRetrievalLength(int64_t facts, int64_t key_letters) {
+  return 2 + std::max<int64_t>(1, facts) *
+                 (kFactTokens + kQueryTokens + 2 * std::clamp<int64_t>(key_letters, 1, 2));
 }
 
 GeneratedDocument Generate(GeneratorKind kind, const GeneratorOptions& options, uint64_t seed,

@@ -3,7 +3,7 @@
 // produced again on its own (evaluation regenerates its answers this way).
 //
 //   retrieval   "key=value" facts placed far apart in filler text, then every key asked again at
-//               the end: "\n?KQ=73". Keys are two capital letters, values two digits, filler is
+//               the end: "\n?KQ=73". Keys are one or two capital letters, values two digits, filler is
 //               lower-case words without newlines, so a fact is recognisable by its form and only
 //               attention over the whole document can answer. `answers` marks the value tokens
 //               of the queries: a model retrieves a fact when it predicts all of them.
@@ -40,6 +40,11 @@ struct GeneratorOptions {
   int64_t length = 1024;
   int64_t min_length = 0;
   int64_t facts = 4;              // retrieval: facts per document, all asked at the end
+  // retrieval: capital letters per key, 1 or 2. One letter makes the look-up a plain
+  // induction step (the token before "=" names the fact) that a tiny model learns in minutes;
+  // two letters need a match on a token pair. Keys of a document are distinct, so at most 26
+  // facts with one letter.
+  int64_t key_letters = 2;
   double flawed_fraction = 0.2;   // tool_use: share of transcripts with a mistake
   int64_t image_size = 32;        // image_text: square image side in pixels
   int64_t patch_size = 4;         // image_text: the model's patch side (placeholder count)
@@ -59,13 +64,14 @@ GeneratedDocument Generate(GeneratorKind kind, const GeneratorOptions& options, 
 // describes; an error for text that is not such a caption.
 Result<std::vector<float>> RenderCaptionImage(std::string_view caption, int64_t size);
 
-// The answer spans [begin, end) of every retrieval query ("\n?KQ=" then the value digits) in a
+// The answer spans [begin, end) of every retrieval query ("\n?KQ=" or "\n?K=", then the value
+// digits) in a
 // token stream, found by their form, so packed training sequences (where the generator's
 // `answers` are gone) can weight them. A value cut by the end of the stream is cut here too.
 std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const int32_t* tokens,
                                                               int64_t count);
 
-// Shortest retrieval document the generator can make with `facts` facts.
-int64_t MinimumRetrievalLength(int64_t facts);
+// Shortest retrieval document the generator can make with `facts` facts of `key_letters`.
+int64_t MinimumRetrievalLength(int64_t facts, int64_t key_letters = 2);
 
 }  // namespace strider::data

@@ -93,6 +93,23 @@ TEST(AdamW, ClipsTheGlobalNorm) {
   EXPECT_NEAR(*norm, 50.0, 1e-9);  // the norm before clipping is reported
 }
 
+TEST(AdamW, LearningRateScaleSlowsOneParameter) {
+  AdamWOptions options;
+  options.weight_decay = 0;
+  options.clip_norm = 0;
+  at::Tensor fast = at::zeros({2}, at::kDouble).requires_grad_(true);
+  at::Tensor slow = at::zeros({2}, at::kDouble).requires_grad_(true);
+  AdamW adam({{"fast", fast}, {"slow", slow}}, options);
+  ASSERT_TRUE(adam.SetLearningRateScale("slow", 0.1).ok());
+  EXPECT_FALSE(adam.SetLearningRateScale("missing", 0.1).ok());
+  EXPECT_FALSE(adam.SetLearningRateScale("fast", -1).ok());
+  ((fast + slow) * at::tensor({1.0, -2.0}, at::kDouble)).sum().backward();
+  ASSERT_TRUE(adam.Step(0.01).ok());
+  // The first Adam step moves every coordinate by the rate against its gradient's sign.
+  EXPECT_TRUE(at::allclose(fast.detach(), at::tensor({-0.01, 0.01}, at::kDouble), 0, 1e-9));
+  EXPECT_TRUE(at::allclose(slow.detach(), at::tensor({-0.001, 0.001}, at::kDouble), 0, 1e-9));
+}
+
 TEST(Checkpoint, WritesAtomicallyAndReadsBack) {
   ConfigureRuntime(1);
   const std::string dir = TempDir("checkpoint");
