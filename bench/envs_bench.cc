@@ -77,7 +77,8 @@ void SandboxBench(int runs) {
 // A Python REP process that echoes each message: the floor of one protocol round trip.
 void ExternalBench(int steps) {
   envs::EnvironmentConfig config;
-  config.command = std::string(kPython) + " " + STRIDER_SOURCE_DIR + "/envs/external/example_env.py";
+  config.command =
+      std::string(kPython) + " " + STRIDER_SOURCE_DIR + "/envs/external/example_env.py";
   Result<std::unique_ptr<envs::Environment>> env = envs::MakeEnvironment(config);
   if (!env.ok()) {
     std::fprintf(stderr, "%s\n", env.status().ToString().c_str());
@@ -164,7 +165,8 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   strider::bench::RetrievalBench(quick ? 2 : 10);
   if (::access(strider::bench::kPython, X_OK) != 0) {
-    std::fprintf(stderr, "no %s: skipping the sandbox and external benches\n", strider::bench::kPython);
+    std::fprintf(stderr, "no %s: skipping the sandbox and external benches\n",
+                 strider::bench::kPython);
     return 0;
   }
   strider::bench::SandboxBench(quick ? 5 : 30);

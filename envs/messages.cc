@@ -164,7 +164,8 @@ Result<json> ParseJsonObject(std::string_view text, const std::string& where) {
     std::string shown(text.substr(0, 80));
     return Bad(where, "not valid JSON: '" + shown + (text.size() > 80 ? "...'" : "'"));
   }
-  if (!parsed.is_object()) return Bad(where, "expected a JSON object, got " + std::string(parsed.type_name()));
+  if (!parsed.is_object())
+    return Bad(where, "expected a JSON object, got " + std::string(parsed.type_name()));
   return parsed;
 }
 
@@ -177,7 +178,8 @@ std::string Base64Encode(std::string_view bytes) {
   out.reserve((bytes.size() + 2) / 3 * 4);
   size_t i = 0;
   for (; i + 2 < bytes.size(); i += 3) {
-    const uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8) | uint8_t(bytes[i + 2]);
+    const uint32_t v =
+        (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8) | uint8_t(bytes[i + 2]);
     out += kAlphabet[v >> 18];
     out += kAlphabet[(v >> 12) & 63];
     out += kAlphabet[(v >> 6) & 63];

@@ -76,7 +76,7 @@ typedef struct StriderEnvironmentApi {
 typedef const StriderEnvironmentApi* (*StriderEnvironmentEntryPoint)(void);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* STRIDER_ENVS_PLUGIN_H_ */
+#endif /* STRIDER_ENVS_PLUGIN_H_ */

@@ -29,11 +29,12 @@ Result<std::shared_ptr<Library>> Open(const std::string& path) {
   library->handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library->handle == nullptr) {
     const char* why = ::dlerror();
-    return Status::NotFound("environment plug-in " + path + ": cannot load: " +
-                            (why ? why : "unknown dlopen error"));
+    return Status::NotFound("environment plug-in " + path +
+                            ": cannot load: " + (why ? why : "unknown dlopen error"));
   }
   const std::string entry = "strider_environment_api_v" + std::to_string(kEnvironmentApiVersion);
-  auto function = reinterpret_cast<StriderEnvironmentEntryPoint>(::dlsym(library->handle, entry.c_str()));
+  auto function =
+      reinterpret_cast<StriderEnvironmentEntryPoint>(::dlsym(library->handle, entry.c_str()));
   if (function == nullptr) {
     // Say which version it was built for, when it exports another one.
     for (uint32_t version = 1; version < 64; ++version) {
@@ -53,10 +54,10 @@ Result<std::shared_ptr<Library>> Open(const std::string& path) {
     return Status::InvalidArgument("environment plug-in " + path + ": " + entry + " returned NULL");
   }
   if (library->api->api_version != kEnvironmentApiVersion) {
-    return Status::FailedPrecondition(
-        "environment plug-in " + path + " reports API version " +
-        std::to_string(library->api->api_version) + " from " + entry +
-        "; this strider speaks version " + std::to_string(kEnvironmentApiVersion));
+    return Status::FailedPrecondition("environment plug-in " + path + " reports API version " +
+                                      std::to_string(library->api->api_version) + " from " + entry +
+                                      "; this strider speaks version " +
+                                      std::to_string(kEnvironmentApiVersion));
   }
   if (library->api->struct_size < offsetof(StriderEnvironmentApi, scripted_turn) ||
       !library->api->describe || !library->api->create || !library->api->reset ||
@@ -133,10 +134,12 @@ class PluginPolicy : public ScriptedPolicy {
     const char* reply = nullptr;
     const int rc = library_->api->scripted_turn(text.c_str(), &reply);
     if (reply == nullptr) {
-      return Status::Corruption("environment plug-in " + library_->path + ": scripted_turn gave no reply");
+      return Status::Corruption("environment plug-in " + library_->path +
+                                ": scripted_turn gave no reply");
     }
     if (rc != 0) {
-      return Status::Internal("environment plug-in " + library_->path + ": scripted_turn failed: " + reply);
+      return Status::Internal("environment plug-in " + library_->path +
+                              ": scripted_turn failed: " + reply);
     }
     return std::string(reply);
   }
@@ -151,7 +154,8 @@ Result<std::unique_ptr<Environment>> LoadPluginEnvironment(const std::string& pa
                                                            const Options& options) {
   STRIDER_ASSIGN_OR_RETURN(std::shared_ptr<Library> library, Load(path));
   const char* describe = library->api->describe();
-  if (describe == nullptr) return Status::Corruption("environment plug-in " + path + ": describe gave NULL");
+  if (describe == nullptr)
+    return Status::Corruption("environment plug-in " + path + ": describe gave NULL");
   const std::string where = "environment plug-in " + path + ": describe";
   STRIDER_ASSIGN_OR_RETURN(nlohmann::json json, ParseJsonObject(describe, where));
   STRIDER_ASSIGN_OR_RETURN(EnvironmentSpec spec, SpecFromJson(json, where));

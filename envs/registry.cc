@@ -69,8 +69,8 @@ Result<std::unique_ptr<Environment>> MakeEnvironment(const EnvironmentConfig& co
     const std::string reported = env->Describe().name;
     if (!config.name.empty() && config.name != reported) {
       return Status::InvalidArgument("environment plug-in " + config.library +
-                                     " describes itself as '" + reported +
-                                     "', the config names '" + config.name + "'");
+                                     " describes itself as '" + reported + "', the config names '" +
+                                     config.name + "'");
     }
     return env;
   }

@@ -1,6 +1,7 @@
 #include "envs/sandbox.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <linux/landlock.h>
 #include <poll.h>
 #include <signal.h>
@@ -18,8 +19,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include <fmt/format.h>
-
 namespace strider::envs {
 namespace {
 
@@ -34,8 +33,8 @@ namespace {
 #endif
 
 int LandlockAbi() {
-  const long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0,
-                             LANDLOCK_CREATE_RULESET_VERSION);
+  const long abi =
+      ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
   return abi < 0 ? 0 : static_cast<int>(abi);
 }
 
@@ -62,8 +61,8 @@ int MakeRuleset(const std::string& scratch) {
   if (abi <= 0) return -1;
   landlock_ruleset_attr attr{};
   attr.handled_access_fs = WriteRights(abi);
-  const int ruleset = static_cast<int>(
-      ::syscall(SYS_landlock_create_ruleset, &attr, sizeof(attr), 0));
+  const int ruleset =
+      static_cast<int>(::syscall(SYS_landlock_create_ruleset, &attr, sizeof(attr), 0));
   if (ruleset < 0) return -1;
   auto allow = [&](const char* path, uint64_t rights) {
     const int fd = ::open(path, O_PATH | O_CLOEXEC);
@@ -71,8 +70,8 @@ int MakeRuleset(const std::string& scratch) {
     landlock_path_beneath_attr beneath{};
     beneath.allowed_access = rights;
     beneath.parent_fd = fd;
-    const long rc = ::syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH,
-                              &beneath, 0);
+    const long rc =
+        ::syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &beneath, 0);
     ::close(fd);
     return rc == 0;
   };
@@ -207,7 +206,8 @@ Result<SandboxResult> RunSandboxed(const SandboxRequest& request) {
   argv.push_back(nullptr);
 
   Pipe out, err;
-  if (!out.Open() || !err.Open()) return Status::IoError("sandbox: pipe: " + std::string(std::strerror(errno)));
+  if (!out.Open() || !err.Open())
+    return Status::IoError("sandbox: pipe: " + std::string(std::strerror(errno)));
   const int ruleset = MakeRuleset(scratch);
   const int parent_max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 20));
   const auto start = std::chrono::steady_clock::now();
@@ -279,9 +279,10 @@ Result<SandboxResult> RunSandboxed(const SandboxRequest& request) {
     result.signal = WTERMSIG(wait_status);
     const double cpu = usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
                        1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
-    result.cpu_limit = !result.timed_out &&
-                       (result.signal == SIGXCPU ||
-                        (result.signal == SIGKILL && cpu >= std::floor(request.limits.cpu_seconds)));
+    result.cpu_limit =
+        !result.timed_out &&
+        (result.signal == SIGXCPU ||
+         (result.signal == SIGKILL && cpu >= std::floor(request.limits.cpu_seconds)));
   }
   return result;
 }

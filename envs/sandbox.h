@@ -24,30 +24,30 @@
 namespace strider::envs {
 
 struct SandboxLimits {
-  double cpu_seconds = 2.0;              // RLIMIT_CPU, rounded up to whole seconds
-  int64_t memory_bytes = 512LL << 20;    // RLIMIT_AS
-  int64_t file_bytes = 1LL << 20;        // RLIMIT_FSIZE
-  int64_t open_files = 64;               // RLIMIT_NOFILE
-  int64_t wall_ms = 5000;                // SIGKILL of the process group after this
-  int64_t output_bytes = 64 * 1024;      // kept of stdout and of stderr, each
+  double cpu_seconds = 2.0;            // RLIMIT_CPU, rounded up to whole seconds
+  int64_t memory_bytes = 512LL << 20;  // RLIMIT_AS
+  int64_t file_bytes = 1LL << 20;      // RLIMIT_FSIZE
+  int64_t open_files = 64;             // RLIMIT_NOFILE
+  int64_t wall_ms = 5000;              // SIGKILL of the process group after this
+  int64_t output_bytes = 64 * 1024;    // kept of stdout and of stderr, each
 };
 
 struct SandboxRequest {
-  std::vector<std::string> argv;         // argv[0] is a path or a name looked up in PATH
+  std::vector<std::string> argv;  // argv[0] is a path or a name looked up in PATH
   // Files written into the scratch directory before the start (name -> content); names are
   // plain file names, no '/'.
   std::vector<std::pair<std::string, std::string>> files;
-  std::string scratch_dir;               // use this directory (kept); empty: a fresh one
-  std::string scratch_parent;            // where fresh ones go; empty: $TMPDIR or /tmp
+  std::string scratch_dir;     // use this directory (kept); empty: a fresh one
+  std::string scratch_parent;  // where fresh ones go; empty: $TMPDIR or /tmp
   SandboxLimits limits;
 };
 
 struct SandboxResult {
-  int exit_code = -1;        // when the child exited normally; -1 otherwise
-  int signal = 0;            // the signal that killed it, 0 if it exited
-  bool timed_out = false;    // killed by the wall-clock limit
-  bool cpu_limit = false;    // killed by RLIMIT_CPU (SIGXCPU or SIGKILL after it)
-  bool contained = false;    // writes outside the scratch directory were refused (Landlock)
+  int exit_code = -1;      // when the child exited normally; -1 otherwise
+  int signal = 0;          // the signal that killed it, 0 if it exited
+  bool timed_out = false;  // killed by the wall-clock limit
+  bool cpu_limit = false;  // killed by RLIMIT_CPU (SIGXCPU or SIGKILL after it)
+  bool contained = false;  // writes outside the scratch directory were refused (Landlock)
   bool output_truncated = false;
   std::string stdout_text;
   std::string stderr_text;

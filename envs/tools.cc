@@ -9,8 +9,10 @@ bool IsNameStart(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z
 bool IsNameChar(char c) { return IsNameStart(c) || (c >= '0' && c <= '9'); }
 
 std::string_view Trim(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+    text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.remove_suffix(1);
   return text;
 }
 
@@ -61,8 +63,7 @@ Result<std::optional<ToolCall>> ParseToolCall(std::string_view turn_text) {
   }
   if (rest.back() != ')') {
     return Status::InvalidArgument("tool call: the arguments of '" +
-                                   std::string(body.substr(0, name_end)) +
-                                   "' do not end with ')'");
+                                   std::string(body.substr(0, name_end)) + "' do not end with ')'");
   }
   ToolCall call;
   call.name = std::string(body.substr(0, name_end));
@@ -97,7 +98,8 @@ std::string RenderToolList(const std::vector<ToolSpec>& tools) {
   std::string out = "Tools (call one as <|tool_call|>name(arguments)<|tool_call_end|>):\n";
   for (const ToolSpec& tool : tools) {
     std::string arguments = tool.arguments;
-    const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(tool.arguments, nullptr, false);
+    const nlohmann::ordered_json schema =
+        nlohmann::ordered_json::parse(tool.arguments, nullptr, false);
     if (schema.is_object()) {
       std::string flat;
       bool all_strings = true;

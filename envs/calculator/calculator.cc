@@ -1,11 +1,11 @@
 #include "envs/calculator/calculator.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <regex>
-
-#include <fmt/format.h>
 
 #include "envs/options.h"
 #include "envs/sandbox.h"
@@ -102,8 +102,8 @@ class Parser {
     }
     Skip();
     const size_t start = pos_;
-    while (pos_ < text_.size() && (std::isdigit(static_cast<unsigned char>(text_[pos_])) ||
-                                   text_[pos_] == '.')) {
+    while (pos_ < text_.size() &&
+           (std::isdigit(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '.')) {
       ++pos_;
     }
     if (start == pos_) {
@@ -137,7 +137,9 @@ class Draw {
   explicit Draw(uint64_t seed) : rng_(seed) {}
   int64_t Int(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(rng_() % (hi - lo + 1)); }
   template <typename T>
-  const T& Pick(const std::vector<T>& items) { return items[rng_() % items.size()]; }
+  const T& Pick(const std::vector<T>& items) {
+    return items[rng_() % items.size()];
+  }
 
  private:
   std::mt19937_64 rng_;
@@ -147,8 +149,8 @@ class Draw {
 Problem MakeProblem(uint64_t seed, int steps, int difficulty) {
   Draw draw(seed);
   static const std::vector<std::string> names = {"Mia", "Omar", "Lena", "Ravi", "Ada", "Tom"};
-  static const std::vector<std::string> things = {"marbles", "stamps", "coins", "apples",
-                                                  "cards", "shells"};
+  static const std::vector<std::string> things = {"marbles", "stamps", "coins",
+                                                  "apples",  "cards",  "shells"};
   const std::string name = draw.Pick(names);
   const std::string thing = draw.Pick(things);
   const int64_t scale = 10 * difficulty;
@@ -198,7 +200,7 @@ Problem MakeProblem(uint64_t seed, int steps, int difficulty) {
 }
 
 const std::vector<std::string> kOptionKeys = {"difficulty", "steps", "python", "python_binary",
-                                               "tool_timeout_ms"};
+                                              "tool_timeout_ms"};
 
 struct Settings {
   int difficulty = 2;
@@ -258,8 +260,8 @@ class Calculator : public Environment {
     active_ = true;
     Observation observation;
     observation.role = ObservationRole::kUser;
-    observation.text = problem_.text +
-                       "\nUse the tools for the arithmetic, then reply with 'Answer: <number>'.";
+    observation.text =
+        problem_.text + "\nUse the tools for the arithmetic, then reply with 'Answer: <number>'.";
     return observation;
   }
 
@@ -393,7 +395,8 @@ class CalculatorPolicy : public ScriptedPolicy {
 }  // namespace
 
 Result<double> EvaluateArithmetic(std::string_view expression) {
-  if (expression.size() > 256) return Status::InvalidArgument("calc: expression longer than 256 bytes");
+  if (expression.size() > 256)
+    return Status::InvalidArgument("calc: expression longer than 256 bytes");
   return Parser(expression).Parse();
 }
 

@@ -86,8 +86,7 @@ class Process {
     request["id"] = id;
     const std::string op = request.value("op", "");
     const std::string payload = request.dump();
-    std::array<zmq::const_buffer, 2> frames = {zmq::const_buffer(nullptr, 0),
-                                               zmq::buffer(payload)};
+    std::array<zmq::const_buffer, 2> frames = {zmq::const_buffer(nullptr, 0), zmq::buffer(payload)};
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     // A DEALER has nowhere to send until the process has connected (it may still be starting).
     while (!zmq::send_multipart(*socket_, frames, zmq::send_flags::dontwait)) {
@@ -123,10 +122,11 @@ class Process {
         return Status::Corruption(Where() + ": " + op + ": reply is not one REP message (" +
                                   std::to_string(parts.size()) + " frames)");
       }
-      STRIDER_ASSIGN_OR_RETURN(json reply,
-                               ParseJsonObject(parts[1].to_string_view(), Where() + ": " + op + " reply"));
+      STRIDER_ASSIGN_OR_RETURN(
+          json reply, ParseJsonObject(parts[1].to_string_view(), Where() + ": " + op + " reply"));
       // A reply to an earlier request that timed out: not ours.
-      if (reply.contains("id") && reply["id"].is_number_unsigned() && reply["id"].get<uint64_t>() != id) {
+      if (reply.contains("id") && reply["id"].is_number_unsigned() &&
+          reply["id"].get<uint64_t>() != id) {
         continue;
       }
       if (!reply.contains("ok") || !reply["ok"].is_boolean()) {
@@ -191,7 +191,8 @@ Result<EnvironmentSpec> StartAndDescribe(Process& process, const EnvironmentConf
 
 class ExternalEnvironment : public Environment {
  public:
-  ExternalEnvironment(EnvironmentConfig config, std::unique_ptr<Process> process, EnvironmentSpec spec)
+  ExternalEnvironment(EnvironmentConfig config, std::unique_ptr<Process> process,
+                      EnvironmentSpec spec)
       : config_(std::move(config)), process_(std::move(process)), spec_(std::move(spec)) {}
   ~ExternalEnvironment() override { Close(); }
 
@@ -205,10 +206,13 @@ class ExternalEnvironment : public Environment {
     }
     Options options = config_.options;
     for (const auto& [key, value] : episode_options) options[key] = value;
-    Result<json> reply = Call({{"op", "reset"}, {"seed", seed}, {"options", OptionsToJson(options)}});
+    Result<json> reply =
+        Call({{"op", "reset"}, {"seed", seed}, {"options", OptionsToJson(options)}});
     if (!reply.ok()) return reply.status();
-    if (!reply->contains("observation")) return Fault(Status::Corruption(process_->Where() + ": reset reply has no 'observation'"));
-    Result<Observation> observation = ObservationFromJson((*reply)["observation"], process_->Where() + ": reset reply");
+    if (!reply->contains("observation"))
+      return Fault(Status::Corruption(process_->Where() + ": reset reply has no 'observation'"));
+    Result<Observation> observation =
+        ObservationFromJson((*reply)["observation"], process_->Where() + ": reset reply");
     if (!observation.ok()) return Fault(observation.status());
     return observation;
   }
@@ -285,15 +289,16 @@ Result<std::unique_ptr<Environment>> MakeExternalEnvironment(const EnvironmentCo
     return Status::InvalidArgument(process->Where() + " describes itself as '" + spec.name +
                                    "', the config names '" + config.name + "'");
   }
-  return std::unique_ptr<Environment>(new ExternalEnvironment(config, std::move(process), std::move(spec)));
+  return std::unique_ptr<Environment>(
+      new ExternalEnvironment(config, std::move(process), std::move(spec)));
 }
 
 Result<std::unique_ptr<ScriptedPolicy>> MakeExternalPolicy(const EnvironmentConfig& config) {
   auto process = std::make_unique<Process>(config);
   STRIDER_ASSIGN_OR_RETURN(EnvironmentSpec spec, StartAndDescribe(*process, config));
   // Ask once whether the process implements scripted_turn at all.
-  Result<json> probe = process->Request(
-      {{"op", "scripted_turn"}, {"observations", json::array()}}, config.step_timeout_ms);
+  Result<json> probe = process->Request({{"op", "scripted_turn"}, {"observations", json::array()}},
+                                        config.step_timeout_ms);
   if (!probe.ok() && probe.status().message().find("unknown op") != std::string::npos) {
     return Status::Unimplemented(process->Where() + " (" + spec.name + ") has no scripted policy");
   }

@@ -1,8 +1,8 @@
 #include "envs/retrieval/retrieval.h"
 
-#include <regex>
-
 #include <fmt/format.h>
+
+#include <regex>
 
 #include "envs/options.h"
 #include "envs/tools.h"
@@ -19,8 +19,8 @@ uint64_t Mix(uint64_t x) {  // splitmix64: record i of an episode is a pure func
 
 const char* const kSyllables[] = {"ka", "lo", "mi", "ren", "to", "va", "shi", "dor",
                                   "el", "fa", "gu", "ion", "ne", "pa", "quo", "sa"};
-const char* const kColours[] = {"amber", "cobalt", "crimson", "jade", "onyx", "pearl", "rust",
-                                "slate"};
+const char* const kColours[] = {"amber", "cobalt", "crimson", "jade",
+                                "onyx",  "pearl",  "rust",    "slate"};
 
 std::string Name(uint64_t r) {
   std::string name = kSyllables[r % 16];
@@ -30,16 +30,14 @@ std::string Name(uint64_t r) {
   return name;
 }
 
-std::string Badge(uint64_t r) {
-  return fmt::format("{}-{:04}", kColours[r % 8], (r >> 3) % 10000);
-}
+std::string Badge(uint64_t r) { return fmt::format("{}-{:04}", kColours[r % 8], (r >> 3) % 10000); }
 
 struct Episode {
   uint64_t seed = 0;
   int64_t records = 0;
   int64_t parts = 1;
-  int64_t agent_record = 0;   // "Agent <agent> carries badge <badge>."
-  int64_t vault_record = 0;   // "Badge <badge> opens vault <vault>."
+  int64_t agent_record = 0;  // "Agent <agent> carries badge <badge>."
+  int64_t vault_record = 0;  // "Badge <badge> opens vault <vault>."
   std::string agent;
   std::string badge;
   std::string vault;
@@ -99,9 +97,9 @@ Result<Settings> ReadSettings(const Options& config, const Options& episode) {
   settings.parts = reader.Int("parts", settings.parts, 1, 1024);
   STRIDER_RETURN_IF_ERROR(reader.status());
   if (settings.parts > settings.total_tokens / kRetrievalRecordBytes) {
-    return Status::InvalidArgument(fmt::format(
-        "retrieval: option 'parts': {} parts of {} tokens leave parts without a record",
-        settings.parts, settings.total_tokens));
+    return Status::InvalidArgument(
+        fmt::format("retrieval: option 'parts': {} parts of {} tokens leave parts without a record",
+                    settings.parts, settings.total_tokens));
   }
   return settings;
 }
@@ -212,9 +210,12 @@ class Retrieval : public Environment {
   template <typename Label>
   void Search(std::string query, Label& label) {
     // Quotes around the query are allowed: search("Agent Kalo") and search(Agent Kalo) agree.
-    while (!query.empty() && std::isspace(static_cast<unsigned char>(query.back()))) query.pop_back();
-    while (!query.empty() && std::isspace(static_cast<unsigned char>(query.front()))) query.erase(0, 1);
-    if (query.size() >= 2 && (query.front() == '"' || query.front() == '\'') && query.back() == query.front()) {
+    while (!query.empty() && std::isspace(static_cast<unsigned char>(query.back())))
+      query.pop_back();
+    while (!query.empty() && std::isspace(static_cast<unsigned char>(query.front())))
+      query.erase(0, 1);
+    if (query.size() >= 2 && (query.front() == '"' || query.front() == '\'') &&
+        query.back() == query.front()) {
       query = query.substr(1, query.size() - 2);
     }
     if (query.size() < 3) {
@@ -275,13 +276,15 @@ class RetrievalPolicy : public ScriptedPolicy {
       if (observation.text.find("Agent " + agent + " ") != std::string::npos &&
           std::regex_search(observation.text, m, badge_line)) {
         badge = m[1].str();
-      } else if (!badge.empty() && observation.text.find("Badge " + badge + " ") != std::string::npos &&
+      } else if (!badge.empty() &&
+                 observation.text.find("Badge " + badge + " ") != std::string::npos &&
                  std::regex_search(observation.text, m, vault_line)) {
         vault = m[1].str();
       }
     }
     if (shown < parts) return std::string("next");
-    if (badge.empty()) return "Who is the agent?" + FormatToolCall("search", "Agent " + agent + " ");
+    if (badge.empty())
+      return "Who is the agent?" + FormatToolCall("search", "Agent " + agent + " ");
     if (vault.empty()) return "Now the badge." + FormatToolCall("search", "Badge " + badge + " ");
     return "Answer: " + vault;
   }
@@ -294,6 +297,8 @@ Result<std::unique_ptr<Environment>> MakeRetrievalEnvironment(const Options& opt
   return std::unique_ptr<Environment>(new Retrieval(options, settings));
 }
 
-std::unique_ptr<ScriptedPolicy> MakeRetrievalPolicy() { return std::make_unique<RetrievalPolicy>(); }
+std::unique_ptr<ScriptedPolicy> MakeRetrievalPolicy() {
+  return std::make_unique<RetrievalPolicy>();
+}
 
 }  // namespace strider::envs

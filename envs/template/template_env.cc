@@ -37,7 +37,7 @@ struct Counter {
   int64_t total = 0;
   int turns = 0;
   bool active = false;
-  std::string reply;        // the last reply: returned strings must outlive the call
+  std::string reply;  // the last reply: returned strings must outlive the call
 };
 
 // ---- Helpers. Errors become a non-zero return with the message as the reply.
@@ -230,7 +230,7 @@ const StriderEnvironmentApi kApi = {
 // refused at load time, before any of its functions is called.
 #define STRIDER_ENTRY_NAME_(v) strider_environment_api_v##v
 #define STRIDER_ENTRY_NAME(v) STRIDER_ENTRY_NAME_(v)
-extern "C" __attribute__((visibility("default"))) const StriderEnvironmentApi*
-STRIDER_ENTRY_NAME(STRIDER_TEMPLATE_API_VERSION)(void) {
+extern "C" __attribute__((visibility("default"))) const StriderEnvironmentApi* STRIDER_ENTRY_NAME(
+    STRIDER_TEMPLATE_API_VERSION)(void) {
   return &kApi;
 }

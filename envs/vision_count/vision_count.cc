@@ -1,11 +1,11 @@
 #include "envs/vision_count/vision_count.h"
 
+#include <fmt/format.h>
+
 #include <array>
 #include <optional>
 #include <random>
 #include <regex>
-
-#include <fmt/format.h>
 
 #include "envs/options.h"
 #include "envs/tools.h"
@@ -33,14 +33,15 @@ struct Cell {
 
 // Pixel (y, x) inside a cell of side `c` belongs to a shape of `kind`.
 bool Covers(int kind, int c, int y, int x) {
-  const int m = std::max(1, c / 8);          // margin
-  const int w = std::max(2, c / 4);          // plus arm width, dot side
+  const int m = std::max(1, c / 8);  // margin
+  const int w = std::max(2, c / 4);  // plus arm width, dot side
   const int lo = c / 2 - w / 2, hi = lo + w;
   switch (kind) {
     case kSquare:
       return y >= m && y < c - m && x >= m && x < c - m;
     case kPlus:
-      return (y >= m && y < c - m && x >= lo && x < hi) || (x >= m && x < c - m && y >= lo && y < hi);
+      return (y >= m && y < c - m && x >= lo && x < hi) ||
+             (x >= m && x < c - m && y >= lo && y < hi);
     case kDot:
       return y >= lo && y < hi && x >= lo && x < hi;
     default:
@@ -76,7 +77,8 @@ Image Render(const std::vector<Cell>& cells, int grid, int cell) {
   Image image;
   image.width = image.height = grid * cell;
   image.channels = 3;
-  image.pixels.assign(static_cast<size_t>(image.width) * image.height * 3, static_cast<char>(kBackground));
+  image.pixels.assign(static_cast<size_t>(image.width) * image.height * 3,
+                      static_cast<char>(kBackground));
   for (int r = 0; r < grid; ++r) {
     for (int c = 0; c < grid; ++c) {
       const Cell& shape = cells[r * grid + c];
@@ -85,7 +87,8 @@ Image Render(const std::vector<Cell>& cells, int grid, int cell) {
         for (int x = 0; x < cell; ++x) {
           if (!Covers(shape.kind, cell, y, x)) continue;
           const size_t at = ((static_cast<size_t>(r * cell + y) * image.width) + c * cell + x) * 3;
-          for (int k = 0; k < 3; ++k) image.pixels[at + k] = static_cast<char>(kColours[shape.colour].rgb[k]);
+          for (int k = 0; k < 3; ++k)
+            image.pixels[at + k] = static_cast<char>(kColours[shape.colour].rgb[k]);
         }
       }
     }
@@ -100,7 +103,9 @@ Image Crop(const Image& image, int row, int col, int cell, int scale) {
   out.pixels.resize(static_cast<size_t>(out.width) * out.height * 3);
   for (int y = 0; y < out.height; ++y) {
     for (int x = 0; x < out.width; ++x) {
-      const size_t from = ((static_cast<size_t>(row * cell + y / scale) * image.width) + col * cell + x / scale) * 3;
+      const size_t from =
+          ((static_cast<size_t>(row * cell + y / scale) * image.width) + col * cell + x / scale) *
+          3;
       const size_t to = (static_cast<size_t>(y) * out.width + x) * 3;
       for (int k = 0; k < 3; ++k) out.pixels[to + k] = image.pixels[from + k];
     }
@@ -110,7 +115,8 @@ Image Crop(const Image& image, int row, int col, int cell, int scale) {
 
 class VisionCount : public Environment {
  public:
-  VisionCount(Options config, Settings settings) : config_(std::move(config)), settings_(settings) {}
+  VisionCount(Options config, Settings settings)
+      : config_(std::move(config)), settings_(settings) {}
 
   EnvironmentSpec Describe() const override {
     EnvironmentSpec spec;
@@ -148,12 +154,14 @@ class VisionCount : public Environment {
         "The image is a {0}x{0} grid of cells. How many {1} {2} are there? Use zoom(row, col) "
         "to look closer, then reply 'Answer: <number>'.",
         episode_.grid, kColours[colour_].name,
-        kind_ == kEmpty ? std::string("shapes") : std::string(kKinds[kind_]) + (kind_ == kPlus ? "es" : "s"));
+        kind_ == kEmpty ? std::string("shapes")
+                        : std::string(kKinds[kind_]) + (kind_ == kPlus ? "es" : "s"));
     return observation;
   }
 
   Result<StepResult> Step(const Action& action) override {
-    if (!active_) return Status::FailedPrecondition("vision_count: Step before Reset or after done");
+    if (!active_)
+      return Status::FailedPrecondition("vision_count: Step before Reset or after done");
     ++turns_;
     StepResult result;
     result.observation.role = ObservationRole::kToolResult;
@@ -287,6 +295,8 @@ Result<std::unique_ptr<Environment>> MakeVisionCountEnvironment(const Options& o
   return std::unique_ptr<Environment>(new VisionCount(options, settings));
 }
 
-std::unique_ptr<ScriptedPolicy> MakeVisionCountPolicy() { return std::make_unique<VisionCountPolicy>(); }
+std::unique_ptr<ScriptedPolicy> MakeVisionCountPolicy() {
+  return std::make_unique<VisionCountPolicy>();
+}
 
 }  // namespace strider::envs

@@ -10,8 +10,8 @@
 // otherwise (empty cell, other shape, out of range, malformed); the outcome is "Answer: N".
 //
 // Options: grid (cells per side, 2..8, default 4), cell (pixels per cell side, a multiple of 4
-// from 8 to 64, default 8: smaller cells cannot tell the kinds apart), colours (2..4, default 3), fill (percent of cells with a shape,
-// 10..90, default 40).
+// from 8 to 64, default 8: smaller cells cannot tell the kinds apart), colours (2..4, default 3),
+// fill (percent of cells with a shape, 10..90, default 40).
 #pragma once
 
 #include <memory>

@@ -10,7 +10,8 @@ namespace strider::envs {
 namespace {
 
 std::unique_ptr<Environment> Make(const Options& options = {}) {
-  Result<std::unique_ptr<Environment>> env = MakeEnvironment({.name = "calculator", .options = options});
+  Result<std::unique_ptr<Environment>> env =
+      MakeEnvironment({.name = "calculator", .options = options});
   EXPECT_TRUE(env.ok()) << env.status().ToString();
   return env.ok() ? std::move(*env) : nullptr;
 }
@@ -20,8 +21,10 @@ TEST(Arithmetic, EvaluatesAndRejects) {
   EXPECT_EQ(*EvaluateArithmetic(" -(2+3)*4 / 8 "), -2.5);
   EXPECT_EQ(FormatNumber(87), "87");
   EXPECT_EQ(FormatNumber(-2.5), "-2.5");
-  EXPECT_NE(EvaluateArithmetic("1/0").status().message().find("division by zero"), std::string::npos);
-  EXPECT_NE(EvaluateArithmetic("2+").status().message().find("expected a number"), std::string::npos);
+  EXPECT_NE(EvaluateArithmetic("1/0").status().message().find("division by zero"),
+            std::string::npos);
+  EXPECT_NE(EvaluateArithmetic("2+").status().message().find("expected a number"),
+            std::string::npos);
   EXPECT_NE(EvaluateArithmetic("2+x").status().message().find("'x'"), std::string::npos);
   EXPECT_FALSE(EvaluateArithmetic(std::string(100, '(') + "1" + std::string(100, ')')).ok());
   EXPECT_FALSE(EvaluateArithmetic(std::string(300, '1')).ok());
@@ -64,7 +67,8 @@ TEST(Calculator, SameSeedSameProblemAndWrongStepsAreLabelled) {
 
   Result<StepResult> malformed = env->Step(MakeAction("<|tool_call|>calc(1+<|tool_call_end|>"));
   ASSERT_TRUE(malformed.ok());
-  EXPECT_EQ(malformed->observation.text.rfind("error: tool call:", 0), 0u) << malformed->observation.text;
+  EXPECT_EQ(malformed->observation.text.rfind("error: tool call:", 0), 0u)
+      << malformed->observation.text;
   EXPECT_EQ(malformed->label, StepLabel::kIncorrect);
   EXPECT_FALSE(malformed->done);
 
@@ -139,7 +143,8 @@ TEST(Calculator, BadOptionsNameTheKey) {
 
 TEST(Registry, ReadsEnvironmentConfigStrictly) {
   Result<ConfigReader> root = ConfigReader::FromString(
-      "env:\n  name: calculator\n  options: {difficulty: 3, python: true}\n  step_timeout_ms: 500\n",
+      "env:\n  name: calculator\n  options: {difficulty: 3, python: true}\n  step_timeout_ms: "
+      "500\n",
       "<inline>");
   ASSERT_TRUE(root.ok());
   ConfigReader env = root->Section("env");

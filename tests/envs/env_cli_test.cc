@@ -48,8 +48,9 @@ nlohmann::json Summary(const CliRun& run) {
 TEST(EnvCli, ListShowsEveryBuiltInWithItsTools) {
   CliRun run = Strider("env list");
   ASSERT_EQ(run.exit_code, 0) << run.out;
-  for (const char* expected : {"calculator", "retrieval", "vision_count", "- calc(expression: string)",
-                               "- search(query: string)", "- zoom(row: integer, col: integer)"}) {
+  for (const char* expected :
+       {"calculator", "retrieval", "vision_count", "- calc(expression: string)",
+        "- search(query: string)", "- zoom(row: integer, col: integer)"}) {
     EXPECT_NE(run.out.find(expected), std::string::npos) << expected << "\n" << run.out;
   }
 }
@@ -85,20 +86,22 @@ TEST(EnvCli, RandomPolicyExercisesErrorPathsWithoutEpisodeErrors) {
 
 TEST(EnvCli, PluginsByLibraryAndCommand) {
   CliRun library = Strider("env run --library " + Dir("STRIDER_BINARY_DIR") +
-                        "/tests/envs/libstrider_template_env.so --episodes 3 --json");
+                           "/tests/envs/libstrider_template_env.so --episodes 3 --json");
   ASSERT_EQ(library.exit_code, 0) << library.out;
   EXPECT_EQ(Summary(library)["mean_outcome"], 1.0);
   if (::access("/usr/bin/python3", X_OK) != 0 ||
       std::system("/usr/bin/python3 -c 'import zmq' 2>/dev/null") != 0) {
     GTEST_SKIP() << "needs /usr/bin/python3 with python3-zmq";
   }
-  CliRun external = Strider("env run --config configs/envs/external_python.yaml --episodes 2 --json");
+  CliRun external =
+      Strider("env run --config configs/envs/external_python.yaml --episodes 2 --json");
   ASSERT_EQ(external.exit_code, 0) << external.out;
   EXPECT_EQ(Summary(external)["summary"], "guess_number");
   EXPECT_EQ(Summary(external)["mean_outcome"], 1.0);
   // Episodes that end in environment errors are reported, the next one runs, exit code 1.
-  CliRun faulty = Strider("env run --command '/usr/bin/python3 tests/envs/faulty_env.py' "
-                       "--policy random --options fault=crash --episodes 2");
+  CliRun faulty = Strider(
+      "env run --command '/usr/bin/python3 tests/envs/faulty_env.py' "
+      "--policy random --options fault=crash --episodes 2");
   EXPECT_EQ(faulty.exit_code, 1) << faulty.out;
   EXPECT_NE(faulty.out.find("episode 1 seed 1: ERROR"), std::string::npos) << faulty.out;
   EXPECT_NE(faulty.out.find("exited with code 3"), std::string::npos) << faulty.out;
@@ -109,8 +112,9 @@ TEST(EnvCli, PluginsByLibraryAndCommand) {
 TEST(EnvCli, BadUsageExitsTwo) {
   CliRun run = Strider("env run nope");
   EXPECT_EQ(run.exit_code, 2) << run.out;
-  EXPECT_NE(run.out.find("unknown environment 'nope' (built-in: calculator, retrieval, vision_count"),
-            std::string::npos)
+  EXPECT_NE(
+      run.out.find("unknown environment 'nope' (built-in: calculator, retrieval, vision_count"),
+      std::string::npos)
       << run.out;
   run = Strider("env run calculator --options dificulty=2");
   EXPECT_EQ(run.exit_code, 2) << run.out;

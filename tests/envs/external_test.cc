@@ -138,7 +138,8 @@ TEST_F(ExternalTest, CommandsThatDoNotSpeakTheProtocolAreRefused) {
   silent.step_timeout_ms = 200;
   Result<std::unique_ptr<Environment>> env = MakeEnvironment(silent);
   ASSERT_FALSE(env.ok());
-  EXPECT_NE(env.status().message().find("describe: the environment process exited with code 4 before connecting"),
+  EXPECT_NE(env.status().message().find(
+                "describe: the environment process exited with code 4 before connecting"),
             std::string::npos)
       << env.status().message();
 

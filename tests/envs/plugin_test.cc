@@ -55,7 +55,8 @@ TEST(Plugin, ErrorsNameTheLibraryAndTheProblem) {
 
   env = MakeEnvironment({.name = "calculator", .library = kLibrary});
   ASSERT_FALSE(env.ok());
-  EXPECT_NE(env.status().message().find("describes itself as 'template_counter'"), std::string::npos);
+  EXPECT_NE(env.status().message().find("describes itself as 'template_counter'"),
+            std::string::npos);
 
   env = MakeEnvironment({.library = "/nonexistent/libenv.so"});
   ASSERT_FALSE(env.ok());

@@ -10,7 +10,8 @@ namespace strider::envs {
 namespace {
 
 std::unique_ptr<Environment> Make(const Options& options = {}) {
-  Result<std::unique_ptr<Environment>> env = MakeEnvironment({.name = "retrieval", .options = options});
+  Result<std::unique_ptr<Environment>> env =
+      MakeEnvironment({.name = "retrieval", .options = options});
   EXPECT_TRUE(env.ok()) << env.status().ToString();
   return env.ok() ? std::move(*env) : nullptr;
 }
@@ -26,7 +27,8 @@ TEST(Retrieval, ScriptedPolicyFindsFactsFromTheFirstAndLastParts) {
   auto policy = Policy();
   for (uint64_t seed = 0; seed < 10; ++seed) {
     testing::Episode episode = testing::Play(*env, *policy, seed);
-    ASSERT_EQ(episode.steps.size(), 3u + 3u) << "seed " << seed;  // 3 more parts, 2 searches, answer
+    ASSERT_EQ(episode.steps.size(), 3u + 3u)
+        << "seed " << seed;  // 3 more parts, 2 searches, answer
     EXPECT_EQ(episode.steps.back().outcome_reward, 1.0);
     // The agent's record is in part 1 (the first observation), the vault's in part 4.
     const std::string& agent_result = episode.steps[3].observation.text;
@@ -75,14 +77,17 @@ TEST(Retrieval, SearchOnlySeesRevealedPartsAndBadCallsAreErrors) {
   ASSERT_TRUE(first.ok());
   // The agent's record is in part 1; the vault's is in the last part, which search cannot see
   // before it is shown.
-  const std::string agent = first->text.substr(first->text.find("agent ") + 6,
-                                                first->text.find(" open?") - first->text.find("agent ") - 6);
-  Result<StepResult> found = env->Step(MakeAction(FormatToolCall("search", "Agent " + agent + " ")));
+  const std::string agent = first->text.substr(
+      first->text.find("agent ") + 6, first->text.find(" open?") - first->text.find("agent ") - 6);
+  Result<StepResult> found =
+      env->Step(MakeAction(FormatToolCall("search", "Agent " + agent + " ")));
   ASSERT_TRUE(found.ok());
   EXPECT_EQ(found->label, StepLabel::kCorrect) << found->observation.text;
   const size_t at = found->observation.text.find("badge ") + 6;
-  const std::string badge = found->observation.text.substr(at, found->observation.text.find('.', at) - at);
-  Result<StepResult> early = env->Step(MakeAction(FormatToolCall("search", "Badge " + badge + " ")));
+  const std::string badge =
+      found->observation.text.substr(at, found->observation.text.find('.', at) - at);
+  Result<StepResult> early =
+      env->Step(MakeAction(FormatToolCall("search", "Badge " + badge + " ")));
   ASSERT_TRUE(early.ok());
   EXPECT_EQ(early->observation.text, "no records match 'Badge " + badge + "'");
   EXPECT_EQ(early->label, StepLabel::kIncorrect);
@@ -101,8 +106,11 @@ TEST(Retrieval, SearchOnlySeesRevealedPartsAndBadCallsAreErrors) {
   EXPECT_TRUE(wrong->done);
   EXPECT_EQ(wrong->outcome_reward, 0.0);
 
-  EXPECT_FALSE(MakeEnvironment({.name = "retrieval", .options = {{"total_tokens", "2000000"}}}).ok());
-  EXPECT_FALSE(MakeEnvironment({.name = "retrieval", .options = {{"parts", "64"}, {"total_tokens", "1024"}}}).ok());
+  EXPECT_FALSE(
+      MakeEnvironment({.name = "retrieval", .options = {{"total_tokens", "2000000"}}}).ok());
+  EXPECT_FALSE(
+      MakeEnvironment({.name = "retrieval", .options = {{"parts", "64"}, {"total_tokens", "1024"}}})
+          .ok());
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <filesystem>
 
 namespace strider::envs {
@@ -72,14 +71,16 @@ TEST_F(SandboxTest, MemoryHogIsStopped) {
 
 TEST_F(SandboxTest, WritesOutsideTheScratchDirectoryAreRefused) {
   if (!SandboxCanContainWrites()) GTEST_SKIP() << "kernel without Landlock";
-  const std::string outside = ::testing::TempDir() + "/strider_sandbox_outside_" +
-                              std::to_string(::getpid());
+  const std::string outside =
+      ::testing::TempDir() + "/strider_sandbox_outside_" + std::to_string(::getpid());
   std::filesystem::remove(outside);
   SandboxRequest request = Python(
       "open('inside.txt', 'w').write('ok')\n"
       "print(open('inside.txt').read())\n"
       "try:\n"
-      "    open('" + outside + "', 'w').write('escaped')\n"
+      "    open('" +
+      outside +
+      "', 'w').write('escaped')\n"
       "    print('escaped')\n"
       "except OSError as e:\n"
       "    print('refused', e.errno)\n");

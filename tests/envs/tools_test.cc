@@ -35,8 +35,7 @@ TEST(ParseToolCall, MalformedCallsNameTheProblem) {
   for (const auto& [text, problem] : cases) {
     Result<std::optional<ToolCall>> call = ParseToolCall(text);
     ASSERT_FALSE(call.ok()) << text.substr(0, 80);
-    EXPECT_NE(call.status().message().find(problem), std::string::npos)
-        << call.status().message();
+    EXPECT_NE(call.status().message().find(problem), std::string::npos) << call.status().message();
     const Action action = MakeAction(text);
     EXPECT_FALSE(action.tool_call.has_value());
     EXPECT_EQ(action.tool_call_error, call.status().message());

@@ -12,7 +12,8 @@ namespace {
 TEST(VisionCount, ScriptedPolicyCountsFromThePixels) {
   for (const Options& options : std::vector<Options>{
            {}, {{"grid", "8"}, {"cell", "8"}, {"colours", "4"}}, {{"grid", "3"}, {"cell", "16"}}}) {
-    Result<std::unique_ptr<Environment>> env = MakeEnvironment({.name = "vision_count", .options = options});
+    Result<std::unique_ptr<Environment>> env =
+        MakeEnvironment({.name = "vision_count", .options = options});
     ASSERT_TRUE(env.ok()) << env.status().ToString();
     Result<std::unique_ptr<ScriptedPolicy>> policy = MakeScriptedPolicy({.name = "vision_count"});
     ASSERT_TRUE(policy.ok());
@@ -29,7 +30,8 @@ TEST(VisionCount, ScriptedPolicyCountsFromThePixels) {
         const StepResult& zoom = episode.steps[0];
         EXPECT_EQ(zoom.label, StepLabel::kCorrect);
         ASSERT_EQ(zoom.observation.images.size(), 1u);
-        EXPECT_EQ(zoom.observation.images[0].width, 2 * image.width / std::stoi(options.count("grid") ? options.at("grid") : "4"));
+        EXPECT_EQ(zoom.observation.images[0].width,
+                  2 * image.width / std::stoi(options.count("grid") ? options.at("grid") : "4"));
       }
     }
     EXPECT_GT(zooms, 5);
