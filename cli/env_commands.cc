@@ -27,16 +27,16 @@ class RandomPolicy : public envs::ScriptedPolicy {
       : rng_(seed ^ 0x7a3dULL), tools_(std::move(tools)) {}
 
   Result<std::string> NextTurn(const std::vector<envs::Observation>&) override {
-    static const char* const kWords[] = {"let", "me", "think", "the", "value", "is", "maybe",
-                                         "next", "so", "check", "part", "cell"};
+    static const char* const kWords[] = {"let",   "me",   "think", "the",   "value", "is",
+                                         "maybe", "next", "so",    "check", "part",  "cell"};
     std::string text;
     const int words = 1 + static_cast<int>(rng_() % 8);
     for (int i = 0; i < words; ++i) text += std::string(i ? " " : "") + kWords[rng_() % 12];
     const uint64_t roll = rng_() % 10;
     if (roll == 0) return text + " Answer: " + std::to_string(rng_() % 100);
     if (roll < 6) {
-      const std::string name = tools_.empty() || rng_() % 5 == 0 ? "nosuchtool"
-                                                                 : tools_[rng_() % tools_.size()].name;
+      const std::string name =
+          tools_.empty() || rng_() % 5 == 0 ? "nosuchtool" : tools_[rng_() % tools_.size()].name;
       std::string arguments;
       static const char kChars[] = "0123456789+-*/(), abcxyz\"";
       const int length = static_cast<int>(rng_() % 12);
@@ -92,7 +92,8 @@ EpisodeReport PlayEpisode(envs::Environment& env, envs::ScriptedPolicy& policy, 
   auto finish = [&](std::string end, bool error) {
     report.end = std::move(end);
     report.error = error;
-    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return report;
   };
   Result<envs::Observation> first = env.Reset(seed, {});
@@ -107,9 +108,15 @@ EpisodeReport PlayEpisode(envs::Environment& env, envs::ScriptedPolicy& policy, 
     ++report.turns;
     if (!step.ok()) return finish("step: " + step.status().ToString(), true);
     switch (step->label) {
-      case envs::StepLabel::kCorrect: ++report.correct; break;
-      case envs::StepLabel::kIncorrect: ++report.incorrect; break;
-      case envs::StepLabel::kUnknown: ++report.unknown; break;
+      case envs::StepLabel::kCorrect:
+        ++report.correct;
+        break;
+      case envs::StepLabel::kIncorrect:
+        ++report.incorrect;
+        break;
+      case envs::StepLabel::kUnknown:
+        ++report.unknown;
+        break;
     }
     report.observation_bytes += step->observation.text.size();
     report.images += step->observation.images.size();
@@ -141,7 +148,8 @@ Status Run(const RunArgs& args, bool* had_errors) {
     config.options[option.substr(0, eq)] = option.substr(eq + 1);
   }
   if (config.name.empty() && config.library.empty() && config.command.empty()) {
-    return Status::InvalidArgument("name an environment (see `strider env list`), or give --config, --library or --command");
+    return Status::InvalidArgument(
+        "name an environment (see `strider env list`), or give --config, --library or --command");
   }
   if (args.episodes < 1) return Status::InvalidArgument("--episodes must be at least 1");
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<envs::Environment> env, envs::MakeEnvironment(config));
@@ -163,39 +171,50 @@ Status Run(const RunArgs& args, bool* had_errors) {
     turns += report.turns;
     seconds += report.seconds;
     if (args.json) {
-      Json line = {{"episode", i}, {"seed", report.seed}, {"turns", report.turns},
+      Json line = {{"episode", i},
+                   {"seed", report.seed},
+                   {"turns", report.turns},
                    {"outcome", report.outcome ? Json(*report.outcome) : Json(nullptr)},
-                   {"steps", {{"correct", report.correct}, {"incorrect", report.incorrect},
-                              {"unknown", report.unknown}}},
-                   {"end", report.end}, {"error", report.error},
-                   {"observation_bytes", report.observation_bytes}, {"images", report.images},
+                   {"steps",
+                    {{"correct", report.correct},
+                     {"incorrect", report.incorrect},
+                     {"unknown", report.unknown}}},
+                   {"end", report.end},
+                   {"error", report.error},
+                   {"observation_bytes", report.observation_bytes},
+                   {"images", report.images},
                    {"seconds", report.seconds}};
       std::cout << line.dump() << "\n";
     } else {
-      std::printf("episode %lld seed %llu: %s outcome %s, %d turns (steps: %d correct, %d "
-                  "incorrect, %d unknown), %zu observation bytes, %.3f s\n",
-                  static_cast<long long>(i), static_cast<unsigned long long>(report.seed),
-                  report.error ? "ERROR" : report.end.c_str(),
-                  report.outcome ? std::to_string(*report.outcome).c_str() : "-", report.turns,
-                  report.correct, report.incorrect, report.unknown, report.observation_bytes,
-                  report.seconds);
+      std::printf(
+          "episode %lld seed %llu: %s outcome %s, %d turns (steps: %d correct, %d "
+          "incorrect, %d unknown), %zu observation bytes, %.3f s\n",
+          static_cast<long long>(i), static_cast<unsigned long long>(report.seed),
+          report.error ? "ERROR" : report.end.c_str(),
+          report.outcome ? std::to_string(*report.outcome).c_str() : "-", report.turns,
+          report.correct, report.incorrect, report.unknown, report.observation_bytes,
+          report.seconds);
       if (report.error) std::printf("  %s\n", report.end.c_str());
     }
   }
   env->Close();
   const double mean_outcome = outcome_sum / static_cast<double>(args.episodes);
   if (args.json) {
-    Json summary = {{"summary", spec.name}, {"policy", args.policy}, {"episodes", args.episodes},
-                    {"errors", errors}, {"mean_outcome", mean_outcome},
+    Json summary = {{"summary", spec.name},
+                    {"policy", args.policy},
+                    {"episodes", args.episodes},
+                    {"errors", errors},
+                    {"mean_outcome", mean_outcome},
                     {"mean_turns", static_cast<double>(turns) / args.episodes},
                     {"seconds", seconds}};
     std::cout << summary.dump() << std::endl;
   } else {
-    std::printf("%s, %s policy: %lld episodes, %lld errors, mean outcome %.3f, mean turns %.2f, "
-                "%.3f s\n",
-                spec.name.c_str(), args.policy.c_str(), static_cast<long long>(args.episodes),
-                static_cast<long long>(errors), mean_outcome,
-                static_cast<double>(turns) / args.episodes, seconds);
+    std::printf(
+        "%s, %s policy: %lld episodes, %lld errors, mean outcome %.3f, mean turns %.2f, "
+        "%.3f s\n",
+        spec.name.c_str(), args.policy.c_str(), static_cast<long long>(args.episodes),
+        static_cast<long long>(errors), mean_outcome, static_cast<double>(turns) / args.episodes,
+        seconds);
   }
   *had_errors = errors > 0;
   return Status::Ok();
@@ -204,10 +223,14 @@ Status Run(const RunArgs& args, bool* had_errors) {
 Json SpecJson(const envs::EnvironmentSpec& spec) {
   Json tools = Json::array();
   for (const envs::ToolSpec& tool : spec.tools) {
-    tools.push_back({{"name", tool.name}, {"arguments", tool.arguments}, {"description", tool.description}});
+    tools.push_back(
+        {{"name", tool.name}, {"arguments", tool.arguments}, {"description", tool.description}});
   }
-  return {{"name", spec.name}, {"description", spec.description}, {"tools", tools},
-          {"options", spec.options}, {"max_turns", spec.max_turns}};
+  return {{"name", spec.name},
+          {"description", spec.description},
+          {"tools", tools},
+          {"options", spec.options},
+          {"max_turns", spec.max_turns}};
 }
 
 }  // namespace
@@ -217,7 +240,8 @@ void AddEnvCommands(CLI::App& app, int& exit_code) {
   env->require_subcommand(1);
 
   auto list_json = std::make_shared<bool>(false);
-  CLI::App* list = env->add_subcommand("list", "Built-in environments with their tools and options");
+  CLI::App* list =
+      env->add_subcommand("list", "Built-in environments with their tools and options");
   list->add_flag("--json", *list_json, "One JSON object per environment");
   list->callback([list_json, &exit_code] {
     for (const std::string& name : envs::RegisteredEnvironments()) {
@@ -232,7 +256,8 @@ void AddEnvCommands(CLI::App& app, int& exit_code) {
         continue;
       }
       std::string options;
-      for (const std::string& option : spec.options) options += (options.empty() ? "" : ", ") + option;
+      for (const std::string& option : spec.options)
+        options += (options.empty() ? "" : ", ") + option;
       std::printf("%-14s %s\n  options: %s\n%s", spec.name.c_str(), spec.description.c_str(),
                   options.empty() ? "none" : options.c_str(),
                   envs::RenderToolList(spec.tools).c_str());
@@ -246,7 +271,8 @@ void AddEnvCommands(CLI::App& app, int& exit_code) {
   run->add_option("--config", args->config, "A YAML file with an `env:` section");
   run->add_option("--library", args->library, "A shared-library plug-in (envs/plugin.h)");
   run->add_option("--command", args->command, "An out-of-process environment's command line");
-  run->add_option("--step-timeout-ms", args->step_timeout_ms, "Reply limit of an out-of-process environment");
+  run->add_option("--step-timeout-ms", args->step_timeout_ms,
+                  "Reply limit of an out-of-process environment");
   run->add_option("--episodes", args->episodes, "Episodes to play (default 1)");
   run->add_option("--policy", args->policy, "scripted (the environment's solver) or random")
       ->check(CLI::IsMember({"scripted", "random"}));
