@@ -31,6 +31,34 @@ void Reseal(std::string& frame) {
   std::memcpy(frame.data() + 16, &crc, 4);
 }
 
+// The table loop, bit for bit the definition: the reference for the hardware paths.
+uint32_t ReferenceCrc32c(const uint8_t* bytes, size_t size) {
+  uint32_t crc = ~0u;
+  for (size_t i = 0; i < size; ++i) {
+    crc ^= bytes[i];
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1u) ? 0x82F63B78u : 0u);
+  }
+  return ~crc;
+}
+
+// Lengths around the three-stream block (3 x 4096 bytes), odd offsets, and continuation.
+TEST(Crc32c, AgreesWithTheDefinitionAtEveryBlockBoundary) {
+  std::mt19937_64 rng(7);
+  std::string data(3 * 4096 * 3 + 64, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  const auto* bytes = reinterpret_cast<const uint8_t*>(data.data());
+  for (size_t size : {size_t{0}, size_t{7}, size_t{8}, size_t{4096}, size_t{12287},
+                      size_t{12288}, size_t{12289}, size_t{12295}, size_t{24576},
+                      size_t{3 * 4096 * 3 + 63}}) {
+    for (size_t offset : {size_t{0}, size_t{1}}) {
+      EXPECT_EQ(Crc32c(bytes + offset, size), ReferenceCrc32c(bytes + offset, size))
+          << size << " at " << offset;
+    }
+  }
+  const size_t split = 5000;
+  EXPECT_EQ(Crc32c(bytes + split, 20000, Crc32c(bytes, split)), ReferenceCrc32c(bytes, 25000));
+}
+
 TEST(Crc32c, MatchesTheStandardCheckValue) {
   EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);
   EXPECT_EQ(Crc32c(""), 0u);
