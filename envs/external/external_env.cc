@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <zmq.hpp>
@@ -27,6 +28,8 @@ class Process {
   ~Process() { Stop(); }
 
   bool running() const { return pid_ > 0; }
+  // Running and not exited since the last look (reaps a child that died while idle).
+  bool alive() { return !Reaped(); }
 
   Status Start() {
     Stop();
@@ -153,7 +156,13 @@ class Process {
   bool Reaped() {
     if (pid_ <= 0) return true;
     int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    const pid_t done = ::waitpid(pid_, &status, WNOHANG);
+    if (done == 0 || (done < 0 && errno != ECHILD)) return false;
+    if (done < 0) {  // reaped by someone else (a SIGCHLD handler of the host program)
+      exit_description_ = "exited (its status was collected elsewhere)";
+      pid_ = -1;
+      return true;
+    }
     if (WIFEXITED(status)) {
       exit_description_ = "exited with code " + std::to_string(WEXITSTATUS(status));
     } else if (WIFSIGNALED(status)) {
@@ -199,8 +208,8 @@ class ExternalEnvironment : public Environment {
   EnvironmentSpec Describe() const override { return spec_; }
 
   Result<Observation> Reset(uint64_t seed, const Options& episode_options) override {
-    if (!process_->running()) {
-      // A fault ended the last episode: start afresh.
+    if (!process_->alive()) {
+      // A fault ended the last episode, or the process died between episodes: start afresh.
       STRIDER_ASSIGN_OR_RETURN(EnvironmentSpec spec, StartAndDescribe(*process_, config_));
       (void)spec;
     }

@@ -128,6 +128,16 @@ TEST_F(ExternalTest, ProcessKilledFromOutsideMidEpisode) {
   Result<Observation> again = (*env)->Reset(1, {});
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_NE(again->text, first->text);  // another process
+
+  // A process that dies between episodes is replaced at the next Reset, without an error.
+  Result<StepResult> done = (*env)->Step(MakeAction("go"));
+  ASSERT_TRUE(done.ok() && done->done);
+  const pid_t idle = std::atoi(again->text.substr(4).c_str());
+  ASSERT_EQ(::kill(idle, SIGKILL), 0);
+  ::usleep(100000);  // it is a zombie now, until the environment reaps it
+  Result<Observation> third = (*env)->Reset(1, {});
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  EXPECT_NE(third->text, again->text);
 }
 
 TEST_F(ExternalTest, CommandsThatDoNotSpeakTheProtocolAreRefused) {
