@@ -9,7 +9,7 @@
 // environments, tokenizing, tool parsing, segmenting, encoding and streaming to a real replay
 // server (in this process, on loopback). Target: at most 10% at B = 64.
 //
-//   actor_bench [--quick] [--model small|tiny] [--long-tokens N]
+//   actor_bench [--quick] [--model small|tiny] [--batch B (only this one)] [--long-tokens N]
 #include <sys/resource.h>
 
 #include <chrono>
@@ -281,15 +281,18 @@ int main(int argc, char** argv) {
   strider::Run run;
   bool quick = false;
   int64_t long_tokens = 0;
+  int64_t only_batch = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--model") && i + 1 < argc) {
       run.model = argv[++i];
+    } else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) {
+      only_batch = std::stoll(argv[++i]);
     } else if (!std::strcmp(argv[i], "--long-tokens") && i + 1 < argc) {
       long_tokens = std::stoll(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: actor_bench [--quick] [--model small|tiny] [--long-tokens N]\n");
+      std::fprintf(stderr, "usage: actor_bench [--quick] [--model small|tiny] [--batch B] [--long-tokens N]\n");
       return 2;
     }
   }
@@ -299,6 +302,7 @@ int main(int argc, char** argv) {
       quick ? std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {16, 16}}
             : std::vector<std::pair<int64_t, int64_t>>{{1, 4}, {16, 32}, {64, 64}};
   for (const auto& [batch, episodes] : plan) {
+    if (only_batch > 0 && batch != only_batch) continue;
     strider::Status status = strider::Calculator(run, batch, episodes);
     if (!status.ok()) {
       std::fprintf(stderr, "actor_bench: %s\n", status.ToString().c_str());
