@@ -773,6 +773,19 @@ class EngineImpl final : public Engine {
     return first.as_strided(sizes, first.strides(), first.storage_offset());
   }
 
+  // *target = value, copying into *target's storage when the sequence owns it alone (not
+  // shared with a fork, not a view of a batch); otherwise a compact copy of its own.
+  static void StoreInPlace(at::Tensor* target, const at::Tensor& value) {
+    if (target->defined() && target->use_count() == 1 && target->sizes() == value.sizes() &&
+        target->scalar_type() == value.scalar_type() && target->is_contiguous() &&
+        target->storage().nbytes() == static_cast<size_t>(target->nbytes()) &&
+        !target->is_alias_of(value)) {
+      target->copy_(value);
+    } else {
+      *target = value.clone(at::MemoryFormat::Contiguous);
+    }
+  }
+
   // Gives a sequence that leaves the decode batch (turn ended, prefilled alone) states of its
   // own, so it does not keep a batch's tensors or a prefill's temporaries alive.
   void OwnStates(Sequence* sequence) const {
@@ -845,7 +858,11 @@ class EngineImpl final : public Engine {
         if (kinds_[i] != 'I') continue;
         const model::IncrementalAttentionState& state = ragged.layers[i].incremental;
         if (batch == 1) {
-          row->incremental[i] = state;
+          // Written into the sequence's own tensors: the call's conv tail is a view of its
+          // (T + 3)-row input buffer (12 MiB for a 16K chunk of the tiny model), which adopting
+          // it would keep alive until the next call.
+          StoreInPlace(&row->incremental[i].recurrent, state.recurrent);
+          StoreInPlace(&row->incremental[i].conv_tail, state.conv_tail);
         } else {
           // Views of the batch's states: rows decoded together again next step are stacked
           // without a copy (StackRows). A row that leaves the batch takes its own copy
