@@ -11,6 +11,7 @@
 // time limit is abandoned (its episode ends with `env_timeout`) and its result dropped.
 #include "actors/actor.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,7 +21,6 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
-#include <spdlog/spdlog.h>
 #include <thread>
 #include <unordered_map>
 
@@ -36,8 +36,8 @@ namespace strider::actors {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using schema::Role;
+using std::chrono::milliseconds;
 
 struct Wake {
   std::mutex mutex;
@@ -109,18 +109,24 @@ uint64_t Mix(uint64_t a, uint64_t b) { return rollout::DeriveSeed(a, b); }
 
 Role ObservationRoleOf(envs::ObservationRole role) {
   switch (role) {
-    case envs::ObservationRole::kSystem: return Role::kSystem;
-    case envs::ObservationRole::kUser: return Role::kUser;
-    case envs::ObservationRole::kToolResult: return Role::kToolResult;
+    case envs::ObservationRole::kSystem:
+      return Role::kSystem;
+    case envs::ObservationRole::kUser:
+      return Role::kUser;
+    case envs::ObservationRole::kToolResult:
+      return Role::kToolResult;
   }
   return Role::kUser;
 }
 
 int32_t MarkerOf(envs::ObservationRole role) {
   switch (role) {
-    case envs::ObservationRole::kSystem: return token::kSystem;
-    case envs::ObservationRole::kUser: return token::kUser;
-    case envs::ObservationRole::kToolResult: return token::kToolResult;
+    case envs::ObservationRole::kSystem:
+      return token::kSystem;
+    case envs::ObservationRole::kUser:
+      return token::kUser;
+    case envs::ObservationRole::kToolResult:
+      return token::kToolResult;
   }
   return token::kUser;
 }
@@ -224,7 +230,8 @@ rollout::SamplingParams ActorImpl::TurnSampling(const Episode& episode) const {
 void ActorImpl::WeightLoop(std::stop_token stop) {
   transport::WeightSubscriberOptions subscriber_options;
   subscriber_options.endpoint = options_.weights_endpoint;
-  subscriber_options.reply_timeout = milliseconds(std::max<int64_t>(2000, options_.weights_poll_ms));
+  subscriber_options.reply_timeout =
+      milliseconds(std::max<int64_t>(2000, options_.weights_poll_ms));
   std::unique_ptr<transport::WeightSubscriber> subscriber;
   uint64_t have = options_.policy_version;
   while (!stop.stop_requested()) {
@@ -254,8 +261,8 @@ void ActorImpl::WeightLoop(std::stop_token stop) {
         std::filesystem::remove(path, ignored);
         if (!loaded.ok()) {
           ++weight_errors_;
-          spdlog::error("weights: version {} does not load into model '{}': {}",
-                        (*update)->version, config_.name, loaded.status().ToString());
+          spdlog::error("weights: version {} does not load into model '{}': {}", (*update)->version,
+                        config_.name, loaded.status().ToString());
           have = (*update)->version;  // do not fetch the same bad bytes again and again
         } else {
           std::lock_guard<std::mutex> lock(weights_mutex_);
@@ -323,8 +330,8 @@ void ActorImpl::LaunchReset(Episode& episode) {
   auto call = std::make_shared<EnvCall>();
   episode.call = call;
   ++*calls_running_;
-  std::thread([call, box = episode.box, config = options_.env, seed = episode.seed,
-               wake = wake_, running = calls_running_] {
+  std::thread([call, box = episode.box, config = options_.env, seed = episode.seed, wake = wake_,
+               running = calls_running_] {
     std::optional<Result<envs::Observation>> result;
     try {
       Result<std::unique_ptr<envs::Environment>> made = envs::MakeEnvironment(config);
@@ -412,8 +419,8 @@ void ActorImpl::PollCalls() {
         episode.reset_error = reset.status().ToString();
       } else {
         episode.first_observation = std::move(*reset);
-        episode.max_turns = options_.max_turns > 0 ? options_.max_turns
-                                                   : episode.box->spec.max_turns;
+        episode.max_turns =
+            options_.max_turns > 0 ? options_.max_turns : episode.box->spec.max_turns;
       }
       OnResetsDone(groups_[episode.group]);
     } else {
@@ -475,7 +482,8 @@ void ActorImpl::OnResetsDone(Group& group) {
   turn.push_back(token::kModel);
   group.prompt = {{system, Role::kSystem}, {turn, ObservationRoleOf(observation.role)}};
   std::vector<int64_t> tokens;
-  for (const auto& [piece, role] : group.prompt) tokens.insert(tokens.end(), piece.begin(), piece.end());
+  for (const auto& [piece, role] : group.prompt)
+    tokens.insert(tokens.end(), piece.begin(), piece.end());
   if (static_cast<int64_t>(tokens.size()) + options_.sampling.max_new_tokens >
       options_.max_episode_tokens) {
     fail_group("prompt_too_long", "the prompt has " + std::to_string(tokens.size()) +
@@ -495,8 +503,15 @@ void ActorImpl::OnResetsDone(Group& group) {
 
 // Prefilled prompts fork into their groups.
 void ActorImpl::PollGroups() {
-  for (auto& [id, group] : groups_) {
-    if (!group.source) continue;
+  std::vector<int64_t> prompting;
+  for (const auto& [id, group] : groups_) {
+    if (group.source) prompting.push_back(id);
+  }
+  // By id: ending a group's episodes below may erase the group.
+  for (int64_t id : prompting) {
+    auto found_group = groups_.find(id);
+    if (found_group == groups_.end() || !found_group->second.source) continue;
+    Group& group = found_group->second;
     Result<rollout::SequenceInfo> info = engine_->Info(*group.source);
     if (!info.ok() || info->status != rollout::SequenceStatus::kIdle) continue;
     std::vector<int64_t> members;
@@ -517,7 +532,7 @@ void ActorImpl::PollGroups() {
     (void)engine_->Release(source);
     if (!forked.ok()) {
       for (int64_t index : members) FinishEpisode(index, "engine", forked.status().ToString());
-      continue;
+      continue;  // the group is gone now
     }
     for (size_t i = 0; i < members.size(); ++i) {
       Episode& e = *episodes_[members[i]];
@@ -558,14 +573,16 @@ Status ActorImpl::ProcessStep(const rollout::StepResult& step) {
       if (s.routing.layers != routing_layers_ || s.routing.experts_per_token != routing_k_ ||
           offset < 0 || offset >= s.routing.tokens ||
           s.routing.experts.size() < static_cast<size_t>(s.routing.tokens) * per_token) {
-        FinishEpisode(index, "routing", "the engine's routing record does not cover position " +
-                                            std::to_string(s.position));
+        FinishEpisode(
+            index, "routing",
+            "the engine's routing record does not cover position " + std::to_string(s.position));
         continue;
       }
       experts = std::span<const uint16_t>(s.routing.experts.data() + offset * per_token, per_token);
     }
-    Status added = e.segmenter->AddAction(static_cast<int32_t>(s.token), role,
-                                          static_cast<float>(s.log_prob), s.policy_version, experts);
+    Status added =
+        e.segmenter->AddAction(static_cast<int32_t>(s.token), role, static_cast<float>(s.log_prob),
+                               s.policy_version, experts);
     if (!added.ok()) {
       FinishEpisode(index, "internal", added.ToString());
       continue;
@@ -645,7 +662,8 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   }
   block.push_back(token::kModel);
   if (e.segmenter->length() + static_cast<int64_t>(block.size()) +
-          options_.sampling.max_new_tokens > options_.max_episode_tokens) {
+          options_.sampling.max_new_tokens >
+      options_.max_episode_tokens) {
     FinishEpisode(index, "max_tokens",
                   "the next turn could exceed max_episode_tokens (" +
                       std::to_string(options_.max_episode_tokens) + ")");
@@ -834,7 +852,11 @@ Status ActorImpl::Run(std::stop_token stop) {
     PollCalls();
     PollGroups();
     if (EngineActive() > 0) {
+      const auto step_start = Clock::now();
       Result<rollout::StepResult> step = engine_->Step();
+      ++metrics_.engine_steps;
+      metrics_.engine_step_seconds +=
+          std::chrono::duration<double>(Clock::now() - step_start).count();
       if (!step.ok()) {
         failure = step.status().WithContext("rollout engine");
         std::vector<int64_t> live;
@@ -854,11 +876,13 @@ Status ActorImpl::Run(std::stop_token stop) {
     Report(false);
   }
   // Every segment handed over: wait for the server, spill what it does not take in time.
-  Status closed = sender_->Close(milliseconds(std::max<int64_t>(10000, 4 * options_.spill_after_ms)));
+  Status closed =
+      sender_->Close(milliseconds(std::max<int64_t>(10000, 4 * options_.spill_after_ms)));
   if (!closed.ok()) spdlog::error("{}", closed.ToString());
   // Environment threads still closing get a moment, so they do not outlive the process state.
   const auto deadline = Clock::now() + milliseconds(2000);
-  while (*calls_running_ > 0 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(5));
+  while (*calls_running_ > 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(5));
   if (weights_thread_.joinable()) {
     weights_thread_.request_stop();
     weights_thread_.join();

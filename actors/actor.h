@@ -39,21 +39,21 @@ struct ActorOptions {
   std::string actor_id = "actor";  // replay client id, metrics and episode metadata
 
   // --- Model ---
-  std::string model_config;   // path of a model config (configs/model/tiny.yaml); required
-  std::string weights;        // safetensors from `strider model init` or a learner; empty:
-  uint64_t model_seed = 0;    //   random initialisation with this seed
+  std::string model_config;     // path of a model config (configs/model/tiny.yaml); required
+  std::string weights;          // safetensors from `strider model init` or a learner; empty:
+  uint64_t model_seed = 0;      //   random initialisation with this seed
   uint64_t policy_version = 0;  // version of the initial weights
-  int64_t threads = 0;        // LibTorch intra-op threads (0: all cores)
+  int64_t threads = 0;          // LibTorch intra-op threads (0: all cores)
 
   // --- Episodes ---
   envs::EnvironmentConfig env;
-  int64_t episodes_in_flight = 8;  // B: live episodes decoded together
-  int64_t group_size = 1;          // G: episodes sharing a prompt (engine fork); divides B
-  int64_t episodes = 0;            // episodes to run, then stop; 0: until stopped
-  int64_t max_turns = 0;           // model turns per episode; 0: the environment's limit
+  int64_t episodes_in_flight = 8;     // B: live episodes decoded together
+  int64_t group_size = 1;             // G: episodes sharing a prompt (engine fork); divides B
+  int64_t episodes = 0;               // episodes to run, then stop; 0: until stopped
+  int64_t max_turns = 0;              // model turns per episode; 0: the environment's limit
   int64_t max_episode_tokens = 8192;  // an episode that would grow past this ends (truncated)
-  uint64_t seed = 0;               // episode i resets its environment with a seed from (seed, i)
-  rollout::SamplingParams sampling;  // per turn; stop tokens are set by the actor
+  uint64_t seed = 0;                  // episode i resets its environment with a seed from (seed, i)
+  rollout::SamplingParams sampling;   // per turn; stop tokens are set by the actor
 
   // --- Engine ---
   int64_t cache_budget_bytes = int64_t{256} << 20;
@@ -63,11 +63,11 @@ struct ActorOptions {
 
   // --- Segments and streaming ---
   int64_t segment_tokens = 4096;
-  std::string replay_endpoint;   // required
-  std::string table;             // empty: the server's first table
-  std::string spill_dir;         // required: segments wait here while the server is away
+  std::string replay_endpoint;  // required
+  std::string table;            // empty: the server's first table
+  std::string spill_dir;        // required: segments wait here while the server is away
   int64_t spill_max_bytes = int64_t{1} << 30;
-  int64_t spill_after_ms = 3000;  // no progress from the server this long: spill
+  int64_t spill_after_ms = 3000;                     // no progress from the server this long: spill
   int64_t send_queue_max_bytes = int64_t{64} << 20;  // over this, no new episodes start
 
   // --- Weights ---
@@ -75,9 +75,9 @@ struct ActorOptions {
   int64_t weights_poll_ms = 1000;
 
   // --- Metrics ---
-  std::string metrics_path;      // JSON lines; empty: log only
+  std::string metrics_path;  // JSON lines; empty: log only
   double metrics_interval_s = 5;
-  bool progress = true;          // a one-line progress display when stderr is a terminal
+  bool progress = true;  // a one-line progress display when stderr is a terminal
 };
 
 // Reads `actor:` and `env:` of a YAML file strictly (unknown keys and wrong types are errors
@@ -92,14 +92,16 @@ struct ActorMetrics {
   int64_t episodes_finished = 0;  // ended in any way, segments handed to the sender
   int64_t episodes_ok = 0;        // ended by the environment (done)
   int64_t turns = 0;
-  int64_t generated_tokens = 0;   // sampled by the model
-  int64_t context_tokens = 0;     // written by the actor
+  int64_t generated_tokens = 0;  // sampled by the model
+  int64_t context_tokens = 0;    // written by the actor
   int64_t tool_calls = 0;
   int64_t malformed_tool_calls = 0;
   std::map<std::string, int64_t> errors;  // episode endings other than done, by kind
-  int64_t segments = 0;           // handed to the sender
+  int64_t segments = 0;                   // handed to the sender
   uint64_t policy_version = 0;
   int64_t weight_updates = 0;
+  int64_t engine_steps = 0;           // Engine::Step calls
+  double engine_step_seconds = 0;     // time inside them (the rest is the actor's own)
   // Queue depths now.
   int64_t live_episodes = 0;
   int64_t env_calls_running = 0;

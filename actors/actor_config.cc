@@ -15,8 +15,8 @@ Status ValidateActorOptions(const ActorOptions& o) {
   if (o.episodes_in_flight < 1) return bad("episodes_in_flight", "must be >= 1");
   if (o.group_size < 1) return bad("group_size", "must be >= 1");
   if (o.episodes_in_flight % o.group_size != 0) {
-    return bad("episodes_in_flight", "must be a multiple of group_size (" +
-                                         std::to_string(o.group_size) + ")");
+    return bad("episodes_in_flight",
+               "must be a multiple of group_size (" + std::to_string(o.group_size) + ")");
   }
   if (o.episodes < 0) return bad("episodes", "must be >= 0 (0: until stopped)");
   if (o.episodes % o.group_size != 0) {
@@ -134,6 +134,8 @@ std::string ActorMetrics::ToJson() const {
       {"acked_segments", acked_segments},
       {"policy_version", policy_version},
       {"weight_updates", weight_updates},
+      {"engine_steps", engine_steps},
+      {"engine_step_seconds", engine_step_seconds},
       {"replay_connected", replay_connected},
       {"queues",
        {{"live_episodes", live_episodes},

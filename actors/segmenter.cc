@@ -36,10 +36,9 @@ Status Segmenter::AddAction(int32_t token, schema::Role role, float log_prob,
   }
   const size_t expected = static_cast<size_t>(options_.routing_layers * options_.routing_top_k);
   if (experts.size() != expected) {
-    return Status::InvalidArgument("segmenter: action token at position " +
-                                   std::to_string(length()) + " has " +
-                                   std::to_string(experts.size()) + " expert ids, expected " +
-                                   std::to_string(expected));
+    return Status::InvalidArgument(
+        "segmenter: action token at position " + std::to_string(length()) + " has " +
+        std::to_string(experts.size()) + " expert ids, expected " + std::to_string(expected));
   }
   tokens_.push_back(token);
   roles_.push_back(role);

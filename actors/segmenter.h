@@ -81,12 +81,12 @@ class Segmenter {
   std::vector<int32_t> tokens_;
   std::vector<schema::Role> roles_;
   std::vector<float> log_probs_;
-  std::vector<uint64_t> versions_;    // per token; context tokens repeat the last action's
-  std::vector<uint16_t> experts_;     // of waiting action tokens, in order
+  std::vector<uint64_t> versions_;  // per token; context tokens repeat the last action's
+  std::vector<uint16_t> experts_;   // of waiting action tokens, in order
   uint64_t last_version_ = 0;
   std::vector<std::pair<int64_t, std::optional<uint64_t>>> boundaries_;  // absolute position
-  std::vector<std::pair<int64_t, float>> steps_;                          // absolute end
-  std::optional<uint64_t> start_digest_;  // at begin_
+  std::vector<std::pair<int64_t, float>> steps_;                         // absolute end
+  std::optional<uint64_t> start_digest_;                                 // at begin_
   std::vector<schema::SegmentData> ready_;
 };
 

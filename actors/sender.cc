@@ -80,7 +80,8 @@ bool Sender::TryConnect() {
   client_options.client_id = options_.client_id;
   client_options.ack_timeout = std::max(milliseconds(500), options_.spill_after / 2);
   client_options.give_up_after = options_.spill_after;
-  Result<std::unique_ptr<replay::ActorClient>> client = replay::ActorClient::Connect(client_options);
+  Result<std::unique_ptr<replay::ActorClient>> client =
+      replay::ActorClient::Connect(client_options);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!client.ok()) {
     stats_.connected = false;

@@ -34,9 +34,9 @@
 namespace strider::actors {
 
 struct SenderOptions {
-  std::string endpoint;             // the replay server's actor endpoint
+  std::string endpoint;  // the replay server's actor endpoint
   std::string client_id = "actor";
-  std::string spill_dir;            // required
+  std::string spill_dir;  // required
   uint64_t spill_max_bytes = uint64_t{1} << 30;
   uint64_t queue_max_bytes = uint64_t{64} << 20;  // Backlogged() above this
   std::chrono::milliseconds spill_after{3000};    // no progress this long: spill, reconnect
@@ -46,13 +46,13 @@ struct SenderOptions {
 struct SenderStats {
   uint64_t queued_segments = 0;
   uint64_t queued_bytes = 0;
-  uint64_t in_flight = 0;         // sent, not acknowledged
+  uint64_t in_flight = 0;  // sent, not acknowledged
   uint64_t acked = 0;
-  uint64_t spilled = 0;           // segments written to the spill directory (total)
-  uint64_t spill_files = 0;       // files there now
+  uint64_t spilled = 0;      // segments written to the spill directory (total)
+  uint64_t spill_files = 0;  // files there now
   uint64_t spill_bytes = 0;
   uint64_t sent_from_spill = 0;
-  uint64_t rejected = 0;          // segments the server refused for good
+  uint64_t rejected = 0;  // segments the server refused for good
   uint64_t reconnects = 0;
   bool connected = false;
 };

@@ -128,8 +128,8 @@ Status SpillDirectory::Put(const schema::SegmentKey& key, std::string_view frame
   char sequence[24];
   std::snprintf(sequence, sizeof(sequence), "%012llu",
                 static_cast<unsigned long long>(next_sequence_));
-  const std::string name = std::string(sequence) + "-" + key.trajectory.Hex() + "-" +
-                           std::to_string(key.index) + ".seg";
+  const std::string name =
+      std::string(sequence) + "-" + key.trajectory.Hex() + "-" + std::to_string(key.index) + ".seg";
   STRIDER_RETURN_IF_ERROR(WriteFileAtomically(dir_, name, frame));
   ++next_sequence_;
   bytes_ += frame.size();
@@ -151,8 +151,8 @@ Result<std::string> SpillDirectory::Read(const SpilledSegment& segment) {
     segments_.erase(std::remove_if(segments_.begin(), segments_.end(),
                                    [&](const SpilledSegment& s) { return s.path == path; }),
                     segments_.end());
-    return Status::Corruption("spill: " + path + " fails its envelope checks (" +
-                              check.message() + "); renamed to .corrupt");
+    return Status::Corruption("spill: " + path + " fails its envelope checks (" + check.message() +
+                              "); renamed to .corrupt");
   }
   return frame;
 }

@@ -7,9 +7,9 @@
 // either side loses nothing that reached this directory.
 //
 // Files are written atomically (temporary name, fsync, rename, fsync of the directory), so a
-// crash leaves whole files only. Names sort in write order: "<sequence>-<trajectory hex>-<index>.seg".
-// A file whose envelope fails its checks on reading is renamed to "*.corrupt" and reported, never
-// sent and never deleted.
+// crash leaves whole files only. Names sort in write order: "<sequence>-<trajectory
+// hex>-<index>.seg". A file whose envelope fails its checks on reading is renamed to "*.corrupt"
+// and reported, never sent and never deleted.
 //
 // Not thread-safe; the sender thread owns it.
 #pragma once
@@ -52,7 +52,8 @@ class SpillDirectory {
   const std::string& dir() const { return dir_; }
 
  private:
-  SpillDirectory(std::string dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {}
+  SpillDirectory(std::string dir, uint64_t max_bytes)
+      : dir_(std::move(dir)), max_bytes_(max_bytes) {}
 
   std::string dir_;
   uint64_t max_bytes_ = 0;

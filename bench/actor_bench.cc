@@ -10,6 +10,7 @@
 // server (in this process, on loopback). Target: at most 10% at B = 64.
 //
 //   actor_bench [--quick] [--model small|tiny] [--batch B (only this one)] [--long-tokens N]
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
 #include <chrono>
@@ -18,7 +19,6 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <spdlog/spdlog.h>
 #include <stop_token>
 #include <string>
 #include <vector>
@@ -102,6 +102,7 @@ std::vector<Script> ReadScripts(const std::string& db) {
 struct EngineRun {
   double seconds = 0;
   int64_t tokens = 0;
+  int64_t steps = 0;
 };
 
 // The same work through the engine alone, `concurrency` trajectories at a time.
@@ -143,6 +144,7 @@ Result<EngineRun> ReplayThroughEngine(const std::vector<Script>& scripts,
       live[id] = {next++, 0, id};
     }
     STRIDER_ASSIGN_OR_RETURN(rollout::StepResult step, engine->Step());
+    ++run.steps;
     for (const rollout::SequenceStep& s : step.sequences) {
       if (!s.sampled) continue;
       ++run.tokens;
@@ -150,8 +152,8 @@ Result<EngineRun> ReplayThroughEngine(const std::vector<Script>& scripts,
       Live& l = live[s.id];
       const Script& script = scripts[l.script];
       if (++l.turn < script.turn_tokens.size()) {
-        STRIDER_RETURN_IF_ERROR(engine->Append(
-            s.id, {script.context[l.turn], sampling_for(script, l.turn), false}));
+        STRIDER_RETURN_IF_ERROR(
+            engine->Append(s.id, {script.context[l.turn], sampling_for(script, l.turn), false}));
         run.tokens += static_cast<int64_t>(script.context[l.turn].size());
       } else {
         (void)engine->Cancel(s.id);
@@ -182,9 +184,9 @@ actors::ActorOptions BaseOptions(const Run& r, const std::string& dir) {
 }
 
 Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("strider-actor-bench-" + std::to_string(batch)))
-                              .string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("strider-actor-bench-" + std::to_string(batch)))
+          .string();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   replay::ServerOptions server_options;
@@ -207,8 +209,9 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
   std::vector<Script> scripts = ReadScripts(server_options.db_path);
   STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.model_config));
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config, o.model_seed));
-  STRIDER_ASSIGN_OR_RETURN(EngineRun engine_run,
-                           ReplayThroughEngine(scripts, std::shared_ptr<const Model>(std::move(model)), o));
+  STRIDER_ASSIGN_OR_RETURN(
+      EngineRun engine_run,
+      ReplayThroughEngine(scripts, std::shared_ptr<const Model>(std::move(model)), o));
   const int64_t actor_tokens = m.generated_tokens + m.context_tokens;
   const std::string b = "B=" + std::to_string(batch);
   bench::PrintResult("actor", "episodes_per_s " + b, m.episodes_finished / actor_seconds, "1/s",
@@ -219,6 +222,12 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
                      engine_run.tokens);
   bench::PrintResult("actor", "overhead " + b, actor_seconds / engine_run.seconds - 1, "fraction",
                      0.10);
+  // Where the time went: engine steps the actor made against the baseline's, and the actor's
+  // time outside Engine::Step (its own work and waiting) as a share of its run.
+  bench::PrintResult("actor", "engine_steps " + b, static_cast<double>(m.engine_steps), "steps",
+                     static_cast<double>(engine_run.steps));
+  bench::PrintResult("actor", "time_outside_engine_step " + b,
+                     (actor_seconds - m.engine_step_seconds) / actor_seconds, "fraction");
   std::fprintf(stderr,
                "B=%lld: actor %.2f s for %lld episodes, %lld tokens (%lld sampled); engine alone "
                "%.2f s for %zu trajectories, %lld tokens\n",
@@ -232,7 +241,8 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
 
 // One retrieval episode of `tokens` document tokens, revealed in parts, end to end.
 Status LongRetrieval(const Run& r, int64_t tokens) {
-  const std::string dir = (std::filesystem::temp_directory_path() / "strider-actor-bench-long").string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "strider-actor-bench-long").string();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   replay::ServerOptions server_options;
@@ -292,7 +302,9 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--long-tokens") && i + 1 < argc) {
       long_tokens = std::stoll(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: actor_bench [--quick] [--model small|tiny] [--batch B] [--long-tokens N]\n");
+      std::fprintf(
+          stderr,
+          "usage: actor_bench [--quick] [--model small|tiny] [--batch B] [--long-tokens N]\n");
       return 2;
     }
   }

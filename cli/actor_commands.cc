@@ -1,9 +1,10 @@
 // `strider actor --config F`: one actor service until its episodes are done or SIGINT/SIGTERM.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdio>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 #include <stop_token>
 #include <thread>
 
@@ -47,8 +48,7 @@ Status RunActor(const ActorArgs& args) {
   if (!valid.ok()) return valid.WithContext(args.config);
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(options));
   std::printf("{\"event\":\"ready\",\"actor\":\"%s\",\"env\":\"%s\",\"replay\":\"%s\"}\n",
-              options.actor_id.c_str(), options.env.name.c_str(),
-              options.replay_endpoint.c_str());
+              options.actor_id.c_str(), options.env.name.c_str(), options.replay_endpoint.c_str());
   std::fflush(stdout);
   std::signal(SIGINT, OnActorSignal);
   std::signal(SIGTERM, OnActorSignal);

@@ -179,8 +179,8 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::Start(
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  STRIDER_ASSIGN_OR_RETURN(impl->socket, MakeSocket(impl->context, zmq::socket_type::router,
-                                                    size_t{1} << 20));
+  STRIDER_ASSIGN_OR_RETURN(impl->socket,
+                           MakeSocket(impl->context, zmq::socket_type::router, size_t{1} << 20));
   STRIDER_ASSIGN_OR_RETURN(std::string bound, Bind(impl->socket, options.endpoint));
   impl->endpoint = LocalEndpoint(bound);
   std::unique_ptr<WeightPublisher> publisher(new WeightPublisher(std::move(impl)));
@@ -221,8 +221,8 @@ struct WeightSubscriber::Impl {
 
   Status Reconnect() {
     socket.close();
-    STRIDER_ASSIGN_OR_RETURN(socket, MakeSocket(context, zmq::socket_type::dealer,
-                                                size_t{1} << 31));
+    STRIDER_ASSIGN_OR_RETURN(socket,
+                             MakeSocket(context, zmq::socket_type::dealer, size_t{1} << 31));
     STRIDER_RETURN_IF_ERROR(transport::Connect(socket, options.endpoint));
     connected = true;
     return Status::Ok();
@@ -299,9 +299,8 @@ struct WeightSubscriber::Impl {
       const uint64_t expected = std::min<uint64_t>(chunk_bytes, total - begin);
       if (bytes.size() != expected || schema::Crc32c(bytes) != chunk_crc) {
         connected = false;
-        return Status::Corruption("weight stream: chunk " + std::to_string(index) +
-                                  " of version " + std::to_string(version) +
-                                  " fails its checksum or length");
+        return Status::Corruption("weight stream: chunk " + std::to_string(index) + " of version " +
+                                  std::to_string(version) + " fails its checksum or length");
       }
       if (!have_chunk[index]) {
         std::memcpy(update.bytes.data() + begin, bytes.data(), bytes.size());

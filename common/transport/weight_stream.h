@@ -67,7 +67,7 @@ struct WeightUpdate {
 
 struct WeightSubscriberOptions {
   std::string endpoint;
-  int window = 4;  // chunk requests in flight
+  int window = 4;                                 // chunk requests in flight
   std::chrono::milliseconds reply_timeout{5000};  // no reply this long: Unavailable
   size_t max_total_bytes = size_t{16} << 30;      // a manifest over this is refused
 };

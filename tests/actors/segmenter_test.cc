@@ -1,11 +1,12 @@
 // Segmenter: cuts at turn boundaries where possible, never over segment_tokens, and the segments
 // reassemble into exactly the trajectory that was fed (tokens, roles, log-probs, versions,
 // experts, steps).
+#include "actors/segmenter.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "actors/segmenter.h"
 #include "common/tokenizer.h"
 
 namespace strider::actors {
@@ -132,7 +133,7 @@ TEST(Segmenter, CutsAtTheLastTurnBoundaryInTheWindow) {
   ASSERT_TRUE(segmenter.AddContext(sixty, Role::kUser).ok());
   segmenter.MarkTurnBoundary(std::nullopt);  // at 60
   ASSERT_TRUE(segmenter.AddContext(thirty, Role::kToolResult).ok());
-  segmenter.MarkTurnBoundary(77);  // at 90
+  segmenter.MarkTurnBoundary(77);                               // at 90
   ASSERT_TRUE(segmenter.AddContext(twenty, Role::kUser).ok());  // 110 waiting: cut at 90
   auto ready = segmenter.TakeReady();
   ASSERT_EQ(ready.size(), 1u);

@@ -1,5 +1,7 @@
 // The spill directory (atomic files, bound, order, corruption) and the sender against a real
 // replay server that is down, comes up, and holds segments spilled by an earlier run.
+#include "actors/spill.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -7,7 +9,6 @@
 #include <thread>
 
 #include "actors/sender.h"
-#include "actors/spill.h"
 #include "replay/inspect.h"
 #include "replay/replay.h"
 #include "tests/replay/temp_dir.h"

@@ -1,5 +1,7 @@
 // The weight stream over real ZeroMQ sockets: versions, chunking, checksums, a publisher that
 // replaces a version mid-fetch, a corrupt chunk, a publisher that is not there.
+#include "common/transport/weight_stream.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,7 +10,6 @@
 #include <zmq.hpp>
 
 #include "common/schema/crc32c.h"
-#include "common/transport/weight_stream.h"
 #include "common/transport/zmq_util.h"
 
 namespace strider::transport {

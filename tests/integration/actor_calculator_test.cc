@@ -5,14 +5,13 @@
 // later tokens; on retrieval, on the Python example over the external protocol, and with
 // environment faults (process killed mid-episode, a hanging tool, image observations), episodes
 // end with the right recorded status and their segments are stored whole.
-#include <gtest/gtest.h>
-
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -59,8 +58,8 @@ std::string StartServer(ChildProcess& server, const std::string& db, const std::
 
 const char kCalculator[] = "env:\n  name: calculator\n  options: {difficulty: 1}\n";
 
-std::string WriteConfig(const TempDir& dir, const std::string& extra_actor_keys,
-                        int64_t episodes, int64_t in_flight, int64_t group,
+std::string WriteConfig(const TempDir& dir, const std::string& extra_actor_keys, int64_t episodes,
+                        int64_t in_flight, int64_t group,
                         const std::string& env_block = kCalculator) {
   const std::string path = dir.Sub("actor.yaml");
   std::ofstream out(path);
@@ -319,8 +318,8 @@ class ActorEnvironments : public ::testing::Test {
 };
 
 TEST_F(ActorEnvironments, RetrievalTrajectoriesReassembleAndMatchTheModel) {
-  nlohmann::json m = RunActor(dir_, endpoint_, 4,
-                              "env:\n  name: retrieval\n  options: {total_tokens: 1024, parts: 2}\n");
+  nlohmann::json m = RunActor(
+      dir_, endpoint_, 4, "env:\n  name: retrieval\n  options: {total_tokens: 1024, parts: 2}\n");
   EXPECT_EQ(m["episodes"], 4);
   std::vector<Trajectory> trajectories = ReadTrajectories(dir_.Sub("db"));
   ASSERT_EQ(trajectories.size(), 4u);
@@ -380,8 +379,10 @@ TEST_F(ActorEnvironments, HangingToolEndsItsEpisodeAtTheTimeLimit) {
   nlohmann::json m = RunActor(dir_, endpoint_, 4,
                               "env:\n  command: /usr/bin/python3 " + SourceDir() +
                                   "/tests/envs/faulty_env.py\n  options: {fault: hang}\n"
-                                  "  step_timeout_ms: 1000\n");
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
+                                  // Also the limit on starting the process and its reset,
+                                  // which takes seconds on a loaded machine.
+                                  "  step_timeout_ms: 5000\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(50));
   EXPECT_EQ(m["episodes"], 4);
   std::vector<Trajectory> trajectories = ReadTrajectories(dir_.Sub("db"));
   ASSERT_EQ(trajectories.size(), 4u);
