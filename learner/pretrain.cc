@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "common/kernels/routing.h"
 #include "common/model/model.h"
 #include "learner/checkpoint.h"
 #include "learner/data/builder.h"
@@ -331,11 +333,29 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       return WriteCheckpoint(options.run_dir + "/checkpoints/" + stage.name + "/" + name, *model,
                              &optimizer, state);
     };
+    std::deque<RoutingRecord> balance_window;  // real-token routing of the latest steps
     for (; step < steps; ++step) {
       std::vector<std::vector<int32_t>> sequences;
       for (int64_t r = 0; r < rows; ++r) sequences.push_back(packer->Next());
       STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, MakeTokenBatch(sequences, config.model));
       WeightRetrievalAnswers(&batch, config.retrieval_answer_weight);
+      if (config.balance && config.balance_prepass) {
+        LossOptions prepass = loss_options;
+        prepass.backward = false;
+        prepass.record_routing = true;
+        STRIDER_ASSIGN_OR_RETURN(LossResult scores, LanguageModelLoss(*model, batch, prepass));
+        RoutingRecord real;
+        try {
+          real = RealTokenRouting(scores.routing, batch.tokens);
+        } catch (const c10::Error& error) {
+          return Status::Internal(std::string("routing balance: ") +
+                                  error.what_without_backtrace());
+        }
+        // Each call is one sweep of the coordinate descent and continues from the last.
+        for (int64_t sweep = 0; sweep < config.balance_prepass_sweeps; ++sweep) {
+          STRIDER_RETURN_IF_ERROR(model->UpdateRoutingBalance(real).status());
+        }
+      }
       optimizer.ZeroGrad();
       STRIDER_ASSIGN_OR_RETURN(LossResult loss, LanguageModelLoss(*model, batch, loss_options));
       const double rate = LearningRate(config, stage, step, steps);
@@ -345,10 +365,32 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       }
       double violation = -1;
       if (config.balance) {
-        STRIDER_ASSIGN_OR_RETURN(std::vector<double> violations,
-                                 model->UpdateRoutingBalance(
-                                     RealTokenRouting(loss.routing, batch.tokens)));
-        violation = violations.empty() ? 0 : *std::max_element(violations.begin(), violations.end());
+        RoutingRecord real;
+        try {
+          real = RealTokenRouting(loss.routing, batch.tokens);
+          // MaxVio of this step's own choices: made with the biases of the steps before, or with
+          // those fitted to this batch by the prepass.
+          violation = 0;
+          for (const RoutingRecord::Layer& layer : real.layers) {
+            violation = std::max(violation, kernels::MaxViolation(
+                                                layer.experts.reshape({-1, layer.experts.size(-1)}),
+                                                config.model.feed_forward.routed_experts));
+          }
+        } catch (const c10::Error& error) {
+          return Status::Internal(std::string("routing balance: ") +
+                                  error.what_without_backtrace());
+        }
+        if (!config.balance_prepass) {
+          balance_window.push_back(std::move(real));
+          while (static_cast<int64_t>(balance_window.size()) > config.balance_window_steps) {
+            balance_window.pop_front();
+          }
+          STRIDER_RETURN_IF_ERROR(
+              model
+                  ->UpdateRoutingBalance(RoutingRecord::Concatenate(
+                      std::vector<RoutingRecord>(balance_window.begin(), balance_window.end())))
+                  .status());
+        }
         if (step >= config.balance_warmup_steps) {
           summary.max_violation_after_warmup = std::max(summary.max_violation_after_warmup, violation);
         }

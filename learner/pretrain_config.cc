@@ -67,6 +67,11 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
     balance.Optional("warmup_steps", &config.balance_warmup_steps);
     balance.Optional("max_violation", &config.max_violation);
     balance.Optional("router_learning_rate_scale", &config.router_learning_rate_scale);
+    balance.Optional("window_steps", &config.balance_window_steps);
+    balance.Check(config.balance_window_steps >= 1, "window_steps", "must be at least 1");
+    balance.Optional("prepass", &config.balance_prepass);
+    balance.Optional("prepass_sweeps", &config.balance_prepass_sweeps);
+    balance.Check(config.balance_prepass_sweeps >= 1, "prepass_sweeps", "must be at least 1");
     balance.Check(config.router_learning_rate_scale >= 0, "router_learning_rate_scale",
                   "must not be negative");
   }

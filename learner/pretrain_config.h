@@ -61,6 +61,19 @@ struct PretrainConfig {
   // moves by about the learning rate each step, which shifts many near-tied tokens across
   // experts at once. A slower router keeps the biases current.
   double router_learning_rate_scale = 1.0;
+  // Steps whose real-token router scores the quantile update pools (this one and the ones
+  // before). One batch holds a few dozen documents, so its mix of document kinds (and the
+  // experts they prefer) varies from step to step; a bias fitted exactly to one batch carries
+  // that batch's mix into the next. Pooling a few steps fits the mixture instead.
+  int64_t balance_window_steps = 1;
+  // Fit the biases to the step's own batch before training on it: a forward pass without
+  // gradients records the router scores under the current weights, `prepass_sweeps` quantile
+  // updates run on them, then the training pass routes with the result. Every weight moves each
+  // step, so a bias fitted to the previous batch is a step stale; with learning rates that
+  // teach a tiny model in minutes that staleness alone overloads experts by 30-60% (MaxVio
+  // measured on fresh batches). Costs one more forward pass per step (about a third of a step).
+  bool balance_prepass = false;
+  int64_t balance_prepass_sweeps = 3;
   // Retrieval documents (generator and evaluation).
   int64_t retrieval_facts = 4;
   int64_t retrieval_key_letters = 2;  // 1 or 2 capital letters per key (generators.h)

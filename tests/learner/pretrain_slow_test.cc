@@ -22,7 +22,7 @@ TEST(PretrainSlow, TinyFirstTwoStagesLossFalls) {
   PretrainOptions options;
   options.run_dir = run.string();
   options.stages = 2;
-  options.max_steps_per_stage = 60;
+  options.max_steps_per_stage = 40;
   options.bar = 0;
   Result<std::vector<StageSummary>> summaries = RunPretraining(*config, options);
   ASSERT_TRUE(summaries.ok()) << summaries.status().ToString();
