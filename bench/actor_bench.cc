@@ -273,6 +273,12 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
   const double seconds = Seconds(start);
   const actors::ActorMetrics m = actor->metrics();
   const int64_t total = m.generated_tokens + m.context_tokens;
+  if (m.segments == 0) {
+    std::string errors;
+    for (const auto& [kind, n] : m.errors) errors += " " + kind + "=" + std::to_string(n);
+    return Status::FailedPrecondition("the long retrieval episode produced nothing; endings:" +
+                                      errors + " (the model's context must hold the trajectory)");
+  }
   bench::PrintResult("actor", "retrieval_trajectory_seconds tokens=" + std::to_string(total),
                      seconds, "s");
   bench::PrintResult("actor", "retrieval_peak_rss_bytes tokens=" + std::to_string(total),
