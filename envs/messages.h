@@ -23,6 +23,12 @@ Result<Observation> ObservationFromJson(const nlohmann::json& json, const std::s
 Result<StepResult> StepResultFromJson(const nlohmann::json& json, const std::string& where);
 Result<EnvironmentSpec> SpecFromJson(const nlohmann::json& json, const std::string& where);
 
+// Serialises a message for a plug-in. A model's turn may hold bytes that are not valid UTF-8
+// (the tokenizer is byte-level); JSON cannot carry them, so each invalid byte becomes U+FFFD in
+// the message. The token stream the learner trains on keeps the exact ids; only the plug-in's
+// view of the text is repaired.
+std::string ToWireText(const nlohmann::json& message);
+
 // Parses text that must be a JSON object.
 Result<nlohmann::json> ParseJsonObject(std::string_view text, const std::string& where);
 

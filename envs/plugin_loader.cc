@@ -89,7 +89,7 @@ class PluginEnvironment : public Environment {
 
   Result<Observation> Reset(uint64_t seed, const Options& episode_options) override {
     if (env_ == nullptr) return Status::FailedPrecondition(Where("reset") + ": closed");
-    const std::string options = OptionsToJson(episode_options).dump();
+    const std::string options = ToWireText(OptionsToJson(episode_options));
     const char* reply = nullptr;
     const int rc = library_->api->reset(env_, seed, options.c_str(), &reply);
     STRIDER_ASSIGN_OR_RETURN(nlohmann::json json, Reply(rc, reply, "reset"));
@@ -98,7 +98,7 @@ class PluginEnvironment : public Environment {
 
   Result<StepResult> Step(const Action& action) override {
     if (env_ == nullptr) return Status::FailedPrecondition(Where("step") + ": closed");
-    const std::string text = ActionToJson(action).dump();
+    const std::string text = ToWireText(ActionToJson(action));
     const char* reply = nullptr;
     const int rc = library_->api->step(env_, text.c_str(), &reply);
     STRIDER_ASSIGN_OR_RETURN(nlohmann::json json, Reply(rc, reply, "step"));
@@ -130,7 +130,7 @@ class PluginPolicy : public ScriptedPolicy {
  public:
   explicit PluginPolicy(std::shared_ptr<Library> library) : library_(std::move(library)) {}
   Result<std::string> NextTurn(const std::vector<Observation>& observations) override {
-    const std::string text = ObservationsToJson(observations).dump();
+    const std::string text = ToWireText(ObservationsToJson(observations));
     const char* reply = nullptr;
     const int rc = library_->api->scripted_turn(text.c_str(), &reply);
     if (reply == nullptr) {
@@ -159,7 +159,7 @@ Result<std::unique_ptr<Environment>> LoadPluginEnvironment(const std::string& pa
   const std::string where = "environment plug-in " + path + ": describe";
   STRIDER_ASSIGN_OR_RETURN(nlohmann::json json, ParseJsonObject(describe, where));
   STRIDER_ASSIGN_OR_RETURN(EnvironmentSpec spec, SpecFromJson(json, where));
-  const std::string options_json = OptionsToJson(options).dump();
+  const std::string options_json = ToWireText(OptionsToJson(options));
   const char* error = nullptr;
   StriderEnvironment* env = library->api->create(options_json.c_str(), &error);
   if (env == nullptr) {

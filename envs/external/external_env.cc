@@ -88,7 +88,7 @@ class Process {
     const uint64_t id = ++next_id_;
     request["id"] = id;
     const std::string op = request.value("op", "");
-    const std::string payload = request.dump();
+    const std::string payload = ToWireText(request);
     std::array<zmq::const_buffer, 2> frames = {zmq::const_buffer(nullptr, 0), zmq::buffer(payload)};
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     // A DEALER has nowhere to send until the process has connected (it may still be starting).
@@ -138,7 +138,7 @@ class Process {
       if (!reply["ok"].get<bool>()) {
         const json error = reply.value("error", json("no message"));
         return Status::Internal(Where() + ": " + op + " failed in the environment: " +
-                                (error.is_string() ? error.get<std::string>() : error.dump()));
+                                (error.is_string() ? error.get<std::string>() : ToWireText(error)));
       }
       return reply;
     }

@@ -46,6 +46,18 @@ TEST(Plugin, TemplateEnvironmentPlaysThroughMakeEnvironment) {
   EXPECT_FALSE((*other)->Reset(1, {}).ok());
 }
 
+TEST(Plugin, TurnTextThatIsNotUtf8ReachesThePluginRepaired) {
+  EnvironmentConfig config;
+  config.library = kLibrary;
+  Result<std::unique_ptr<Environment>> env = MakeEnvironment(config);
+  ASSERT_TRUE(env.ok()) << env.status().ToString();
+  ASSERT_TRUE((*env)->Reset(1, {}).ok());
+  // A byte-level model can end a turn inside a multi-byte character or write stray bytes.
+  Result<StepResult> step = (*env)->Step(MakeAction("abc\xff\xc3 <|tool_call|>add(\xe2)<|tool_call_end|>"));
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_FALSE(step->observation.text.empty());
+}
+
 TEST(Plugin, ErrorsNameTheLibraryAndTheProblem) {
   Result<std::unique_ptr<Environment>> env =
       MakeEnvironment({.options = {{"target_max", "0"}}, .library = kLibrary});
