@@ -241,6 +241,29 @@ TEST(Pretrain, ConfigErrorsNameTheKey) {
   ASSERT_FALSE(config.ok());
   EXPECT_NE(config.status().message().find("colour"), std::string::npos)
       << config.status().message();
+  // Retrieval and balance options name the key they reject.
+  const std::string head = "model_config: " + SourceDir() + "/configs/model/tiny.yaml\n";
+  const std::string stage =
+      "stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment}\n";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"retrieval: {key_letters: 3}\n" + stage, "key_letters"},
+      {"retrieval: {key_letters: 1, facts: 27}\n" + stage, "facts"},
+      {"retrieval: {answer_weight: 0}\n" + stage, "answer_weight"},
+      {"balance: {window_steps: 0}\n" + stage, "window_steps"},
+      {"balance: {prepass_sweeps: 0}\n" + stage, "prepass_sweeps"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " data: [{generator: tool_use, min_tokens: 8}]}\n",
+       "min_tokens"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " data: [{generator: retrieval, max_tokens: 65}]}\n",
+       "max_tokens"}};
+  for (const auto& [text, key] : bad) {
+    std::ofstream(dir + "/bad2.yaml") << head << text;
+    Result<PretrainConfig> rejected = LoadPretrainConfig(dir + "/bad2.yaml");
+    ASSERT_FALSE(rejected.ok()) << text;
+    EXPECT_NE(rejected.status().message().find(key), std::string::npos)
+        << rejected.status().message();
+  }
   std::ofstream(dir + "/rl.yaml") << "mode: rl\n";
   Result<std::string> mode = ReadLearnerMode(dir + "/rl.yaml");
   ASSERT_TRUE(mode.ok());
