@@ -244,7 +244,7 @@ at::Tensor LoopKernel(const at::Tensor& query, const std::vector<std::vector<Lat
   }
   std::vector<OnlineSoftmax<Compute>> states(items.size());
   const Compute* query_data = query.data_ptr<Compute>();
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+  auto work = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       states[i].Init(tokens * heads, latent_rank);
       const Compute* q = query_data + items[i].row * tokens * heads * width;
@@ -252,7 +252,13 @@ at::Tensor LoopKernel(const at::Tensor& query, const std::vector<std::vector<Lat
         ScoreRunAnyStorage<Compute>(q, tokens, heads, run, &states[i]);
       }
     }
-  });
+  };
+  // One item (a short past, one row) runs here: waking the other threads costs more than it.
+  if (items.size() == 1) {
+    work(0, 1);
+  } else {
+    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, work);
+  }
   at::Tensor out = at::empty({batch, tokens, heads, latent_rank}, query.options());
   Compute* out_data = out.data_ptr<Compute>();
   for (int64_t b = 0; b < batch; ++b) {
