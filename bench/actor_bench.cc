@@ -9,9 +9,19 @@
 // environments, tokenizing, tool parsing, segmenting, encoding and streaming to a real replay
 // server (in this process, on loopback). Target: at most 10% at B = 64.
 //
-//   actor_bench [--quick] [--model small|tiny] [--batch B (only this one)] [--long-tokens N]
+// On a 2-core machine the replay server in this process competes with the engine's two threads
+// for the same cores, so the benchmark also counts CPU seconds per thread group
+// (/proc/self/task/*/stat): the engine's threads, the replay server's, the actor's sender and
+// transport, and the short-lived environment threads. The CPU overhead with the server's CPU
+// set aside is (process CPU - server CPU) / the engine alone's process CPU - 1.
+//
+//   actor_bench [--quick] [--model NAME|PATH] [--batch B (only this one)] [--long-tokens N]
+//               [--long-model NAME|PATH]
+// A model NAME is configs/model/NAME.yaml; the long run defaults to tiny_incremental, whose
+// context holds 1,048,576 tokens.
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -19,6 +29,9 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
 #include <stop_token>
 #include <string>
 #include <vector>
@@ -26,6 +39,7 @@
 #include "actors/actor.h"
 #include "bench/bench_json.h"
 #include "common/model/model.h"
+#include "common/model/parameters.h"
 #include "envs/registry.h"
 #include "replay/inspect.h"
 #include "replay/replay.h"
@@ -54,10 +68,67 @@ void ResetPeakRss() {
   clear << "5";
 }
 
+// CPU seconds (user + system) of each live thread of this process.
+std::map<int, double> ThreadCpuSeconds() {
+  std::map<int, double> cpu;
+  const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream in(entry.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string field;
+    double utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stod(field);
+      if (i == 15) stime = std::stod(field);
+    }
+    cpu[std::stoi(entry.path().filename().string())] = (utime + stime) / tick;
+  }
+  return cpu;
+}
+
+std::set<int> ThreadIds() {
+  std::set<int> ids;
+  for (const auto& [tid, seconds] : ThreadCpuSeconds()) ids.insert(tid);
+  return ids;
+}
+
+double ProcessCpuSeconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+std::string ThreadName(int tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/comm");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
 struct Run {
   std::string source = STRIDER_SOURCE_DIR;
   std::string model = "small";
+  std::string long_model = "tiny_incremental";
 };
+
+// A name is configs/model/NAME.yaml; anything with a slash or ending in .yaml is a path.
+Result<std::string> ModelConfigPath(const Run& r, const std::string& model) {
+  const bool path = model.find('/') != std::string::npos ||
+                    (model.size() > 5 && model.compare(model.size() - 5, 5, ".yaml") == 0);
+  const std::string file = path ? model : r.source + "/configs/model/" + model + ".yaml";
+  if (!std::filesystem::is_regular_file(file)) {
+    return Status::InvalidArgument("actor_bench: model config '" + model + "' not found (looked for " +
+                                   file + ")");
+  }
+  return file;
+}
 
 // A trajectory as runs: context tokens, then how many tokens the model sampled, and so on.
 struct Script {
@@ -101,6 +172,7 @@ std::vector<Script> ReadScripts(const std::string& db) {
 
 struct EngineRun {
   double seconds = 0;
+  double cpu_seconds = 0;  // the whole process's, during the run
   int64_t tokens = 0;
   int64_t steps = 0;
 };
@@ -133,6 +205,7 @@ Result<EngineRun> ReplayThroughEngine(const std::vector<Script>& scripts,
     sampling.seed = turn * 7919 + 1;
     return sampling;
   };
+  const double cpu_start = ProcessCpuSeconds();
   const auto start = Clock::now();
   while (next < scripts.size() || !live.empty()) {
     while (next < scripts.size() &&
@@ -162,13 +235,15 @@ Result<EngineRun> ReplayThroughEngine(const std::vector<Script>& scripts,
     }
   }
   run.seconds = Seconds(start);
+  run.cpu_seconds = ProcessCpuSeconds() - cpu_start;
   return run;
 }
 
-actors::ActorOptions BaseOptions(const Run& r, const std::string& dir) {
+Result<actors::ActorOptions> BaseOptions(const Run& r, const std::string& model,
+                                         const std::string& dir) {
   actors::ActorOptions o;
   o.actor_id = "bench";
-  o.model_config = r.source + "/configs/model/" + r.model + ".yaml";
+  STRIDER_ASSIGN_OR_RETURN(o.model_config, ModelConfigPath(r, model));
   o.threads = 2;
   o.max_turns = 2;
   o.max_episode_tokens = 4096;
@@ -192,18 +267,45 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
   replay::ServerOptions server_options;
   server_options.db_path = dir + "/db";
   server_options.stats_interval_s = 0;
+  // Which threads are whose: those the server starts, those the actor starts (sender, ZeroMQ);
+  // RocksDB's background threads carry their own names.
+  const std::set<int> before_server = ThreadIds();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
                            replay::ReplayServer::Start(server_options));
-  actors::ActorOptions o = BaseOptions(r, dir);
+  const std::set<int> before_actor = ThreadIds();
+  STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions o, BaseOptions(r, r.model, dir));
   o.episodes_in_flight = batch;
   o.episodes = episodes;
   o.replay_endpoint = server->actor_endpoint();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(o));
+  const std::set<int> after_actor = ThreadIds();
+  const std::map<int, double> cpu_start = ThreadCpuSeconds();
+  const double process_cpu_start = ProcessCpuSeconds();
   const auto start = Clock::now();
   std::stop_source never;
   STRIDER_RETURN_IF_ERROR(actor->Run(never.get_token()));
   const double actor_seconds = Seconds(start);
+  const double process_cpu = ProcessCpuSeconds() - process_cpu_start;
+  const std::map<int, double> cpu_end = ThreadCpuSeconds();
   const actors::ActorMetrics m = actor->metrics();
+  // CPU seconds during the run by group; threads that ended during it (environment calls and
+  // closes) are the process's total less the live threads'.
+  double server_cpu = 0, sender_cpu = 0, engine_cpu = 0, live_cpu = 0;
+  for (const auto& [tid, end] : cpu_end) {
+    auto it = cpu_start.find(tid);
+    const double used = end - (it == cpu_start.end() ? 0.0 : it->second);
+    live_cpu += used;
+    const bool server_thread = (!before_server.count(tid) && before_actor.count(tid)) ||
+                               ThreadName(tid).rfind("rocksdb", 0) == 0;
+    if (server_thread) {
+      server_cpu += used;
+    } else if (!before_actor.count(tid) && after_actor.count(tid)) {
+      sender_cpu += used;
+    } else {
+      engine_cpu += used;  // the loop's own thread and the OpenMP workers it steps
+    }
+  }
+  const double ended_threads_cpu = std::max(0.0, process_cpu - live_cpu);
   actor.reset();
   server->Stop();
   std::vector<Script> scripts = ReadScripts(server_options.db_path);
@@ -212,6 +314,7 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
   STRIDER_ASSIGN_OR_RETURN(
       EngineRun engine_run,
       ReplayThroughEngine(scripts, std::shared_ptr<const Model>(std::move(model)), o));
+  const double baseline_cpu = std::max(1e-9, engine_run.cpu_seconds);
   const int64_t actor_tokens = m.generated_tokens + m.context_tokens;
   const std::string b = "B=" + std::to_string(batch);
   bench::PrintResult("actor", "episodes_per_s " + b, m.episodes_finished / actor_seconds, "1/s",
@@ -228,6 +331,20 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
                      static_cast<double>(engine_run.steps));
   bench::PrintResult("actor", "time_outside_engine_step " + b,
                      (actor_seconds - m.engine_step_seconds) / actor_seconds, "fraction");
+  // CPU: the actor run's process total by thread group, against the engine alone's total.
+  bench::PrintResult("actor", "cpu_seconds_process " + b, process_cpu, "s", engine_run.cpu_seconds);
+  bench::PrintResult("actor", "cpu_seconds_engine_threads " + b, engine_cpu, "s",
+                     engine_run.cpu_seconds);
+  bench::PrintResult("actor", "cpu_seconds_replay_server " + b, server_cpu, "s");
+  bench::PrintResult("actor", "cpu_seconds_sender_transport " + b, sender_cpu, "s");
+  bench::PrintResult("actor", "cpu_seconds_ended_threads " + b, ended_threads_cpu, "s");
+  bench::PrintResult("actor", "cpu_overhead " + b, process_cpu / baseline_cpu - 1, "fraction", 0.10);
+  bench::PrintResult("actor", "cpu_overhead_without_server " + b,
+                     (process_cpu - server_cpu) / baseline_cpu - 1, "fraction", 0.10);
+  // Cores the process got while running: below 2 means the machine's other load (or the
+  // in-process server) took them.
+  bench::PrintResult("actor", "cores_used " + b, process_cpu / actor_seconds, "cores",
+                     engine_run.cpu_seconds / engine_run.seconds);
   std::fprintf(stderr,
                "B=%lld: actor %.2f s for %lld episodes, %lld tokens (%lld sampled); engine alone "
                "%.2f s for %zu trajectories, %lld tokens\n",
@@ -250,7 +367,14 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
   server_options.stats_interval_s = 0;
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
                            replay::ReplayServer::Start(server_options));
-  actors::ActorOptions o = BaseOptions(r, dir);
+  STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions o, BaseOptions(r, r.long_model, dir));
+  STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.model_config));
+  if (tokens + 8192 > config.context) {
+    return Status::InvalidArgument(
+        "actor_bench: --long-tokens " + std::to_string(tokens) + " (plus 8192 for the prompt " +
+        "and turns) exceeds the context of model '" + config.name + "' (" +
+        std::to_string(config.context) + "); use --long-model tiny_incremental");
+  }
   const int64_t parts = std::max<int64_t>(1, tokens / 262144);
   o.env.name = "retrieval";
   o.env.options = {{"total_tokens", std::to_string(tokens)}, {"parts", std::to_string(parts)}};
@@ -284,6 +408,18 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
   bench::PrintResult("actor", "retrieval_peak_rss_bytes tokens=" + std::to_string(total),
                      static_cast<double>(PeakRssBytes()), "bytes", static_cast<double>(rss_before));
   bench::PrintResult("actor", "retrieval_segments", static_cast<double>(m.segments), "segments");
+  // The formula (`strider model info`): constant state plus the latent cache per token.
+  const CacheAccounting caches = AccountCaches(config);
+  const int64_t formula =
+      caches.state_bytes_per_sequence + caches.kv_cache_bytes_per_token * total;
+  bench::PrintResult("actor", "retrieval_sequence_formula_bytes tokens=" + std::to_string(total),
+                     static_cast<double>(formula), "bytes");
+  bench::PrintResult("actor", "retrieval_peak_rss_growth_bytes tokens=" + std::to_string(total),
+                     static_cast<double>(PeakRssBytes() - rss_before), "bytes",
+                     static_cast<double>(formula));
+  std::fprintf(stderr, "long retrieval (%s): %lld tokens in %.1f s, %lld segments, %s\n",
+               config.name.c_str(), static_cast<long long>(total), seconds,
+               static_cast<long long>(m.segments), m.ToJson().c_str());
   actor.reset();
   server->Stop();
   std::filesystem::remove_all(dir);
@@ -305,12 +441,15 @@ int main(int argc, char** argv) {
       run.model = argv[++i];
     } else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) {
       only_batch = std::stoll(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--long-model") && i + 1 < argc) {
+      run.long_model = argv[++i];
     } else if (!std::strcmp(argv[i], "--long-tokens") && i + 1 < argc) {
       long_tokens = std::stoll(argv[++i]);
     } else {
       std::fprintf(
           stderr,
-          "usage: actor_bench [--quick] [--model small|tiny] [--batch B] [--long-tokens N]\n");
+          "usage: actor_bench [--quick] [--model NAME|PATH] [--batch B] [--long-tokens N] "
+          "[--long-model NAME|PATH]\n");
       return 2;
     }
   }
