@@ -291,6 +291,7 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
   // CPU seconds during the run by group; threads that ended during it (environment calls and
   // closes) are the process's total less the live threads'.
   double server_cpu = 0, sender_cpu = 0, engine_cpu = 0, live_cpu = 0;
+  int server_threads = 0, sender_threads = 0, engine_threads = 0;
   for (const auto& [tid, end] : cpu_end) {
     auto it = cpu_start.find(tid);
     const double used = end - (it == cpu_start.end() ? 0.0 : it->second);
@@ -299,10 +300,13 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
                                ThreadName(tid).rfind("rocksdb", 0) == 0;
     if (server_thread) {
       server_cpu += used;
+      ++server_threads;
     } else if (!before_actor.count(tid) && after_actor.count(tid)) {
       sender_cpu += used;
+      ++sender_threads;
     } else {
       engine_cpu += used;  // the loop's own thread and the OpenMP workers it steps
+      ++engine_threads;
     }
   }
   const double ended_threads_cpu = std::max(0.0, process_cpu - live_cpu);
@@ -352,6 +356,12 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
                static_cast<long long>(m.episodes_finished), static_cast<long long>(actor_tokens),
                static_cast<long long>(m.generated_tokens), engine_run.seconds, scripts.size(),
                static_cast<long long>(engine_run.tokens));
+  std::fprintf(stderr,
+               "B=%lld: CPU %.2f s (engine %.2f s on %d threads, replay server %.2f s on %d, "
+               "sender and transport %.2f s on %d, ended threads %.2f s); engine alone %.2f s\n",
+               static_cast<long long>(batch), process_cpu, engine_cpu, engine_threads, server_cpu,
+               server_threads, sender_cpu, sender_threads, ended_threads_cpu,
+               engine_run.cpu_seconds);
   std::filesystem::remove_all(dir);
   return Status::Ok();
 }
