@@ -15,8 +15,10 @@
 // transport, and the short-lived environment threads. The CPU overhead with the server's CPU
 // set aside is (process CPU - server CPU) / the engine alone's process CPU - 1.
 //
-//   actor_bench [--quick] [--model NAME|PATH] [--batch B (only this one)] [--long-tokens N]
-//               [--long-model NAME|PATH]
+//   actor_bench [--quick] [--model NAME|PATH] [--batch B (only this one)] [--interleave]
+//               [--long-tokens N] [--long-model NAME|PATH]
+// --interleave runs the actor again after the engine alone and reports the wall overhead
+// against the mean of the two actor runs, which cancels load that drifts steadily.
 // A model NAME is configs/model/NAME.yaml; the long run defaults to tiny_incremental, whose
 // context holds 1,048,576 tokens.
 #include <spdlog/spdlog.h>
@@ -30,6 +32,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stop_token>
@@ -116,6 +119,7 @@ struct Run {
   std::string source = STRIDER_SOURCE_DIR;
   std::string model = "small";
   std::string long_model = "tiny_incremental";
+  bool interleave = false;  // the actor again after the engine alone
 };
 
 // A name is configs/model/NAME.yaml; anything with a slash or ending in .yaml is a path.
@@ -258,6 +262,60 @@ Result<actors::ActorOptions> BaseOptions(const Run& r, const std::string& model,
   return o;
 }
 
+struct ActorWall {
+  double seconds = 0;
+  int64_t tokens = 0;
+};
+
+// The actor once more, wall time only, with a fresh replay server in `dir`.
+Result<ActorWall> ActorAgain(const Run& r, int64_t batch, int64_t episodes, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  replay::ServerOptions server_options;
+  server_options.db_path = dir + "/db";
+  server_options.stats_interval_s = 0;
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
+                           replay::ReplayServer::Start(server_options));
+  STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions o, BaseOptions(r, r.model, dir));
+  o.episodes_in_flight = batch;
+  o.episodes = episodes;
+  o.replay_endpoint = server->actor_endpoint();
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(o));
+  const auto start = Clock::now();
+  std::stop_source never;
+  STRIDER_RETURN_IF_ERROR(actor->Run(never.get_token()));
+  ActorWall wall;
+  wall.seconds = Seconds(start);
+  const actors::ActorMetrics m = actor->metrics();
+  wall.tokens = m.generated_tokens + m.context_tokens;
+  actor.reset();
+  server->Stop();
+  return wall;
+}
+
+// The process's first engine steps pay one-time costs (thread pools, first kernel runs, the
+// allocator growing); without this the actor, measured first, would pay them for both halves.
+Status WarmUp(const std::string& model_config) {
+  static bool warm = false;
+  if (warm) return Status::Ok();
+  warm = true;
+  STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_config));
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config, 0));
+  rollout::EngineOptions options;
+  options.threads = 2;
+  options.cache_budget_bytes = int64_t{64} << 20;
+  STRIDER_ASSIGN_OR_RETURN(
+      std::unique_ptr<rollout::Engine> engine,
+      rollout::Engine::Create(options, std::shared_ptr<const Model>(std::move(model)), 0));
+  rollout::SamplingParams sampling;
+  sampling.max_new_tokens = 8;
+  for (int i = 0; i < 4; ++i) {
+    STRIDER_RETURN_IF_ERROR(
+        engine->Submit({std::vector<int64_t>(200, 65 + i), sampling, false}).status());
+  }
+  for (int i = 0; i < 10; ++i) STRIDER_RETURN_IF_ERROR(engine->Step().status());
+  return Status::Ok();
+}
+
 Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("strider-actor-bench-" + std::to_string(batch)))
@@ -267,6 +325,9 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
   replay::ServerOptions server_options;
   server_options.db_path = dir + "/db";
   server_options.stats_interval_s = 0;
+  // Before the thread census: the engine's thread pool exists from here on.
+  STRIDER_ASSIGN_OR_RETURN(std::string model_config, ModelConfigPath(r, r.model));
+  STRIDER_RETURN_IF_ERROR(WarmUp(model_config));
   // Which threads are whose: those the server starts, those the actor starts (sender, ZeroMQ);
   // RocksDB's background threads carry their own names.
   const std::set<int> before_server = ThreadIds();
@@ -289,7 +350,7 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
   const std::map<int, double> cpu_end = ThreadCpuSeconds();
   const actors::ActorMetrics m = actor->metrics();
   // CPU seconds during the run by group; threads that ended during it (environment calls and
-  // closes) are the process's total less the live threads'.
+  // closes, the sender and its ZeroMQ threads) are the process's total less the live threads'.
   double server_cpu = 0, sender_cpu = 0, engine_cpu = 0, live_cpu = 0;
   int server_threads = 0, sender_threads = 0, engine_threads = 0;
   for (const auto& [tid, end] : cpu_end) {
@@ -319,6 +380,13 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
       EngineRun engine_run,
       ReplayThroughEngine(scripts, std::shared_ptr<const Model>(std::move(model)), o));
   const double baseline_cpu = std::max(1e-9, engine_run.cpu_seconds);
+  // Interleaved: the actor, the engine alone, the actor again. Against the mean of the two actor
+  // runs (per token), load that drifts steadily over the three cancels.
+  std::optional<ActorWall> again;
+  if (r.interleave) {
+    STRIDER_ASSIGN_OR_RETURN(ActorWall wall, ActorAgain(r, batch, episodes, dir + "/again"));
+    again = wall;
+  }
   const int64_t actor_tokens = m.generated_tokens + m.context_tokens;
   const std::string b = "B=" + std::to_string(batch);
   bench::PrintResult("actor", "episodes_per_s " + b, m.episodes_finished / actor_seconds, "1/s",
@@ -340,11 +408,25 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
   bench::PrintResult("actor", "cpu_seconds_engine_threads " + b, engine_cpu, "s",
                      engine_run.cpu_seconds);
   bench::PrintResult("actor", "cpu_seconds_replay_server " + b, server_cpu, "s");
-  bench::PrintResult("actor", "cpu_seconds_sender_transport " + b, sender_cpu, "s");
-  bench::PrintResult("actor", "cpu_seconds_ended_threads " + b, ended_threads_cpu, "s");
+  // The actor's threads besides the engine's: environment calls, and the sender with its ZeroMQ
+  // context, whose threads Run closes at its end (so they count as ended threads).
+  bench::PrintResult("actor", "cpu_seconds_actor_other_threads " + b,
+                     sender_cpu + ended_threads_cpu, "s");
   bench::PrintResult("actor", "cpu_overhead " + b, process_cpu / baseline_cpu - 1, "fraction", 0.10);
   bench::PrintResult("actor", "cpu_overhead_without_server " + b,
                      (process_cpu - server_cpu) / baseline_cpu - 1, "fraction", 0.10);
+  if (again) {
+    const double per_token_actor =
+        (actor_seconds / std::max<int64_t>(1, actor_tokens) +
+         again->seconds / std::max<int64_t>(1, again->tokens)) /
+        2;
+    const double per_token_engine = engine_run.seconds / std::max<int64_t>(1, engine_run.tokens);
+    bench::PrintResult("actor", "overhead_interleaved " + b, per_token_actor / per_token_engine - 1,
+                       "fraction", 0.10);
+    std::fprintf(stderr, "B=%lld: actor again %.2f s for %lld tokens\n",
+                 static_cast<long long>(batch), again->seconds,
+                 static_cast<long long>(again->tokens));
+  }
   // Cores the process got while running: below 2 means the machine's other load (or the
   // in-process server) took them.
   bench::PrintResult("actor", "cores_used " + b, process_cpu / actor_seconds, "cores",
@@ -358,7 +440,8 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
                static_cast<long long>(engine_run.tokens));
   std::fprintf(stderr,
                "B=%lld: CPU %.2f s (engine %.2f s on %d threads, replay server %.2f s on %d, "
-               "sender and transport %.2f s on %d, ended threads %.2f s); engine alone %.2f s\n",
+               "sender and transport still live %.2f s on %d, ended threads (environment calls, "
+               "sender) %.2f s); engine alone %.2f s\n",
                static_cast<long long>(batch), process_cpu, engine_cpu, engine_threads, server_cpu,
                server_threads, sender_cpu, sender_threads, ended_threads_cpu,
                engine_run.cpu_seconds);
@@ -451,6 +534,8 @@ int main(int argc, char** argv) {
       run.model = argv[++i];
     } else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) {
       only_batch = std::stoll(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--interleave")) {
+      run.interleave = true;
     } else if (!std::strcmp(argv[i], "--long-model") && i + 1 < argc) {
       run.long_model = argv[++i];
     } else if (!std::strcmp(argv[i], "--long-tokens") && i + 1 < argc) {
@@ -458,7 +543,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: actor_bench [--quick] [--model NAME|PATH] [--batch B] [--long-tokens N] "
+          "usage: actor_bench [--quick] [--model NAME|PATH] [--batch B] [--interleave] "
+          "[--long-tokens N] "
           "[--long-model NAME|PATH]\n");
       return 2;
     }
