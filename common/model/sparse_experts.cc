@@ -1,10 +1,95 @@
 #include "common/model/sparse_experts.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <vector>
 
 #include "common/kernels/routing.h"
 
 namespace strider::model {
+namespace {
+
+// The routed experts' weighted sum in the latent width, for inference (no autograd): the
+// (token, slot) pairs are bucketed by expert on the host from the chosen ids, so there is no
+// argsort, bincount or copy of the counts per layer. An expert chosen by one token runs as
+// matrix-vector products on that token's row (what batch-1 decode does in every layer). Experts
+// are visited in ascending id, the order the training path adds them in, so both paths sum each
+// token's contributions in the same order. latent: (M, l); experts, weights: (M, k) on the CPU.
+at::Tensor RoutedExpertsInference(const SparseExpertWeights& w, const FeedForwardConfig& c,
+                                  const at::Tensor& latent, const at::Tensor& experts,
+                                  const at::Tensor& weights) {
+  at::Tensor chosen = experts.to(at::kLong).contiguous();
+  at::Tensor flat_weights = weights.reshape({-1});
+  const int64_t k = chosen.size(1);
+  const int64_t pairs = chosen.numel();
+  const int64_t* expert_of = chosen.data_ptr<int64_t>();
+  std::vector<std::vector<int64_t>> pairs_of(c.routed_experts);
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t expert = expert_of[pair];
+    TORCH_CHECK(expert >= 0 && expert < c.routed_experts, "routed expert id ", expert,
+                " is outside [0, ", c.routed_experts, ")");
+    pairs_of[expert].push_back(pair);
+  }
+  at::Tensor combined = at::zeros_like(latent);
+  for (int64_t expert = 0; expert < c.routed_experts; ++expert) {
+    const std::vector<int64_t>& chosen_pairs = pairs_of[expert];
+    if (chosen_pairs.empty()) continue;
+    const at::Tensor gate = w.routed_gate.select(0, expert);
+    const at::Tensor up = w.routed_up.select(0, expert);
+    const at::Tensor down = w.routed_down.select(0, expert);
+    if (chosen_pairs.size() == 1) {
+      const int64_t pair = chosen_pairs.front();
+      at::Tensor row = combined.select(0, pair / k);
+      at::Tensor output = SituGluFeedForward(latent.select(0, pair / k), gate, up, down,
+                                             c.gate_cap, c.up_cap);
+      row.add_(output.mul_(flat_weights.select(0, pair)));
+      continue;
+    }
+    std::vector<int64_t> token_ids;
+    token_ids.reserve(chosen_pairs.size());
+    for (int64_t pair : chosen_pairs) token_ids.push_back(pair / k);
+    at::Tensor pair_index = at::tensor(chosen_pairs, at::kLong);
+    at::Tensor token_index = at::tensor(token_ids, at::kLong);
+    at::Tensor output = SituGluFeedForward(latent.index_select(0, token_index), gate, up, down,
+                                           c.gate_cap, c.up_cap);
+    output.mul_(flat_weights.index_select(0, pair_index).unsqueeze(1));
+    combined.index_add_(0, token_index, output);
+  }
+  return combined;
+}
+
+// The routed experts' weighted sum in the latent width, differentiable (training, and any
+// caller with grad mode on). latent: (M, l).
+at::Tensor RoutedExpertsGrouped(const SparseExpertWeights& w, const FeedForwardConfig& c,
+                                const at::Tensor& latent,
+                                const kernels::RoutingDecision& decision) {
+  at::Tensor combined = at::zeros_like(latent);
+  // Group (token, slot) pairs by expert so each expert runs once over its tokens.
+  at::Tensor flat_experts = decision.experts.reshape({-1});                 // (M*k)
+  at::Tensor order = at::argsort(flat_experts);                             // stable enough:
+  at::Tensor sorted_experts = flat_experts.index_select(0, order);          // ties keep no order
+  at::Tensor counts = at::bincount(sorted_experts, {}, c.routed_experts).cpu();
+  at::Tensor flat_weights = decision.weights.reshape({-1});
+  const int64_t k = decision.experts.size(1);
+  const int64_t* count = counts.data_ptr<int64_t>();
+  int64_t begin = 0;
+  for (int64_t expert = 0; expert < c.routed_experts; ++expert) {
+    const int64_t n = count[expert];
+    if (n == 0) continue;
+    at::Tensor pairs = order.narrow(0, begin, n);  // indices into (M*k)
+    begin += n;
+    at::Tensor token_index = at::floor_divide(pairs, k);
+    at::Tensor input = latent.index_select(0, token_index);  // (n, l)
+    at::Tensor output = SituGluFeedForward(input, w.routed_gate[expert], w.routed_up[expert],
+                                           w.routed_down[expert], c.gate_cap, c.up_cap);
+    output = output * flat_weights.index_select(0, pairs).unsqueeze(1);
+    combined = combined.index_add(0, token_index, output);
+  }
+  return combined;
+}
+
+}  // namespace
 
 DenseFeedForwardWeights DenseFeedForwardWeights::Bind(const TensorMap& t, const std::string& p) {
   return {Lookup(t, p + "gate"), Lookup(t, p + "up"), Lookup(t, p + "down")};
@@ -53,27 +138,11 @@ at::Tensor SparseExpertForward(const SparseExpertWeights& w, const FeedForwardCo
   }
 
   at::Tensor latent = Linear(tokens, w.latent_down);  // (M, l)
-  at::Tensor combined = at::zeros_like(latent);
-  // Group (token, slot) pairs by expert so each expert runs once over its tokens.
-  at::Tensor flat_experts = decision.experts.reshape({-1});                 // (M*k)
-  at::Tensor order = at::argsort(flat_experts);                             // stable enough:
-  at::Tensor sorted_experts = flat_experts.index_select(0, order);          // ties keep no order
-  at::Tensor counts = at::bincount(sorted_experts, {}, c.routed_experts).cpu();
-  at::Tensor flat_weights = decision.weights.reshape({-1});
-  const int64_t k = decision.experts.size(1);
-  const int64_t* count = counts.data_ptr<int64_t>();
-  int64_t begin = 0;
-  for (int64_t expert = 0; expert < c.routed_experts; ++expert) {
-    const int64_t n = count[expert];
-    if (n == 0) continue;
-    at::Tensor pairs = order.narrow(0, begin, n);  // indices into (M*k)
-    begin += n;
-    at::Tensor token_index = at::floor_divide(pairs, k);
-    at::Tensor input = latent.index_select(0, token_index);  // (n, l)
-    at::Tensor output = SituGluFeedForward(input, w.routed_gate[expert], w.routed_up[expert],
-                                           w.routed_down[expert], c.gate_cap, c.up_cap);
-    output = output * flat_weights.index_select(0, pairs).unsqueeze(1);
-    combined = combined.index_add(0, token_index, output);
+  at::Tensor combined;
+  if (!c10::GradMode::is_enabled() && decision.experts.device().is_cpu()) {
+    combined = RoutedExpertsInference(w, c, latent, decision.experts, decision.weights);
+  } else {
+    combined = RoutedExpertsGrouped(w, c, latent, decision);
   }
   at::Tensor y = Linear(RmsNorm(combined, w.latent_norm, norm_epsilon), w.latent_up);
   if (w.shared_gate.defined()) {
