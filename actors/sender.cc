@@ -212,7 +212,9 @@ void Sender::Loop() {
       if (client_) DropConnection("closing before every segment was acknowledged");
       SpillQueue();
       std::unique_lock<std::mutex> lock(mutex_);
-      if (stopping && (queue_.empty() || past_deadline)) {
+      // Closing waits for spilled files too: they go out once the server answers, or stay on
+      // disk for the next run when the deadline passes first.
+      if (stopping && ((queue_.empty() && spill_.segments().empty()) || past_deadline)) {
         if (!queue_.empty()) {
           close_status_ = Status::ResourceExhausted(
               "sender: " + std::to_string(queue_.size()) +
@@ -268,7 +270,7 @@ void Sender::Loop() {
       continue;
     }
     std::unique_lock<std::mutex> lock(mutex_);
-    if (stop_ && queue_.empty()) return;
+    if (stop_ && queue_.empty() && spill_.segments().empty()) return;
     if (queue_.empty()) wake_.wait_for(lock, milliseconds(50));
   }
 }

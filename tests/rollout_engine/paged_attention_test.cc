@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -13,12 +14,14 @@
 #include "common/model/latent_attention.h"
 #include "common/model/model.h"
 
-#ifndef STRIDER_SOURCE_DIR
-#define STRIDER_SOURCE_DIR "."
-#endif
-
 namespace strider {
 namespace {
+
+// ctest sets STRIDER_SOURCE_DIR; a run by hand from the repository root needs nothing.
+std::string SourceDir() {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  return source ? source : ".";
+}
 
 double RelativeError(const at::Tensor& a, const at::Tensor& b) {
   return ((a.to(at::kDouble) - b.to(at::kDouble)).norm() / b.to(at::kDouble).norm())
@@ -73,7 +76,7 @@ PagedPast MakePast(const LatentAttentionConfig& c, const std::vector<int64_t>& l
 TEST(PagedLatentAttention, InPlaceBlockwiseEqualsExplicitOverThePaddedPast) {
   ConfigureRuntime(2);  // as the engine runs (freed blocks stay in the heap)
   ModelConfig config =
-      *LoadModelConfig(std::string(STRIDER_SOURCE_DIR) + "/configs/model/tiny.yaml");
+      *LoadModelConfig(SourceDir() + "/configs/model/tiny.yaml");
   const LatentAttentionConfig& c = config.latent;
   const double eps = config.norm_epsilon;
   struct Case {
@@ -130,7 +133,7 @@ TEST(PagedLatentAttention, InPlaceBlockwiseEqualsExplicitOverThePaddedPast) {
 
 TEST(PagedLatentAttention, RejectsPagesOfTheWrongShape) {
   ModelConfig config =
-      *LoadModelConfig(std::string(STRIDER_SOURCE_DIR) + "/configs/model/tiny.yaml");
+      *LoadModelConfig(SourceDir() + "/configs/model/tiny.yaml");
   const LatentAttentionConfig& c = config.latent;
   const model::TensorMap tensors = LatentWeights(config, at::kFloat);
   const auto weights = model::LatentAttentionWeights::Bind(tensors, "layers.3.latent.");
