@@ -142,6 +142,7 @@ struct Sequence {
   BlockTable table;
   int64_t length = 0;                  // tokens fed
   std::vector<int64_t> pending;        // tokens waiting to be fed
+  std::vector<at::Tensor> pending_images;  // images of the pending tokens, in stream order
   std::vector<float> next_logits;      // distribution of the next token; empty before any feed
   uint64_t logits_version = 0;
   std::optional<SamplingParams> turn;  // generated after `pending` is fed
@@ -182,6 +183,7 @@ class EngineImpl final : public Engine {
     auto sequence = std::make_unique<Sequence>();
     sequence->id = next_id_++;
     sequence->pending = request.tokens;
+    sequence->pending_images = request.images;
     sequence->turn = request.sampling;
     sequence->release_on_finish = request.release_on_finish;
     Status status = Guarded("allocating sequence state", [&] {
@@ -221,6 +223,7 @@ class EngineImpl final : public Engine {
     // Tentatively apply, then admit; undo on refusal so the sequence is untouched.
     Sequence before_turn = *sequence;
     sequence->pending = request.tokens;
+    sequence->pending_images = request.images;
     sequence->turn = request.sampling;
     sequence->release_on_finish = request.release_on_finish;
     sequence->counter = 0;
@@ -251,7 +254,7 @@ class EngineImpl final : public Engine {
         SequenceStep& step = touched[id];
         step.id = id;
         const int64_t count = static_cast<int64_t>(sequence->pending.size());
-        if (PrefillChunk(count) == count) {
+        if (PrefillChunk(count) == count && sequence->pending_images.empty()) {
           by_length[count].push_back(sequence.get());
         } else {
           STRIDER_RETURN_IF_ERROR(Prefill(sequence.get(), &step, &result));
@@ -643,10 +646,19 @@ class EngineImpl final : public Engine {
                                        " is outside the vocabulary [0, " +
                                        std::to_string(config_.vocabulary) + ")");
       }
-      if (token == token::kImagePatch) {
-        return Status::InvalidArgument(std::string(what) +
-                                       ": image patches are not supported by the engine yet");
-      }
+    }
+    const bool has_patches = std::find(request.tokens.begin(), request.tokens.end(),
+                                       int64_t{token::kImagePatch}) != request.tokens.end();
+    if (has_patches || !request.images.empty()) {
+      // Patch counts, image shapes and the vision config, checked as the model will.
+      STRIDER_RETURN_IF_ERROR(Guarded(what, [&] {
+        ModelInput input{at::tensor(request.tokens, at::kLong).view({1, -1}), {}};
+        for (const at::Tensor& pixels : request.images) {
+          if (!pixels.defined()) return Status::InvalidArgument("an image tensor is undefined");
+          input.images.push_back({0, pixels});
+        }
+        return model_->CheckInput(input);
+      }));
     }
     if (request.sampling) {
       STRIDER_RETURN_IF_ERROR(ValidateSamplingParams(*request.sampling, config_.vocabulary)
@@ -801,7 +813,8 @@ class EngineImpl final : public Engine {
 
   // Runs one model call over `rows`, each feeding tokens.size(1) tokens, and commits states,
   // latent rows and next-token logits. Fails without changing any row.
-  Result<ForwardOutput> Feed(const std::vector<Sequence*>& rows, const at::Tensor& tokens) {
+  Result<ForwardOutput> Feed(const std::vector<Sequence*>& rows, const at::Tensor& tokens,
+                             const std::vector<at::Tensor>& images = {}) {
     const int64_t batch = static_cast<int64_t>(rows.size());
     const int64_t count = tokens.size(1);
     RaggedBatch ragged;
@@ -842,7 +855,9 @@ class EngineImpl final : public Engine {
     ForwardOptions forward;
     forward.record_routing = options_.record_routing;
     forward.last_position_only = true;
-    STRIDER_ASSIGN_OR_RETURN(ForwardOutput out, model_->Step(&ragged, {tokens, {}}, forward));
+    ModelInput input{tokens, {}};
+    for (const at::Tensor& pixels : images) input.images.push_back({0, pixels});  // one row
+    STRIDER_ASSIGN_OR_RETURN(ForwardOutput out, model_->Step(&ragged, input, forward));
 
     // Commit. Blocks were reserved at admission, so the cache append cannot run out.
     at::Tensor logits = out.logits.select(1, 0).to(at::kFloat).contiguous();  // (B, V)
@@ -917,14 +932,17 @@ class EngineImpl final : public Engine {
     size_t done = 0;
     const int64_t total = static_cast<int64_t>(sequence->pending.size());
     while (static_cast<int64_t>(done) < total) {
-      const int64_t count = PrefillChunk(total - static_cast<int64_t>(done));
+      // A run with images goes in one call: an image's patches never straddle two calls.
+      const int64_t count = sequence->pending_images.empty()
+                                ? PrefillChunk(total - static_cast<int64_t>(done))
+                                : total;
       at::Tensor tokens =
           at::tensor(std::vector<int64_t>(sequence->pending.begin() + done,
                                           sequence->pending.begin() + done + count),
                      at::kLong)
               .view({1, count});
       const int64_t first = sequence->length;
-      Result<ForwardOutput> out = Feed({sequence}, tokens);
+      Result<ForwardOutput> out = Feed({sequence}, tokens, sequence->pending_images);
       if (!out.ok()) {
         // Keep the sequence consistent: drop what was fed, keep the rest pending.
         sequence->pending.erase(sequence->pending.begin(), sequence->pending.begin() + done);
@@ -935,6 +953,7 @@ class EngineImpl final : public Engine {
       result->prefill_tokens += count;
     }
     sequence->pending.clear();
+    sequence->pending_images.clear();
     sequence->status = sequence->turn ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
     OwnStates(sequence);
     if (!parts.empty()) {

@@ -112,6 +112,10 @@ struct Request {
   std::vector<int64_t> tokens;            // the prompt, or an appended turn (may be empty on Append)
   std::optional<SamplingParams> sampling; // generate a turn after the tokens; none: stay idle
   bool release_on_finish = false;         // free the sequence when its turn ends
+  // Images of this request in stream order, each (H, W, C) floating point in [0, 1]; their
+  // patches fill the token::kImagePatch placeholders of `tokens` (counts must match). A request
+  // with images is fed in one model call, so no image is split across calls.
+  std::vector<at::Tensor> images;
 };
 
 enum class SequenceStatus { kQueued, kPrefill, kGenerating, kIdle };

@@ -490,9 +490,6 @@ Result<ForwardOutput> Model::Step(RaggedBatch* batch, const ModelInput& input,
                                   const ForwardOptions& options) const {
   if (batch == nullptr) return Status::InvalidArgument("Step needs a ragged batch");
   STRIDER_RETURN_IF_ERROR(CheckInput(input));
-  if (!input.images.empty()) {
-    return Status::InvalidArgument("Step does not take images; append image turns with Append");
-  }
   const int64_t rows = input.tokens.size(0);
   if (batch->layers.size() != static_cast<size_t>(config_.layers)) {
     return Status::InvalidArgument("ragged batch has " + std::to_string(batch->layers.size()) +

@@ -149,7 +149,7 @@ class Model {
                                const ForwardOptions& options = {}) const;
   // The inference path for rows of different past lengths: row b's T new tokens sit at
   // positions past_lengths[b].. . Same layers and kernels as Append. On failure `batch` keeps
-  // its inputs. Images are not supported here (use Append for image turns).
+  // its inputs. Images name their batch row (ImageInput::sequence) as in Forward.
   Result<ForwardOutput> Step(RaggedBatch* batch, const ModelInput& input,
                              const ForwardOptions& options = {}) const;
 

@@ -89,7 +89,7 @@ void RunUntilIdle(Engine* engine, std::map<SequenceId, History>* histories) {
 // Checks a history against Model::Forward: log-probs with the engine's routing replayed, and
 // how often the training path routes the same way on its own.
 void ExpectEqualsTrainingPath(const Model& model, const History& history, int64_t* agree,
-                              int64_t* decisions) {
+                              int64_t* decisions, const std::vector<at::Tensor>& images = {}) {
   const int64_t length = static_cast<int64_t>(history.tokens.size());
   Result<CompactRouting> routing = CompactRouting::Concatenate(history.routing);
   ASSERT_TRUE(routing.ok()) << routing.status().ToString();
@@ -98,9 +98,11 @@ void ExpectEqualsTrainingPath(const Model& model, const History& history, int64_
   RoutingRecord replay = routing->ToRoutingRecord();
   at::Tensor tokens = at::tensor(history.tokens, at::kLong).view({1, length});
   at::NoGradGuard no_grad;
+  ModelInput input{tokens, {}};
+  for (const at::Tensor& pixels : images) input.images.push_back({0, pixels});
   ForwardOptions options;
   options.replay_routing = &replay;
-  Result<ForwardOutput> replayed = model.Forward({tokens, {}}, options);
+  Result<ForwardOutput> replayed = model.Forward(input, options);
   ASSERT_TRUE(replayed.ok()) << replayed.status().ToString();
   at::Tensor log_probs = NextTokenLogProbs(replayed->logits, tokens)[0];
   ASSERT_FALSE(history.log_probs.empty());
@@ -109,7 +111,7 @@ void ExpectEqualsTrainingPath(const Model& model, const History& history, int64_
   }
   ForwardOptions record;
   record.record_routing = true;
-  Result<ForwardOutput> alone = model.Forward({tokens, {}}, record);
+  Result<ForwardOutput> alone = model.Forward(input, record);
   ASSERT_TRUE(alone.ok());
   for (size_t layer = 0; layer < alone->routing.layers.size(); ++layer) {
     at::Tensor a = std::get<0>(alone->routing.layers[layer].experts.sort(-1));
@@ -187,6 +189,54 @@ TEST(Engine, EqualsTrainingPathForMixedLengthsAppendsForksAndRestoredSnapshots) 
 
 std::vector<int64_t> SampledTokens(const History& history, int64_t prompt) {
   return std::vector<int64_t>(history.tokens.begin() + prompt, history.tokens.end());
+}
+
+// Image-start, one placeholder per 4 x 4 patch of the tiny config, image-end.
+std::vector<int64_t> ImageRun(int64_t patches) {
+  std::vector<int64_t> run = {token::kImageStart};
+  for (int64_t i = 0; i < patches; ++i) run.push_back(token::kImagePatch);
+  run.push_back(token::kImageEnd);
+  return run;
+}
+
+TEST(Engine, ImageTurnsEqualTheTrainingPathWithTheSameImages) {
+  std::shared_ptr<const Model> model = TinyModel(31);
+  std::unique_ptr<Engine> engine = MakeEngine(model);
+  at::manual_seed(7);
+  const std::vector<at::Tensor> images = {at::rand({8, 12, 3}), at::rand({4, 8, 3})};
+  std::map<SequenceId, History> histories;
+  // A prompt with a 2 x 3-patch image between text, then a turn.
+  std::vector<int64_t> prompt = Tokens(5, 1);
+  for (int64_t t : ImageRun(6)) prompt.push_back(t);
+  for (int64_t t : Tokens(4, 2)) prompt.push_back(t);
+  Request first{prompt, Turn(6, 3), false};
+  first.images = {images[0]};
+  Result<SequenceId> id = engine->Submit(first);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  histories[*id].tokens = prompt;
+  RunUntilIdle(engine.get(), &histories);
+  // An observation with a second image (1 x 2 patches) appended to the live sequence.
+  std::vector<int64_t> observation = ImageRun(2);
+  for (int64_t t : Tokens(3, 4)) observation.push_back(t);
+  Request second{observation, Turn(5, 5), false};
+  second.images = {images[1]};
+  ASSERT_TRUE(engine->Append(*id, second).ok());
+  History& history = histories[*id];
+  history.tokens.insert(history.tokens.end(), observation.begin(), observation.end());
+  RunUntilIdle(engine.get(), &histories);
+  int64_t agree = 0, decisions = 0;
+  ExpectEqualsTrainingPath(*model, histories[*id], &agree, &decisions, images);
+  EXPECT_GT(decisions, 0);
+
+  // Placeholders without their image, or an image without placeholders, are refused up front.
+  Request missing{prompt, Turn(2, 1), false};
+  Result<SequenceId> refused = engine->Submit(missing);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("image-patch"), std::string::npos)
+      << refused.status().ToString();
+  Request extra{Tokens(4, 9), Turn(2, 1), false};
+  extra.images = {images[1]};
+  EXPECT_FALSE(engine->Submit(extra).ok());
 }
 
 TEST(Engine, SameSeedGivesTheSameSamplesWhateverTheBatch) {
