@@ -24,9 +24,12 @@
 #include <thread>
 #include <unordered_map>
 
+#include <ATen/ATen.h>
+
 #include "actors/segmenter.h"
 #include "actors/sender.h"
 #include "common/model/model.h"
+#include "common/model/vision.h"
 #include "common/tokenizer.h"
 #include "common/transport/weight_stream.h"
 #include "envs/tools.h"
@@ -96,13 +99,21 @@ struct Episode {
   std::map<std::string, std::string> info;
 };
 
+// A run of context tokens with one role; an image run also carries the image it stands for.
+struct PromptPiece {
+  std::vector<int32_t> tokens;
+  Role role = Role::kUser;
+  std::optional<schema::Image> image;
+};
+
 struct Group {
   int64_t id = 0;
   uint64_t seed = 0;
   std::vector<int64_t> members;  // episode indices
   std::optional<rollout::SequenceId> source;
   schema::TrajectoryId group_id;
-  std::vector<std::pair<std::vector<int32_t>, Role>> prompt;  // pieces with their roles
+  std::vector<PromptPiece> prompt;     // tokenized once, shared by the group's members
+  std::vector<at::Tensor> prompt_pixels;  // the prompt's images, for the engine
 };
 
 uint64_t Mix(uint64_t a, uint64_t b) { return rollout::DeriveSeed(a, b); }
@@ -129,6 +140,69 @@ int32_t MarkerOf(envs::ObservationRole role) {
       return token::kToolResult;
   }
   return token::kUser;
+}
+
+// An observation's images as the model takes them (envs/environment.h: images before the text):
+// per image the run image-start, one placeholder per patch, image-end, as a piece of role
+// `image`; and the pixels as (H, W, C) floats in [0, 1] for the engine.
+struct ImageRuns {
+  std::vector<PromptPiece> pieces;
+  std::vector<at::Tensor> pixels;
+};
+
+Result<ImageRuns> MakeImageRuns(const VisionConfig& vision, const std::vector<envs::Image>& images) {
+  ImageRuns out;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const envs::Image& image = images[i];
+    const std::string what = "observation image " + std::to_string(i);
+    if (image.width <= 0 || image.height <= 0 || image.channels <= 0 || image.channels > 255 ||
+        image.pixels.size() !=
+            static_cast<size_t>(image.width) * image.height * image.channels) {
+      return Status::InvalidArgument(what + ": " + std::to_string(image.pixels.size()) +
+                                     " pixel bytes for " + std::to_string(image.width) + "x" +
+                                     std::to_string(image.height) + "x" +
+                                     std::to_string(image.channels));
+    }
+    try {
+      at::Tensor pixels =
+          at::from_blob(const_cast<char*>(image.pixels.data()),
+                        {image.height, image.width, image.channels}, at::kByte)
+              .to(at::kFloat)
+              .div_(255.0);
+      STRIDER_RETURN_IF_ERROR(model::ValidateImage(vision, pixels).WithContext(what));
+      const int64_t patches = model::PatchCount(vision, pixels);
+      PromptPiece piece;
+      piece.role = Role::kImage;
+      piece.tokens.push_back(token::kImageStart);
+      piece.tokens.insert(piece.tokens.end(), patches, token::kImagePatch);
+      piece.tokens.push_back(token::kImageEnd);
+      piece.image = schema::Image{0, static_cast<uint32_t>(image.width),
+                                  static_cast<uint32_t>(image.height),
+                                  static_cast<uint8_t>(image.channels), image.pixels};
+      out.pieces.push_back(std::move(piece));
+      out.pixels.push_back(std::move(pixels));
+    } catch (const c10::Error& error) {
+      return Status::InvalidArgument(what + ": " + error.what_without_backtrace());
+    }
+  }
+  return out;
+}
+
+// Adds pieces to a trajectory (each image just before its run); returns the tokens added.
+int64_t AddPieces(Segmenter& segmenter, const std::vector<PromptPiece>& pieces) {
+  int64_t added = 0;
+  for (const PromptPiece& piece : pieces) {
+    if (piece.image) (void)segmenter.AddImage(*piece.image);
+    (void)segmenter.AddContext(piece.tokens, piece.role);
+    added += static_cast<int64_t>(piece.tokens.size());
+  }
+  return added;
+}
+
+std::vector<int64_t> Concatenate(const std::vector<PromptPiece>& pieces) {
+  std::vector<int64_t> tokens;
+  for (const PromptPiece& piece : pieces) tokens.insert(tokens.end(), piece.tokens.begin(), piece.tokens.end());
+  return tokens;
 }
 
 class ActorImpl final : public Actor {
@@ -461,14 +535,8 @@ void ActorImpl::OnResetsDone(Group& group) {
       if (episodes_.count(index)) FinishEpisode(index, status, message);
     }
   };
-  if (!observation.images.empty()) {
-    // The engine's requests carry tokens only (rollout_engine/engine.h), so image observations
-    // cannot be fed yet.
-    fail_group("unsupported_image", "the rollout engine takes no image input");
-    return;
-  }
-  // The prompt, tokenized once: system turn (description and tools), the first observation,
-  // and the header of the model's turn.
+  // The prompt, tokenized once: system turn (description and tools), the first observation
+  // (its images, then its text), and the header of the model's turn.
   const envs::EnvironmentSpec& spec = first.box->spec;
   std::string system_text = spec.description;
   const std::string tools = envs::RenderToolList(spec.tools);
@@ -476,21 +544,30 @@ void ActorImpl::OnResetsDone(Group& group) {
   std::vector<int32_t> system{token::kBeginOfText, token::kSystem};
   for (int32_t t : Tokenizer::Encode(system_text)) system.push_back(t);
   system.push_back(token::kEndOfTurn);
-  std::vector<int32_t> turn{MarkerOf(observation.role)};
-  for (int32_t t : Tokenizer::Encode(observation.text)) turn.push_back(t);
-  turn.push_back(token::kEndOfTurn);
-  turn.push_back(token::kModel);
-  group.prompt = {{system, Role::kSystem}, {turn, ObservationRoleOf(observation.role)}};
-  std::vector<int64_t> tokens;
-  for (const auto& [piece, role] : group.prompt)
-    tokens.insert(tokens.end(), piece.begin(), piece.end());
+  const Role role = ObservationRoleOf(observation.role);
+  Result<ImageRuns> runs = MakeImageRuns(config_.vision, observation.images);
+  if (!runs.ok()) {
+    fail_group("bad_image", runs.status().ToString());
+    return;
+  }
+  std::vector<int32_t> text;
+  for (int32_t t : Tokenizer::Encode(observation.text)) text.push_back(t);
+  text.push_back(token::kEndOfTurn);
+  text.push_back(token::kModel);
+  group.prompt = {{system, Role::kSystem, {}}, {{MarkerOf(observation.role)}, role, {}}};
+  for (PromptPiece& piece : runs->pieces) group.prompt.push_back(std::move(piece));
+  group.prompt.push_back({text, role, {}});
+  group.prompt_pixels = std::move(runs->pixels);
+  const std::vector<int64_t> tokens = Concatenate(group.prompt);
   if (static_cast<int64_t>(tokens.size()) + options_.sampling.max_new_tokens >
       options_.max_episode_tokens) {
     fail_group("prompt_too_long", "the prompt has " + std::to_string(tokens.size()) +
                                       " tokens; with max_new_tokens it exceeds max_episode_tokens");
     return;
   }
-  Result<rollout::SequenceId> source = engine_->Submit({tokens, std::nullopt, false});
+  rollout::Request request{tokens, std::nullopt, false};
+  request.images = group.prompt_pixels;
+  Result<rollout::SequenceId> source = engine_->Submit(request);
   if (!source.ok()) {
     fail_group("engine", source.status().ToString());
     return;
@@ -545,10 +622,7 @@ void ActorImpl::PollGroups() {
       segmenter_options.routing_layers = routing_layers_;
       segmenter_options.routing_top_k = routing_k_;
       e.segmenter = std::make_unique<Segmenter>(segmenter_options, NewTrajectoryId());
-      for (const auto& [piece, role] : group.prompt) {
-        (void)e.segmenter->AddContext(piece, role);
-        metrics_.context_tokens += static_cast<int64_t>(piece.size());
-      }
+      metrics_.context_tokens += AddPieces(*e.segmenter, group.prompt);
       e.phase = Phase::kGenerating;
       PushReady(e);
     }
@@ -634,21 +708,33 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   const bool closed = !e.turn_tokens.empty() && e.turn_tokens.back() == token::kEndOfTurn;
   // What the actor writes: a closing marker when the turn hit max_new_tokens, the observation
   // as one turn, and the header of the next model turn.
-  std::vector<int32_t> block;
-  if (!closed) block.push_back(token::kEndOfTurn);
-  if (!r.observation.text.empty() || !r.done) {
-    block.push_back(MarkerOf(r.observation.role));
-    for (int32_t t : Tokenizer::Encode(r.observation.text)) block.push_back(t);
-    block.push_back(token::kEndOfTurn);
-  }
+  // Pieces: the closing marker, the observation's marker, its images, its text and end, and
+  // (unless done) the header of the next model turn.
   const Role role = ObservationRoleOf(r.observation.role);
+  const bool observe = !r.observation.text.empty() || !r.observation.images.empty() || !r.done;
+  std::vector<PromptPiece> pieces(1);
+  pieces[0].role = role;
+  if (!closed) pieces[0].tokens.push_back(token::kEndOfTurn);
+  std::vector<at::Tensor> pixels;
+  if (observe) {
+    pieces[0].tokens.push_back(MarkerOf(r.observation.role));
+    Result<ImageRuns> runs = MakeImageRuns(config_.vision, r.observation.images);
+    if (!runs.ok()) {
+      FinishEpisode(index, "bad_image", runs.status().ToString());
+      return;
+    }
+    for (PromptPiece& piece : runs->pieces) pieces.push_back(std::move(piece));
+    pixels = std::move(runs->pixels);
+    PromptPiece text;
+    text.role = role;
+    for (int32_t t : Tokenizer::Encode(r.observation.text)) text.tokens.push_back(t);
+    text.tokens.push_back(token::kEndOfTurn);
+    pieces.push_back(std::move(text));
+  }
   if (r.done) {
     // The final observation (a verdict) is context after the last action; no turn follows.
     e.outcome = static_cast<float>(r.outcome_reward.value_or(0.0));
-    if (!block.empty()) {
-      (void)e.segmenter->AddContext(block, role);
-      metrics_.context_tokens += static_cast<int64_t>(block.size());
-    }
+    metrics_.context_tokens += AddPieces(*e.segmenter, pieces);
     FinishEpisode(index, "done", "");
     return;
   }
@@ -656,12 +742,9 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
     FinishEpisode(index, "max_turns", "no answer after " + std::to_string(e.turns) + " turns");
     return;
   }
-  if (!r.observation.images.empty()) {
-    FinishEpisode(index, "unsupported_image", "the rollout engine takes no image input");
-    return;
-  }
-  block.push_back(token::kModel);
-  if (e.segmenter->length() + static_cast<int64_t>(block.size()) +
+  pieces.back().tokens.push_back(token::kModel);
+  const std::vector<int64_t> tokens = Concatenate(pieces);
+  if (e.segmenter->length() + static_cast<int64_t>(tokens.size()) +
           options_.sampling.max_new_tokens >
       options_.max_episode_tokens) {
     FinishEpisode(index, "max_tokens",
@@ -669,12 +752,12 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
                       std::to_string(options_.max_episode_tokens) + ")");
     return;
   }
-  (void)e.segmenter->AddContext(block, role);
-  metrics_.context_tokens += static_cast<int64_t>(block.size());
+  metrics_.context_tokens += AddPieces(*e.segmenter, pieces);
   e.turn_tokens.clear();
   e.in_tool_call = false;
-  Status appended = engine_->Append(
-      *e.sequence, {std::vector<int64_t>(block.begin(), block.end()), TurnSampling(e), false});
+  rollout::Request request{tokens, TurnSampling(e), false};
+  request.images = std::move(pixels);
+  Status appended = engine_->Append(*e.sequence, request);
   if (!appended.ok()) {
     FinishEpisode(index, "engine", appended.ToString());
     return;

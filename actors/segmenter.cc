@@ -27,6 +27,20 @@ Status Segmenter::AddContext(std::span<const int32_t> tokens, schema::Role role)
   return Status::Ok();
 }
 
+Status Segmenter::AddImage(schema::Image image) {
+  if (finished_) return Status::FailedPrecondition("segmenter: trajectory already finished");
+  const uint64_t expected = uint64_t{image.width} * image.height * image.channels;
+  if (expected == 0 || image.pixels.size() != expected) {
+    return Status::InvalidArgument("segmenter: image at position " + std::to_string(length()) +
+                                   " has " + std::to_string(image.pixels.size()) +
+                                   " pixel bytes for " + std::to_string(image.width) + "x" +
+                                   std::to_string(image.height) + "x" +
+                                   std::to_string(image.channels));
+  }
+  images_.emplace_back(length(), std::move(image));
+  return Status::Ok();
+}
+
 Status Segmenter::AddAction(int32_t token, schema::Role role, float log_prob,
                             uint64_t policy_version, std::span<const uint16_t> experts) {
   if (finished_) return Status::FailedPrecondition("segmenter: trajectory already finished");
@@ -117,6 +131,12 @@ void Segmenter::Cut(int64_t count) {
     segment.steps.push_back({static_cast<uint32_t>(step->first - begin_), step->second});
   }
   steps_.erase(steps_.begin(), step);
+  auto image = images_.begin();
+  for (; image != images_.end() && image->first < end; ++image) {
+    image->second.token_offset = static_cast<uint32_t>(image->first - begin_);
+    segment.images.push_back(std::move(image->second));
+  }
+  images_.erase(images_.begin(), image);
   if (start_digest_) {
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(*start_digest_));

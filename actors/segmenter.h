@@ -48,6 +48,10 @@ class Segmenter {
 
   // Context tokens (any role that is not an action).
   Status AddContext(std::span<const int32_t> tokens, schema::Role role);
+  // An image whose run (image-start, patch placeholders, image-end) the caller adds next with
+  // AddContext: its token offset is the current position, and it travels with the segment that
+  // holds that position.
+  Status AddImage(schema::Image image);
   // One sampled token: `experts` holds routing_layers x routing_top_k ids.
   Status AddAction(int32_t token, schema::Role role, float log_prob, uint64_t policy_version,
                    std::span<const uint16_t> experts);
@@ -86,6 +90,7 @@ class Segmenter {
   uint64_t last_version_ = 0;
   std::vector<std::pair<int64_t, std::optional<uint64_t>>> boundaries_;  // absolute position
   std::vector<std::pair<int64_t, float>> steps_;                         // absolute end
+  std::vector<std::pair<int64_t, schema::Image>> images_;                // absolute offset
   std::optional<uint64_t> start_digest_;                                 // at begin_
   std::vector<schema::SegmentData> ready_;
 };

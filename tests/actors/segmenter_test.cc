@@ -160,6 +160,33 @@ TEST(Segmenter, LongTurnWithoutBoundaryIsCutAtTheWindow) {
   EXPECT_EQ(rest->back().tokens.size(), 1000u - 15 * 64);
 }
 
+TEST(Segmenter, ImagesTravelWithTheSegmentHoldingTheirRun) {
+  SegmenterOptions options{10, "vision_count", "", 0, 0};
+  Segmenter segmenter(options, NewTrajectoryId());
+  const std::vector<int32_t> text(7, 'a');
+  const std::vector<int32_t> run = {token::kImageStart, token::kImagePatch, token::kImagePatch,
+                                    token::kImageEnd};
+  ASSERT_TRUE(segmenter.AddContext(text, Role::kUser).ok());
+  // Starts at position 7; the window of 10 cuts inside the run, after its start.
+  ASSERT_TRUE(segmenter.AddImage({0, 2, 1, 3, std::string(6, '\x7f')}).ok());
+  ASSERT_TRUE(segmenter.AddContext(run, Role::kImage).ok());
+  ASSERT_TRUE(segmenter.AddContext(text, Role::kUser).ok());
+  ASSERT_TRUE(segmenter.AddImage({0, 1, 1, 3, std::string(3, '\x01')}).ok());  // at 18
+  ASSERT_TRUE(segmenter.AddContext(run, Role::kImage).ok());
+  EXPECT_FALSE(segmenter.AddImage({0, 2, 2, 3, "short"}).ok()) << "pixel bytes must match";
+  Result<std::vector<schema::SegmentData>> last = segmenter.Finish(0, {});
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  std::vector<schema::SegmentData> segments = std::move(*last);
+  ASSERT_EQ(segments.size(), 3u);  // 10 + 10 + 2
+  ASSERT_EQ(segments[0].images.size(), 1u);
+  EXPECT_EQ(segments[0].images[0].token_offset, 7u);
+  EXPECT_EQ(segments[0].images[0].width, 2u);
+  ASSERT_EQ(segments[1].images.size(), 1u);
+  EXPECT_EQ(segments[1].images[0].token_offset, 8u);
+  EXPECT_EQ(segments[1].tokens[8], token::kImageStart);
+  EXPECT_TRUE(segments[2].images.empty());
+}
+
 TEST(Segmenter, RejectsMisuse) {
   SegmenterOptions options{64, "calculator", "", 2, 1};
   Segmenter segmenter(options, NewTrajectoryId());

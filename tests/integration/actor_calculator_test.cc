@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -84,6 +85,7 @@ struct Trajectory {
   std::vector<uint64_t> versions;  // per token
   std::map<std::string, std::string> metadata;
   size_t steps = 0;
+  std::vector<at::Tensor> images;  // (H, W, C) floats in [0, 1], in stream order
 };
 
 // Every stored trajectory, reassembled; fails the test on gaps, overlaps or a missing end.
@@ -115,6 +117,15 @@ std::vector<Trajectory> ReadTrajectories(const std::string& db) {
       t.log_probs.insert(t.log_probs.end(), s.behaviour_logprobs.begin(),
                          s.behaviour_logprobs.end());
       t.steps += s.steps.size();
+      for (const schema::Image& image : s.images) {
+        EXPECT_EQ(s.tokens.at(image.token_offset), token::kImageStart)
+            << "an image's offset points at its run in " << s.key().ToString();
+        std::string bytes = image.pixels;
+        t.images.push_back(at::tensor(std::vector<uint8_t>(bytes.begin(), bytes.end()), at::kByte)
+                               .view({image.height, image.width, image.channels})
+                               .to(at::kFloat)
+                               .div_(255.0));
+      }
       for (const auto& [k, v] : s.metadata) t.metadata[k] = v;
     }
     out.push_back(std::move(t));
@@ -127,7 +138,9 @@ std::vector<Trajectory> ReadTrajectories(const std::string& db) {
 double MaxLogProbError(const Model& model, const Trajectory& t) {
   std::vector<int64_t> ids(t.tokens.begin(), t.tokens.end());
   at::Tensor tokens = at::tensor(ids, at::kLong).view({1, -1});
-  Result<ForwardOutput> out = model.Forward({tokens, {}});
+  ModelInput input{tokens, {}};
+  for (const at::Tensor& pixels : t.images) input.images.push_back({0, pixels});
+  Result<ForwardOutput> out = model.Forward(input);
   EXPECT_TRUE(out.ok()) << out.status().ToString();
   if (!out.ok()) return 1e9;
   // The behaviour distribution: temperature 1 without cuts, and the image-patch placeholder
@@ -387,11 +400,20 @@ TEST_F(ActorEnvironments, HangingToolEndsItsEpisodeAtTheTimeLimit) {
   }
 }
 
-// Image observations cannot be fed to the engine yet: recorded per episode, never a crash.
-TEST_F(ActorEnvironments, VisionObservationsAreRecordedAsUnsupported) {
+// Images reach the model through the engine and travel with the segments: the recomputation
+// with the stored images gives the behaviour log-probs.
+TEST_F(ActorEnvironments, VisionObservationsAreFedAndStoredWithTheirImages) {
   nlohmann::json m = RunActor(dir_, endpoint_, 4, "env:\n  name: vision_count\n");
   EXPECT_EQ(m["episodes"], 4);
-  EXPECT_EQ(m["errors"]["unsupported_image"], 4);
+  EXPECT_FALSE(m["errors"].contains("bad_image")) << m.dump();
+  std::vector<Trajectory> trajectories = ReadTrajectories(dir_.Sub("db"));
+  ASSERT_EQ(trajectories.size(), 4u);
+  for (const Trajectory& t : trajectories) {
+    ASSERT_FALSE(t.images.empty()) << "the first observation holds the grid image";
+    const int64_t placeholders = std::count(t.tokens.begin(), t.tokens.end(), token::kImagePatch);
+    EXPECT_GT(placeholders, 0);
+    EXPECT_LT(MaxLogProbError(*model_, t), 1e-4);
+  }
 }
 
 }  // namespace
