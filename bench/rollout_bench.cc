@@ -203,6 +203,24 @@ ModelConfig IncrementalConfig() {
 }
 
 // Grows one sequence to each context in turn and times single-token steps there (median).
+
+// Generates a 16-token turn on an idle sequence and returns the median seconds of its steps.
+double MedianDecodeStepSeconds(Engine* engine, rollout::SequenceId id) {
+  Request turn;
+  SamplingParams sampling;
+  sampling.max_new_tokens = 16;
+  turn.sampling = sampling;
+  Check(engine->Append(id, turn), "turn");
+  std::vector<double> times;
+  for (int i = 0; i < 16; ++i) {
+    const double start = Seconds();
+    Unwrap(engine->Step(), "decode");
+    times.push_back(Seconds() - start);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 // Also reports resident memory around the growth.
 struct GrowthPoint {
   int64_t context;
@@ -240,20 +258,9 @@ std::vector<GrowthPoint> GrowAndTime(const ModelConfig& config, std::vector<int6
         *resident_after_first_chunk = ResidentBytes();
       }
     }
-    Request turn;
-    SamplingParams sampling;
-    sampling.max_new_tokens = 16;
-    turn.sampling = sampling;
-    Check(engine->Append(id, turn), "turn");
-    std::vector<double> times;
-    for (int i = 0; i < 16; ++i) {
-      const double start = Seconds();
-      Unwrap(engine->Step(), "decode");
-      times.push_back(Seconds() - start);
-    }
-    std::sort(times.begin(), times.end());
+    const double step_seconds = MedianDecodeStepSeconds(engine.get(), id);
     length = Unwrap(engine->Info(id), "info").length;
-    points.push_back({context, times[times.size() / 2], ResidentBytes()});
+    points.push_back({context, step_seconds, ResidentBytes()});
     std::fprintf(stderr, "%s: context %lld, %.3f ms per token\n", config.name.c_str(),
                  static_cast<long long>(context), 1e3 * points.back().step_seconds);
   }
@@ -277,19 +284,8 @@ std::vector<GrowthPoint> FillAndTime(const ModelConfig& config, std::vector<int6
     if (length < context - 16) {
       Check(engine->FillForBenchmark(id, context - 16 - length, context), "fill");
     }
-    Request turn;
-    SamplingParams sampling;
-    sampling.max_new_tokens = 16;
-    turn.sampling = sampling;
-    Check(engine->Append(id, turn), "turn");
-    std::vector<double> times;
-    for (int i = 0; i < 16; ++i) {
-      const double start = Seconds();
-      Unwrap(engine->Step(), "decode");
-      times.push_back(Seconds() - start);
-    }
-    std::sort(times.begin(), times.end());
-    points.push_back({context, times[times.size() / 2], ResidentBytes()});
+    const double step_seconds = MedianDecodeStepSeconds(engine.get(), id);
+    points.push_back({context, step_seconds, ResidentBytes()});
     std::fprintf(stderr, "%s: context %lld, %.3f ms per token\n", config.name.c_str(),
                  static_cast<long long>(context), 1e3 * points.back().step_seconds);
   }
