@@ -262,6 +262,14 @@ Result<actors::ActorOptions> BaseOptions(const Run& r, const std::string& model,
   return o;
 }
 
+// A replay server of the bench's own: store in `dir`/db, no periodic stats in the log.
+replay::ServerOptions ReplayOptions(const std::string& dir) {
+  replay::ServerOptions options;
+  options.db_path = dir + "/db";
+  options.stats_interval_s = 0;
+  return options;
+}
+
 struct ActorWall {
   double seconds = 0;
   int64_t tokens = 0;
@@ -270,9 +278,7 @@ struct ActorWall {
 // The actor once more, wall time only, with a fresh replay server in `dir`.
 Result<ActorWall> ActorAgain(const Run& r, int64_t batch, int64_t episodes, const std::string& dir) {
   std::filesystem::create_directories(dir);
-  replay::ServerOptions server_options;
-  server_options.db_path = dir + "/db";
-  server_options.stats_interval_s = 0;
+  const replay::ServerOptions server_options = ReplayOptions(dir);
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
                            replay::ReplayServer::Start(server_options));
   STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions o, BaseOptions(r, r.model, dir));
@@ -322,9 +328,7 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
           .string();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  replay::ServerOptions server_options;
-  server_options.db_path = dir + "/db";
-  server_options.stats_interval_s = 0;
+  const replay::ServerOptions server_options = ReplayOptions(dir);
   // Before the thread census: the engine's thread pool exists from here on.
   STRIDER_ASSIGN_OR_RETURN(std::string model_config, ModelConfigPath(r, r.model));
   STRIDER_RETURN_IF_ERROR(WarmUp(model_config));
@@ -455,9 +459,7 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
       (std::filesystem::temp_directory_path() / "strider-actor-bench-long").string();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  replay::ServerOptions server_options;
-  server_options.db_path = dir + "/db";
-  server_options.stats_interval_s = 0;
+  const replay::ServerOptions server_options = ReplayOptions(dir);
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
                            replay::ReplayServer::Start(server_options));
   STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions o, BaseOptions(r, r.long_model, dir));
