@@ -144,4 +144,10 @@ std::string_view ObservationRoleName(ObservationRole role) {
   return "user";
 }
 
+void EndAtTurnLimit(StepResult* result) {
+  result->done = true;
+  result->outcome_reward = 0.0;
+  result->info["reason"] = "turn limit";
+}
+
 }  // namespace strider::envs

@@ -49,4 +49,8 @@ std::string RenderToolList(const std::vector<ToolSpec>& tools);
 // it for malformed calls, unknown tools and bad arguments so the model sees the same shape.
 std::string ToolErrorText(std::string_view why);
 
+// Ends an episode whose last allowed turn gave no answer: done, outcome 0, info reason
+// "turn limit". Built-in environments call it so every one ends the same way.
+void EndAtTurnLimit(StepResult* result);
+
 }  // namespace strider::envs

@@ -305,9 +305,7 @@ class Calculator : public Environment {
       result.observation.text = "Call a tool, or reply with 'Answer: <number>'.";
     }
     if (turns_ >= Describe().max_turns) {
-      result.done = true;
-      result.outcome_reward = 0.0;
-      result.info["reason"] = "turn limit";
+      EndAtTurnLimit(&result);
       active_ = false;
     }
     return result;

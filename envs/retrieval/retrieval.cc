@@ -189,9 +189,7 @@ class Retrieval : public Environment {
                                     : "All parts are shown. Search, or reply 'Answer: <vault>'.";
     }
     if (turns_ >= max_turns_) {
-      result.done = true;
-      result.outcome_reward = 0.0;
-      result.info["reason"] = "turn limit";
+      EndAtTurnLimit(&result);
       active_ = false;
     }
     return result;

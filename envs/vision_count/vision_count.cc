@@ -205,9 +205,7 @@ class VisionCount : public Environment {
       result.observation.text = "Zoom into a cell, or reply 'Answer: <number>'.";
     }
     if (turns_ >= Describe().max_turns) {
-      result.done = true;
-      result.outcome_reward = 0.0;
-      result.info["reason"] = "turn limit";
+      EndAtTurnLimit(&result);
       active_ = false;
     }
     return result;
