@@ -28,13 +28,61 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int64_t StageRows(const PretrainStage& stage) {
-  return std::max<int64_t>(1, stage.batch_tokens / stage.context);
+// One run of packed sequences at one length inside a stage: a curriculum phase, or the stage's
+// own context (always the last part).
+struct StagePart {
+  int64_t phase = -1;  // index in the stage's curriculum, -1 for the stage's own context
+  int64_t context = 0;
+  int64_t tokens = 0;
+  const std::vector<DataMixtureEntry>* data = nullptr;
+  int64_t rows = 0;   // sequences per optimiser step
+  int64_t steps = 0;  // optimiser steps
+  int64_t first_step = 0;
+};
+
+// The stage's parts in order. `max_steps` >= 0 caps the stage's steps, shared among the parts
+// in proportion (each keeps at least one while the cap allows any), so a capped smoke run
+// still reaches the stage's own context.
+std::vector<StagePart> StageParts(const PretrainStage& stage, int64_t max_steps) {
+  std::vector<StagePart> parts;
+  auto add = [&](int64_t phase, int64_t context, int64_t tokens,
+                 const std::vector<DataMixtureEntry>* data) {
+    StagePart part;
+    part.phase = phase;
+    part.context = context;
+    part.tokens = tokens;
+    part.data = data;
+    part.rows = std::max<int64_t>(1, stage.batch_tokens / context);
+    const int64_t per_step = part.rows * context;
+    part.steps = std::max<int64_t>(1, (tokens + per_step - 1) / per_step);
+    parts.push_back(part);
+  };
+  for (size_t p = 0; p < stage.curriculum.size(); ++p) {
+    const CurriculumPhase& phase = stage.curriculum[p];
+    add(static_cast<int64_t>(p), phase.context, phase.tokens, &phase.data);
+  }
+  add(-1, stage.context, stage.tokens, &stage.data);
+  int64_t total = 0;
+  for (const StagePart& part : parts) total += part.steps;
+  if (max_steps >= 0 && total > max_steps) {
+    for (StagePart& part : parts) {
+      part.steps = max_steps == 0 ? 0 : std::max<int64_t>(1, part.steps * max_steps / total);
+    }
+  }
+  int64_t first = 0;
+  for (StagePart& part : parts) {
+    part.first_step = first;
+    first += part.steps;
+  }
+  return parts;
 }
 
-int64_t StageSteps(const PretrainStage& stage) {
-  const int64_t per_step = StageRows(stage) * stage.context;
-  return std::max<int64_t>(1, (stage.tokens + per_step - 1) / per_step);
+// Index of the part that runs step `step` (the last part once the steps are done).
+size_t PartOf(const std::vector<StagePart>& parts, int64_t step) {
+  for (size_t p = 0; p + 1 < parts.size(); ++p) {
+    if (step < parts[p].first_step + parts[p].steps) return p;
+  }
+  return parts.size() - 1;
 }
 
 // Linear warm-up to the peak, then cosine decay to min_learning_rate_ratio of it by the stage's
@@ -63,21 +111,25 @@ data::GeneratorOptions GeneratorOptionsFor(const PretrainConfig& config, int64_t
   return options;
 }
 
-// Builds (once) and opens the shards of a stage's mixture.
+// Builds (once) and opens the shards of one part's mixture.
 Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& config,
-                                                       int64_t stage_index,
+                                                       int64_t stage_index, const StagePart& part,
                                                        const std::string& run_dir) {
   const PretrainStage& stage = config.stages[stage_index];
+  const std::vector<DataMixtureEntry>& mixture = *part.data;
   double total_weight = 0;
-  for (const DataMixtureEntry& entry : stage.data) total_weight += entry.weight;
+  for (const DataMixtureEntry& entry : mixture) total_weight += entry.weight;
   std::vector<data::DataSource> sources;
-  for (size_t e = 0; e < stage.data.size(); ++e) {
-    const DataMixtureEntry& entry = stage.data[e];
+  for (size_t e = 0; e < mixture.size(); ++e) {
+    const DataMixtureEntry& entry = mixture[e];
     data::DataSource source;
     source.weight = entry.weight;
     std::string directory = entry.shards;
     if (!entry.generator.empty()) {
-      directory = run_dir + "/data/" + stage.name + "/" + std::to_string(e) + "-" + entry.generator;
+      const std::string phase =
+          part.phase < 0 ? std::string() : "phase" + std::to_string(part.phase) + "-";
+      directory = run_dir + "/data/" + stage.name + "/" + phase + std::to_string(e) + "-" +
+                  entry.generator;
       const std::string marker = directory + "/COMPLETE";
       if (!fs::exists(marker)) {
         std::error_code error;
@@ -86,9 +138,10 @@ Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& con
                                  data::ParseGeneratorName(entry.generator));
         // Enough documents for the stage's share of the budget: each is seen about once.
         const int64_t tokens = std::max<int64_t>(
-            static_cast<int64_t>(stage.tokens * entry.weight / total_weight), stage.context * 4);
-        const uint64_t seed = config.seed * 1000003ull + stage_index * 101 + e;
-        data::GeneratorOptions generator = GeneratorOptionsFor(config, stage.context);
+            static_cast<int64_t>(part.tokens * entry.weight / total_weight), part.context * 4);
+        const uint64_t seed =
+            config.seed * 1000003ull + stage_index * 101 + e + (part.phase + 1) * 7919;
+        data::GeneratorOptions generator = GeneratorOptionsFor(config, part.context);
         if (entry.max_tokens > 0) generator.length = entry.max_tokens;
         if (entry.min_tokens > 0) generator.min_length = entry.min_tokens;
         if (entry.facts > 0) generator.facts = entry.facts;
@@ -294,19 +347,26 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     const bool mid_stage = k == first_stage && resume_step > 0;
     start_checkpoint.clear();
 
-    STRIDER_ASSIGN_OR_RETURN(std::vector<data::DataSource> sources,
-                             PrepareStageData(config, k, options.run_dir));
-    STRIDER_ASSIGN_OR_RETURN(
-        std::unique_ptr<data::Packer> packer,
-        data::Packer::Create(std::move(sources), stage.context, config.seed * 7919 + k));
+    const std::vector<StagePart> parts = StageParts(stage, options.max_steps_per_stage);
     int64_t step = mid_stage ? resume_step : 0;
     int64_t stage_tokens = mid_stage ? resume_stage_tokens : 0;
-    if (mid_stage) packer->SkipTo(resume_position);
-
-    int64_t steps = StageSteps(stage);
-    const int64_t rows = StageRows(stage);
-    if (options.max_steps_per_stage >= 0) steps = std::min(steps, options.max_steps_per_stage);
-    const int64_t budget = steps * rows * stage.context;
+    const int64_t steps = parts.back().first_step + parts.back().steps;
+    int64_t budget = 0;
+    for (const StagePart& part : parts) budget += part.steps * part.rows * part.context;
+    // The packer of the part being trained; a new one (its own shards and seed) at each part.
+    std::unique_ptr<data::Packer> packer;
+    size_t packer_part = parts.size();
+    auto open_part = [&](size_t p, int64_t skip_to) -> Status {
+      STRIDER_ASSIGN_OR_RETURN(std::vector<data::DataSource> sources,
+                               PrepareStageData(config, k, parts[p], options.run_dir));
+      const uint64_t seed = config.seed * 7919 + k + (parts[p].phase + 1) * 104729;
+      STRIDER_ASSIGN_OR_RETURN(
+          packer, data::Packer::Create(std::move(sources), parts[p].context, seed));
+      if (skip_to > 0) packer->SkipTo(skip_to);
+      packer_part = p;
+      return Status::Ok();
+    };
+    STRIDER_RETURN_IF_ERROR(open_part(PartOf(parts, step), mid_stage ? resume_position : 0));
     LossOptions loss_options;
     loss_options.path =
         stage.paths == "inference" ? TrainingPath::kInference : TrainingPath::kTraining;
@@ -327,7 +387,8 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       state.step = step;
       state.stage_tokens = stage_tokens;
       state.total_tokens = total_tokens;
-      state.data_position = packer->position();
+      // The position in the part `step` runs in: 0 when that part has not started yet.
+      state.data_position = PartOf(parts, step) == packer_part ? packer->position() : 0;
       state.seed = config.seed;
       state.model = config.model.name;
       return WriteCheckpoint(options.run_dir + "/checkpoints/" + stage.name + "/" + name, *model,
@@ -335,6 +396,9 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     };
     std::deque<RoutingRecord> balance_window;  // real-token routing of the latest steps
     for (; step < steps; ++step) {
+      if (PartOf(parts, step) != packer_part) STRIDER_RETURN_IF_ERROR(open_part(PartOf(parts, step), 0));
+      const int64_t rows = parts[packer_part].rows;
+      const int64_t context = parts[packer_part].context;
       std::vector<std::vector<int32_t>> sequences;
       for (int64_t r = 0; r < rows; ++r) sequences.push_back(packer->Next());
       STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, MakeTokenBatch(sequences, config.model));
@@ -395,9 +459,9 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
           summary.max_violation_after_warmup = std::max(summary.max_violation_after_warmup, violation);
         }
       }
-      stage_tokens += rows * stage.context;
-      total_tokens += rows * stage.context;
-      tokens_this_run += rows * stage.context;
+      stage_tokens += rows * context;
+      total_tokens += rows * context;
+      tokens_this_run += rows * context;
       losses.push_back(loss.loss);
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -29,6 +29,39 @@ void DefaultMixture(PretrainStage& stage) {
   }
 }
 
+// A `data:` list of a stage or curriculum phase whose sequences are `context` tokens.
+std::vector<DataMixtureEntry> ReadMixture(ConfigReader& section, int64_t context,
+                                          const std::string& path) {
+  std::vector<DataMixtureEntry> mixture;
+  for (ConfigReader d : section.List("data")) {
+    DataMixtureEntry entry;
+    d.Optional("generator", &entry.generator);
+    d.Optional("shards", &entry.shards);
+    d.Optional("weight", &entry.weight);
+    d.Optional("min_tokens", &entry.min_tokens);
+    d.Optional("max_tokens", &entry.max_tokens);
+    d.Optional("facts", &entry.facts);
+    d.Check(entry.min_tokens >= 0 && entry.max_tokens >= 0 && entry.facts >= 0, "min_tokens",
+            "min_tokens, max_tokens and facts must not be negative");
+    d.Check(entry.min_tokens == 0 || entry.max_tokens == 0 || entry.min_tokens <= entry.max_tokens,
+            "min_tokens", "must not exceed max_tokens");
+    d.Check(entry.max_tokens <= context, "max_tokens", "must not exceed the sequence length");
+    d.Check((entry.min_tokens == 0 && entry.max_tokens == 0 && entry.facts == 0) ||
+                entry.generator == "retrieval",
+            "min_tokens", "min_tokens, max_tokens and facts apply to the retrieval generator");
+    d.Check(entry.generator.empty() != entry.shards.empty(), "generator",
+            "give exactly one of generator or shards");
+    if (!entry.generator.empty()) {
+      Result<data::GeneratorKind> kind = data::ParseGeneratorName(entry.generator);
+      d.Check(kind.ok(), "generator", kind.status().message());
+    }
+    entry.shards = ResolvePath(entry.shards, path);
+    d.Check(entry.weight > 0, "weight", "must be positive");
+    mixture.push_back(entry);
+  }
+  return mixture;
+}
+
 }  // namespace
 
 Result<std::string> ReadLearnerMode(const std::string& path) {
@@ -112,31 +145,23 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
     s.Optional("backprop", &stage.backprop);
     s.Optional("learning_rate", &stage.learning_rate);
     s.Optional("warmup_steps", &stage.warmup_steps);
-    for (ConfigReader d : s.List("data")) {
-      DataMixtureEntry entry;
-      d.Optional("generator", &entry.generator);
-      d.Optional("shards", &entry.shards);
-      d.Optional("weight", &entry.weight);
-      d.Optional("min_tokens", &entry.min_tokens);
-      d.Optional("max_tokens", &entry.max_tokens);
-      d.Optional("facts", &entry.facts);
-      d.Check(entry.min_tokens >= 0 && entry.max_tokens >= 0 && entry.facts >= 0, "min_tokens",
-              "min_tokens, max_tokens and facts must not be negative");
-      d.Check(entry.min_tokens == 0 || entry.max_tokens == 0 || entry.min_tokens <= entry.max_tokens,
-              "min_tokens", "must not exceed max_tokens");
-      d.Check(entry.max_tokens <= stage.context, "max_tokens", "must not exceed the stage's context");
-      d.Check((entry.min_tokens == 0 && entry.max_tokens == 0 && entry.facts == 0) ||
-                  entry.generator == "retrieval",
-              "min_tokens", "min_tokens, max_tokens and facts apply to the retrieval generator");
-      d.Check(entry.generator.empty() != entry.shards.empty(), "generator",
-              "give exactly one of generator or shards");
-      if (!entry.generator.empty()) {
-        Result<data::GeneratorKind> kind = data::ParseGeneratorName(entry.generator);
-        d.Check(kind.ok(), "generator", kind.status().message());
+    stage.data = ReadMixture(s, stage.context, path);
+    for (ConfigReader c : s.List("curriculum")) {
+      CurriculumPhase phase;
+      c.Required("context", &phase.context);
+      c.Required("tokens", &phase.tokens);
+      c.Check(phase.context >= 16 && phase.context <= stage.context, "context",
+              "must be at least 16 tokens and at most the stage's context");
+      c.Check(phase.tokens > 0, "tokens", "must be positive");
+      phase.data = ReadMixture(c, phase.context, path);
+      c.Check(!phase.data.empty(), "data", "a curriculum phase needs its data mixture");
+      if (stage.paths == "inference") {
+        for (const DataMixtureEntry& entry : phase.data) {
+          c.Check(entry.generator != "image_text", "data",
+                  "image_text data trains on the training path (images must not straddle chunks)");
+        }
       }
-      entry.shards = ResolvePath(entry.shards, path);
-      d.Check(entry.weight > 0, "weight", "must be positive");
-      stage.data.push_back(entry);
+      stage.curriculum.push_back(phase);
     }
     s.Check(!stage.name.empty() && stage.name.find('/') == std::string::npos, "name",
             "must be a non-empty name without '/'");

@@ -25,6 +25,15 @@ struct DataMixtureEntry {
   int64_t facts = 0;  // retrieval generator: facts per document (0: retrieval.facts)
 };
 
+// A run of steps at a shorter length that a stage makes before its own context: the stage's
+// curriculum. A tiny model learns a look-up only where the fact and its query are a few dozen
+// tokens apart; once learned, the look-up carries to long contexts (docs/pretraining.md).
+struct CurriculumPhase {
+  int64_t context = 0;  // sequence length of the phase, at most the stage's
+  int64_t tokens = 0;   // token budget of the phase, on top of the stage's own
+  std::vector<DataMixtureEntry> data;
+};
+
 struct PretrainStage {
   std::string name;
   int64_t context = 0;         // sequence length of this stage
@@ -41,6 +50,9 @@ struct PretrainStage {
   double learning_rate = 0;     // 0: the optimizer section's rate
   int64_t warmup_steps = -1;    // -1: the schedule section's value
   std::vector<DataMixtureEntry> data;
+  // Phases run in order before the stage's own context, under the stage's learning-rate
+  // schedule (which spans them all), with the same paths and batch size in tokens.
+  std::vector<CurriculumPhase> curriculum;
 };
 
 struct PretrainConfig {

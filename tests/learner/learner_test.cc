@@ -256,6 +256,15 @@ TEST(Pretrain, ConfigErrorsNameTheKey) {
        "min_tokens"},
       {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
        " data: [{generator: retrieval, max_tokens: 65}]}\n",
+       "max_tokens"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " curriculum: [{context: 128, tokens: 10, data: [{generator: retrieval}]}]}\n",
+       "context"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " curriculum: [{context: 32, tokens: 10}]}\n",
+       "data"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " curriculum: [{context: 32, tokens: 10, data: [{generator: retrieval, max_tokens: 40}]}]}\n",
        "max_tokens"}};
   for (const auto& [text, key] : bad) {
     std::ofstream(dir + "/bad2.yaml") << head << text;
@@ -333,6 +342,75 @@ TEST(Pretrain, ResumeMidStageContinuesTheSameDataOrder) {
   EXPECT_EQ((*rest)[0].steps, 2);
   EXPECT_TRUE(SameWeights(options.run_dir + "/checkpoints/a/final",
                           resumed.run_dir + "/checkpoints/a/final", 1e-6));
+}
+
+// A stage with a curriculum phase: 5 steps of 8 x 32 tokens, then 2 of 4 x 64.
+std::string WriteCurriculumConfig(const std::string& dir, int64_t checkpoint_every) {
+  std::ostringstream yaml;
+  yaml << "mode: pretrain\n"
+       << "model_config: " << SourceDir() << "/configs/model/tiny.yaml\n"
+       << "seed: 5\nthreads: 1\n"
+       << "optimizer: {learning_rate: 0.003, warmup_steps: 2}\n"
+       << "checkpoint: {every_steps: " << checkpoint_every << "}\n"
+       << "stages:\n"
+       << "  - name: a\n    context: 64\n    tokens: 512\n    batch_tokens: 256\n"
+       << "    objective: modality_alignment\n"
+       << "    curriculum:\n"
+       << "      - context: 32\n        tokens: 1280\n"
+       << "        data: [{generator: retrieval, min_tokens: 20, max_tokens: 32, facts: 1}]\n";
+  const std::string path = dir + "/run" + std::to_string(checkpoint_every) + ".yaml";
+  std::ofstream(path) << yaml.str();
+  return path;
+}
+
+TEST(Pretrain, CurriculumPhasesRunFirstAndResumeInsideAndAcrossThem) {
+  const std::string dir = TempDir("curriculum");
+  std::string reference;
+  // A checkpoint inside the phase, at the boundary (the stage's own context not started) and
+  // after it; each resumed run must end with the weights of the uninterrupted one.
+  for (const auto& [every, position] :
+       std::vector<std::pair<int64_t, int64_t>>{{4, 32}, {5, 0}, {6, 4}}) {
+    Result<PretrainConfig> config = LoadPretrainConfig(WriteCurriculumConfig(dir, every));
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    ASSERT_EQ(config->stages[0].curriculum.size(), 1u);
+    PretrainOptions options;
+    options.run_dir = dir + "/whole" + std::to_string(every);
+    options.bar = 0;
+    options.evaluate = false;
+    Result<std::vector<StageSummary>> whole = RunPretraining(*config, options);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    EXPECT_EQ((*whole)[0].steps, 7);
+    EXPECT_EQ((*whole)[0].tokens, 1280 + 512);
+    EXPECT_TRUE(std::filesystem::exists(options.run_dir + "/data/a/phase0-0-retrieval/COMPLETE"));
+    const std::string final_checkpoint = options.run_dir + "/checkpoints/a/final";
+    if (reference.empty()) reference = final_checkpoint;
+    EXPECT_TRUE(SameWeights(reference, final_checkpoint, 1e-6)) << every;
+
+    Result<CheckpointState> latest =
+        ReadCheckpointState(options.run_dir + "/checkpoints/a/latest");
+    ASSERT_TRUE(latest.ok());
+    EXPECT_EQ(latest->step, every);
+    EXPECT_EQ(latest->data_position, position) << every;
+    PretrainOptions resumed = options;
+    resumed.run_dir = dir + "/resumed" + std::to_string(every);
+    resumed.resume = options.run_dir + "/checkpoints/a/latest";
+    Result<std::vector<StageSummary>> rest = RunPretraining(*config, resumed);
+    ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+    EXPECT_EQ((*rest)[0].steps, 7 - every);
+    EXPECT_TRUE(SameWeights(reference, resumed.run_dir + "/checkpoints/a/final", 1e-6)) << every;
+  }
+  // A capped smoke run still reaches the stage's own context: the cap is shared.
+  Result<PretrainConfig> config = LoadPretrainConfig(WriteCurriculumConfig(dir, 0));
+  ASSERT_TRUE(config.ok());
+  PretrainOptions capped;
+  capped.run_dir = dir + "/capped";
+  capped.bar = 0;
+  capped.evaluate = false;
+  capped.max_steps_per_stage = 2;
+  Result<std::vector<StageSummary>> two = RunPretraining(*config, capped);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ((*two)[0].steps, 2);
+  EXPECT_EQ((*two)[0].tokens, 256 + 256);
 }
 
 }  // namespace
