@@ -1,6 +1,7 @@
 #include "common/model/sparse_experts.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 
 #include <vector>
@@ -31,30 +32,60 @@ at::Tensor RoutedExpertsInference(const SparseExpertWeights& w, const FeedForwar
                 " is outside [0, ", c.routed_experts, ")");
     pairs_of[expert].push_back(pair);
   }
-  at::Tensor combined = at::zeros_like(latent);
+  // Each expert's rows run on one thread, the experts spread over the threads: an expert's
+  // matrices are small (a few rows at decode), so splitting one product across threads costs a
+  // thread wake-up per product, more than the product itself. The weighted outputs are then
+  // added one expert after another in ascending id, the training path's order.
+  struct ExpertWork {
+    int64_t expert = 0;
+    std::vector<int64_t> tokens;  // rows of `latent`, one per chosen pair
+    at::Tensor pair_index;        // the pairs' slots in the flattened (M * k) weights
+    at::Tensor token_index;
+    at::Tensor output;            // (rows, l), already weighted
+  };
+  std::vector<ExpertWork> work;
   for (int64_t expert = 0; expert < c.routed_experts; ++expert) {
     const std::vector<int64_t>& chosen_pairs = pairs_of[expert];
     if (chosen_pairs.empty()) continue;
-    const at::Tensor gate = w.routed_gate.select(0, expert);
-    const at::Tensor up = w.routed_up.select(0, expert);
-    const at::Tensor down = w.routed_down.select(0, expert);
-    if (chosen_pairs.size() == 1) {
-      const int64_t pair = chosen_pairs.front();
-      at::Tensor row = combined.select(0, pair / k);
-      at::Tensor output = SituGluFeedForward(latent.select(0, pair / k), gate, up, down,
-                                             c.gate_cap, c.up_cap);
-      row.add_(output.mul_(flat_weights.select(0, pair)));
-      continue;
+    ExpertWork item;
+    item.expert = expert;
+    for (int64_t pair : chosen_pairs) item.tokens.push_back(pair / k);
+    if (chosen_pairs.size() > 1) {
+      item.pair_index = at::tensor(chosen_pairs, at::kLong);
+      item.token_index = at::tensor(item.tokens, at::kLong);
     }
-    std::vector<int64_t> token_ids;
-    token_ids.reserve(chosen_pairs.size());
-    for (int64_t pair : chosen_pairs) token_ids.push_back(pair / k);
-    at::Tensor pair_index = at::tensor(chosen_pairs, at::kLong);
-    at::Tensor token_index = at::tensor(token_ids, at::kLong);
-    at::Tensor output = SituGluFeedForward(latent.index_select(0, token_index), gate, up, down,
-                                           c.gate_cap, c.up_cap);
-    output.mul_(flat_weights.index_select(0, pair_index).unsqueeze(1));
-    combined.index_add_(0, token_index, output);
+    work.push_back(std::move(item));
+  }
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      ExpertWork& item = work[i];
+      const at::Tensor gate = w.routed_gate.select(0, item.expert);
+      const at::Tensor up = w.routed_up.select(0, item.expert);
+      const at::Tensor down = w.routed_down.select(0, item.expert);
+      if (item.tokens.size() == 1) {
+        // One token: matrix-vector products on its row.
+        item.output = SituGluFeedForward(latent.select(0, item.tokens.front()), gate, up, down,
+                                         c.gate_cap, c.up_cap)
+                          .mul_(flat_weights.select(0, pairs_of[item.expert].front()));
+      } else {
+        item.output = SituGluFeedForward(latent.index_select(0, item.token_index), gate, up,
+                                         down, c.gate_cap, c.up_cap);
+        item.output.mul_(flat_weights.index_select(0, item.pair_index).unsqueeze(1));
+      }
+    }
+  };
+  if (work.size() > 1) {
+    at::parallel_for(0, static_cast<int64_t>(work.size()), 1, run);
+  } else {
+    run(0, static_cast<int64_t>(work.size()));
+  }
+  at::Tensor combined = at::zeros_like(latent);
+  for (const ExpertWork& item : work) {
+    if (item.tokens.size() == 1) {
+      combined.select(0, item.tokens.front()).add_(item.output);
+    } else {
+      combined.index_add_(0, item.token_index, item.output);
+    }
   }
   return combined;
 }
