@@ -22,6 +22,7 @@ IncrementalAttentionWeights IncrementalAttentionWeights::Bind(const TensorMap& t
   w.decay_up = Lookup(t, p + "decay_up");
   w.decay_bias = Lookup(t, p + "decay_bias");
   w.decay_log_scale = Lookup(t, p + "decay_log_scale");
+  if (auto it = t.find(p + "joined_input"); it != t.end()) w.joined_input = it->second;
   w.output_norm = Lookup(t, p + "output_norm");
   w.gate = Lookup(t, p + "gate");
   w.output = Lookup(t, p + "output");
@@ -87,7 +88,9 @@ at::Tensor IncrementalAttentionForward(const IncrementalAttentionWeights& w,
 
   // q, k, v projections share one convolution call: their channels are concatenated so the
   // state keeps one tail.
-  at::Tensor projected = at::cat({Linear(x, w.query), Linear(x, w.key), Linear(x, w.value)}, -1);
+  const std::vector<at::Tensor> inputs = LinearParts(
+      x, w.joined_input, {&w.query, &w.key, &w.value, &w.gate, &w.beta, &w.decay_down});
+  at::Tensor projected = at::cat({inputs[0], inputs[1], inputs[2]}, -1);
   at::Tensor conv_weight = at::cat({w.query_conv, w.key_conv, w.value_conv}, 0);
   at::Tensor tail = state != nullptr
                         ? state->conv_tail
@@ -101,8 +104,8 @@ at::Tensor IncrementalAttentionForward(const IncrementalAttentionWeights& w,
   q = q / at::sqrt(q.pow(2).sum(-1, true) + 1e-6) / std::sqrt(static_cast<double>(c.key_dim));
   k = k / at::sqrt(k.pow(2).sum(-1, true) + 1e-6);
 
-  at::Tensor beta = at::sigmoid(Linear(x, w.beta)).transpose(1, 2);  // (B, H, T)
-  at::Tensor z = Linear(Linear(x, w.decay_down), w.decay_up) + w.decay_bias;
+  at::Tensor beta = at::sigmoid(inputs[4]).transpose(1, 2);  // (B, H, T)
+  at::Tensor z = Linear(inputs[5], w.decay_up) + w.decay_bias;
   at::Tensor g = SplitHeads(DecayGate(z, w.decay_log_scale, c.heads, c.min_log_decay), c.heads);
   if (trace != nullptr) {
     trace->log_decay = g;
@@ -131,7 +134,7 @@ at::Tensor IncrementalAttentionForward(const IncrementalAttentionWeights& w,
 
   at::Tensor o = result.output.to(x.scalar_type()).transpose(1, 2);  // (B, T, H, Dv)
   o = RmsNorm(o, w.output_norm, norm_epsilon).reshape({batch, length, hv});
-  o = at::sigmoid(Linear(x, w.gate)) * o;
+  o = at::sigmoid(inputs[3]) * o;
   return Linear(o, w.output);
 }
 

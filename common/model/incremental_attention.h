@@ -31,6 +31,9 @@ struct IncrementalAttentionWeights {
   at::Tensor output_norm;      // (Dv) RMSNorm weight shared by heads
   at::Tensor gate;             // (H*Dv, d)
   at::Tensor output;           // (d, H*Dv)
+  // query, key, value, gate, beta, decay_down as row blocks of one matrix (Model::Bind), or
+  // undefined: what inference multiplies x by.
+  at::Tensor joined_input;
 
   static IncrementalAttentionWeights Bind(const TensorMap& tensors, const std::string& prefix);
 };

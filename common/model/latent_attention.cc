@@ -20,6 +20,7 @@ LatentAttentionWeights LatentAttentionWeights::Bind(const TensorMap& t, const st
   w.kv_up = Lookup(t, p + "kv_up");
   w.gate = Lookup(t, p + "gate");
   w.output = Lookup(t, p + "output");
+  if (auto it = t.find(p + "joined_input"); it != t.end()) w.joined_input = it->second;
   return w;
 }
 
@@ -405,12 +406,14 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
   const int64_t qk_dim = c.nope_dim + c.rope_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(qk_dim));
 
-  at::Tensor compressed_query = RmsNorm(Linear(x, w.query_down), w.query_norm, norm_epsilon);
+  const std::vector<at::Tensor> inputs =
+      LinearParts(x, w.joined_input, {&w.query_down, &w.kv_down, &w.gate});
+  at::Tensor compressed_query = RmsNorm(inputs[0], w.query_norm, norm_epsilon);
   at::Tensor query = Linear(compressed_query, w.query_up).view({batch, length, heads, qk_dim});
   at::Tensor query_nope = query.narrow(-1, 0, c.nope_dim);          // (B, T, H, Dn)
   at::Tensor query_rope = query.narrow(-1, c.nope_dim, c.rope_dim);  // (B, T, H, Dr)
 
-  at::Tensor kv = Linear(x, w.kv_down);
+  const at::Tensor& kv = inputs[1];
   at::Tensor latent = RmsNorm(kv.narrow(-1, 0, c.kv_rank), w.kv_norm, norm_epsilon);  // (B,T,Dc)
   at::Tensor rope_key = kv.narrow(-1, c.kv_rank, c.rope_dim);                         // (B,T,Dr)
   *new_latent = latent;
@@ -510,7 +513,7 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
     }
   }
   at::Tensor gated =
-      at::sigmoid(Linear(x, w.gate)) * head_output.reshape({batch, length, heads * c.value_dim});
+      at::sigmoid(inputs[2]) * head_output.reshape({batch, length, heads * c.value_dim});
   return Linear(gated, w.output);
 }
 

@@ -32,6 +32,9 @@ struct LatentAttentionWeights {
   at::Tensor kv_up;       // (H*(Dn+Dv), Dc)
   at::Tensor gate;        // (H*Dv, d)
   at::Tensor output;      // (d, H*Dv)
+  // query_down, kv_down, gate as row blocks of one matrix (Model::Bind), or undefined: what
+  // inference multiplies x by.
+  at::Tensor joined_input;
 
   static LatentAttentionWeights Bind(const TensorMap& tensors, const std::string& prefix);
 };

@@ -232,6 +232,34 @@ Status Model::Save(const std::string& path) const {
 void Model::Bind() {
   TensorMap map;
   for (const auto& [name, tensor] : tensors_) map[name] = tensor;
+  // Weights that read the same input become row blocks of one matrix, so inference applies
+  // them as one product (model/ops.h, LinearParts). The parameters stay separate tensors (views).
+  const std::vector<char> layer_kinds = config_.LayerKinds();
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const std::string prefix = "layers." + std::to_string(i) + ".";
+    if (layer_kinds[i] == 'I') {
+      const std::string p = prefix + "incremental.";
+      map[p + "joined_input"] = model::JoinRows(
+          &map, {p + "query", p + "key", p + "value", p + "gate", p + "beta", p + "decay_down"});
+    } else {
+      const std::string p = prefix + "latent.";
+      map[p + "joined_input"] =
+          model::JoinRows(&map, {p + "query_down", p + "kv_down", p + "gate"});
+    }
+    if (config_.IsMoeLayer(i)) {
+      const std::string p = prefix + "experts.";
+      std::vector<std::string> names = {p + "router", p + "latent_down"};
+      if (config_.feed_forward.shared_experts > 0) {
+        names.push_back(p + "shared_gate");
+        names.push_back(p + "shared_up");
+      }
+      map[p + "joined_input"] = model::JoinRows(&map, names);
+    } else {
+      const std::string p = prefix + "dense.";
+      map[p + "joined_input"] = model::JoinRows(&map, {p + "gate", p + "up"});
+    }
+  }
+  for (auto& [name, tensor] : tensors_) tensor = map.at(name);
   auto layers = std::make_unique<Layers>();
   layers->embedding = model::Lookup(map, "embedding");
   layers->residual_queries = model::Lookup(map, "residual_queries");

@@ -1,6 +1,7 @@
 #include "common/model/ops.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/GradMode.h>
 
 #include <vector>
@@ -26,6 +27,70 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight) {
     return at::mv(weight, x.reshape({x.size(-1)})).view(shape);
   }
   return at::matmul(x, weight.t());
+}
+
+std::vector<at::Tensor> LinearParts(const at::Tensor& x, const at::Tensor& joined,
+                                    std::initializer_list<const at::Tensor*> weights) {
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(weights.size());
+  if (joined.defined() && !c10::GradMode::is_enabled()) {
+    at::Tensor all = Linear(x, joined);
+    int64_t offset = 0;
+    for (const at::Tensor* weight : weights) {
+      const int64_t rows = weight->numel() / weight->size(-1);
+      outputs.push_back(all.narrow(-1, offset, rows));
+      offset += rows;
+    }
+    TORCH_CHECK(offset == joined.size(0), "joined weights have ", joined.size(0),
+                " rows, the parts ", offset);
+    return outputs;
+  }
+  for (const at::Tensor* weight : weights) {
+    outputs.push_back(
+        Linear(x, weight->dim() == 2 ? *weight : weight->reshape({-1, weight->size(-1)})));
+  }
+  return outputs;
+}
+
+at::Tensor JoinRows(TensorMap* tensors, const std::vector<std::string>& names) {
+  std::vector<at::Tensor*> parts;
+  for (const std::string& name : names) {
+    auto it = tensors->find(name);
+    if (it == tensors->end() || !it->second.defined()) return at::Tensor();
+    parts.push_back(&it->second);
+  }
+  if (parts.empty()) return at::Tensor();
+  const at::Tensor& first = *parts.front();
+  const int64_t width = first.size(-1);
+  int64_t rows = 0;
+  bool adjacent = true;  // already consecutive blocks of one storage, in this order
+  for (const at::Tensor* part : parts) {
+    if (part->scalar_type() != first.scalar_type() || part->device() != first.device() ||
+        part->dim() < 2 || part->size(-1) != width) {
+      return at::Tensor();
+    }
+    adjacent = adjacent && part->is_contiguous() && part->is_alias_of(first) &&
+               part->storage_offset() == first.storage_offset() + rows * width;
+    rows += part->numel() / width;
+  }
+  if (adjacent && first.storage().nbytes() >=
+                      static_cast<size_t>((first.storage_offset() + rows * width) *
+                                          first.element_size())) {
+    return first.detach().as_strided({rows, width}, {width, 1}, first.storage_offset());
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor joined = at::empty({rows, width}, first.options().requires_grad(false));
+  int64_t offset = 0;
+  for (at::Tensor* part : parts) {
+    const int64_t count = part->numel() / width;
+    at::Tensor view = joined.narrow(0, offset, count).view(part->sizes());
+    view.copy_(part->detach());
+    const bool requires_grad = part->requires_grad();
+    *part = view;
+    if (requires_grad) part->requires_grad_(true);
+    offset += count;
+  }
+  return joined;
 }
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double epsilon) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/kernels/routing.h"
+#include "common/kernels/situ.h"
 
 namespace strider::model {
 namespace {
@@ -123,12 +124,15 @@ at::Tensor RoutedExpertsGrouped(const SparseExpertWeights& w, const FeedForwardC
 }  // namespace
 
 DenseFeedForwardWeights DenseFeedForwardWeights::Bind(const TensorMap& t, const std::string& p) {
-  return {Lookup(t, p + "gate"), Lookup(t, p + "up"), Lookup(t, p + "down")};
+  DenseFeedForwardWeights w{Lookup(t, p + "gate"), Lookup(t, p + "up"), Lookup(t, p + "down")};
+  if (auto it = t.find(p + "joined_input"); it != t.end()) w.joined_input = it->second;
+  return w;
 }
 
 at::Tensor DenseFeedForward(const DenseFeedForwardWeights& w, const FeedForwardConfig& c,
                             const at::Tensor& x) {
-  return SituGluFeedForward(x, w.gate, w.up, w.down, c.gate_cap, c.up_cap);
+  const std::vector<at::Tensor> inputs = LinearParts(x, w.joined_input, {&w.gate, &w.up});
+  return Linear(kernels::SituGlu(inputs[0], inputs[1], c.gate_cap, c.up_cap), w.down);
 }
 
 SparseExpertWeights SparseExpertWeights::Bind(const TensorMap& t, const std::string& p,
@@ -147,6 +151,7 @@ SparseExpertWeights SparseExpertWeights::Bind(const TensorMap& t, const std::str
     w.shared_up = Lookup(t, p + "shared_up");
     w.shared_down = Lookup(t, p + "shared_down");
   }
+  if (auto it = t.find(p + "joined_input"); it != t.end()) w.joined_input = it->second;
   return w;
 }
 
@@ -158,7 +163,12 @@ at::Tensor SparseExpertForward(const SparseExpertWeights& w, const FeedForwardCo
   const int64_t width = x.size(2);
   at::Tensor tokens = x.reshape({batch * length, width});  // (M, d)
 
-  at::Tensor scores = at::sigmoid(Linear(tokens, w.router));  // (M, n)
+  const std::vector<at::Tensor> inputs =
+      w.shared_gate.defined()
+          ? LinearParts(tokens, w.joined_input,
+                        {&w.router, &w.latent_down, &w.shared_gate, &w.shared_up})
+          : LinearParts(tokens, w.joined_input, {&w.router, &w.latent_down});
+  at::Tensor scores = at::sigmoid(inputs[0]);  // (M, n)
   kernels::RoutingDecision decision =
       replay_experts.defined()
           ? kernels::RouteWithExperts(scores, replay_experts)
@@ -168,7 +178,7 @@ at::Tensor SparseExpertForward(const SparseExpertWeights& w, const FeedForwardCo
     record->scores = scores.detach();
   }
 
-  at::Tensor latent = Linear(tokens, w.latent_down);  // (M, l)
+  at::Tensor latent = inputs[1];  // (M, l)
   at::Tensor combined;
   if (!c10::GradMode::is_enabled() && decision.experts.device().is_cpu()) {
     combined = RoutedExpertsInference(w, c, latent, decision.experts, decision.weights);
@@ -177,9 +187,12 @@ at::Tensor SparseExpertForward(const SparseExpertWeights& w, const FeedForwardCo
   }
   at::Tensor y = Linear(RmsNorm(combined, w.latent_norm, norm_epsilon), w.latent_up);
   if (w.shared_gate.defined()) {
+    const int64_t hidden = w.shared_gate.size(1);
     for (int64_t j = 0; j < w.shared_gate.size(0); ++j) {
-      y = y + SituGluFeedForward(tokens, w.shared_gate[j], w.shared_up[j], w.shared_down[j],
-                                 c.gate_cap, c.up_cap);
+      at::Tensor activation =
+          kernels::SituGlu(inputs[2].narrow(-1, j * hidden, hidden),
+                           inputs[3].narrow(-1, j * hidden, hidden), c.gate_cap, c.up_cap);
+      y = y + Linear(activation, w.shared_down[j]);
     }
   }
   return y.view({batch, length, width});

@@ -22,6 +22,7 @@ struct DenseFeedForwardWeights {
   at::Tensor gate;  // (F, d)
   at::Tensor up;    // (F, d)
   at::Tensor down;  // (d, F)
+  at::Tensor joined_input;  // gate and up as row blocks of one matrix (Model::Bind), or undefined
 
   static DenseFeedForwardWeights Bind(const TensorMap& tensors, const std::string& prefix);
 };
@@ -41,6 +42,9 @@ struct SparseExpertWeights {
   at::Tensor shared_gate;  // (s, S, d) or undefined when there are no shared experts
   at::Tensor shared_up;    // (s, S, d)
   at::Tensor shared_down;  // (s, d, S)
+  // router, latent_down, shared_gate, shared_up as row blocks of one matrix (Model::Bind), or
+  // undefined: what inference multiplies the tokens by.
+  at::Tensor joined_input;
 
   static SparseExpertWeights Bind(const TensorMap& tensors, const std::string& prefix,
                                   bool has_shared_experts);
