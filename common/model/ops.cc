@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/GradMode.h>
 
+#include <cmath>
 #include <vector>
 
 #include "common/kernels/situ.h"
@@ -93,7 +94,46 @@ at::Tensor JoinRows(TensorMap* tensors, const std::vector<std::string>& names) {
   return joined;
 }
 
+namespace {
+
+// RmsNorm without autograd for fp32: one pass per row instead of six operations. Runs at every
+// sublayer input of every decode step, where the operations' dispatch cost more than the math.
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+at::Tensor RmsNormFused(const at::Tensor& x, const at::Tensor& weight, double epsilon) {
+  at::Tensor input = x.contiguous();
+  const int64_t width = input.size(-1);
+  const int64_t rows = width == 0 ? 0 : input.numel() / width;
+  at::Tensor out = at::empty(input.sizes(), input.options());
+  const float* __restrict in_data = input.data_ptr<float>();
+  float* __restrict out_data = out.data_ptr<float>();
+  at::Tensor scale = weight.defined() ? weight.contiguous() : at::Tensor();
+  const float* __restrict w = weight.defined() ? scale.data_ptr<float>() : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict row = in_data + r * width;
+    float* __restrict y = out_data + r * width;
+    double square = 0;
+    for (int64_t c = 0; c < width; ++c) square += static_cast<double>(row[c]) * row[c];
+    const float inverse = static_cast<float>(1.0 / std::sqrt(square / width + epsilon));
+    if (w != nullptr) {
+      for (int64_t c = 0; c < width; ++c) y[c] = row[c] * inverse * w[c];
+    } else {
+      for (int64_t c = 0; c < width; ++c) y[c] = row[c] * inverse;
+    }
+  }
+  return out;
+}
+#pragma GCC pop_options
+
+}  // namespace
+
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double epsilon) {
+  if (!c10::GradMode::is_enabled() && x.scalar_type() == at::kFloat && x.device().is_cpu() &&
+      x.dim() >= 1 &&
+      (!weight.defined() || (weight.scalar_type() == at::kFloat && weight.dim() == 1 &&
+                             weight.size(0) == x.size(-1)))) {
+    return RmsNormFused(x, weight, epsilon);
+  }
   at::Tensor normed = x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + epsilon);
   return weight.defined() ? normed * weight : normed;
 }
