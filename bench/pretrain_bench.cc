@@ -9,11 +9,17 @@
 // moments, after one warm-up step). Finally the exponent of memory growth between the first and
 // the last stage length (1 = linear).
 //
-//   pretrain_bench [--config F] [--steps N] [--quick]
+// Each stage runs in a fresh process (the bench runs itself with --stage I): memory freed by one
+// stage stays in the heap, so a later stage that needs less would read as the earlier peak.
+//
+//   pretrain_bench [--config F] [--steps N] [--quick] [--stage I]
 #include <ATen/ATen.h>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -68,12 +74,71 @@ double MatmulPeak() {
   return best;
 }
 
+// Runs every stage in a child process (this program with --stage I), passes its lines through
+// (the matmul peak once) and prints the memory growth exponent from the children's figures.
+int RunStagesInChildren(const std::string& config_path, int64_t steps, size_t stages) {
+  char self[4096];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length <= 0) {
+    std::fprintf(stderr, "pretrain_bench: cannot find its own executable\n");
+    return 1;
+  }
+  self[length] = '\0';
+  double first_memory = 0, last_memory = 0;
+  int64_t first_length = 0, last_length = 0;
+  std::string bench_name;
+  bool printed_peak = false;
+  for (size_t stage = 0; stage < stages; ++stage) {
+    const std::string command = std::string("'") + self + "' --config '" + config_path +
+                                "' --steps " + std::to_string(steps) + " --stage " +
+                                std::to_string(stage);
+    FILE* child = popen(command.c_str(), "r");
+    if (child == nullptr) return 1;
+    char buffer[4096];
+    while (std::fgets(buffer, sizeof(buffer), child) != nullptr) {
+      const std::string line = buffer;
+      const bool is_peak = line.find("\"matmul_peak_fp32\"") != std::string::npos;
+      if (!is_peak || !printed_peak) std::fputs(buffer, stdout);
+      printed_peak = printed_peak || is_peak;
+      const size_t at = line.find("\"metric\":\"peak_memory_");
+      if (at != std::string::npos) {
+        const int64_t context = std::atoll(line.c_str() + at + 22);
+        const size_t value = line.find("\"value\":");
+        const double mib = std::atof(line.c_str() + value + 8);
+        if (first_length == 0 && mib >= 1.0) first_length = context, first_memory = mib;
+        last_length = context, last_memory = mib;
+      }
+      const size_t name = line.find("\"bench\":\"");
+      if (bench_name.empty() && name != std::string::npos) {
+        bench_name = line.substr(name + 9, line.find('"', name + 9) - name - 9);
+      }
+    }
+    std::fflush(stdout);
+    if (pclose(child) != 0) {
+      std::fprintf(stderr, "pretrain_bench: stage %zu failed\n", stage);
+      return 1;
+    }
+  }
+  // The exponent starts at the first stage whose footprint the resident set can see: a tiny
+  // model's short step fits in heap the warm-up already holds and reads as ~0 bytes.
+  if (last_length > first_length && first_memory > 0) {
+    const double exponent = std::log(last_memory / first_memory) /
+                            std::log(static_cast<double>(last_length) / first_length);
+    bench::PrintResult(bench_name, "memory_growth_exponent_" + std::to_string(first_length) +
+                                       "_to_" + std::to_string(last_length),
+                       exponent, "exponent", 1.0);
+  }
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   std::string config_path = std::string(STRIDER_SOURCE_DIR) + "/configs/pretrain/small.yaml";
   int64_t steps = 1;
+  int64_t only_stage = -1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--config") && i + 1 < argc) config_path = argv[++i];
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::stoll(argv[++i]);
+    if (!std::strcmp(argv[i], "--stage") && i + 1 < argc) only_stage = std::stoll(argv[++i]);
     if (!std::strcmp(argv[i], "--quick")) {
       config_path = std::string(STRIDER_SOURCE_DIR) + "/configs/pretrain/tiny.yaml";
     }
@@ -81,6 +146,12 @@ int Run(int argc, char** argv) {
   Result<PretrainConfig> config = LoadPretrainConfig(config_path);
   if (!config.ok()) {
     std::fprintf(stderr, "pretrain_bench: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  if (only_stage < 0) return RunStagesInChildren(config_path, steps, config->stages.size());
+  if (only_stage >= static_cast<int64_t>(config->stages.size())) {
+    std::fprintf(stderr, "pretrain_bench: --stage %lld: the config has %zu stages\n",
+                 static_cast<long long>(only_stage), config->stages.size());
     return 2;
   }
   ConfigureRuntime(config->threads > 0 ? config->threads : config->model.threads);
@@ -99,10 +170,9 @@ int Run(int argc, char** argv) {
   const double latent_layers = static_cast<double>(m.CountLayers('G'));
 
   // One untimed step on a 64-token sequence first: gradients, optimizer temporaries and the
-  // allocator's pools exist afterwards, so the memory below is what a stage's length adds, not
-  // one-off allocations charged to whichever stage runs first. Freed memory stays in the heap
-  // (ConfigureRuntime) and stages run from short to long, so the peak resident set after a
-  // stage minus this baseline is that stage's peak footprint.
+  // allocator's pools exist afterwards, so the memory below is what the stage's length adds, not
+  // one-off allocations. This process runs only this stage, so the peak resident set after it
+  // minus this baseline is the stage's peak footprint.
   {
     data::GeneratorOptions generator;
     generator.length = 64;  // shorter than any stage, so the first stage's activations count
@@ -117,9 +187,8 @@ int Run(int argc, char** argv) {
     if (!loss.ok() || !optimizer.Step(1e-4).ok()) return 1;
   }
   const int64_t baseline = Resident();
-  double first_memory = 0, last_memory = 0;
-  int64_t first_length = 0, last_length = 0;
-  for (const PretrainStage& stage : config->stages) {
+  {
+    const PretrainStage& stage = config->stages[only_stage];
     data::GeneratorOptions generator;
     generator.length = stage.context;
     generator.facts = config->retrieval_facts;
@@ -158,17 +227,6 @@ int Run(int argc, char** argv) {
     bench::PrintResult(bench, "train_tokens_per_second" + suffix, tokens_per_second, "tokens/s");
     bench::PrintResult(bench, "train_flops" + suffix, flops / 1e9, "GFLOP/s", peak / 1e9);
     bench::PrintResult(bench, "peak_memory" + suffix, memory / (1 << 20), "MiB");
-    // The exponent starts at the first stage whose footprint the resident set can see: a tiny
-    // model's short step fits in heap the warm-up already holds and reads as ~0 bytes.
-    if (first_length == 0 && memory >= (1 << 20)) first_length = stage.context, first_memory = memory;
-    last_length = stage.context, last_memory = memory;
-  }
-  if (last_length > first_length && first_memory > 0) {
-    const double exponent = std::log(last_memory / first_memory) /
-                            std::log(static_cast<double>(last_length) / first_length);
-    bench::PrintResult(bench, "memory_growth_exponent_" + std::to_string(first_length) + "_to_" +
-                                  std::to_string(last_length),
-                       exponent, "exponent", 1.0);
   }
   return 0;
 }
