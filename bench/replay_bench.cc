@@ -12,7 +12,6 @@
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
-#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -344,12 +343,10 @@ int main(int argc, char** argv) {
     }
   }
   spdlog::set_level(spdlog::level::warn);
-  // Keep freed buffers (64 KiB - 1 MiB frames, RocksDB and ZeroMQ buffers) in the heap instead
-  // of returning them with munmap: every munmap takes the process-wide mmap lock and every fresh
-  // page faults, which stalls all threads, the sampling ones included. Applies to the baselines
-  // and the server alike.
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // The allocator set up as `strider replay serve` sets it (one heap, freed buffers kept):
+  // every munmap takes the process-wide mmap lock and every fresh page faults, which stalls all
+  // threads, the sampling ones included. Applies to the baselines and the server alike.
+  strider::replay::ConfigureServerProcessMemory();
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("replay_bench_" + std::to_string(::getpid())))
           .string();

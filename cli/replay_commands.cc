@@ -30,6 +30,7 @@ struct ServeArgs {
 Status Serve(const ServeArgs& args) {
   // stdout carries the JSON events; the log goes to stderr.
   spdlog::set_default_logger(spdlog::stderr_color_mt("replay"));
+  replay::ConfigureServerProcessMemory();
   replay::ServerOptions options;
   if (!args.config.empty()) {
     STRIDER_ASSIGN_OR_RETURN(options, replay::LoadServerConfig(args.config));

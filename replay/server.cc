@@ -19,6 +19,7 @@
 // under state_mutex_. A sample's durable record is written while holding it, so retention can
 // never delete a segment between a draw being chosen and the draw being recorded; it goes to
 // the sampling store's own log (replay/storage.h), so it never queues behind segment batches.
+#include <malloc.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
@@ -1238,6 +1239,12 @@ Result<std::unique_ptr<ReplayServer>> ReplayServer::Start(ServerOptions options)
     return status;
   }
   return std::unique_ptr<ReplayServer>(std::move(server));
+}
+
+void ConfigureServerProcessMemory() {
+  mallopt(M_ARENA_MAX, 1);               // one heap for all threads
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);  // segments and memtable blocks from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);    // and kept there when freed
 }
 
 }  // namespace strider::replay
