@@ -396,7 +396,8 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     };
     std::deque<RoutingRecord> balance_window;  // real-token routing of the latest steps
     for (; step < steps; ++step) {
-      if (PartOf(parts, step) != packer_part) STRIDER_RETURN_IF_ERROR(open_part(PartOf(parts, step), 0));
+      const size_t part = PartOf(parts, step);
+      if (part != packer_part) STRIDER_RETURN_IF_ERROR(open_part(part, 0));
       const int64_t rows = parts[packer_part].rows;
       const int64_t context = parts[packer_part].context;
       std::vector<std::vector<int32_t>> sequences;

@@ -62,6 +62,16 @@ std::vector<DataMixtureEntry> ReadMixture(ConfigReader& section, int64_t context
   return mixture;
 }
 
+// Image data must train on the training path: an image's patches must not straddle a chunk.
+void CheckMixtureForPaths(ConfigReader& section, const std::string& paths,
+                          const std::vector<DataMixtureEntry>& mixture) {
+  if (paths != "inference") return;
+  for (const DataMixtureEntry& entry : mixture) {
+    section.Check(entry.generator != "image_text", "data",
+                  "image_text data trains on the training path (images must not straddle chunks)");
+  }
+}
+
 }  // namespace
 
 Result<std::string> ReadLearnerMode(const std::string& path) {
@@ -155,12 +165,7 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
       c.Check(phase.tokens > 0, "tokens", "must be positive");
       phase.data = ReadMixture(c, phase.context, path);
       c.Check(!phase.data.empty(), "data", "a curriculum phase needs its data mixture");
-      if (stage.paths == "inference") {
-        for (const DataMixtureEntry& entry : phase.data) {
-          c.Check(entry.generator != "image_text", "data",
-                  "image_text data trains on the training path (images must not straddle chunks)");
-        }
-      }
+      CheckMixtureForPaths(c, stage.paths, phase.data);
       stage.curriculum.push_back(phase);
     }
     s.Check(!stage.name.empty() && stage.name.find('/') == std::string::npos, "name",
@@ -179,12 +184,7 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
             "must be full or truncated");
     s.Check(stage.chunk_tokens >= 1, "chunk_tokens", "must be positive");
     DefaultMixture(stage);
-    if (stage.paths == "inference") {
-      for (const DataMixtureEntry& entry : stage.data) {
-        s.Check(entry.generator != "image_text", "data",
-                "image_text data trains on the training path (images must not straddle chunks)");
-      }
-    }
+    CheckMixtureForPaths(s, stage.paths, stage.data);
     config.stages.push_back(stage);
   }
   root.Check(!config.stages.empty(), "stages", "at least one stage is required");
