@@ -42,6 +42,7 @@
 #include <unordered_set>
 
 #include "common/config.h"
+#include "common/process_memory.h"
 #include "common/schema/messages.h"
 #include "common/transport/zmq_util.h"
 #include "replay/replay.h"
@@ -1242,9 +1243,8 @@ Result<std::unique_ptr<ReplayServer>> ReplayServer::Start(ServerOptions options)
 }
 
 void ConfigureServerProcessMemory() {
-  mallopt(M_ARENA_MAX, 1);               // one heap for all threads
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);  // segments and memtable blocks from the heap
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);    // and kept there when freed
+  mallopt(M_ARENA_MAX, 1);  // one heap for all threads
+  KeepFreedMemoryInHeap();  // segments and memtable blocks from it, kept when freed
 }
 
 }  // namespace strider::replay

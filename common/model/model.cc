@@ -5,7 +5,6 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include <malloc.h>
 
 #include <cstring>
 #include <thread>
@@ -14,6 +13,7 @@
 #include "common/model/attention_residuals.h"
 #include "common/model/parameters.h"
 #include "common/model/vision.h"
+#include "common/process_memory.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 
@@ -584,8 +584,7 @@ void ConfigureThreads(int64_t threads) {
 
 void ConfigureRuntime(int64_t threads) {
   ConfigureThreads(threads);
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);  // blocks below 256 MiB come from the heap
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);    // and stay there when freed
+  KeepFreedMemoryInHeap();
 }
 
 }  // namespace strider

@@ -181,10 +181,8 @@ at::Tensor NextTokenLogProbs(const at::Tensor& logits, const at::Tensor& tokens)
 // small machines, which halves throughput.
 void ConfigureThreads(int64_t threads);
 
-// ConfigureThreads plus allocator settings for processes that run the model: glibc returns
-// every large block to the kernel on free, and on virtual machines where touching a fresh page
-// costs tens of microseconds the kernels' big temporaries then spend more time in page faults
-// than in arithmetic. Keeping freed blocks in the heap makes the next step reuse them.
+// ConfigureThreads plus KeepFreedMemoryInHeap (common/process_memory.h): the kernels' big
+// temporaries are reused by the next step instead of faulted in again.
 void ConfigureRuntime(int64_t threads);
 
 }  // namespace strider
