@@ -14,7 +14,8 @@
 //   memory_1m         resident memory of one 1M-token incremental-only sequence against the
 //                     formula (state + compressed cache + the constant working set of a chunk).
 //
-//   rollout_bench [--quick] [--threads N] [--only decode|incremental|hybrid]
+//   rollout_bench [--quick] [--threads N] [--only decode|incremental|hybrid] [--batch B]
+//   (--batch B: decode at that batch size only, with as many steps again, for profiling)
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -153,7 +154,7 @@ double DecodeStepSeconds(Engine* engine, int64_t batch, int64_t prompt, int step
   return times[times.size() / 2];
 }
 
-void DecodeThroughput(bool quick, int64_t threads) {
+void DecodeThroughput(bool quick, int64_t threads, int64_t only_batch) {
   const ModelConfig config = LoadConfig("small.yaml");
   const ParameterCounts counts = CountParameters(config);
   // Weights read per token: the active parameters, less the embedding table (one row read).
@@ -164,8 +165,11 @@ void DecodeThroughput(bool quick, int64_t threads) {
   bench::PrintResult("rollout", "copy_bandwidth", bandwidth / 1e9, "GB/s");
   bench::PrintResult("rollout", "matmul_peak_fp32", peak / 1e9, "GFLOP/s");
   std::unique_ptr<Engine> engine = MakeEngine(config, EngineOptions{}, threads);
-  for (int64_t batch : {1, 8, 64}) {
-    const double seconds = DecodeStepSeconds(engine.get(), batch, 32, quick ? 4 : 12);
+  const std::vector<int64_t> batches =
+      only_batch > 0 ? std::vector<int64_t>{only_batch} : std::vector<int64_t>{1, 8, 64};
+  for (int64_t batch : batches) {
+    const int steps = (quick ? 4 : 12) * (only_batch > 0 ? 2 : 1);
+    const double seconds = DecodeStepSeconds(engine.get(), batch, 32, steps);
     const double tokens_per_second = batch / seconds;
     const std::string metric = "decode_b" + std::to_string(batch) + "_small";
     if (batch == 1) {
@@ -366,6 +370,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   int64_t threads = 2;
   std::string only;
+  int64_t only_batch = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -373,10 +378,16 @@ int main(int argc, char** argv) {
       threads = std::atoll(argv[++i]);
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
+    } else if (std::strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
+      only_batch = std::atoll(argv[++i]);
+      if (only_batch <= 0) {
+        std::fprintf(stderr, "--batch takes a positive number, not '%s'\n", argv[i]);
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: rollout_bench [--quick] [--threads N] "
-                   "[--only decode|incremental|hybrid]\n");
+                   "[--only decode|incremental|hybrid] [--batch B]\n");
       return 2;
     }
   }
@@ -384,12 +395,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--only takes decode, incremental or hybrid, not '%s'\n", only.c_str());
     return 2;
   }
+  if (only_batch > 0) {
+    if (!only.empty() && only != "decode") {
+      std::fprintf(stderr, "--batch measures decode only; it cannot go with --only %s\n",
+                   only.c_str());
+      return 2;
+    }
+    only = "decode";
+  }
   strider::ConfigureRuntime(threads);
   at::NoGradGuard no_grad;
   // The memory figure first: later parts would leave a large free heap behind that the 1M run
   // reuses, and the growth against the formula would then measure that heap's history.
   if (only.empty() || only == "incremental") strider::IncrementalLongContext(quick, threads);
-  if (only.empty() || only == "decode") strider::DecodeThroughput(quick, threads);
+  if (only.empty() || only == "decode") strider::DecodeThroughput(quick, threads, only_batch);
   if (only.empty() || only == "hybrid") strider::HybridLongContext(threads);
   return 0;
 }
