@@ -63,5 +63,46 @@ TEST(SituGlu, KeepsDtypeAndGradientsFlowToBothInputs) {
   EXPECT_GT(b.grad().abs().sum().item<double>(), 0.0);
 }
 
+// Without autograd, fp32 inputs take one fused pass (AVX2 with glibc's vector tanh and exp where
+// the CPU has it). It must give the operators' values for every width (full 8-lane blocks and
+// tails), for views with a row stride (parts of a joined projection), at the caps, and give a
+// value independent of where an element sits in its row.
+TEST(SituGlu, FusedInferencePassEqualsTheOperators) {
+  at::NoGradGuard no_grad;
+  auto reference = [](const at::Tensor& a, const at::Tensor& b) {
+    at::Tensor a64 = a.to(at::kDouble), b64 = b.to(at::kDouble);
+    return (at::tanh(a64 / 4) * 4 * at::sigmoid(a64) * at::tanh(b64 / 25) * 25);
+  };
+  for (int64_t width : {1, 7, 8, 13, 384}) {
+    at::Tensor a = 3 * at::randn({5, width});
+    at::Tensor b = 30 * at::randn({5, width});
+    at::Tensor out = SituGlu(a, b);
+    ASSERT_EQ(out.sizes(), a.sizes());
+    ASSERT_EQ(out.scalar_type(), at::kFloat);
+    at::Tensor expected = reference(a, b);
+    at::Tensor relative = (out.to(at::kDouble) - expected).abs() / (expected.abs() + 1e-3);
+    EXPECT_LT(relative.max().item<double>(), 1e-5) << "width " << width;
+  }
+  // Parts of one (rows, 2 * width) tensor, as the shared expert's joined projection gives them.
+  at::Tensor joined = at::randn({6, 2 * 24});
+  at::Tensor out = SituGlu(joined.narrow(1, 0, 24), joined.narrow(1, 24, 24));
+  EXPECT_LT((out.to(at::kDouble) - reference(joined.narrow(1, 0, 24), joined.narrow(1, 24, 24)))
+                .abs()
+                .max()
+                .item<double>(),
+            1e-5);
+  // Far past the caps: bounded by their product, and finite.
+  at::Tensor large = 1e4 * at::randn({3, 21});
+  at::Tensor bounded = SituGlu(large, large);
+  EXPECT_TRUE(at::isfinite(bounded).all().item<bool>());
+  EXPECT_LE(bounded.abs().max().item<float>(), 100.0f);
+  // One value in different places: the tail of a row and the middle of a longer one.
+  at::Tensor row = at::randn({1, 16});
+  at::Tensor row_up = at::randn({1, 16});
+  at::Tensor whole = SituGlu(row, row_up);
+  at::Tensor tail = SituGlu(row.narrow(1, 8, 5).contiguous(), row_up.narrow(1, 8, 5).contiguous());
+  EXPECT_TRUE(at::equal(whole.narrow(1, 8, 5), tail));
+}
+
 }  // namespace
 }  // namespace strider::kernels
