@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/kernels/matmul.h"
 #include "common/kernels/situ.h"
 
 namespace strider::model {
@@ -26,6 +27,16 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
     return at::mv(weight, x.reshape({x.size(-1)})).view(shape);
+  }
+  // A few rows without autograd (batched decode, one expert's rows): products that read the
+  // weight in place instead of packing it per call.
+  if (!c10::GradMode::is_enabled() && x.dim() >= 2 && weight.dim() == 2) {
+    const at::Tensor rows = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+    if (kernels::CanMultiplyByTransposed(rows, weight)) {
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.back() = weight.size(0);
+      return kernels::MultiplyByTransposed(rows, weight).view(shape);
+    }
   }
   return at::matmul(x, weight.t());
 }
