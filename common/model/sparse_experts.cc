@@ -58,6 +58,9 @@ at::Tensor RoutedExpertsInference(const SparseExpertWeights& w, const FeedForwar
     work.push_back(std::move(item));
   }
   auto run = [&](int64_t begin, int64_t end) {
+    // Grad mode is thread-local and on by default in the pool's threads; the fused inference
+    // kernels below check it.
+    at::NoGradGuard no_grad;
     for (int64_t i = begin; i < end; ++i) {
       ExpertWork& item = work[i];
       const at::Tensor gate = w.routed_gate.select(0, item.expert);
