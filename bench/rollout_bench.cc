@@ -11,12 +11,19 @@
 //                     attention of one query over a K and V cache of the context, timed here).
 //                     The hybrid's long contexts are synthetic latent rows appended through the
 //                     benchmark-only Engine::FillForBenchmark; the baseline's caches are random.
+//   products_*        the decode path's in-place products (kernels::MultiplyByTransposed) against
+//                     at::mm on the same operands, per shape of the small config's decode at
+//                     batch 64 (16 rows: one routed expert's share; 64 rows: a joined input
+//                     projection), on one thread and on all, weights cold in cache (a pool
+//                     larger than the last-level cache, visited in turn).
 //   memory_1m         resident memory of one 1M-token incremental-only sequence against the
 //                     formula (state + compressed cache + the constant working set of a chunk).
 //
-//   rollout_bench [--quick] [--threads N] [--only decode|incremental|hybrid] [--batch B]
+//   rollout_bench [--quick] [--threads N] [--only decode|products|incremental|hybrid]
+//                 [--batch B]
 //   (--batch B: decode at that batch size only, with as many steps again, for profiling)
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>
@@ -30,6 +37,7 @@
 #include "bench/bench_json.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
+#include "common/kernels/matmul.h"
 #include "common/model/parameters.h"
 #include "rollout_engine/engine.h"
 
@@ -183,6 +191,60 @@ void DecodeThroughput(bool quick, int64_t threads, int64_t only_batch) {
       bench::PrintResult("rollout", metric, tokens_per_second, "tokens/s");
     }
   }
+}
+
+// GFLOP/s of y = x W^T by `product` over a pool of weight matrices visited in turn (about 160 MB
+// in all, so each one comes from memory as in a decode step; 16 MB with --quick); best of three
+// passes.
+template <typename Product>
+double ColdProductGflops(bool quick, int64_t rows, int64_t columns, int64_t inner,
+                         Product product) {
+  const int64_t pool_bytes = quick ? int64_t{16} << 20 : int64_t{160} << 20;
+  const int64_t pool = std::max<int64_t>(8, pool_bytes / (4 * columns * inner));
+  std::vector<at::Tensor> weights;
+  for (int64_t i = 0; i < pool; ++i) weights.push_back(at::randn({columns, inner}));
+  const at::Tensor x = at::randn({rows, inner});
+  double best = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const double start = Seconds();
+    for (const at::Tensor& weight : weights) product(x, weight);
+    const double seconds = (Seconds() - start) / static_cast<double>(pool);
+    best = std::max(best, 2.0 * rows * columns * inner / seconds / 1e9);
+  }
+  return best;
+}
+
+void DecodeProducts(bool quick, int64_t threads) {
+  if (!kernels::CanMultiplyByTransposed(at::zeros({4, 8}), at::zeros({4, 8}))) {
+    std::fprintf(stderr, "rollout_bench: no AVX2 with FMA here; decode products use at::mm\n");
+    return;
+  }
+  struct Shape {
+    const char* name;
+    int64_t rows, columns, inner;
+  };
+  // The small config at batch 64: an expert's gate (16 rows, 384 x 256), the sparse layer's
+  // joined router/latent/shared input projection (64 rows, 2320 x 512).
+  const Shape shapes[] = {{"expert_16x384x256", 16, 384, 256},
+                          {"joined_64x2320x512", 64, 2320, 512}};
+  for (int64_t thread_count : {int64_t{1}, threads}) {
+    at::set_num_threads(static_cast<int>(thread_count));
+    for (const Shape& shape : shapes) {
+      const double library = ColdProductGflops(
+          quick, shape.rows, shape.columns, shape.inner,
+          [](const at::Tensor& x, const at::Tensor& w) { return at::mm(x, w.t()); });
+      const double ours = ColdProductGflops(quick, shape.rows, shape.columns, shape.inner,
+                                            [](const at::Tensor& x, const at::Tensor& w) {
+                                              return kernels::MultiplyByTransposed(x, w);
+                                            });
+      bench::PrintResult("rollout",
+                         std::string("products_") + shape.name + "_threads" +
+                             std::to_string(thread_count),
+                         ours, "GFLOP/s", library);
+    }
+    if (threads == 1) break;
+  }
+  at::set_num_threads(static_cast<int>(threads));
 }
 
 ModelConfig IncrementalConfig() {
@@ -387,12 +449,14 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: rollout_bench [--quick] [--threads N] "
-                   "[--only decode|incremental|hybrid] [--batch B]\n");
+                   "[--only decode|products|incremental|hybrid] [--batch B]\n");
       return 2;
     }
   }
-  if (!only.empty() && only != "decode" && only != "incremental" && only != "hybrid") {
-    std::fprintf(stderr, "--only takes decode, incremental or hybrid, not '%s'\n", only.c_str());
+  if (!only.empty() && only != "decode" && only != "products" && only != "incremental" &&
+      only != "hybrid") {
+    std::fprintf(stderr, "--only takes decode, products, incremental or hybrid, not '%s'\n",
+                 only.c_str());
     return 2;
   }
   if (only_batch > 0) {
@@ -409,6 +473,7 @@ int main(int argc, char** argv) {
   // reuses, and the growth against the formula would then measure that heap's history.
   if (only.empty() || only == "incremental") strider::IncrementalLongContext(quick, threads);
   if (only.empty() || only == "decode") strider::DecodeThroughput(quick, threads, only_batch);
+  if (only.empty() || only == "products") strider::DecodeProducts(quick, threads);
   if (only.empty() || only == "hybrid") strider::HybridLongContext(threads);
   return 0;
 }
