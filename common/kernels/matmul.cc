@@ -8,16 +8,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/kernels/cpu_features.h"
+
 namespace strider::kernels {
 namespace {
 
 constexpr int kRowsPerTile = 4;     // rows of x
 constexpr int kColumnsPerTile = 3;  // rows of W: 12 accumulators, 3 W loads and one x load
-
-bool HaveAvx2() {
-  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return have;
-}
 
 #pragma GCC push_options
 #pragma GCC optimize("O3")
@@ -109,8 +106,8 @@ __attribute__((target("avx2,fma"))) void MultiplyColumns(const float* x, int64_t
 }  // namespace
 
 bool CanMultiplyByTransposed(const at::Tensor& x, const at::Tensor& weight) {
-  return !c10::GradMode::is_enabled() && HaveAvx2() && x.dim() == 2 && weight.dim() == 2 &&
-         x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
+  return !c10::GradMode::is_enabled() && CpuHasAvx2WithFma() && x.dim() == 2 &&
+         weight.dim() == 2 && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
          x.device().is_cpu() && weight.device().is_cpu() && x.size(0) >= 2 &&
          x.size(0) <= kInPlaceProductMaxRows && x.size(1) == weight.size(1) &&
          x.size(1) > 0 && x.stride(1) == 1 && weight.is_contiguous();

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include "common/kernels/cpu_features.h"
+
 // glibc's vector math library (libmvec): 8-lane float tanh and exp for AVX2, the functions GCC
 // calls when it vectorises tanhf and expf.
 extern "C" {
@@ -16,11 +18,6 @@ __attribute__((target("avx2,fma"))) __m256 _ZGVdN8v_expf(__m256 x);
 
 namespace strider::kernels {
 namespace {
-
-bool HaveAvx2() {
-  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return have;
-}
 
 // Eight activations at once; every lane is computed the same way wherever it sits in a row.
 __attribute__((target("avx2,fma"))) inline __m256 SituGluLanes(__m256 a, __m256 b,
@@ -72,9 +69,9 @@ __attribute__((target("avx2,fma"))) void SituGluRowsAvx2(
 // elements instead of eight operations with a temporary each. Decode runs it on every expert's
 // few rows in every layer, where the operations' dispatch cost as much as their arithmetic.
 bool CanFuse(const at::Tensor& a, const at::Tensor& b) {
-  return !c10::GradMode::is_enabled() && HaveAvx2() && a.scalar_type() == at::kFloat &&
-         b.scalar_type() == at::kFloat && a.device().is_cpu() && b.device().is_cpu() &&
-         a.dim() >= 1 && a.sizes() == b.sizes() && a.numel() > 0;
+  return !c10::GradMode::is_enabled() && CpuHasAvx2WithFma() &&
+         a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.device().is_cpu() &&
+         b.device().is_cpu() && a.dim() >= 1 && a.sizes() == b.sizes() && a.numel() > 0;
 }
 
 at::Tensor SituGluFused(const at::Tensor& gate_preactivation,

@@ -6,13 +6,15 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include "common/kernels/cpu_features.h"
+
 namespace strider::kernels {
 namespace {
 
 // The products are built for AVX2 with FMA; elsewhere Linear keeps the library's product.
-#define SKIP_WITHOUT_AVX2()                                                  \
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) { \
-    GTEST_SKIP() << "this CPU has no AVX2 with FMA";                        \
+#define SKIP_WITHOUT_AVX2()                           \
+  if (!CpuHasAvx2WithFma()) {                         \
+    GTEST_SKIP() << "this CPU has no AVX2 with FMA"; \
   }
 
 TEST(MultiplyByTransposed, EqualsTheLibraryProductForEdgeShapes) {
