@@ -80,6 +80,7 @@ struct ServerOptions {
 // Reads a server config (docs/replay.md, configs/replay/default.yaml) strictly: unknown keys and
 // wrong types are errors naming file, line and key. Fields not in the file keep their defaults.
 Result<ServerOptions> LoadServerConfig(const std::string& path);
+Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::string& origin);
 
 // Sets this process's allocator up for a server's traffic: megabyte segments and RocksDB
 // memtable blocks come from one heap and stay there when freed. glibc otherwise gives each
@@ -87,7 +88,6 @@ Result<ServerOptions> LoadServerConfig(const std::string& path);
 // flushed memtable of 1 MiB values does, so every memtable faulted its pages in again (126-176
 // page faults per MB ingested against 8). Process-wide: call once, before the server starts.
 void ConfigureServerProcessMemory();
-Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::string& origin);
 
 class ReplayServer {
  public:

@@ -5,7 +5,6 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-
 #include <cstring>
 #include <thread>
 
