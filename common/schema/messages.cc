@@ -459,6 +459,7 @@ Status ReadMessage(wire::Message::Reader root, const DecodeLimits& limits,
       out->kind = MessageKind::kCredit;
       out->credit.bytes = root.getCredit().getBytes();
       out->credit.server_instance = root.getCredit().getServerInstance();
+      out->credit.max_frame_bytes = root.getCredit().getMaxFrameBytes();
       return Status::Ok();
     case wire::Message::SAMPLE_REQUEST: {
       out->kind = MessageKind::kSampleRequest;
@@ -713,6 +714,7 @@ std::string EncodeCredit(const Credit& credit) {
   auto out = builder.initRoot<wire::Message>().initCredit();
   out.setBytes(credit.bytes);
   out.setServerInstance(credit.server_instance);
+  out.setMaxFrameBytes(credit.max_frame_bytes);
   return Seal(builder);
 }
 
@@ -776,19 +778,17 @@ std::string EncodeStats(const std::string& json) {
   return Seal(builder);
 }
 
-Status CheckEnvelope(std::string_view frame, const DecodeLimits& limits) {
-  if (frame.size() > limits.max_message_bytes) {
-    return Reject(reject::kSize, "message of " + std::to_string(frame.size()) +
-                                     " bytes is over the limit of " +
-                                     std::to_string(limits.max_message_bytes));
-  }
-  if (frame.size() < kEnvelopeHeaderBytes) {
-    return Reject(reject::kTruncated, "message of " + std::to_string(frame.size()) +
+namespace {
+
+// Header, magic and major version of the envelope at the start of `bytes`.
+Status CheckEnvelopeHeader(std::string_view bytes) {
+  if (bytes.size() < kEnvelopeHeaderBytes) {
+    return Reject(reject::kTruncated, "message of " + std::to_string(bytes.size()) +
                                           " bytes is shorter than the " +
                                           std::to_string(kEnvelopeHeaderBytes) +
                                           "-byte envelope header");
   }
-  const char* header = frame.data();
+  const char* header = bytes.data();
   if (Get<uint32_t>(header) != kEnvelopeMagic) {
     return Reject(reject::kMagic, "the message does not start with the envelope magic 'STRD'");
   }
@@ -800,6 +800,31 @@ Status CheckEnvelope(std::string_view frame, const DecodeLimits& limits) {
                                         "knows major version " + std::to_string(kSchemaMajor) +
                                         ")");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<size_t> LeadingEnvelopeBytes(std::string_view bytes) {
+  STRIDER_RETURN_IF_ERROR(CheckEnvelopeHeader(bytes));
+  const uint64_t payload_bytes = Get<uint64_t>(bytes.data() + 8);
+  const uint64_t available = bytes.size() - kEnvelopeHeaderBytes;
+  if (payload_bytes > available) {
+    return Reject(reject::kTruncated, "the envelope announces " + std::to_string(payload_bytes) +
+                                          " payload bytes but " + std::to_string(available) +
+                                          " arrived");
+  }
+  return static_cast<size_t>(kEnvelopeHeaderBytes + payload_bytes);
+}
+
+Status CheckEnvelope(std::string_view frame, const DecodeLimits& limits) {
+  if (frame.size() > limits.max_message_bytes) {
+    return Reject(reject::kSize, "message of " + std::to_string(frame.size()) +
+                                     " bytes is over the limit of " +
+                                     std::to_string(limits.max_message_bytes));
+  }
+  STRIDER_RETURN_IF_ERROR(CheckEnvelopeHeader(frame));
+  const char* header = frame.data();
   const uint64_t payload_bytes = Get<uint64_t>(header + 8);
   const uint64_t actual = frame.size() - kEnvelopeHeaderBytes;
   if (payload_bytes != actual) {

@@ -26,7 +26,7 @@ namespace strider::schema {
 
 // Major versions must match exactly; a reader accepts any minor version of its major.
 inline constexpr uint16_t kSchemaMajor = 1;
-inline constexpr uint16_t kSchemaMinor = 0;
+inline constexpr uint16_t kSchemaMinor = 1;  // 1.1: Credit::max_frame_bytes
 inline constexpr uint32_t kEnvelopeMagic = 0x44525453;  // "STRD" little-endian
 inline constexpr size_t kEnvelopeHeaderBytes = 24;
 
@@ -153,6 +153,9 @@ struct Hello {
 struct Credit {
   uint64_t bytes = 0;
   uint64_t server_instance = 0;
+  // The server reads frames holding several envelopes back to back, up to this many bytes in
+  // all; 0 (servers before 1.1): one envelope per frame.
+  uint64_t max_frame_bytes = 0;
 };
 
 struct SampleRequest {
@@ -258,6 +261,12 @@ enum class SegmentDecoding { kCopy, kFactsOnly };
 // Validates and decodes one frame (see the top of this file for the order of checks).
 Result<Message> Decode(std::string_view frame, const DecodeLimits& limits = DecodeLimits(),
                        SegmentDecoding segment_decoding = SegmentDecoding::kCopy);
+
+// The size of the envelope at the start of `bytes`, which may hold more envelopes after it (a
+// batched frame). Checks only what finding the envelope's end needs: header, magic, major version,
+// and an announced length that `bytes` holds; Decode then checks the envelope itself. Errors carry
+// the same reasons as Decode (truncated, magic, version).
+Result<size_t> LeadingEnvelopeBytes(std::string_view bytes);
 
 // Only the envelope checks (size, header, version, length, checksum): what `verify` and the
 // server's storage path need to trust stored bytes without a full decode.

@@ -1,11 +1,12 @@
 # Wire and storage format of the replay service (DESIGN.md sections 4 and 5).
 #
-# Every ZeroMQ frame is an envelope (common/schema/envelope.h: magic, schema version, length,
-# CRC32C) around one `Message`. Segments are stored in RocksDB as the same envelope, so the
-# checksum that guarded the wire also guards the disk.
+# Every message travels in an envelope (common/schema/messages.h: magic, schema version, length,
+# CRC32C) around one `Message`. A ZeroMQ frame holds one envelope, or several back to back when
+# the server's credit allows it (`Credit.maxFrameBytes`). Segments are stored in RocksDB as the
+# same envelope, so the checksum that guarded the wire also guards the disk.
 #
 # Compatibility: fields are only ever appended (new ordinals), never renumbered or retyped. A
-# change that old readers must not accept bumps kSchemaMajor in envelope.h.
+# change that old readers must not accept bumps kSchemaMajor in messages.h.
 @0xc4a1d2e39b7f5a60;
 
 $import "/capnp/c++.capnp".namespace("strider::schema::wire");
@@ -116,6 +117,9 @@ struct Credit {
   # The most unacknowledged segment bytes (envelope sizes) the client may have in flight.
   bytes @0 :UInt64;
   serverInstance @1 :UInt64;    # changes when the server restarts
+  # Frames holding several envelopes back to back are accepted up to this many bytes in all
+  # (since 1.1); 0, as older servers send: one envelope per frame.
+  maxFrameBytes @2 :UInt64;
 }
 
 struct SampleRequest {

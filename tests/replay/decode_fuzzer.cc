@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include "common/schema/crc32c.h"
 #include "common/schema/messages.h"
@@ -56,6 +57,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (message.ok() && message->kind == strider::schema::MessageKind::kSegment) {
     // Accepted segments satisfy the validator and survive a round trip.
     if (!strider::schema::EncodeSegment(message->segment).ok()) __builtin_trap();
+  }
+  // A frame may hold several envelopes back to back: finding them never leaves the input.
+  std::string_view rest(frame);
+  while (!rest.empty()) {
+    strider::Result<size_t> envelope = strider::schema::LeadingEnvelopeBytes(rest);
+    if (!envelope.ok()) break;
+    if (*envelope < strider::schema::kEnvelopeHeaderBytes || *envelope > rest.size()) {
+      __builtin_trap();
+    }
+    (void)strider::schema::Decode(rest.substr(0, *envelope));
+    rest.remove_prefix(*envelope);
   }
   return 0;
 }

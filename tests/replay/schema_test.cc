@@ -143,6 +143,39 @@ TEST(SegmentCodec, ServiceMessagesRoundTrip) {
   EXPECT_EQ(back->outcome_reward, 2.5f);
 }
 
+TEST(SegmentCodec, CreditCarriesTheFrameLimit) {
+  Result<Message> m = Decode(EncodeCredit({1 << 20, 77, 64 << 20}));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->credit.bytes, 1u << 20);
+  EXPECT_EQ(m->credit.server_instance, 77u);
+  EXPECT_EQ(m->credit.max_frame_bytes, 64u << 20);
+}
+
+TEST(SegmentCodec, EnvelopesBackToBackAreFoundOneByOne) {
+  const std::string first = Encoded(MakeSegment(1, 0, 100));
+  const std::string second = Encoded(MakeSegment(2, 0, 30));
+  const std::string frame = first + second;
+  Result<size_t> size = LeadingEnvelopeBytes(frame);
+  ASSERT_TRUE(size.ok()) << size.status().ToString();
+  EXPECT_EQ(*size, first.size());
+  EXPECT_TRUE(Decode(std::string_view(frame).substr(0, *size)).ok());
+  size = LeadingEnvelopeBytes(std::string_view(frame).substr(first.size()));
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(*size, second.size());
+  // A whole frame is not one envelope.
+  EXPECT_EQ(RejectReason(Decode(frame).status()), reject::kTruncated);
+  // What cannot be framed says why.
+  for (size_t cut : {size_t{0}, size_t{10}, second.size() - 8}) {
+    Result<size_t> cut_size = LeadingEnvelopeBytes(std::string_view(second).substr(0, cut));
+    ASSERT_FALSE(cut_size.ok()) << cut;
+    EXPECT_EQ(RejectReason(cut_size.status()), reject::kTruncated);
+  }
+  std::string wrong_version = second;
+  wrong_version[4] = 9;
+  EXPECT_EQ(RejectReason(LeadingEnvelopeBytes(wrong_version).status()), reject::kVersion);
+  EXPECT_EQ(RejectReason(LeadingEnvelopeBytes(std::string(64, 'x')).status()), reject::kMagic);
+}
+
 TEST(SegmentCodec, DecodesFromUnalignedMemory) {
   const std::string frame = Encoded(MakeSegment(2, 0, 100));
   std::string shifted = " " + frame;
@@ -165,7 +198,11 @@ TEST(BadInput, UnknownMajorVersionIsRejectedWithBothVersions) {
   Result<Message> m = Decode(frame);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(RejectReason(m.status()), reject::kVersion);
-  EXPECT_NE(m.status().message().find("2.0"), std::string::npos) << m.status().message();
+  const std::string both = std::to_string(kSchemaMajor + 1) + "." + std::to_string(kSchemaMinor);
+  EXPECT_NE(m.status().message().find(both), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("major version " + std::to_string(kSchemaMajor)),
+            std::string::npos)
+      << m.status().message();
 }
 
 TEST(BadInput, NewerMinorVersionIsAccepted) {
