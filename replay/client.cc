@@ -1,5 +1,6 @@
 #include "replay/client.h"
 
+#include <algorithm>
 #include <deque>
 #include <random>
 #include <thread>
@@ -12,6 +13,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+// While segments are batched, replies (acks) are read at least this often.
+constexpr std::chrono::microseconds kReplyReadInterval{1000};
 
 std::string RandomSuffix() {
   std::random_device device;
@@ -59,10 +63,12 @@ Status ActorClient::Reconnect() {
     credit_bytes_ = 0;
     // Everything unacknowledged goes again, on the new connection, in key order.
     in_flight_bytes_ = 0;
+    waiting_bytes_ = 0;
     socket_->send_queue.clear();
     for (auto& [key, unacked] : unacked_) {
       if (unacked.sent) ++resent_;
       unacked.sent = false;
+      waiting_bytes_ += unacked.frame->size();
       socket_->send_queue.push_back(key);
     }
     STRIDER_RETURN_IF_ERROR(transport::SendParts(
@@ -95,6 +101,7 @@ Status ActorClient::HandleReply(std::string_view frame) {
       }
       server_instance_ = message->credit.server_instance;
       credit_bytes_ = message->credit.bytes;
+      server_max_frame_bytes_ = message->credit.max_frame_bytes;
       last_progress_ = Clock::now();
       break;
     case schema::MessageKind::kAck:
@@ -119,6 +126,7 @@ Status ActorClient::HandleReply(std::string_view frame) {
       if (error.reason == schema::reject::kCredit || error.message.rfind("storage:", 0) == 0) {
         // Transient: send it again later.
         it->second.sent = false;
+        waiting_bytes_ += it->second.frame->size();
         socket_->send_queue.push_back(error.key);
       } else {
         unacked_.erase(it);  // the server will never take this segment
@@ -135,6 +143,7 @@ Status ActorClient::HandleReply(std::string_view frame) {
 }
 
 Status ActorClient::Pump(milliseconds wait) {
+  last_pump_ = Clock::now();
   STRIDER_ASSIGN_OR_RETURN(bool readable, transport::WaitReadable(socket_->socket, wait));
   if (!readable) return Status::Ok();
   while (true) {
@@ -147,23 +156,61 @@ Status ActorClient::Pump(milliseconds wait) {
   }
 }
 
-Status ActorClient::SendWaiting() {
+uint64_t ActorClient::FrameLimit() const {
+  if (options_.batch_bytes == 0 || server_max_frame_bytes_ == 0) return 0;
+  return std::min({options_.batch_bytes, server_max_frame_bytes_,
+                   static_cast<uint64_t>(options_.limits.max_message_bytes)});
+}
+
+Status ActorClient::SendWaiting(bool flush) {
   auto& queue = socket_->send_queue;
-  while (!queue.empty()) {
-    auto it = unacked_.find(queue.front());
-    if (it == unacked_.end() || it->second.sent) {
+  const uint64_t frame_limit = FrameLimit();
+  std::vector<Unacked*> batch;
+  while (true) {
+    // Keys acknowledged, rejected or sent since they were queued leave the queue here.
+    while (!queue.empty()) {
+      auto it = unacked_.find(queue.front());
+      if (it != unacked_.end() && !it->second.sent) break;
       queue.pop_front();
-      continue;
     }
-    const uint64_t size = it->second.frame->size();
-    if (credit_bytes_ == 0 || in_flight_bytes_ + size > credit_bytes_) return Status::Ok();
-    STRIDER_RETURN_IF_ERROR(transport::SendShared(socket_->socket, it->second.frame));
+    if (queue.empty() || credit_bytes_ == 0) return Status::Ok();
+    // The next frame: waiting segments in order, within the credit and the frame limit.
+    batch.clear();
+    uint64_t bytes = 0;
+    bool filled = false;  // the next segment cannot join this frame
+    for (const schema::SegmentKey& key : queue) {
+      auto it = unacked_.find(key);
+      if (it == unacked_.end() || it->second.sent) continue;
+      const uint64_t size = it->second.frame->size();
+      if (in_flight_bytes_ + bytes + size > credit_bytes_ ||
+          (!batch.empty() && bytes + size > frame_limit)) {
+        filled = true;
+        break;
+      }
+      batch.push_back(&it->second);
+      bytes += size;
+      if (frame_limit == 0) {
+        filled = true;
+        break;
+      }
+    }
+    if (batch.empty()) return Status::Ok();  // the credit is used up
+    // Nagle's rule: while earlier segments are unacknowledged, an unfilled frame waits for more.
+    if (!flush && !filled && in_flight_bytes_ > 0) return Status::Ok();
+    if (batch.size() == 1) {
+      STRIDER_RETURN_IF_ERROR(transport::SendShared(socket_->socket, batch.front()->frame));
+    } else {
+      auto joined = std::make_shared<std::string>();
+      joined->reserve(bytes);
+      for (const Unacked* unacked : batch) joined->append(*unacked->frame);
+      STRIDER_RETURN_IF_ERROR(transport::SendShared(socket_->socket, std::move(joined)));
+    }
+    ++frames_sent_;
     if (in_flight_bytes_ == 0) last_progress_ = Clock::now();
-    in_flight_bytes_ += size;
-    it->second.sent = true;
-    queue.pop_front();
+    in_flight_bytes_ += bytes;
+    waiting_bytes_ -= bytes;
+    for (Unacked* unacked : batch) unacked->sent = true;
   }
-  return Status::Ok();
 }
 
 Status ActorClient::Send(const schema::SegmentData& segment) {
@@ -186,12 +233,24 @@ Status ActorClient::SendFrame(const schema::SegmentKey& key,
   auto [it, inserted] = unacked_.try_emplace(key);
   if (!inserted) return Status::Ok();  // already on its way
   it->second.frame = std::move(frame);
+  waiting_bytes_ += it->second.frame->size();
   socket_->send_queue.push_back(key);
   const auto waiting_since = Clock::now();
   while (true) {
     if (socket_->needs_reconnect) STRIDER_RETURN_IF_ERROR(Reconnect());
-    STRIDER_RETURN_IF_ERROR(SendWaiting());
-    if (socket_->send_queue.empty()) return Pump(milliseconds(0));
+    const uint64_t frames_before = frames_sent_;
+    STRIDER_RETURN_IF_ERROR(SendWaiting(/*flush=*/false));
+    // Less than a frame may wait to be batched; more waits only for credit. Replies are read
+    // when a frame went out, else at most every kReplyReadInterval: a look at the socket costs
+    // about as much as sending a segment.
+    if (waiting_bytes_ == 0 || waiting_bytes_ < FrameLimit()) {
+      if (frames_sent_ == frames_before && Clock::now() - last_pump_ < kReplyReadInterval) {
+        return Status::Ok();
+      }
+      STRIDER_RETURN_IF_ERROR(Pump(milliseconds(0)));
+      // The acks may have emptied the pipeline: then what waits goes now, not with the next one.
+      return in_flight_bytes_ == 0 ? SendWaiting(/*flush=*/false) : Status::Ok();
+    }
     STRIDER_RETURN_IF_ERROR(Pump(milliseconds(20)));
     const auto now = Clock::now();
     if (now - last_progress_ > options_.ack_timeout) STRIDER_RETURN_IF_ERROR(Reconnect());
@@ -207,7 +266,7 @@ Status ActorClient::Flush(milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   while (!unacked_.empty()) {
     if (socket_->needs_reconnect) STRIDER_RETURN_IF_ERROR(Reconnect());
-    STRIDER_RETURN_IF_ERROR(SendWaiting());
+    STRIDER_RETURN_IF_ERROR(SendWaiting(/*flush=*/true));
     STRIDER_RETURN_IF_ERROR(Pump(milliseconds(20)));
     const auto now = Clock::now();
     if (!unacked_.empty() && now - last_progress_ > options_.ack_timeout) {

@@ -24,12 +24,18 @@ struct ActorClientOptions {
   std::chrono::milliseconds ack_timeout{5000};
   // Send and Flush give up with Unavailable after waiting this long without any progress.
   std::chrono::milliseconds give_up_after{60000};
+  // Segments waiting to be sent go out several to a frame, up to this many bytes in all, when the
+  // server reads such frames (its credit says so). A segment waits for others only while earlier
+  // ones are unacknowledged, as in Nagle's algorithm: a lone segment goes out at once, a stream
+  // goes out in frames of this size. Flush sends what waits. 0: one segment per frame.
+  uint64_t batch_bytes = 4 << 20;
   schema::DecodeLimits limits;
 };
 
 // Streams segments with credit flow control:
 //  - the server grants a credit (bytes); the client never has more unacknowledged envelope
-//    bytes in flight, so Send blocks while the server's disk is behind;
+//    bytes in flight, so Send blocks while the server's disk is behind (once a frame's worth of
+//    segments waits);
 //  - an ack means the segment is in the server's write-ahead log;
 //  - unacknowledged segments are kept and resent after a reconnect; the server stores a
 //    segment once however often it arrives.
@@ -38,7 +44,9 @@ class ActorClient {
   static Result<std::unique_ptr<ActorClient>> Connect(const ActorClientOptions& options);
   ~ActorClient();
 
-  // Validates, encodes and sends one segment; blocks while the credit is used up. Errors:
+  // Validates, encodes and sends one segment, or keeps it to go out with the next ones while
+  // earlier segments are unacknowledged (ActorClientOptions::batch_bytes); blocks while the
+  // credit is used up and a full frame waits. Errors:
   // InvalidArgument for a segment that fails validation (nothing is sent), Unavailable when the
   // server made no progress for give_up_after.
   Status Send(const schema::SegmentData& segment);
@@ -47,7 +55,7 @@ class ActorClient {
   // is acknowledged (for resends), so the caller may share one frame between clients.
   Status SendFrame(const schema::SegmentKey& key, std::string frame);
   Status SendFrame(const schema::SegmentKey& key, std::shared_ptr<const std::string> frame);
-  // Waits until every sent segment is acknowledged or rejected, up to `timeout`.
+  // Sends what waits and waits until every segment is acknowledged or rejected, up to `timeout`.
   Status Flush(std::chrono::milliseconds timeout);
 
   // Keys acknowledged since the last call (durable on the server).
@@ -56,6 +64,8 @@ class ActorClient {
   std::vector<schema::ErrorReply> TakeErrors();
 
   uint64_t acked_count() const { return acked_count_; }
+  // Frames sent on any connection: fewer than segments sent when they went out batched.
+  uint64_t frames_sent() const { return frames_sent_; }
   uint64_t unacked_count() const { return unacked_.size(); }
   uint64_t in_flight_bytes() const { return in_flight_bytes_; }
   uint64_t credit_bytes() const { return credit_bytes_; }
@@ -71,7 +81,11 @@ class ActorClient {
   };
   explicit ActorClient(ActorClientOptions options);
   Status Reconnect();
-  Status SendWaiting();
+  // Sends waiting segments while the credit allows, several to a frame when the server reads
+  // such frames. Without `flush`, an unfilled frame stays while segments are in flight.
+  Status SendWaiting(bool flush);
+  // The most bytes of one batched frame on this connection; 0: one segment per frame.
+  uint64_t FrameLimit() const;
   // Reads what the server sent, waiting up to `wait` for the first message.
   Status Pump(std::chrono::milliseconds wait);
   Status HandleReply(std::string_view frame);
@@ -80,17 +94,20 @@ class ActorClient {
   ActorClientOptions options_;
   std::unique_ptr<Socket> socket_;
   std::map<schema::SegmentKey, Unacked> unacked_;  // sent or waiting for credit
-  std::vector<schema::SegmentKey> send_order_;     // waiting to be sent, in arrival order
   std::vector<schema::SegmentKey> acked_;
   std::vector<schema::ErrorReply> errors_;
   std::string last_stats_;
   uint64_t credit_bytes_ = 0;
+  uint64_t server_max_frame_bytes_ = 0;
   uint64_t server_instance_ = 0;
   uint64_t in_flight_bytes_ = 0;
+  uint64_t waiting_bytes_ = 0;  // in unacked_, not sent
+  uint64_t frames_sent_ = 0;
   uint64_t acked_count_ = 0;
   uint64_t reconnects_ = 0;
   uint64_t resent_ = 0;
   std::chrono::steady_clock::time_point last_progress_;
+  std::chrono::steady_clock::time_point last_pump_;
 };
 
 struct LearnerClientOptions {

@@ -79,7 +79,10 @@ using schema::SegmentFacts;
 
 struct PendingSegment {
   std::string identity;
-  zmq::message_t frame;
+  // The frame it arrived in (shared by the segments batched in one frame) and its envelope there:
+  // the bytes the store keeps.
+  std::shared_ptr<const zmq::message_t> received;
+  std::string_view envelope;
   SegmentFacts facts;
 };
 
@@ -150,7 +153,15 @@ class ServerImpl : public ReplayServer {
   void LearnerLoop();
 
   void HandleActorFrame(const std::string& identity, zmq::message_t frame);
+  void HandleActorMessage(const std::string& identity,
+                          const std::shared_ptr<const zmq::message_t>& received,
+                          std::string_view bytes);
   void SendActor(const std::string& identity, const std::string& frame);
+  // The credit an actor connection gets: its bytes in flight, and batched frames up to the
+  // message size limit.
+  std::string CreditMessage() const {
+    return schema::EncodeCredit({options_.credit_bytes, instance_, limits_.max_message_bytes});
+  }
   void Reject(zmq::socket_t& socket, const std::string& identity, const Status& status,
               const schema::SegmentKey* key);
   void SendAcks();
@@ -434,7 +445,32 @@ void ServerImpl::Reject(zmq::socket_t& socket, const std::string& identity, cons
 }
 
 void ServerImpl::HandleActorFrame(const std::string& identity, zmq::message_t frame) {
-  const std::string_view bytes = transport::View(frame);
+  auto received = std::make_shared<const zmq::message_t>(std::move(frame));
+  std::string_view rest = transport::View(*received);
+  if (rest.size() > limits_.max_message_bytes) {
+    Reject(actor_socket_, identity,
+           Status::InvalidArgument(std::string(schema::reject::kSize) + ": message of " +
+                                   std::to_string(rest.size()) + " bytes is over the limit of " +
+                                   std::to_string(limits_.max_message_bytes)),
+           nullptr);
+    return;
+  }
+  // One envelope, or several back to back (a client batching segments). Each is handled on its
+  // own; an envelope whose end cannot be found ends the frame, what came before it stands.
+  do {
+    Result<size_t> envelope_bytes = schema::LeadingEnvelopeBytes(rest);
+    if (!envelope_bytes.ok()) {
+      Reject(actor_socket_, identity, envelope_bytes.status(), nullptr);
+      return;
+    }
+    HandleActorMessage(identity, received, rest.substr(0, *envelope_bytes));
+    rest.remove_prefix(*envelope_bytes);
+  } while (!rest.empty());
+}
+
+void ServerImpl::HandleActorMessage(const std::string& identity,
+                                    const std::shared_ptr<const zmq::message_t>& received,
+                                    std::string_view bytes) {
   // Validated on the reader over the received bytes, arrays never copied: the bytes themselves
   // are what the store keeps.
   Result<schema::Message> message =
@@ -446,7 +482,7 @@ void ServerImpl::HandleActorFrame(const std::string& identity, zmq::message_t fr
   switch (message->kind) {
     case schema::MessageKind::kHello:
       greeted_.insert(identity);
-      SendActor(identity, schema::EncodeCredit({options_.credit_bytes, instance_}));
+      SendActor(identity, CreditMessage());
       return;
     case schema::MessageKind::kStatsRequest:
       SendActor(identity, schema::EncodeStats(StatsJson()));
@@ -466,7 +502,7 @@ void ServerImpl::HandleActorFrame(const std::string& identity, zmq::message_t fr
     // A client that spoke to a previous server instance: tell it who we are, so it resends what
     // that instance never acknowledged. Its segment is still taken.
     greeted_.insert(identity);
-    SendActor(identity, schema::EncodeCredit({options_.credit_bytes, instance_}));
+    SendActor(identity, CreditMessage());
   }
   const std::string table = segment.table.empty() ? options_.tables.front().name : segment.table;
   const bool known_table =
@@ -494,7 +530,8 @@ void ServerImpl::HandleActorFrame(const std::string& identity, zmq::message_t fr
   queued_bytes_ += bytes.size();
   PendingSegment pending;
   pending.identity = identity;
-  pending.frame = std::move(frame);
+  pending.received = received;
+  pending.envelope = bytes;
   pending.facts = std::move(segment);
   pending.facts.table = table;
   {
@@ -591,8 +628,8 @@ std::vector<PendingSegment> ServerImpl::TakeGroup(std::vector<std::string>* traj
       ++it;
       continue;
     }
-    if (!group.empty() && bytes + it->frame.size() > options_.write_batch_bytes) break;
-    bytes += it->frame.size();
+    if (!group.empty() && bytes + it->envelope.size() > options_.write_batch_bytes) break;
+    bytes += it->envelope.size();
     group.push_back(std::move(*it));
     it = queue_.erase(it);
     mine.insert(std::move(trajectory));
@@ -681,14 +718,14 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
       rocksdb::Slice key_slice(st.store_key);
       rocksdb::Slice value_parts[2] = {
           rocksdb::Slice(sequence_prefixes.back()),
-          rocksdb::Slice(static_cast<const char*>(p.frame.data()), p.frame.size())};
+          rocksdb::Slice(p.envelope.data(), p.envelope.size())};
       batch.Put(store_->segments(), rocksdb::SliceParts(&key_slice, 1),
                 rocksdb::SliceParts(value_parts, 2));
       IndexRecord record;
       record.key = p.facts.key;
       record.min_policy_version = p.facts.min_policy_version;
       record.max_policy_version = p.facts.max_policy_version;
-      record.bytes = p.frame.size();
+      record.bytes = p.envelope.size();
       record.tokens = p.facts.tokens;
       record.insert_unix_ms = now_ms;
       record.table = p.facts.table;
@@ -768,7 +805,7 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
         ItemInfo info;
         info.min_policy_version = st.segment->facts.min_policy_version;
         info.max_policy_version = st.segment->facts.max_policy_version;
-        info.bytes = st.segment->frame.size();
+        info.bytes = st.segment->envelope.size();
         info.insert_unix_ms = now_ms;
         info.priority = table->config().sampler.default_priority;
         table->Insert(st.sequence, info, /*counted=*/true);
@@ -787,8 +824,8 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
     std::lock_guard<std::mutex> lock(done_mutex_);
     uint64_t bytes = 0;
     for (const PendingSegment& p : group) {
-      done_.push_back({p.identity, p.facts.key, p.frame.size(), error});
-      bytes += p.frame.size();
+      done_.push_back({p.identity, p.facts.key, p.envelope.size(), error});
+      bytes += p.envelope.size();
     }
     queued_bytes_ -= bytes;
     (void)transport::SendParts(wake_sender_, {std::string_view("w", 1)}, true);

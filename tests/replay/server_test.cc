@@ -155,6 +155,117 @@ TEST(ReplayServer, CreditBoundsBytesInFlight) {
   EXPECT_EQ(actor->acked_count(), 60u);
 }
 
+// A frame may hold several envelopes back to back: each is taken on its own, a bad one is
+// rejected with its reason, and one whose end cannot be found ends the frame.
+TEST(ReplayServer, BatchedFramesArriveAsTheirSegments) {
+  TempDir dir;
+  ServerOptions options = Options(dir);
+  options.max_message_bytes = 256 << 10;
+  options.credit_bytes = 1 << 20;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  zmq::context_t context;
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.connect(server->actor_endpoint());
+  // Replies until `acks` keys are acknowledged and `errors` errors arrived.
+  auto collect = [&](size_t acks, size_t errors) {
+    std::vector<schema::Message> replies;
+    size_t acked = 0;
+    size_t failed = 0;
+    const auto deadline = std::chrono::steady_clock::now() + milliseconds(10000);
+    while ((acked < acks || failed < errors) && std::chrono::steady_clock::now() < deadline) {
+      Result<bool> readable = transport::WaitReadable(socket, milliseconds(100));
+      if (!readable.ok() || !*readable) continue;
+      Result<std::vector<zmq::message_t>> parts = transport::ReceiveParts(socket);
+      if (!parts.ok() || parts->empty()) continue;
+      Result<schema::Message> reply = schema::Decode(transport::View(parts->back()));
+      EXPECT_TRUE(reply.ok());
+      if (!reply.ok()) continue;
+      if (reply->kind == schema::MessageKind::kAck) acked += reply->ack.size();
+      if (reply->kind == schema::MessageKind::kError) ++failed;
+      replies.push_back(std::move(*reply));
+    }
+    EXPECT_EQ(acked, acks);
+    EXPECT_EQ(failed, errors);
+    return replies;
+  };
+  // The credit tells the client how large a batched frame may be.
+  ASSERT_TRUE(
+      transport::SendParts(socket, {schema::EncodeHello({"raw", schema::ClientRole::kActor})})
+          .ok());
+  Result<bool> readable = transport::WaitReadable(socket, milliseconds(5000));
+  ASSERT_TRUE(readable.ok() && *readable);
+  Result<std::vector<zmq::message_t>> credit_parts = transport::ReceiveParts(socket);
+  ASSERT_TRUE(credit_parts.ok() && !credit_parts->empty());
+  Result<schema::Message> credit = schema::Decode(transport::View(credit_parts->back()));
+  ASSERT_TRUE(credit.ok());
+  ASSERT_EQ(credit->kind, schema::MessageKind::kCredit);
+  EXPECT_EQ(credit->credit.max_frame_bytes, options.max_message_bytes);
+
+  auto envelope = [](int trajectory) {
+    return *schema::EncodeSegment(MakeSegment(trajectory, 0, 300));
+  };
+  // Three segments in one frame: three acks.
+  ASSERT_TRUE(transport::SendParts(socket, {envelope(1) + envelope(2) + envelope(3)}).ok());
+  collect(3, 0);
+  // A corrupted payload between good ones: only it is rejected; the framing still holds.
+  std::string corrupted = envelope(5);
+  corrupted[corrupted.size() - 20] ^= 1;
+  ASSERT_TRUE(transport::SendParts(socket, {envelope(4) + corrupted + envelope(6)}).ok());
+  for (const schema::Message& reply : collect(2, 1)) {
+    if (reply.kind == schema::MessageKind::kError) EXPECT_EQ(reply.error.reason, "checksum");
+  }
+  // A cut-off envelope at the end: what came before it stands, the rest is rejected.
+  const std::string cut = envelope(8);
+  ASSERT_TRUE(transport::SendParts(socket, {envelope(7) + cut.substr(0, cut.size() / 2)}).ok());
+  for (const schema::Message& reply : collect(1, 1)) {
+    if (reply.kind == schema::MessageKind::kError) EXPECT_EQ(reply.error.reason, "truncated");
+  }
+  auto stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_EQ(stats["ingest"]["segments"], 6);
+  EXPECT_EQ(stats["rejects"]["checksum"], 1);
+  EXPECT_EQ(stats["rejects"]["truncated"], 1);
+  server->Stop();
+  auto inspector = Inspector::Open(dir.Sub("db"));
+  ASSERT_TRUE(inspector.ok());
+  Result<VerifyReport> report = (*inspector)->Verify();
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->segments, 6u);
+  EXPECT_TRUE(report->ok());
+}
+
+// While segments are unacknowledged the client gathers the next ones into frames; a lone segment
+// goes out at once, and with batching off every segment is its own frame.
+TEST(ReplayServer, ActorBatchesSegmentsWhileEarlierOnesAreInFlight) {
+  TempDir dir;
+  auto server = StartServer(Options(dir));
+  ASSERT_NE(server, nullptr);
+  for (const uint64_t batch_bytes : {uint64_t{64} << 10, uint64_t{0}}) {
+    ActorClientOptions options;
+    options.endpoint = server->actor_endpoint();
+    options.client_id = "batching-" + std::to_string(batch_bytes);
+    options.batch_bytes = batch_bytes;
+    auto actor = ActorClient::Connect(options);
+    ASSERT_TRUE(actor.ok()) << actor.status().ToString();
+    const int base = batch_bytes == 0 ? 1000 : 0;
+    ASSERT_TRUE((*actor)->Send(MakeSegment(base, 0, 500)).ok());
+    EXPECT_EQ((*actor)->frames_sent(), 1u) << "a lone segment waits for nothing";
+    for (int i = 1; i < 200; ++i) ASSERT_TRUE((*actor)->Send(MakeSegment(base + i, 0, 500)).ok());
+    ASSERT_TRUE((*actor)->Flush(milliseconds(20000)).ok());
+    EXPECT_EQ((*actor)->acked_count(), 200u);
+    EXPECT_TRUE((*actor)->TakeErrors().empty());
+    if (batch_bytes == 0) {
+      EXPECT_EQ((*actor)->frames_sent(), 200u);
+    } else {
+      EXPECT_LT((*actor)->frames_sent(), 100u);
+    }
+  }
+  auto stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_EQ(stats["ingest"]["segments"], 400);
+  EXPECT_EQ(stats["rejects_total"], 0);
+}
+
 TEST(ReplayServer, BadInputIsRejectedWithItsReasonWhileAGoodClientStreams) {
   TempDir dir;
   ServerOptions options = Options(dir);
