@@ -8,7 +8,10 @@
 // Ingest, stream and latency are measured over tcp loopback and, as `*_ipc`, over ipc:// (unix
 // sockets, what co-located actors use); the raw RocksDB baseline is the same for both.
 //
-//   replay_bench [--quick] [--only ingest|latency]
+//   replay_bench [--quick] [--only ingest|latency] [--size 64KiB|1MiB] [--batch-bytes N]
+//
+// --batch-bytes sets the actor clients' frame size for batched segments (0: one segment per
+// frame; default the library's), to compare batching with sending segments one by one.
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
@@ -21,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -42,6 +46,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 constexpr int kActors = 4;
+// ActorClientOptions::batch_bytes of every actor client (--batch-bytes).
+uint64_t batch_bytes = replay::ActorClientOptions().batch_bytes;
 
 struct Frame {
   schema::SegmentKey key;
@@ -193,6 +199,7 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
     replay::ActorClientOptions client;
     client.endpoint = (*server)->actor_endpoint();
     client.client_id = "bench-" + std::to_string(a);
+    client.batch_bytes = batch_bytes;
     actors.push_back(replay::ActorClient::Connect(client).value());
   }
   std::atomic<int> failures{0};
@@ -285,6 +292,7 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
       replay::ActorClientOptions client;
       client.endpoint = server->actor_endpoint();
       client.client_id = "load-" + std::to_string(a);
+      client.batch_bytes = batch_bytes;
       auto actor = replay::ActorClient::Connect(client).value();
       for (size_t i = a; i < load.size() && !stop; i += kActors) {
         (void)actor->SendFrame(load[i].key, load[i].bytes);
@@ -330,6 +338,7 @@ int main(int argc, char** argv) {
   using namespace strider::bench;
   bool quick = false;
   std::string only;  // empty: everything
+  std::string only_size;  // empty: both segment sizes
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
@@ -337,8 +346,15 @@ int main(int argc, char** argv) {
     } else if (arg == "--only" && i + 1 < argc && (std::string(argv[i + 1]) == "ingest" ||
                                                    std::string(argv[i + 1]) == "latency")) {
       only = argv[++i];
+    } else if (arg == "--batch-bytes" && i + 1 < argc) {
+      batch_bytes = std::stoull(argv[++i]);
+    } else if (arg == "--size" && i + 1 < argc && (std::string(argv[i + 1]) == "64KiB" ||
+                                                   std::string(argv[i + 1]) == "1MiB")) {
+      only_size = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: replay_bench [--quick] [--only ingest|latency]\n");
+      std::fprintf(stderr,
+                   "usage: replay_bench [--quick] [--only ingest|latency] [--size 64KiB|1MiB] "
+                   "[--batch-bytes N]\n");
       return 2;
     }
   }
@@ -359,21 +375,50 @@ int main(int argc, char** argv) {
   const uint64_t volume = quick ? (32ull << 20) : (256ull << 20);
   for (size_t size : {size_t{64} << 10, size_t{1} << 20}) {
     if (only == "latency") break;
-    const std::vector<Frame> frames = MakeFrames(size, volume / size, size);
     const std::string label = size == (size_t{64} << 10) ? "64KiB" : "1MiB";
-    // Alternate the runs so machine noise hits all of them; report medians of the repeats.
+    if (!only_size.empty() && only_size != label) continue;
+    const std::vector<Frame> frames = MakeFrames(size, volume / size, size);
+    // Alternate the runs so machine noise hits all of them, and rotate their order from round to
+    // round so each takes each place once: on these virtual machines the run right after the raw
+    // loop was slower whichever it was (in profiles its writes into the page cache took up to 10
+    // times longer), so a fixed order would always charge the same one. Medians of the rounds are reported. A first round is a warm-up and not counted:
+    // a fresh process faults its heap in (100-200 page faults per MB in the first run of each
+    // kind, next to none later), which a running server pays once, not per segment.
     std::vector<double> raw_rates;
     std::vector<double> ours_tcp, ours_ipc;
     std::vector<double> zmq_tcp, zmq_ipc;
-    const int repeats = quick ? 1 : 3;
-    for (int r = 0; r < repeats; ++r) {
-      raw_rates.push_back(RawRocksDbRate(frames, dir + "_raw"));
-      ours_tcp.push_back(ReplayIngestRate(frames, dir + "_ours", tcp));
-      ours_ipc.push_back(ReplayIngestRate(frames, dir + "_ours", ipc));
-      zmq_tcp.push_back(RawZmqRate(frames, tcp));
-      zmq_ipc.push_back(RawZmqRate(frames, ipc));
+    const std::vector<std::function<void(bool)>> runs = {
+        [&](bool keep) {
+          const double rate = RawRocksDbRate(frames, dir + "_raw");
+          if (keep) raw_rates.push_back(rate);
+        },
+        [&](bool keep) {
+          const double rate = ReplayIngestRate(frames, dir + "_ours", tcp);
+          if (keep) ours_tcp.push_back(rate);
+        },
+        [&](bool keep) {
+          const double rate = ReplayIngestRate(frames, dir + "_ours", ipc);
+          if (keep) ours_ipc.push_back(rate);
+        },
+        [&](bool keep) {
+          const double rate = RawZmqRate(frames, tcp);
+          if (keep) zmq_tcp.push_back(rate);
+        },
+        [&](bool keep) {
+          const double rate = RawZmqRate(frames, ipc);
+          if (keep) zmq_ipc.push_back(rate);
+        },
+    };
+    const int repeats = quick ? 1 : static_cast<int>(runs.size());
+    if (!quick) {
+      for (const auto& run : runs) run(false);
     }
-    const std::string same = "same run, median of " + std::to_string(repeats);
+    for (int round = 0; round < repeats; ++round) {
+      for (size_t i = 0; i < runs.size(); ++i) runs[(i + round) % runs.size()](true);
+    }
+    const std::string same =
+        "same run, median of " + std::to_string(repeats) +
+        (quick ? std::string() : std::string(" rounds in rotating order after a warm-up round"));
     const std::string raw_is =
         "raw RocksDB puts of the same keys and values, 4 threads, Store::MakeOptions (lz4, WAL "
         "on, no sync), random tokens, " + same;
@@ -392,6 +437,9 @@ int main(int argc, char** argv) {
   if (only != "ingest") {
     const std::vector<Frame> prefill = MakeFrames(64 << 10, quick ? 64 : 512, 1);
     const std::vector<Frame> load = MakeFrames(64 << 10, quick ? 256 : 2048, 2);
+    // A warm-up pass, not counted, as for ingest: the first server of a fresh process faults its
+    // heap in while it runs, which put whichever transport went first at a disadvantage.
+    if (!quick) (void)SampleLatencyUnderIngest(prefill, load, 200, dir + "_latency", tcp);
     for (const auto& [suffix, endpoint] : {std::pair{std::string(), tcp},
                                            std::pair{std::string("_ipc"), ipc}}) {
       Latency latency = SampleLatencyUnderIngest(prefill, load, quick ? 200 : 1000,
