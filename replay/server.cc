@@ -292,10 +292,9 @@ Status ServerImpl::Init() {
   STRIDER_ASSIGN_OR_RETURN(learner_socket_,
                            transport::MakeSocket(learner_context_.get(), zmq::socket_type::router,
                                                  1 << 20));
-  // Actors may send faster than the disk: let their pipes hold one credit's worth, no more.
-  // Few messages per connection wait inside ZeroMQ: the server bounds what it holds itself
-  // (max_queued_bytes), and a full pipe makes ZeroMQ stop reading that connection, so the rest
-  // waits in the actor's socket.
+  // Actors may send faster than the disk. Few frames per connection wait inside ZeroMQ (4, up to
+  // 16 MiB with batched frames): the server bounds what it holds itself (max_queued_bytes), and a
+  // full pipe makes ZeroMQ stop reading that connection, so the rest waits in the actor's socket.
   actor_socket_.set(zmq::sockopt::rcvhwm, 4);
   actor_socket_.set(zmq::sockopt::sndhwm, 100000);
   STRIDER_ASSIGN_OR_RETURN(std::string actor_bound,
