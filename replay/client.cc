@@ -14,7 +14,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// While segments are batched, replies (acks) are read at least this often.
+// A SendFrame that sent nothing (its segment waits to be batched) reads replies (acks) only when
+// this long has passed since they were last read.
 constexpr std::chrono::microseconds kReplyReadInterval{1000};
 
 std::string RandomSuffix() {
