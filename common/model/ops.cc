@@ -19,22 +19,18 @@ const at::Tensor& Lookup(const TensorMap& tensors, const std::string& name) {
 }
 
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight) {
-  // One row without autograd (batch-1 decode): a matrix-vector product reads each weight once,
-  // where a one-row matrix product first packs the whole weight matrix into a scratch copy. The
-  // training path keeps the matrix product, whose gradients autograd already knows.
-  if (!c10::GradMode::is_enabled() && x.dim() >= 1 && x.numel() == x.size(-1) &&
-      weight.dim() == 2 && x.size(-1) == weight.size(1)) {
+  // Without autograd (decode), products that read the weight where it is stored: a one-row
+  // matrix product, and OpenBLAS's for a few rows, first pack the whole weight into a scratch
+  // copy. The training path keeps the matrix product, whose gradients autograd already knows.
+  if (!c10::GradMode::is_enabled() && x.dim() >= 1 && weight.dim() == 2 &&
+      x.size(-1) == weight.size(1)) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
-    return at::mv(weight, x.reshape({x.size(-1)})).view(shape);
-  }
-  // A few rows without autograd (batched decode, one expert's rows): products that read the
-  // weight in place instead of packing it per call.
-  if (!c10::GradMode::is_enabled() && x.dim() >= 2 && weight.dim() == 2) {
+    // One row (batch-1 decode): a matrix-vector product reads each weight once.
+    if (x.numel() == x.size(-1)) return at::mv(weight, x.reshape({x.size(-1)})).view(shape);
+    // A few rows (batched decode, one expert's rows).
     const at::Tensor rows = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
     if (kernels::CanMultiplyByTransposed(rows, weight)) {
-      std::vector<int64_t> shape = x.sizes().vec();
-      shape.back() = weight.size(0);
       return kernels::MultiplyByTransposed(rows, weight).view(shape);
     }
   }
