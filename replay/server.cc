@@ -446,12 +446,8 @@ void ServerImpl::Reject(zmq::socket_t& socket, const std::string& identity, cons
 void ServerImpl::HandleActorFrame(const std::string& identity, zmq::message_t frame) {
   auto received = std::make_shared<const zmq::message_t>(std::move(frame));
   std::string_view rest = transport::View(*received);
-  if (rest.size() > limits_.max_message_bytes) {
-    Reject(actor_socket_, identity,
-           Status::InvalidArgument(std::string(schema::reject::kSize) + ": message of " +
-                                   std::to_string(rest.size()) + " bytes is over the limit of " +
-                                   std::to_string(limits_.max_message_bytes)),
-           nullptr);
+  if (Status size = schema::CheckFrameSize(rest, limits_); !size.ok()) {
+    Reject(actor_socket_, identity, size, nullptr);
     return;
   }
   // One envelope, or several back to back (a client batching segments). Each is handled on its

@@ -817,12 +817,17 @@ Result<size_t> LeadingEnvelopeBytes(std::string_view bytes) {
   return static_cast<size_t>(kEnvelopeHeaderBytes + payload_bytes);
 }
 
-Status CheckEnvelope(std::string_view frame, const DecodeLimits& limits) {
+Status CheckFrameSize(std::string_view frame, const DecodeLimits& limits) {
   if (frame.size() > limits.max_message_bytes) {
     return Reject(reject::kSize, "message of " + std::to_string(frame.size()) +
                                      " bytes is over the limit of " +
                                      std::to_string(limits.max_message_bytes));
   }
+  return Status::Ok();
+}
+
+Status CheckEnvelope(std::string_view frame, const DecodeLimits& limits) {
+  STRIDER_RETURN_IF_ERROR(CheckFrameSize(frame, limits));
   STRIDER_RETURN_IF_ERROR(CheckEnvelopeHeader(frame));
   const char* header = frame.data();
   const uint64_t payload_bytes = Get<uint64_t>(header + 8);

@@ -262,6 +262,10 @@ enum class SegmentDecoding { kCopy, kFactsOnly };
 Result<Message> Decode(std::string_view frame, const DecodeLimits& limits = DecodeLimits(),
                        SegmentDecoding segment_decoding = SegmentDecoding::kCopy);
 
+// The size limit of a whole frame, one envelope or several back to back: the first check of
+// Decode, and of a server splitting a batched frame before it looks inside.
+Status CheckFrameSize(std::string_view frame, const DecodeLimits& limits = DecodeLimits());
+
 // The size of the envelope at the start of `bytes`, which may hold more envelopes after it (a
 // batched frame). Checks only what finding the envelope's end needs: header, magic, major version,
 // and an announced length that `bytes` holds; Decode then checks the envelope itself. Errors carry
