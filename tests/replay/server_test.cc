@@ -53,6 +53,15 @@ std::unique_ptr<ActorClient> Actor(const ReplayServer& server, const std::string
   return client.ok() ? std::move(*client) : nullptr;
 }
 
+// The next reply on a raw client socket, decoded; Unavailable when none comes within `timeout`.
+Result<schema::Message> NextReply(zmq::socket_t& socket, milliseconds timeout) {
+  STRIDER_ASSIGN_OR_RETURN(bool readable, transport::WaitReadable(socket, timeout));
+  if (!readable) return Status::Unavailable("no reply");
+  STRIDER_ASSIGN_OR_RETURN(std::vector<zmq::message_t> parts, transport::ReceiveParts(socket));
+  if (parts.empty()) return Status::Unavailable("no reply");
+  return schema::Decode(transport::View(parts.back()));
+}
+
 std::unique_ptr<LearnerClient> Learner(const ReplayServer& server, const std::string& id,
                                        const std::string& table = "") {
   LearnerClientOptions options;
@@ -175,13 +184,12 @@ TEST(ReplayServer, BatchedFramesArriveAsTheirSegments) {
     size_t failed = 0;
     const auto deadline = std::chrono::steady_clock::now() + milliseconds(10000);
     while ((acked < acks || failed < errors) && std::chrono::steady_clock::now() < deadline) {
-      Result<bool> readable = transport::WaitReadable(socket, milliseconds(100));
-      if (!readable.ok() || !*readable) continue;
-      Result<std::vector<zmq::message_t>> parts = transport::ReceiveParts(socket);
-      if (!parts.ok() || parts->empty()) continue;
-      Result<schema::Message> reply = schema::Decode(transport::View(parts->back()));
-      EXPECT_TRUE(reply.ok());
-      if (!reply.ok()) continue;
+      Result<schema::Message> reply = NextReply(socket, milliseconds(100));
+      if (!reply.ok()) {
+        // Waiting is fine; a reply that does not decode is not.
+        EXPECT_EQ(reply.status().code(), StatusCode::kUnavailable) << reply.status().ToString();
+        continue;
+      }
       if (reply->kind == schema::MessageKind::kAck) acked += reply->ack.size();
       if (reply->kind == schema::MessageKind::kError) ++failed;
       replies.push_back(std::move(*reply));
@@ -194,12 +202,8 @@ TEST(ReplayServer, BatchedFramesArriveAsTheirSegments) {
   ASSERT_TRUE(
       transport::SendParts(socket, {schema::EncodeHello({"raw", schema::ClientRole::kActor})})
           .ok());
-  Result<bool> readable = transport::WaitReadable(socket, milliseconds(5000));
-  ASSERT_TRUE(readable.ok() && *readable);
-  Result<std::vector<zmq::message_t>> credit_parts = transport::ReceiveParts(socket);
-  ASSERT_TRUE(credit_parts.ok() && !credit_parts->empty());
-  Result<schema::Message> credit = schema::Decode(transport::View(credit_parts->back()));
-  ASSERT_TRUE(credit.ok());
+  Result<schema::Message> credit = NextReply(socket, milliseconds(5000));
+  ASSERT_TRUE(credit.ok()) << credit.status().ToString();
   ASSERT_EQ(credit->kind, schema::MessageKind::kCredit);
   EXPECT_EQ(credit->credit.max_frame_bytes, options.max_message_bytes);
 
@@ -294,12 +298,8 @@ TEST(ReplayServer, BadInputIsRejectedWithItsReasonWhileAGoodClientStreams) {
   bad.connect(server->actor_endpoint());
   auto expect_reason = [&](const std::string& frame, const std::string& reason) {
     ASSERT_TRUE(transport::SendParts(bad, {frame}).ok());
-    Result<bool> readable = transport::WaitReadable(bad, milliseconds(5000));
-    ASSERT_TRUE(readable.ok() && *readable) << "no reply for " << reason;
-    Result<std::vector<zmq::message_t>> parts = transport::ReceiveParts(bad);
-    ASSERT_TRUE(parts.ok() && !parts->empty());
-    Result<schema::Message> reply = schema::Decode(transport::View(parts->back()));
-    ASSERT_TRUE(reply.ok());
+    Result<schema::Message> reply = NextReply(bad, milliseconds(5000));
+    ASSERT_TRUE(reply.ok()) << "no reply for " << reason << ": " << reply.status().ToString();
     ASSERT_EQ(reply->kind, schema::MessageKind::kError) << reason;
     EXPECT_EQ(reply->error.reason, reason) << reply->error.message;
     EXPECT_FALSE(reply->error.message.empty());
