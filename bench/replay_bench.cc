@@ -387,34 +387,26 @@ int main(int argc, char** argv) {
     std::vector<double> raw_rates;
     std::vector<double> ours_tcp, ours_ipc;
     std::vector<double> zmq_tcp, zmq_ipc;
-    const std::vector<std::function<void(bool)>> runs = {
-        [&](bool keep) {
-          const double rate = RawRocksDbRate(frames, dir + "_raw");
-          if (keep) raw_rates.push_back(rate);
-        },
-        [&](bool keep) {
-          const double rate = ReplayIngestRate(frames, dir + "_ours", tcp);
-          if (keep) ours_tcp.push_back(rate);
-        },
-        [&](bool keep) {
-          const double rate = ReplayIngestRate(frames, dir + "_ours", ipc);
-          if (keep) ours_ipc.push_back(rate);
-        },
-        [&](bool keep) {
-          const double rate = RawZmqRate(frames, tcp);
-          if (keep) zmq_tcp.push_back(rate);
-        },
-        [&](bool keep) {
-          const double rate = RawZmqRate(frames, ipc);
-          if (keep) zmq_ipc.push_back(rate);
-        },
+    struct Run {
+      std::function<double()> measure;  // MB/s
+      std::vector<double>* rates;
+    };
+    const std::vector<Run> runs = {
+        {[&] { return RawRocksDbRate(frames, dir + "_raw"); }, &raw_rates},
+        {[&] { return ReplayIngestRate(frames, dir + "_ours", tcp); }, &ours_tcp},
+        {[&] { return ReplayIngestRate(frames, dir + "_ours", ipc); }, &ours_ipc},
+        {[&] { return RawZmqRate(frames, tcp); }, &zmq_tcp},
+        {[&] { return RawZmqRate(frames, ipc); }, &zmq_ipc},
     };
     const int repeats = quick ? 1 : static_cast<int>(runs.size());
     if (!quick) {
-      for (const auto& run : runs) run(false);
+      for (const Run& run : runs) (void)run.measure();
     }
     for (int round = 0; round < repeats; ++round) {
-      for (size_t i = 0; i < runs.size(); ++i) runs[(i + round) % runs.size()](true);
+      for (size_t i = 0; i < runs.size(); ++i) {
+        const Run& run = runs[(i + round) % runs.size()];
+        run.rates->push_back(run.measure());
+      }
     }
     const std::string same =
         "same run, median of " + std::to_string(repeats) +
