@@ -14,6 +14,7 @@
 // frame; default the library's), to compare batching with sending segments one by one.
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -156,6 +157,7 @@ double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) 
   std::vector<std::thread> threads;
   for (int a = 0; a < kActors; ++a) {
     threads.emplace_back([&, a] {
+      pthread_setname_np(pthread_self(), "raw-rocksdb");
       rocksdb::WriteOptions write;
       write.sync = replay::StoreOptions().sync_wal;
       for (size_t i = a; i < frames.size(); i += kActors) {
@@ -208,6 +210,7 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
   std::vector<std::thread> threads;
   for (int a = 0; a < kActors; ++a) {
     threads.emplace_back([&, a] {
+      pthread_setname_np(pthread_self(), "bench-actor");
       for (size_t i = a; i < frames.size(); i += kActors) {
         if (!actors[a]->SendFrame(frames[i].key, frames[i].bytes).ok()) failures++;
       }
@@ -289,6 +292,7 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
   std::vector<std::thread> ingest;
   for (int a = 0; a < kActors; ++a) {
     ingest.emplace_back([&, a] {
+      pthread_setname_np(pthread_self(), "bench-actor");
       replay::ActorClientOptions client;
       client.endpoint = server->actor_endpoint();
       client.client_id = "load-" + std::to_string(a);

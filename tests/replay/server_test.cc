@@ -517,5 +517,28 @@ TEST(ReplayServer, LearnerIoThreadIsLatencySensitive) {
   EXPECT_GE(unmarked, 1);    // the actor context's
 }
 
+TEST(ReplayServer, ThreadsAreNamedAfterTheirStage) {
+  TempDir dir;
+  ServerOptions options = Options(dir);
+  options.writer_threads = 3;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  // A thread names itself once it runs: look again for a short while.
+  std::multiset<std::string> names;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    names.clear();
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      if (std::getline(comm, name) && name.rfind("replay-", 0) == 0) names.insert(name);
+    }
+    if (names.size() >= 5) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(names, (std::multiset<std::string>{"replay-actors", "replay-learner", "replay-writer0",
+                                               "replay-writer1", "replay-writer2"}));
+  server->Stop();
+}
+
 }  // namespace
 }  // namespace strider::replay
