@@ -75,6 +75,13 @@ struct ServerOptions {
   // segments wait in the actors' sockets instead of the server's memory; one segment is always
   // taken, however large. Bounds memory and keeps it reused (no fresh pages to fault in).
   uint64_t max_queued_bytes = 16ull << 20;
+  // How many nice steps below the writers the intake runs: the actor thread and the I/O thread
+  // of the actors' socket (0: the same priority). The writers hold the one serial stage of
+  // ingest, RocksDB's log write; on a machine with more runnable threads than cores, threads
+  // at the same priority take turns with it, and every turn stalls the log. At a lower priority
+  // the intake still reads whatever the writers leave room for (max_queued_bytes bounds it), and
+  // takes the cores they leave idle. The learner side keeps its priority (sampling latency).
+  int intake_nice = 10;
   // Sample steps per learner whose answers are kept for replay after a learner restart.
   int64_t sample_log_steps = 1024;
   double stats_interval_s = 10;  // how often stats go to the log; 0: never

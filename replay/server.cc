@@ -192,7 +192,7 @@ class ServerImpl : public ReplayServer {
   schema::DecodeLimits limits_;
   uint64_t instance_ = 0;
   std::unique_ptr<Store> store_;
-  zmq::context_t context_{1};
+  transport::NamedContext actor_context_;  // actor ROUTER, and the wake-up pair (inproc)
   // The learner socket has its own context, so its own I/O thread: sample requests and replies
   // never wait behind the actors' megabytes in a shared I/O thread.
   // Its I/O thread, like the learner thread, is latency-sensitive (transport::MarkLatencySensitive):
@@ -294,7 +294,8 @@ Status ServerImpl::Init() {
   // ZeroMQ drops a peer whose message crosses this; below it, oversize gets a reply instead.
   const size_t hard_limit = 2 * options_.max_message_bytes + (1 << 20);
   STRIDER_ASSIGN_OR_RETURN(actor_socket_,
-                           transport::MakeSocket(context_, zmq::socket_type::router, hard_limit));
+                           transport::MakeSocket(actor_context_.get(), zmq::socket_type::router,
+                                                 hard_limit));
   STRIDER_ASSIGN_OR_RETURN(learner_socket_,
                            transport::MakeSocket(learner_context_.get(), zmq::socket_type::router,
                                                  1 << 20));
@@ -308,11 +309,17 @@ Status ServerImpl::Init() {
   STRIDER_ASSIGN_OR_RETURN(std::string learner_bound,
                            transport::Bind(learner_socket_, options_.learner_endpoint));
   learner_context_.MarkIoThreads();
+  // Intake (receiving and checking segments) yields the cores to the writers: see
+  // ServerOptions::intake_nice. The actor thread lowers its own priority when it starts.
+  for (pid_t thread_id : actor_context_.IoThreads()) {
+    (void)transport::LowerPriority(thread_id, options_.intake_nice);
+  }
   actor_endpoint_ = transport::LocalEndpoint(actor_bound);
   learner_endpoint_ = transport::LocalEndpoint(learner_bound);
   STRIDER_ASSIGN_OR_RETURN(wake_receiver_,
-                           transport::MakeSocket(context_, zmq::socket_type::pull));
-  STRIDER_ASSIGN_OR_RETURN(wake_sender_, transport::MakeSocket(context_, zmq::socket_type::push));
+                           transport::MakeSocket(actor_context_.get(), zmq::socket_type::pull));
+  STRIDER_ASSIGN_OR_RETURN(wake_sender_,
+                           transport::MakeSocket(actor_context_.get(), zmq::socket_type::push));
   const std::string wake = "inproc://replay-wake-" + std::to_string(instance_);
   STRIDER_RETURN_IF_ERROR(transport::Bind(wake_receiver_, wake).status());
   STRIDER_RETURN_IF_ERROR(transport::Connect(wake_sender_, wake));
@@ -328,6 +335,7 @@ Status ServerImpl::Init() {
   }
   actor_thread_ = std::thread([this] {
     NameThisThread("replay-actors");
+    (void)transport::LowerPriority(0, options_.intake_nice);
     ActorLoop();
   });
   learner_thread_ = std::thread([this] {
@@ -1229,11 +1237,13 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   int64_t writer_threads = options.writer_threads;
   int64_t max_queued_bytes = static_cast<int64_t>(options.max_queued_bytes);
   int64_t max_token_id = options.max_token_id;
+  int64_t intake_nice = options.intake_nice;
   server.Optional("max_message_bytes", &max_message_bytes);
   server.Optional("credit_bytes", &credit_bytes);
   server.Optional("write_batch_bytes", &write_batch_bytes);
   server.Optional("writer_threads", &writer_threads);
   server.Optional("max_queued_bytes", &max_queued_bytes);
+  server.Optional("intake_nice", &intake_nice);
   server.Optional("max_token_id", &max_token_id);
   server.Optional("sync_wal", &options.sync_wal);
   server.Optional("compression", &options.compression);
@@ -1246,6 +1256,7 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   server.Check(writer_threads >= 1 && writer_threads <= 64, "writer_threads",
                "must be in [1, 64]");
   server.Check(max_queued_bytes >= 1, "max_queued_bytes", "must be positive");
+  server.Check(intake_nice >= 0 && intake_nice <= 19, "intake_nice", "must be in [0, 19]");
   server.Check(max_token_id >= 1 && max_token_id <= INT32_MAX, "max_token_id",
                "must be in [1, 2^31)");
   server.Check(options.compression == "lz4" || options.compression == "zstd" ||
@@ -1258,6 +1269,7 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   options.write_batch_bytes = static_cast<uint64_t>(write_batch_bytes);
   options.writer_threads = static_cast<int>(writer_threads);
   options.max_queued_bytes = static_cast<uint64_t>(max_queued_bytes);
+  options.intake_nice = static_cast<int>(intake_nice);
   options.max_token_id = static_cast<int32_t>(max_token_id);
   std::set<std::string> names;
   for (ConfigReader& table : root.List("tables")) {

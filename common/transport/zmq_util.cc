@@ -1,9 +1,12 @@
 #include "common/transport/zmq_util.h"
 
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -49,7 +52,17 @@ void SetSlice(pid_t tid) {
 
 void MarkLatencySensitive() { SetSlice(0); }
 
-LatencySensitiveContext::LatencySensitiveContext() {
+bool LowerPriority(pid_t thread_id, int nice_steps) {
+  if (nice_steps <= 0) return true;
+  // On Linux the nice value belongs to the thread, not the process (setpriority(2), NOTES).
+  const id_t id = thread_id == 0 ? static_cast<id_t>(syscall(SYS_gettid)) : thread_id;
+  errno = 0;
+  const int current = getpriority(PRIO_PROCESS, id);
+  if (errno != 0) return false;
+  return setpriority(PRIO_PROCESS, id, std::min(current + nice_steps, 19)) == 0;
+}
+
+NamedContext::NamedContext() {
   // A process-wide number names this context's threads "<n>/ZMQbg/IO/<i>" (15 characters at
   // most, the kernel's limit for thread names).
   static std::atomic<int> next{1};
@@ -57,25 +70,29 @@ LatencySensitiveContext::LatencySensitiveContext() {
   context_.set(zmq::ctxopt::thread_name_prefix, prefix_);
 }
 
-void LatencySensitiveContext::MarkIoThreads() {
+std::vector<pid_t> NamedContext::IoThreads() const {
   const std::string wanted = std::to_string(prefix_) + "/ZMQbg/IO/";
+  std::vector<pid_t> found;
   // A new I/O thread names itself once it runs: look again for a short while until it has.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    int found = 0;
     std::error_code error;
     for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", error)) {
       std::ifstream comm(task.path() / "comm");
       std::string name;
       if (!std::getline(comm, name) || name.rfind(wanted, 0) != 0) continue;
       try {
-        SetSlice(static_cast<pid_t>(std::stoi(task.path().filename().string())));
-        ++found;
+        found.push_back(static_cast<pid_t>(std::stoi(task.path().filename().string())));
       } catch (...) {
       }
     }
-    if (found > 0 || error) return;
+    if (!found.empty() || error) return found;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  return found;
+}
+
+void LatencySensitiveContext::MarkIoThreads() {
+  for (pid_t thread_id : IoThreads()) SetSlice(thread_id);
 }
 
 Status CheckEndpoint(std::string_view endpoint) {

@@ -6,6 +6,8 @@
 // own message size limit and reject oversized-but-plausible messages themselves, with a reply.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -49,20 +51,33 @@ Status SendParts(zmq::socket_t& socket, const std::vector<std::string_view>& par
 // CPU time stays the same. A no-op where the kernel does not support it.
 void MarkLatencySensitive();
 
-// A context whose I/O threads are latency-sensitive as above: for sockets that carry small
-// requests and replies next to bulk traffic on the same machine. The I/O threads start with the
-// first socket; call MarkIoThreads after creating it.
-class LatencySensitiveContext {
+// Lowers a thread's priority by `nice_steps` (its nice value goes up by that much; 0 leaves it
+// as it is): in a contended machine it then gets the cores after threads at the usual priority.
+// `thread_id` 0 is the calling thread; threads it creates later inherit the new value. Needs no
+// privilege. False where the kernel refused.
+bool LowerPriority(pid_t thread_id, int nice_steps);
+
+// A ZeroMQ context whose I/O threads can be found, to set how they are scheduled: it names them
+// "<n>/ZMQbg/IO/<i>" with a number n of its own. They start with its first socket.
+class NamedContext {
  public:
-  LatencySensitiveContext();
+  NamedContext();
   zmq::context_t& get() { return context_; }
-  // Marks this context's I/O threads (found by the name prefix it gave them), waiting up to
-  // about 100 ms for them to have started.
-  void MarkIoThreads();
+  // The thread ids of its I/O threads, waiting up to about 100 ms for them to have started and
+  // named themselves; empty if none has.
+  std::vector<pid_t> IoThreads() const;
 
  private:
   int prefix_;
   zmq::context_t context_;
+};
+
+// A context whose I/O threads are latency-sensitive as above: for sockets that carry small
+// requests and replies next to bulk traffic on the same machine. Call MarkIoThreads after
+// creating the first socket.
+class LatencySensitiveContext : public NamedContext {
+ public:
+  void MarkIoThreads();
 };
 
 // Sends `bytes` as a one-part message without copying them: ZeroMQ holds a reference until its

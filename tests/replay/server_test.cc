@@ -1,11 +1,14 @@
 // The server and clients in one process over real loopback sockets and a real store.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -537,6 +540,41 @@ TEST(ReplayServer, ThreadsAreNamedAfterTheirStage) {
   }
   EXPECT_EQ(names, (std::multiset<std::string>{"replay-actors", "replay-learner", "replay-writer0",
                                                "replay-writer1", "replay-writer2"}));
+  server->Stop();
+}
+
+TEST(ReplayServer, IntakeRunsBelowTheWriters) {
+  const int base = getpriority(PRIO_PROCESS, 0);
+  if (base + 7 > 19) GTEST_SKIP() << "this test already runs at nice " << base;
+  TempDir dir;
+  ServerOptions options = Options(dir);
+  options.intake_nice = 7;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  std::map<std::string, int> nice_by_stage;
+  std::vector<int> io_thread_nice;
+  for (int attempt = 0; attempt < 200 && nice_by_stage.size() < 3; ++attempt) {
+    nice_by_stage.clear();
+    io_thread_nice.clear();
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      if (!std::getline(comm, name)) continue;
+      const int nice = getpriority(PRIO_PROCESS, std::stoi(task.path().filename().string()));
+      if (name == "replay-actors" || name == "replay-writer0" || name == "replay-learner") {
+        nice_by_stage[name] = nice;
+      } else if (name.find("ZMQbg/IO/") != std::string::npos) {
+        io_thread_nice.push_back(nice);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(nice_by_stage["replay-actors"], base + 7);
+  EXPECT_EQ(nice_by_stage["replay-writer0"], base);
+  EXPECT_EQ(nice_by_stage["replay-learner"], base);
+  // The actors' socket's I/O thread yields too; the learners' keeps its priority.
+  std::sort(io_thread_nice.begin(), io_thread_nice.end());
+  EXPECT_EQ(io_thread_nice, (std::vector<int>{base, base + 7}));
   server->Stop();
 }
 

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <map>
 #include <set>
 
@@ -228,6 +230,27 @@ tables:
   bad = ParseServerConfig("tables:\n  - name: rl\n    sampler: lifo\n", "bad.yaml");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find(":3:"), std::string::npos) << bad.status().message();
+
+  bad = ParseServerConfig("server:\n  intake_nice: 20\n", "bad.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("intake_nice"), std::string::npos)
+      << bad.status().message();
+}
+
+// The example the docs point to is a config the server accepts, and says what the defaults are.
+TEST(ServerConfig, TheExampleConfigLoadsWithTheDefaults) {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  Result<ServerOptions> options =
+      LoadServerConfig(std::string(source ? source : ".") + "/configs/replay/default.yaml");
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  const ServerOptions defaults;
+  EXPECT_EQ(options->max_message_bytes, defaults.max_message_bytes);
+  EXPECT_EQ(options->credit_bytes, defaults.credit_bytes);
+  EXPECT_EQ(options->write_batch_bytes, defaults.write_batch_bytes);
+  EXPECT_EQ(options->intake_nice, defaults.intake_nice);
+  EXPECT_EQ(options->sync_wal, defaults.sync_wal);
+  EXPECT_EQ(options->compression, defaults.compression);
+  EXPECT_GE(options->tables.size(), 2u);
 }
 
 }  // namespace
