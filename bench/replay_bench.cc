@@ -9,9 +9,18 @@
 // sockets, what co-located actors use); the raw RocksDB baseline is the same for both.
 //
 //   replay_bench [--quick] [--only ingest|latency] [--size 64KiB|1MiB] [--batch-bytes N]
+//                [--actor-nice N] [--intake-nice N]
 //
 // --batch-bytes sets the actor clients' frame size for batched segments (0: one segment per
 // frame; default the library's), to compare batching with sending segments one by one.
+//
+// The 4 actors stand in for actor processes on other machines, but here they share the server's
+// two cores. They run N nice steps below the server's writers (--actor-nice, default 10, as the
+// server's own intake does by default; 0: the same priority), their ZeroMQ I/O threads
+// included. They still send every byte over the same sockets within the measured time; they
+// only take the cores the server leaves idle instead of taking turns with RocksDB's log write,
+// the one serial stage of ingest, which the raw put loop never shares. --intake-nice sets
+// ServerOptions::intake_nice, for comparisons.
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 #include <pthread.h>
@@ -26,6 +35,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <latch>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -49,6 +59,17 @@ using std::chrono::milliseconds;
 constexpr int kActors = 4;
 // ActorClientOptions::batch_bytes of every actor client (--batch-bytes).
 uint64_t batch_bytes = replay::ActorClientOptions().batch_bytes;
+// How many nice steps below the server's writers the stand-in actors run (--actor-nice).
+int actor_nice = 10;
+// ServerOptions::intake_nice of every server (--intake-nice).
+int intake_nice = replay::ServerOptions().intake_nice;
+
+// Called first thing in a stand-in actor's thread, before its client connects: the client's
+// ZeroMQ I/O thread, started when it connects, inherits the thread's priority.
+void BecomeStandInActor() {
+  pthread_setname_np(pthread_self(), "bench-actor");
+  (void)transport::LowerPriority(0, actor_nice);
+}
 
 struct Frame {
   schema::SegmentKey key;
@@ -189,6 +210,7 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
   options.db_path = dir;
   options.actor_endpoint = endpoint;
   options.stats_interval_s = 0;
+  options.intake_nice = intake_nice;
   options.tables.push_back(replay::TableConfig());
   options.tables.back().retention.max_bytes = 0;  // keep everything: measure pure ingest
   Result<std::unique_ptr<replay::ReplayServer>> server = replay::ReplayServer::Start(options);
@@ -196,32 +218,36 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
     std::fprintf(stderr, "replay_bench: %s\n", server.status().ToString().c_str());
     std::exit(1);
   }
-  std::vector<std::unique_ptr<replay::ActorClient>> actors;
-  for (int a = 0; a < kActors; ++a) {
-    replay::ActorClientOptions client;
-    client.endpoint = (*server)->actor_endpoint();
-    client.client_id = "bench-" + std::to_string(a);
-    client.batch_bytes = batch_bytes;
-    actors.push_back(replay::ActorClient::Connect(client).value());
-  }
   std::atomic<int> failures{0};
-  const RunCost cost;
-  const auto start = Clock::now();
+  // Each actor connects in its own thread (see BecomeStandInActor), then all start together.
+  std::latch connected(kActors);
+  std::atomic<bool> go{false};
   std::vector<std::thread> threads;
   for (int a = 0; a < kActors; ++a) {
     threads.emplace_back([&, a] {
-      pthread_setname_np(pthread_self(), "bench-actor");
+      BecomeStandInActor();
+      replay::ActorClientOptions client;
+      client.endpoint = (*server)->actor_endpoint();
+      client.client_id = "bench-" + std::to_string(a);
+      client.batch_bytes = batch_bytes;
+      std::unique_ptr<replay::ActorClient> actor = replay::ActorClient::Connect(client).value();
+      connected.count_down();
+      go.wait(false);
       for (size_t i = a; i < frames.size(); i += kActors) {
-        if (!actors[a]->SendFrame(frames[i].key, frames[i].bytes).ok()) failures++;
+        if (!actor->SendFrame(frames[i].key, frames[i].bytes).ok()) failures++;
       }
-      if (!actors[a]->Flush(milliseconds(120000)).ok()) failures++;
+      if (!actor->Flush(milliseconds(120000)).ok()) failures++;
     });
   }
+  connected.wait();
+  const RunCost cost;
+  const auto start = Clock::now();
+  go = true;
+  go.notify_all();
   for (auto& t : threads) t.join();
   const auto elapsed = Clock::now() - start;
   cost.Report("replay " + endpoint.substr(0, 3), TotalBytes(frames));
   if (failures > 0) std::fprintf(stderr, "replay_bench: %d ingest failures\n", failures.load());
-  actors.clear();
   (*server)->Stop();
   server->reset();
   std::filesystem::remove_all(dir);
@@ -276,6 +302,7 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
   options.db_path = dir;
   options.actor_endpoint = endpoint;
   options.stats_interval_s = 0;
+  options.intake_nice = intake_nice;
   replay::TableConfig table;
   table.sampler.kind = replay::SamplerKind::kUniform;
   table.retention.max_bytes = 0;
@@ -292,7 +319,7 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
   std::vector<std::thread> ingest;
   for (int a = 0; a < kActors; ++a) {
     ingest.emplace_back([&, a] {
-      pthread_setname_np(pthread_self(), "bench-actor");
+      BecomeStandInActor();
       replay::ActorClientOptions client;
       client.endpoint = server->actor_endpoint();
       client.client_id = "load-" + std::to_string(a);
@@ -352,13 +379,17 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (arg == "--batch-bytes" && i + 1 < argc) {
       batch_bytes = std::stoull(argv[++i]);
+    } else if (arg == "--actor-nice" && i + 1 < argc) {
+      actor_nice = std::stoi(argv[++i]);
+    } else if (arg == "--intake-nice" && i + 1 < argc) {
+      intake_nice = std::stoi(argv[++i]);
     } else if (arg == "--size" && i + 1 < argc && (std::string(argv[i + 1]) == "64KiB" ||
                                                    std::string(argv[i + 1]) == "1MiB")) {
       only_size = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: replay_bench [--quick] [--only ingest|latency] [--size 64KiB|1MiB] "
-                   "[--batch-bytes N]\n");
+                   "[--batch-bytes N] [--actor-nice N] [--intake-nice N]\n");
       return 2;
     }
   }
@@ -415,6 +446,9 @@ int main(int argc, char** argv) {
     const std::string same =
         "same run, median of " + std::to_string(repeats) +
         (quick ? std::string() : std::string(" rounds in rotating order after a warm-up round"));
+    const std::string priorities = "; actors " + std::to_string(actor_nice) +
+                                   " and the server's intake " + std::to_string(intake_nice) +
+                                   " nice steps below its writers";
     const std::string raw_is =
         "raw RocksDB puts of the same keys and values, 4 threads, Store::MakeOptions (lz4, WAL "
         "on, no sync), random tokens, " + same;
@@ -423,7 +457,7 @@ int main(int argc, char** argv) {
           std::tuple{std::string("_ipc"), ours_ipc, zmq_ipc, std::string("ipc")}}) {
       const double ingest = median(ours);
       PrintWithBaseline("ingest_" + label + "_4_actors" + suffix, ingest, "MB/s",
-                        median(raw_rates), raw_is + "; actors over " + transport);
+                        median(raw_rates), raw_is + "; actors over " + transport + priorities);
       PrintWithBaseline("stream_" + label + "_4_actors" + suffix, ingest, "MB/s",
                         median(zmq_rates),
                         "raw ZeroMQ PUSH/PULL of the same frames over " + transport +
@@ -443,7 +477,10 @@ int main(int argc, char** argv) {
       const std::string target = "the 5 ms target; measured at the client over " +
                                  std::to_string(latency.samples) +
                                  " one-segment samples; actors and learner over " +
-                                 endpoint.substr(0, 3) + "; " + latency.server_side;
+                                 endpoint.substr(0, 3) + "; actors " +
+                                 std::to_string(actor_nice) + " and the server's intake " +
+                                 std::to_string(intake_nice) + " nice steps below its writers; " +
+                                 latency.server_side;
       PrintWithBaseline("sample_latency_p50_64KiB_under_ingest" + suffix, latency.p50_ms, "ms",
                         5.0, target);
       PrintWithBaseline("sample_latency_p99_64KiB_under_ingest" + suffix, latency.p99_ms, "ms",
