@@ -105,7 +105,7 @@ TEST(WeightStream, CorruptChunkIsRefused) {
         put(reply, uint64_t{7});
         put(reply, uint32_t{0});
         put(reply, schema::Crc32c(payload) ^ 1u);  // wrong
-        put(reply, uint32_t{payload.size()});
+        put(reply, static_cast<uint32_t>(payload.size()));
         reply += payload;
       }
       (void)SendParts(*socket, {View(parts[0]), reply});
