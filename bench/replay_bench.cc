@@ -185,7 +185,8 @@ double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) 
         const std::string key = replay::SegmentStoreKey(frames[i].key);
         const std::string sequence = replay::EncodeU64(i + 1);
         rocksdb::Slice key_slice(key);
-        rocksdb::Slice value_parts[2] = {rocksdb::Slice(sequence), rocksdb::Slice(*frames[i].bytes)};
+        rocksdb::Slice value_parts[2] = {rocksdb::Slice(sequence),
+                                         rocksdb::Slice(*frames[i].bytes)};
         rocksdb::WriteBatch batch;
         batch.Put(rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(value_parts, 2));
         (void)db->Write(write, &batch);
@@ -416,9 +417,10 @@ int main(int argc, char** argv) {
     // Alternate the runs so machine noise hits all of them, and rotate their order from round to
     // round so each takes each place once: on these virtual machines the run right after the raw
     // loop was slower whichever it was (in profiles its writes into the page cache took up to 10
-    // times longer), so a fixed order would always charge the same one. Medians of the rounds are reported. A first round is a warm-up and not counted:
-    // a fresh process faults its heap in (100-200 page faults per MB in the first run of each
-    // kind, next to none later), which a running server pays once, not per segment.
+    // times longer), so a fixed order would always charge the same one. Medians of the rounds
+    // are reported. A first round is a warm-up and not counted: a fresh process faults its heap
+    // in (100-200 page faults per MB in the first run of each kind, next to none later), which a
+    // running server pays once, not per segment.
     std::vector<double> raw_rates;
     std::vector<double> ours_tcp, ours_ipc;
     std::vector<double> zmq_tcp, zmq_ipc;
