@@ -23,7 +23,6 @@
 // ServerOptions::intake_nice, for comparisons.
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
-#include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -64,11 +63,24 @@ int actor_nice = 10;
 // ServerOptions::intake_nice of every server (--intake-nice).
 int intake_nice = replay::ServerOptions().intake_nice;
 
-// Called first thing in a stand-in actor's thread, before its client connects: the client's
-// ZeroMQ I/O thread, started when it connects, inherits the thread's priority.
-void BecomeStandInActor() {
-  pthread_setname_np(pthread_self(), "bench-actor");
+// A stand-in actor's client, connected from the calling thread, the actor's own: the thread
+// first lowers its priority (--actor-nice), and the client's ZeroMQ I/O thread, started when it
+// connects, inherits it.
+std::unique_ptr<replay::ActorClient> ConnectStandInActor(const std::string& endpoint,
+                                                         const std::string& client_id) {
+  transport::NameThisThread("bench-actor");
   (void)transport::LowerPriority(0, actor_nice);
+  replay::ActorClientOptions client;
+  client.endpoint = endpoint;
+  client.client_id = client_id;
+  client.batch_bytes = batch_bytes;
+  return replay::ActorClient::Connect(client).value();
+}
+
+// What the ingest and latency lines say about the priorities above.
+std::string PrioritiesText() {
+  return "actors " + std::to_string(actor_nice) + " and the server's intake " +
+         std::to_string(intake_nice) + " nice steps below its writers";
 }
 
 struct Frame {
@@ -178,7 +190,7 @@ double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) 
   std::vector<std::thread> threads;
   for (int a = 0; a < kActors; ++a) {
     threads.emplace_back([&, a] {
-      pthread_setname_np(pthread_self(), "raw-rocksdb");
+      transport::NameThisThread("raw-rocksdb");
       rocksdb::WriteOptions write;
       write.sync = replay::StoreOptions().sync_wal;
       for (size_t i = a; i < frames.size(); i += kActors) {
@@ -220,18 +232,14 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
     std::exit(1);
   }
   std::atomic<int> failures{0};
-  // Each actor connects in its own thread (see BecomeStandInActor), then all start together.
+  // Each actor connects in its own thread (see ConnectStandInActor), then all start together.
   std::latch connected(kActors);
   std::atomic<bool> go{false};
   std::vector<std::thread> threads;
   for (int a = 0; a < kActors; ++a) {
     threads.emplace_back([&, a] {
-      BecomeStandInActor();
-      replay::ActorClientOptions client;
-      client.endpoint = (*server)->actor_endpoint();
-      client.client_id = "bench-" + std::to_string(a);
-      client.batch_bytes = batch_bytes;
-      std::unique_ptr<replay::ActorClient> actor = replay::ActorClient::Connect(client).value();
+      std::unique_ptr<replay::ActorClient> actor =
+          ConnectStandInActor((*server)->actor_endpoint(), "bench-" + std::to_string(a));
       connected.count_down();
       go.wait(false);
       for (size_t i = a; i < frames.size(); i += kActors) {
@@ -320,12 +328,7 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
   std::vector<std::thread> ingest;
   for (int a = 0; a < kActors; ++a) {
     ingest.emplace_back([&, a] {
-      BecomeStandInActor();
-      replay::ActorClientOptions client;
-      client.endpoint = server->actor_endpoint();
-      client.client_id = "load-" + std::to_string(a);
-      client.batch_bytes = batch_bytes;
-      auto actor = replay::ActorClient::Connect(client).value();
+      auto actor = ConnectStandInActor(server->actor_endpoint(), "load-" + std::to_string(a));
       for (size_t i = a; i < load.size() && !stop; i += kActors) {
         (void)actor->SendFrame(load[i].key, load[i].bytes);
       }
@@ -448,9 +451,6 @@ int main(int argc, char** argv) {
     const std::string same =
         "same run, median of " + std::to_string(repeats) +
         (quick ? std::string() : std::string(" rounds in rotating order after a warm-up round"));
-    const std::string priorities = "; actors " + std::to_string(actor_nice) +
-                                   " and the server's intake " + std::to_string(intake_nice) +
-                                   " nice steps below its writers";
     const std::string raw_is =
         "raw RocksDB puts of the same keys and values, 4 threads, Store::MakeOptions (lz4, WAL "
         "on, no sync), random tokens, " + same;
@@ -459,7 +459,8 @@ int main(int argc, char** argv) {
           std::tuple{std::string("_ipc"), ours_ipc, zmq_ipc, std::string("ipc")}}) {
       const double ingest = median(ours);
       PrintWithBaseline("ingest_" + label + "_4_actors" + suffix, ingest, "MB/s",
-                        median(raw_rates), raw_is + "; actors over " + transport + priorities);
+                        median(raw_rates),
+                        raw_is + "; actors over " + transport + "; " + PrioritiesText());
       PrintWithBaseline("stream_" + label + "_4_actors" + suffix, ingest, "MB/s",
                         median(zmq_rates),
                         "raw ZeroMQ PUSH/PULL of the same frames over " + transport +
@@ -479,9 +480,7 @@ int main(int argc, char** argv) {
       const std::string target = "the 5 ms target; measured at the client over " +
                                  std::to_string(latency.samples) +
                                  " one-segment samples; actors and learner over " +
-                                 endpoint.substr(0, 3) + "; actors " +
-                                 std::to_string(actor_nice) + " and the server's intake " +
-                                 std::to_string(intake_nice) + " nice steps below its writers; " +
+                                 endpoint.substr(0, 3) + "; " + PrioritiesText() + "; " +
                                  latency.server_side;
       PrintWithBaseline("sample_latency_p50_64KiB_under_ingest" + suffix, latency.p50_ms, "ms",
                         5.0, target);

@@ -20,7 +20,6 @@
 // never delete a segment between a draw being chosen and the draw being recorded; it goes to
 // the sampling store's own log (replay/storage.h), so it never queues behind segment batches.
 #include <malloc.h>
-#include <pthread.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
@@ -59,11 +58,6 @@ uint64_t NowUnixMs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
-}
-
-// Names show in top -H, perf and /proc/PID/task: which stage is busy, at a glance.
-void NameThisThread(const std::string& name) {
-  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());  // the kernel's limit
 }
 
 std::string DeriveLearnerEndpoint(const std::string& actor) {
@@ -329,17 +323,17 @@ Status ServerImpl::Init() {
   }
   for (int slot = 0; slot < options_.writer_threads; ++slot) {
     writer_threads_.emplace_back([this, slot] {
-      NameThisThread("replay-writer" + std::to_string(slot));
+      transport::NameThisThread("replay-writer" + std::to_string(slot));
       WriterLoop(slot);
     });
   }
   actor_thread_ = std::thread([this] {
-    NameThisThread("replay-actors");
+    transport::NameThisThread("replay-actors");
     (void)transport::LowerPriority(0, options_.intake_nice);
     ActorLoop();
   });
   learner_thread_ = std::thread([this] {
-    NameThisThread("replay-learner");
+    transport::NameThisThread("replay-learner");
     LearnerLoop();
   });
   spdlog::info("replay server: store {}, actors on {}, learners on {}, {} table(s)",

@@ -1,5 +1,6 @@
 #include "common/transport/zmq_util.h"
 
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -51,6 +52,10 @@ void SetSlice(pid_t tid) {
 }  // namespace
 
 void MarkLatencySensitive() { SetSlice(0); }
+
+void NameThisThread(const std::string& name) {
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+}
 
 bool LowerPriority(pid_t thread_id, int nice_steps) {
   if (nice_steps <= 0) return true;

@@ -51,6 +51,10 @@ Status SendParts(zmq::socket_t& socket, const std::vector<std::string_view>& par
 // CPU time stays the same. A no-op where the kernel does not support it.
 void MarkLatencySensitive();
 
+// Names the calling thread (cut to the kernel's 15 characters), as top -H, perf and
+// /proc/PID/task show it: which stage is busy, at a glance.
+void NameThisThread(const std::string& name);
+
 // Lowers a thread's priority by `nice_steps` (its nice value goes up by that much; 0 leaves it
 // as it is): in a contended machine it then gets the cores after threads at the usual priority.
 // `thread_id` 0 is the calling thread; threads it creates later inherit the new value. Needs no
