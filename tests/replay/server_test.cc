@@ -492,6 +492,22 @@ uint64_t SliceNs(pid_t tid) {
   return attr.runtime;
 }
 
+struct ThreadInfo {
+  std::string name;  // as the kernel shows it (/proc/self/task/ID/comm)
+  pid_t id;
+};
+
+std::vector<ThreadInfo> ThreadsOfThisProcess() {
+  std::vector<ThreadInfo> threads;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (!std::getline(comm, name)) continue;  // it ended meanwhile
+    threads.push_back({name, static_cast<pid_t>(std::stoi(task.path().filename().string()))});
+  }
+  return threads;
+}
+
 // The learner socket's I/O thread gets the short slice that lets it run ahead of bulk ingest;
 // the actors' I/O thread keeps the default.
 TEST(ReplayServer, LearnerIoThreadIsLatencySensitive) {
@@ -508,13 +524,9 @@ TEST(ReplayServer, LearnerIoThreadIsLatencySensitive) {
   ASSERT_NE(server, nullptr);
   int marked = 0;
   int unmarked = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    if (name.find("ZMQbg/IO/") == std::string::npos) continue;
-    const uint64_t slice = SliceNs(std::stoi(task.path().filename().string()));
-    (slice != before ? marked : unmarked) += 1;
+  for (const ThreadInfo& thread : ThreadsOfThisProcess()) {
+    if (thread.name.find("ZMQbg/IO/") == std::string::npos) continue;
+    (SliceNs(thread.id) != before ? marked : unmarked) += 1;
   }
   EXPECT_EQ(marked, 1);      // the learner context's one I/O thread
   EXPECT_GE(unmarked, 1);    // the actor context's
@@ -530,10 +542,8 @@ TEST(ReplayServer, ThreadsAreNamedAfterTheirStage) {
   std::multiset<std::string> names;
   for (int attempt = 0; attempt < 200; ++attempt) {
     names.clear();
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      if (std::getline(comm, name) && name.rfind("replay-", 0) == 0) names.insert(name);
+    for (const ThreadInfo& thread : ThreadsOfThisProcess()) {
+      if (thread.name.rfind("replay-", 0) == 0) names.insert(thread.name);
     }
     if (names.size() >= 5) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -556,14 +566,12 @@ TEST(ReplayServer, IntakeRunsBelowTheWriters) {
   for (int attempt = 0; attempt < 200 && nice_by_stage.size() < 3; ++attempt) {
     nice_by_stage.clear();
     io_thread_nice.clear();
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      if (!std::getline(comm, name)) continue;
-      const int nice = getpriority(PRIO_PROCESS, std::stoi(task.path().filename().string()));
-      if (name == "replay-actors" || name == "replay-writer0" || name == "replay-learner") {
-        nice_by_stage[name] = nice;
-      } else if (name.find("ZMQbg/IO/") != std::string::npos) {
+    for (const ThreadInfo& thread : ThreadsOfThisProcess()) {
+      const int nice = getpriority(PRIO_PROCESS, thread.id);
+      if (thread.name == "replay-actors" || thread.name == "replay-writer0" ||
+          thread.name == "replay-learner") {
+        nice_by_stage[thread.name] = nice;
+      } else if (thread.name.find("ZMQbg/IO/") != std::string::npos) {
         io_thread_nice.push_back(nice);
       }
     }
