@@ -2,11 +2,37 @@
 
 #include <malloc.h>
 
+#include <fstream>
+#include <string>
+#include <string_view>
+
 namespace strider {
+namespace {
+
+// The value of a "Name:  1234 kB" line of /proc/self/status in bytes, 0 if absent.
+int64_t StatusKilobytes(std::string_view name) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.size() > name.size() && line.compare(0, name.size(), name) == 0 &&
+        line[name.size()] == ':') {
+      return std::stoll(line.substr(name.size() + 1)) * 1024;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
 
 void KeepFreedMemoryInHeap() {
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
+
+int64_t ResidentBytes() { return StatusKilobytes("VmRSS"); }
+
+int64_t PeakResidentBytes() { return StatusKilobytes("VmHWM"); }
+
+void ResetPeakResident() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 }  // namespace strider

@@ -1,6 +1,9 @@
 // Allocator settings shared by the processes that move large buffers (model runs, the replay
-// server). No LibTorch here.
+// server), and the resident-memory readings that benchmarks and memory tests compare against
+// their formulas. No LibTorch here.
 #pragma once
+
+#include <cstdint>
 
 namespace strider {
 
@@ -9,5 +12,17 @@ namespace strider {
 // costs tens of microseconds the next allocation of the same size spends more time in page
 // faults than in its work. Process-wide: call once, early.
 void KeepFreedMemoryInHeap();
+
+// This process's resident set now (VmRSS of /proc/self/status) in bytes; 0 where the kernel
+// does not report it. Pages the allocator keeps free for reuse count as resident.
+int64_t ResidentBytes();
+
+// The largest resident set since the process started or since the last ResetPeakResident
+// (VmHWM) in bytes; 0 where the kernel does not report it.
+int64_t PeakResidentBytes();
+
+// Restarts the peak from the current resident set (writes 5 to /proc/self/clear_refs), so a
+// later PeakResidentBytes covers only what ran in between.
+void ResetPeakResident();
 
 }  // namespace strider

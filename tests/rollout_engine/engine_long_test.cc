@@ -6,26 +6,16 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <malloc.h>
 #include <string>
 
 #include "common/model/config.h"
 #include "common/model/model.h"
+#include "common/process_memory.h"
 #include "rollout_engine/engine.h"
 
 namespace strider::rollout {
 namespace {
-
-// VmRSS of this process in bytes.
-double ResidentBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;
-  }
-  return 0;
-}
 
 std::vector<int64_t> Tokens(int64_t count, uint64_t seed) {
   std::vector<int64_t> tokens(count);
