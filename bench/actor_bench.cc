@@ -43,6 +43,7 @@
 #include "bench/bench_json.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
+#include "common/process_memory.h"
 #include "envs/registry.h"
 #include "replay/inspect.h"
 #include "replay/replay.h"
@@ -55,20 +56,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-int64_t PeakRssBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return 0;
-}
-
-void ResetPeakRss() {
-  std::ofstream clear("/proc/self/clear_refs");
-  clear << "5";
 }
 
 // CPU seconds (user + system) of each live thread of this process.
@@ -483,8 +470,8 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
   o.cache_budget_bytes = int64_t{8} << 30;
   o.prefill_chunk_tokens = 8192;
   o.replay_endpoint = server->actor_endpoint();
-  ResetPeakRss();
-  const int64_t rss_before = PeakRssBytes();
+  ResetPeakResident();
+  const int64_t rss_before = PeakResidentBytes();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(o));
   const auto start = Clock::now();
   std::stop_source never;
@@ -501,7 +488,7 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
   bench::PrintResult("actor", "retrieval_trajectory_seconds tokens=" + std::to_string(total),
                      seconds, "s");
   bench::PrintResult("actor", "retrieval_peak_rss_bytes tokens=" + std::to_string(total),
-                     static_cast<double>(PeakRssBytes()), "bytes", static_cast<double>(rss_before));
+                     static_cast<double>(PeakResidentBytes()), "bytes", static_cast<double>(rss_before));
   bench::PrintResult("actor", "retrieval_segments", static_cast<double>(m.segments), "segments");
   // The formula (`strider model info`): constant state plus the latent cache per token.
   const CacheAccounting caches = AccountCaches(config);
@@ -510,7 +497,7 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
   bench::PrintResult("actor", "retrieval_sequence_formula_bytes tokens=" + std::to_string(total),
                      static_cast<double>(formula), "bytes");
   bench::PrintResult("actor", "retrieval_peak_rss_growth_bytes tokens=" + std::to_string(total),
-                     static_cast<double>(PeakRssBytes() - rss_before), "bytes",
+                     static_cast<double>(PeakResidentBytes() - rss_before), "bytes",
                      static_cast<double>(formula));
   std::fprintf(stderr, "long retrieval (%s): %lld tokens in %.1f s, %lld segments, %s\n",
                config.name.c_str(), static_cast<long long>(total), seconds,

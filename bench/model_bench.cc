@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "bench/bench_json.h"
+#include "bench/bench_util.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/model/ops.h"
@@ -43,6 +44,9 @@
 
 namespace strider {
 namespace {
+
+using bench::Check;
+using bench::Unwrap;
 
 constexpr int64_t kKi = 1024;
 
@@ -121,22 +125,6 @@ void Emit(const std::string& metric, JsonValue value, const std::string& unit, J
 JsonValue RatioOrNull(double value, double baseline) {
   if (!std::isfinite(value) || !std::isfinite(baseline) || baseline == 0) return JsonValue::Null();
   return JsonValue(value / baseline);
-}
-
-template <typename T>
-T Unwrap(Result<T> result, const std::string& what) {
-  if (!result.ok()) {
-    std::cerr << "model_bench: " << what << ": " << result.status().ToString() << "\n";
-    std::exit(1);
-  }
-  return std::move(result).value();
-}
-
-void Check(const Status& status, const std::string& what) {
-  if (!status.ok()) {
-    std::cerr << "model_bench: " << what << ": " << status.ToString() << "\n";
-    std::exit(1);
-  }
 }
 
 at::Tensor RandomTokens(int64_t batch, int64_t length) {

@@ -22,12 +22,12 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "bench/bench_json.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
+#include "common/process_memory.h"
 #include "learner/data/generators.h"
 #include "learner/language_model_loss.h"
 #include "learner/optimizer.h"
@@ -41,25 +41,6 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
-
-// Peak resident set (VmHWM) in bytes; ResetPeak makes the kernel restart it from the current RSS.
-int64_t PeakResident() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
-int64_t Resident() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
-void ResetPeak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 double MatmulPeak() {
   at::Tensor a = at::randn({2048, 2048});
@@ -186,7 +167,7 @@ int Run(int argc, char** argv) {
     Result<LossResult> loss = LanguageModelLoss(**model, *batch, options);
     if (!loss.ok() || !optimizer.Step(1e-4).ok()) return 1;
   }
-  const int64_t baseline = Resident();
+  const int64_t baseline = ResidentBytes();
   {
     const PretrainStage& stage = config->stages[only_stage];
     data::GeneratorOptions generator;
@@ -202,7 +183,7 @@ int Run(int argc, char** argv) {
     options.chunk_tokens = stage.chunk_tokens;
     options.truncated = stage.backprop == "truncated";
     options.record_routing = config->balance;
-    ResetPeak();
+    ResetPeakResident();
     double seconds = 0;
     for (int64_t step = 0; step < steps; ++step) {
       const auto start = Clock::now();
@@ -216,7 +197,7 @@ int Run(int argc, char** argv) {
       if (config->balance) (void)(*model)->UpdateRoutingBalance(loss->routing);
       seconds += Seconds(start);
     }
-    const double memory = static_cast<double>(PeakResident() - baseline);
+    const double memory = static_cast<double>(PeakResidentBytes() - baseline);
     const double tokens_per_second = stage.context * steps / seconds;
     // Attention over the latent cache: scores and weighted sums, forward and backward (x3), per
     // head over Dc + Dr (scores) and Dc (values), causal (half the pairs).

@@ -30,16 +30,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "bench/bench_json.h"
+#include "bench/bench_util.h"
 #include "common/kernels/cpu_features.h"
 #include "common/kernels/matmul.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
+#include "common/process_memory.h"
 #include "rollout_engine/engine.h"
 
 #ifndef STRIDER_SOURCE_DIR
@@ -49,6 +50,8 @@
 namespace strider {
 namespace {
 
+using bench::Check;
+using bench::Unwrap;
 using rollout::Engine;
 using rollout::EngineOptions;
 using rollout::Request;
@@ -57,31 +60,6 @@ using rollout::SamplingParams;
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-template <typename T>
-T Unwrap(Result<T> result, const char* what) {
-  if (!result.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, result.status().ToString().c_str());
-    std::exit(1);
-  }
-  return std::move(result).value();
-}
-
-void Check(const Status& status, const char* what) {
-  if (!status.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
-    std::exit(1);
-  }
-}
-
-double ResidentBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;
-  }
-  return 0;
 }
 
 std::vector<int64_t> Tokens(int64_t count, uint64_t seed) {
@@ -292,7 +270,7 @@ double MedianDecodeStepSeconds(Engine* engine, rollout::SequenceId id) {
 struct GrowthPoint {
   int64_t context;
   double step_seconds;
-  double resident;
+  int64_t resident;
 };
 
 std::vector<GrowthPoint> GrowAndTime(const ModelConfig& config, std::vector<int64_t> contexts,
