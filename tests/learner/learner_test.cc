@@ -1,10 +1,14 @@
-// Learner pieces with LibTorch: the optimiser and its saved state, checkpoints, chunked training
-// through the inference path against the training path, and pretraining stage transitions and
-// resume.
+// Learner pieces with LibTorch: the optimiser and its saved state, checkpoints (also a write
+// killed part-way), chunked training through the inference path against the training path, and
+// pretraining stage transitions and resume.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -110,21 +114,89 @@ TEST(AdamW, LearningRateScaleSlowsOneParameter) {
   EXPECT_TRUE(at::allclose(slow.detach(), at::tensor({-0.001, 0.001}, at::kDouble), 0, 1e-9));
 }
 
-TEST(Checkpoint, WritesAtomicallyAndReadsBack) {
-  ConfigureRuntime(1);
-  const std::string dir = TempDir("checkpoint");
-  Result<std::unique_ptr<Model>> model = Model::Create(TinyConfig(), 3);
-  ASSERT_TRUE(model.ok());
+// Every tensor of `loaded` equals the model tensor of the same name, in value and dtype.
+void ExpectSameWeights(const Model& loaded, const std::vector<std::pair<std::string, at::Tensor>>&
+                                                expected) {
+  ASSERT_EQ(loaded.tensors().size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(loaded.tensors()[i].first, expected[i].first);
+    EXPECT_TRUE(at::equal(loaded.tensors()[i].second, expected[i].second))
+        << "tensor " << expected[i].first << " differs";
+  }
+}
+
+// The two files hold the same tensors, byte for byte, and the same metadata.
+void ExpectSameFileContents(const std::string& path, const SafetensorsContents& expected) {
+  Result<SafetensorsContents> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->metadata, expected.metadata);
+  ASSERT_EQ(read->tensors.size(), expected.tensors.size()) << path;
+  for (const auto& [name, tensor] : expected.tensors) {
+    auto it = read->tensors.find(name);
+    ASSERT_NE(it, read->tensors.end()) << name << " missing from " << path;
+    EXPECT_EQ(it->second.dtype, tensor.dtype) << name;
+    EXPECT_EQ(it->second.shape, tensor.shape) << name;
+    EXPECT_TRUE(it->second.bytes == tensor.bytes) << name << " differs in " << path;
+  }
+}
+
+// Copies of a model's tensors as they are now.
+std::vector<std::pair<std::string, at::Tensor>> CloneTensors(const Model& model) {
+  std::vector<std::pair<std::string, at::Tensor>> copies;
+  for (const auto& [name, tensor] : model.tensors()) {
+    copies.emplace_back(name, tensor.detach().clone());
+  }
+  return copies;
+}
+
+// A model with an optimiser that has taken steps, so both files of a checkpoint hold values that
+// a later step changes.
+struct Trained {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<AdamW> optimizer;
+
+  explicit Trained(uint64_t seed) {
+    Result<std::unique_ptr<Model>> created = Model::Create(TinyConfig(), seed);
+    EXPECT_TRUE(created.ok()) << created.status().ToString();
+    model = std::move(created).value();
+    model->SetRequiresGrad(true);
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (const at::Tensor& t : model->TrainableParameters()) {
+      named.emplace_back(std::to_string(named.size()), t);
+    }
+    optimizer = std::make_unique<AdamW>(named, AdamWOptions{});
+  }
+
+  void Step() {
+    optimizer->ZeroGrad();
+    at::Tensor loss = at::zeros({}, at::kFloat);
+    for (const at::Tensor& t : model->TrainableParameters()) loss = loss + (t * t).sum();
+    loss.backward();
+    EXPECT_TRUE(optimizer->Step(1e-3).ok());
+  }
+};
+
+CheckpointState StateAtStep(int64_t step) {
   CheckpointState state;
   state.stage = "s1";
   state.stage_index = 2;
-  state.step = 17;
+  state.step = step;
   state.data_position = 99;
   state.seed = 5;
   state.model = "tiny";
-  ASSERT_TRUE(WriteCheckpoint(dir + "/ck", **model, nullptr, state).ok());
-  state.step = 18;
-  ASSERT_TRUE(WriteCheckpoint(dir + "/ck", **model, nullptr, state).ok());  // replaces
+  return state;
+}
+
+TEST(Checkpoint, ReplacesThePreviousOneAndReadsBackEveryTensor) {
+  ConfigureRuntime(1);
+  const std::string dir = TempDir("checkpoint");
+  Trained trained(3);
+  trained.Step();
+  ASSERT_TRUE(WriteCheckpoint(dir + "/ck", *trained.model, trained.optimizer.get(),
+                              StateAtStep(17)).ok());
+  trained.Step();
+  ASSERT_TRUE(WriteCheckpoint(dir + "/ck", *trained.model, trained.optimizer.get(),
+                              StateAtStep(18)).ok());  // replaces
   EXPECT_FALSE(fs::exists(dir + "/ck.tmp"));
   EXPECT_FALSE(fs::exists(dir + "/ck.old"));
   Result<CheckpointState> read = ReadCheckpointState(dir + "/ck");
@@ -133,9 +205,78 @@ TEST(Checkpoint, WritesAtomicallyAndReadsBack) {
   EXPECT_EQ(read->data_position, 99);
   EXPECT_EQ(read->stage_index, 2);
   Result<std::unique_ptr<Model>> loaded = Model::Load(TinyConfig(), CheckpointModelPath(dir + "/ck"));
-  ASSERT_TRUE(loaded.ok());
-  EXPECT_TRUE(at::equal((*loaded)->tensors()[0].second, (*model)->tensors()[0].second));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ExpectSameWeights(**loaded, CloneTensors(*trained.model));
+  Trained restored(4);
+  ASSERT_TRUE(restored.optimizer->Load(CheckpointOptimizerPath(dir + "/ck")).ok());
+  EXPECT_EQ(restored.optimizer->step(), 2);
   EXPECT_FALSE(ReadCheckpointState(dir + "/missing").ok());
+}
+
+// A write killed part-way through a file, as a crash or a full disk would end it, leaves the
+// previous checkpoint as it was. The writer runs in a child process whose file-size limit
+// (RLIMIT_FSIZE) lies inside the model file or inside the optimiser file of the new checkpoint:
+// the kernel kills it with SIGXFSZ at the write that crosses the limit, mid-file.
+TEST(Checkpoint, AWriteKilledMidFileLeavesThePreviousOneWhole) {
+  ConfigureRuntime(1);  // the child forks from here: no OpenMP region may run in it
+  const std::string dir = TempDir("checkpoint_killed");
+  const std::string checkpoint = dir + "/ck";
+  Trained trained(3);
+  trained.Step();
+  ASSERT_TRUE(WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(),
+                              StateAtStep(17)).ok());
+  const std::vector<std::pair<std::string, at::Tensor>> old_weights =
+      CloneTensors(*trained.model);
+  Result<SafetensorsContents> old_model = ReadSafetensors(CheckpointModelPath(checkpoint));
+  Result<SafetensorsContents> old_optimizer =
+      ReadSafetensors(CheckpointOptimizerPath(checkpoint));
+  ASSERT_TRUE(old_model.ok() && old_optimizer.ok());
+  const int64_t model_bytes = fs::file_size(CheckpointModelPath(checkpoint));
+  const int64_t optimizer_bytes = fs::file_size(CheckpointOptimizerPath(checkpoint));
+  // The optimiser file holds two moments per trainable value, so it is the larger one, and a
+  // limit between the two sizes lets the model file complete before the kill.
+  ASSERT_GT(optimizer_bytes, model_bytes);
+  trained.Step();  // every value of the next checkpoint differs from the one on disk
+
+  for (const int64_t limit : {model_bytes / 2, (model_bytes + optimizer_bytes) / 2}) {
+    SCOPED_TRACE("file size limit " + std::to_string(limit));
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      const rlimit no_core = {0, 0};
+      const rlimit file_size = {static_cast<rlim_t>(limit), static_cast<rlim_t>(limit)};
+      ::setrlimit(RLIMIT_CORE, &no_core);
+      ::signal(SIGXFSZ, SIG_DFL);
+      ::setrlimit(RLIMIT_FSIZE, &file_size);
+      const Status status =
+          WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(), StateAtStep(18));
+      ::_exit(status.ok() ? 0 : 1);  // either way the test fails: the write was not killed
+    }
+    int wait_status = 0;
+    ASSERT_EQ(::waitpid(child, &wait_status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(wait_status)) << "the writer exited with wait status " << wait_status;
+    EXPECT_EQ(WTERMSIG(wait_status), SIGXFSZ);
+    EXPECT_TRUE(fs::exists(checkpoint + ".tmp")) << "the kill came before the new files";
+
+    Result<CheckpointState> state = ReadCheckpointState(checkpoint);
+    ASSERT_TRUE(state.ok()) << state.status().ToString();
+    EXPECT_EQ(state->step, 17);
+    ExpectSameFileContents(CheckpointModelPath(checkpoint), *old_model);
+    ExpectSameFileContents(CheckpointOptimizerPath(checkpoint), *old_optimizer);
+    Result<std::unique_ptr<Model>> loaded =
+        Model::Load(TinyConfig(), CheckpointModelPath(checkpoint));
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    ExpectSameWeights(**loaded, old_weights);
+  }
+
+  // The next write after the kills replaces the old checkpoint and clears what they left.
+  ASSERT_TRUE(WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(),
+                              StateAtStep(18)).ok());
+  EXPECT_FALSE(fs::exists(checkpoint + ".tmp"));
+  EXPECT_EQ(ReadCheckpointState(checkpoint)->step, 18);
+  Result<std::unique_ptr<Model>> loaded = Model::Load(TinyConfig(), CheckpointModelPath(checkpoint));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ExpectSameWeights(**loaded, CloneTensors(*trained.model));
 }
 
 // Gradients of every trainable tensor after one backward of `options`' loss.
