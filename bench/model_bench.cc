@@ -2,7 +2,8 @@
 // same run, because the machines are shared and absolute speeds drift.
 //
 //   train   Training throughput of the small config (forward plus backward) and the ratio of its
-//           model FLOP rate to the LibTorch fp32 matmul peak.
+//           model FLOP rate to the LibTorch fp32 matmul peak (at the better OpenMP wait policy,
+//           bench/ceiling.h).
 //   decode  Decode cost per token against context length for an incremental-only config (to
 //           1M), the hybrid IIIG config (to 256K) and an equal-size full multi-head attention
 //           baseline written here (to where its KV cache fits the memory budget).
@@ -33,6 +34,7 @@
 
 #include "bench/bench_json.h"
 #include "bench/bench_util.h"
+#include "bench/ceiling.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/model/ops.h"
@@ -100,6 +102,12 @@ class JsonValue {
   JsonValue(const char* text) : text_(bench::JsonString(text)) {}      // NOLINT
   JsonValue(const std::string& text) : text_(bench::JsonString(text)) {}  // NOLINT
   static JsonValue Null() { return JsonValue(); }
+  // Text that is JSON already (bench::JsonFields values).
+  static JsonValue Raw(std::string json) {
+    JsonValue value;
+    value.text_ = std::move(json);
+    return value;
+  }
   const std::string& text() const { return text_; }
 
  private:
@@ -107,6 +115,14 @@ class JsonValue {
 };
 
 using Extras = std::vector<std::pair<std::string, JsonValue>>;
+
+// `extras` followed by the keys that say under which policy `ceiling` was measured.
+Extras WithCeiling(Extras extras, const bench::Ceiling& ceiling) {
+  for (auto& [key, json] : bench::CeilingFields(ceiling)) {
+    extras.emplace_back(key, JsonValue::Raw(json));
+  }
+  return extras;
+}
 
 // One benchmark line in bench_json.h's format plus extra descriptive keys (context, config,
 // note), which PrintResult has no room for. `baseline` is the ceiling or reference measured in
@@ -118,7 +134,7 @@ void Emit(const std::string& metric, JsonValue value, const std::string& unit, J
        << ",\"value\":" << value.text() << ",\"unit\":" << JsonValue(unit).text()
        << ",\"baseline\":" << baseline.text() << ",\"ratio\":" << ratio.text();
   for (const auto& [key, extra] : extras) line << "," << JsonValue(key).text() << ":" << extra.text();
-  line << "}";
+  line << bench::ExtraFieldsText({}) << "}";
   std::cout << line.str() << std::endl;
 }
 
@@ -130,24 +146,6 @@ JsonValue RatioOrNull(double value, double baseline) {
 at::Tensor RandomTokens(int64_t batch, int64_t length) {
   // Byte tokens only: special ids such as the image-patch placeholder would need images.
   return at::randint(0, 256, {batch, length}, at::kLong);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Matmul peak: the ceiling for model throughput.
-
-double MatmulPeakGflops(int64_t n, int repeats) {
-  at::NoGradGuard no_grad;
-  at::Tensor a = at::randn({n, n});
-  at::Tensor b = at::randn({n, n});
-  at::Tensor c = at::mm(a, b);  // warm-up: thread pool and BLAS buffers
-  std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) {
-    const double start = Seconds();
-    at::mm_out(c, a, b);
-    times.push_back(Seconds() - start);
-  }
-  // Best run: the peak is what the machine can do when the neighbours are quiet.
-  return 2.0 * n * n * n / Min(times) / 1e9;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -219,7 +217,12 @@ void RunTraining(const Options& options) {
   }
   // The peak is measured right after the steps so both see the same neighbours.
   const int64_t matmul_size = options.quick ? 1024 : 2048;
-  const double peak = MatmulPeakGflops(matmul_size, options.quick ? 4 : 8);
+  bench::CeilingSpec spec;
+  spec.size = matmul_size;
+  spec.repeats = options.quick ? 4 : 8;
+  spec.threads = options.threads;
+  const bench::Ceiling ceiling = Unwrap(bench::MeasureCeiling(spec), "matmul peak");
+  const double peak = ceiling.value;
 
   const TrainingFlops flops = TrainingFlopsPerToken(config, length);
   const double tokens_per_step = static_cast<double>(batch * length);
@@ -233,27 +236,31 @@ void RunTraining(const Options& options) {
       "3*sum_I 6*H*Dk*Dv; achieved = FLOPs/token * tokens / best step time";
 
   Emit("matmul_peak_fp32", peak, "GFLOP/s", peak, 1.0,
-       {{"note", "best of at::mm on " + std::to_string(matmul_size) + "^2 fp32, " +
-                     std::to_string(options.threads) + " threads"},
-        {"threads", options.threads}});
+       WithCeiling({{"note", "best of at::mm on " + std::to_string(matmul_size) + "^2 fp32, " +
+                                 std::to_string(options.threads) + " threads"},
+                    {"threads", options.threads}},
+                   ceiling));
   Emit("train_flop_rate", achieved, "GFLOP/s", peak, RatioOrNull(achieved, peak),
-       {{"config", config.name},
-        {"batch", batch},
-        {"length", length},
-        {"flops_per_token", flops.Total()},
-        {"flops_per_token_parameters", flops.parameters},
-        {"flops_per_token_latent_attention", flops.latent_attention},
-        {"flops_per_token_incremental_attention", flops.incremental_attention},
-        {"target_ratio_min", 0.35},
-        {"met", achieved / peak >= 0.35},
-        {"note", formula}});
+       WithCeiling({{"config", config.name},
+                    {"batch", batch},
+                    {"length", length},
+                    {"flops_per_token", flops.Total()},
+                    {"flops_per_token_parameters", flops.parameters},
+                    {"flops_per_token_latent_attention", flops.latent_attention},
+                    {"flops_per_token_incremental_attention", flops.incremental_attention},
+                    {"target_ratio_min", 0.35},
+                    {"met", achieved / peak >= 0.35},
+                    {"note", formula}},
+                   ceiling));
   Emit("train_tokens_per_second", tokens_per_second, "tokens/s", peak_tokens_per_second,
        RatioOrNull(tokens_per_second, peak_tokens_per_second),
-       {{"config", config.name},
-        {"median_step_s", median_step},
-        {"median_forward_s", Median(forward_times)},
-        {"median_backward_s", Median(backward_times)},
-        {"note", "baseline: tokens/s if every model FLOP ran at the matmul peak; median step"}});
+       WithCeiling(
+           {{"config", config.name},
+            {"median_step_s", median_step},
+            {"median_forward_s", Median(forward_times)},
+            {"median_backward_s", Median(backward_times)},
+            {"note", "baseline: tokens/s if every model FLOP ran at the matmul peak; median step"}},
+           ceiling));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -680,6 +687,8 @@ Options ParseOptions(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace strider;
+  if (std::optional<int> child = bench::RunCeilingChild(argc, argv)) return *child;
+  bench::EveryLineFields() = bench::RunPolicyFields();
   const Options options = ParseOptions(argc, argv);
   ConfigureRuntime(options.threads);
   at::manual_seed(0);

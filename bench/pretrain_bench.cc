@@ -5,9 +5,9 @@
 // or inference path in chunks with full or truncated backpropagation) and an AdamW step.
 // Reports, per stage: training tokens per second, the model FLOP rate (6 x active parameters per
 // token, plus the latent layers' attention) against LibTorch's fp32 matmul peak measured in the
-// same run, and the peak resident memory above the trained model's (weights, gradients, AdamW
-// moments, after one warm-up step). Finally the exponent of memory growth between the first and
-// the last stage length (1 = linear).
+// same run (at the better OpenMP wait policy, bench/ceiling.h), and the peak resident memory above
+// the trained model's (weights, gradients, AdamW moments, after one warm-up step). Finally the
+// exponent of memory growth between the first and the last stage length (1 = linear).
 //
 // Each stage runs in a fresh process (the bench runs itself with --stage I): memory freed by one
 // stage stays in the heap, so a later stage that needs less would read as the earlier peak.
@@ -25,6 +25,7 @@
 #include <string>
 
 #include "bench/bench_json.h"
+#include "bench/ceiling.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
 #include "common/process_memory.h"
@@ -40,19 +41,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-double MatmulPeak() {
-  at::Tensor a = at::randn({2048, 2048});
-  at::Tensor b = at::randn({2048, 2048});
-  at::matmul(a, b);
-  double best = 0;
-  for (int i = 0; i < 5; ++i) {
-    const auto start = Clock::now();
-    at::Tensor c = at::matmul(a, b);
-    best = std::max(best, 2.0 * 2048 * 2048 * 2048 / Seconds(start));
-  }
-  return best;
 }
 
 // Runs every stage in a child process (this program with --stage I), passes its lines through
@@ -135,10 +123,19 @@ int Run(int argc, char** argv) {
                  static_cast<long long>(only_stage), config->stages.size());
     return 2;
   }
-  ConfigureRuntime(config->threads > 0 ? config->threads : config->model.threads);
+  const int64_t threads = config->threads > 0 ? config->threads : config->model.threads;
+  ConfigureRuntime(threads);
   const std::string bench = "pretrain_" + config->model.name;
-  const double peak = MatmulPeak();
-  bench::PrintResult(bench, "matmul_peak_fp32", peak / 1e9, "GFLOP/s");
+  bench::CeilingSpec spec;  // 2048^2 fp32 products, best of 5, at the better wait policy
+  spec.threads = threads;
+  Result<bench::Ceiling> ceiling = bench::MeasureCeiling(spec);
+  if (!ceiling.ok()) {
+    std::fprintf(stderr, "pretrain_bench: %s\n", ceiling.status().ToString().c_str());
+    return 1;
+  }
+  const double peak = ceiling->value * 1e9;
+  bench::PrintResult(bench, "matmul_peak_fp32", peak / 1e9, "GFLOP/s", std::nullopt,
+                     bench::CeilingFields(*ceiling));
 
   Result<std::unique_ptr<Model>> model = Model::Create(config->model, 1);
   if (!model.ok()) return 1;
@@ -206,7 +203,8 @@ int Run(int argc, char** argv) {
     const double flops = tokens_per_second * (6 * active + attention_flops);
     const std::string suffix = "_" + std::to_string(stage.context);
     bench::PrintResult(bench, "train_tokens_per_second" + suffix, tokens_per_second, "tokens/s");
-    bench::PrintResult(bench, "train_flops" + suffix, flops / 1e9, "GFLOP/s", peak / 1e9);
+    bench::PrintResult(bench, "train_flops" + suffix, flops / 1e9, "GFLOP/s", peak / 1e9,
+                       bench::CeilingFields(*ceiling));
     bench::PrintResult(bench, "peak_memory" + suffix, memory / (1 << 20), "MiB");
   }
   return 0;
@@ -215,4 +213,8 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace strider
 
-int main(int argc, char** argv) { return strider::Run(argc, argv); }
+int main(int argc, char** argv) {
+  if (std::optional<int> child = strider::bench::RunCeilingChild(argc, argv)) return *child;
+  strider::bench::EveryLineFields() = strider::bench::RunPolicyFields();
+  return strider::Run(argc, argv);
+}

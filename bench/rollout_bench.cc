@@ -3,7 +3,8 @@
 //   decode_b{1,8,64}  decode tokens/s of the small config through Engine::Step. Batch 1 against
 //                     the memory-bandwidth roofline (active weight bytes per token over a
 //                     measured copy bandwidth); batch 64 against the LibTorch matmul peak (model
-//                     FLOPs per token = 2 x active parameters).
+//                     FLOPs per token = 2 x active parameters). Both ceilings at the better
+//                     OpenMP wait policy (bench/ceiling.h).
 //   per_token_*       engine decode cost per token at short and long context for an
 //                     incremental-only config (1K vs 1M), and the hybrid tiny config against an
 //                     equal-size full multi-head-attention baseline at 64K and 256K (baseline:
@@ -35,6 +36,7 @@
 
 #include "bench/bench_json.h"
 #include "bench/bench_util.h"
+#include "bench/ceiling.h"
 #include "common/kernels/cpu_features.h"
 #include "common/kernels/matmul.h"
 #include "common/model/config.h"
@@ -85,31 +87,15 @@ std::unique_ptr<Engine> MakeEngine(const ModelConfig& config, EngineOptions opti
   return Unwrap(Engine::Create(options, model, 0), "creating engine");
 }
 
-// Copy bandwidth (bytes read + written per second), best of a few 256 MiB copies.
-double CopyBandwidth() {
-  at::Tensor source = at::rand({64 << 20});
-  at::Tensor target = at::empty_like(source);
-  target.copy_(source);
-  double best = 0;
-  for (int i = 0; i < 5; ++i) {
-    const double start = Seconds();
-    target.copy_(source);
-    best = std::max(best, 2.0 * source.nbytes() / (Seconds() - start));
-  }
-  return best;
-}
-
-double MatmulPeakFlops() {
-  at::Tensor a = at::randn({2048, 2048});
-  at::Tensor b = at::randn({2048, 2048});
-  at::Tensor c = at::mm(a, b);
-  double best = 0;
-  for (int i = 0; i < 5; ++i) {
-    const double start = Seconds();
-    at::mm_out(c, a, b);
-    best = std::max(best, 2.0 * 2048.0 * 2048.0 * 2048.0 / (Seconds() - start));
-  }
-  return best;
+// Copy bandwidth (GB read + written per second), best of a few 256 MiB copies, and the fp32
+// matmul peak (GFLOP/s) of 2048^2 products; both at the better wait policy (bench/ceiling.h).
+bench::Ceiling RolloutCeiling(bench::CeilingKind kind, int64_t threads) {
+  bench::CeilingSpec spec;
+  spec.kind = kind;
+  spec.size = kind == bench::CeilingKind::kCopy ? int64_t{64} << 20 : 2048;
+  spec.repeats = 5;
+  spec.threads = threads;
+  return Unwrap(bench::MeasureCeiling(spec), "ceiling");
 }
 
 // Median seconds per Step with every one of `batch` sequences generating.
@@ -147,10 +133,14 @@ void DecodeThroughput(bool quick, int64_t threads, int64_t only_batch) {
   // Weights read per token: the active parameters, less the embedding table (one row read).
   const double embedding = static_cast<double>(config.vocabulary * config.width);
   const double active = counts.active - embedding + config.width;
-  const double bandwidth = CopyBandwidth();
-  const double peak = MatmulPeakFlops();
-  bench::PrintResult("rollout", "copy_bandwidth", bandwidth / 1e9, "GB/s");
-  bench::PrintResult("rollout", "matmul_peak_fp32", peak / 1e9, "GFLOP/s");
+  const bench::Ceiling copy = RolloutCeiling(bench::CeilingKind::kCopy, threads);
+  const bench::Ceiling matmul = RolloutCeiling(bench::CeilingKind::kMatmul, threads);
+  const double bandwidth = copy.value * 1e9;
+  const double peak = matmul.value * 1e9;
+  bench::PrintResult("rollout", "copy_bandwidth", bandwidth / 1e9, "GB/s", std::nullopt,
+                     bench::CeilingFields(copy));
+  bench::PrintResult("rollout", "matmul_peak_fp32", peak / 1e9, "GFLOP/s", std::nullopt,
+                     bench::CeilingFields(matmul));
   std::unique_ptr<Engine> engine = MakeEngine(config, EngineOptions{}, threads);
   const std::vector<int64_t> batches =
       only_batch > 0 ? std::vector<int64_t>{only_batch} : std::vector<int64_t>{1, 8, 64};
@@ -163,10 +153,12 @@ void DecodeThroughput(bool quick, int64_t threads, int64_t only_batch) {
       // Roofline: every active weight byte read once per token at the copy bandwidth's read
       // half (a copy moves each byte twice; reading alone is about as fast as copying).
       const double roofline = bandwidth / 2.0 / (4.0 * active);
-      bench::PrintResult("rollout", metric, tokens_per_second, "tokens/s", roofline);
+      bench::PrintResult("rollout", metric, tokens_per_second, "tokens/s", roofline,
+                         bench::CeilingFields(copy));
     } else {
       const double flops = 2.0 * active * tokens_per_second;
-      bench::PrintResult("rollout", metric + "_flops", flops / 1e9, "GFLOP/s", peak / 1e9);
+      bench::PrintResult("rollout", metric + "_flops", flops / 1e9, "GFLOP/s", peak / 1e9,
+                         bench::CeilingFields(matmul));
       bench::PrintResult("rollout", metric, tokens_per_second, "tokens/s");
     }
   }
@@ -408,6 +400,7 @@ void HybridLongContext(int64_t threads) {
 }  // namespace strider
 
 int main(int argc, char** argv) {
+  if (std::optional<int> child = strider::bench::RunCeilingChild(argc, argv)) return *child;
   bool quick = false;
   int64_t threads = 2;
   std::string only;
@@ -447,6 +440,7 @@ int main(int argc, char** argv) {
     only = "decode";
   }
   strider::ConfigureRuntime(threads);
+  strider::bench::EveryLineFields() = strider::bench::RunPolicyFields();
   at::NoGradGuard no_grad;
   // The memory figure first: later parts would leave a large free heap behind that the 1M run
   // reuses, and the growth against the formula would then measure that heap's history.
