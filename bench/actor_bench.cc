@@ -488,7 +488,8 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
   bench::PrintResult("actor", "retrieval_trajectory_seconds tokens=" + std::to_string(total),
                      seconds, "s");
   bench::PrintResult("actor", "retrieval_peak_rss_bytes tokens=" + std::to_string(total),
-                     static_cast<double>(PeakResidentBytes()), "bytes", static_cast<double>(rss_before));
+                     static_cast<double>(PeakResidentBytes()), "bytes",
+                     static_cast<double>(rss_before));
   bench::PrintResult("actor", "retrieval_segments", static_cast<double>(m.segments), "segments");
   // The formula (`strider model info`): constant state plus the latent cache per token.
   const CacheAccounting caches = AccountCaches(config);

@@ -115,8 +115,8 @@ TEST(AdamW, LearningRateScaleSlowsOneParameter) {
 }
 
 // Every tensor of `loaded` equals the model tensor of the same name, in value and dtype.
-void ExpectSameWeights(const Model& loaded, const std::vector<std::pair<std::string, at::Tensor>>&
-                                                expected) {
+void ExpectSameWeights(const Model& loaded,
+                       const std::vector<std::pair<std::string, at::Tensor>>& expected) {
   ASSERT_EQ(loaded.tensors().size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_EQ(loaded.tensors()[i].first, expected[i].first);
@@ -192,11 +192,12 @@ TEST(Checkpoint, ReplacesThePreviousOneAndReadsBackEveryTensor) {
   const std::string dir = TempDir("checkpoint");
   Trained trained(3);
   trained.Step();
-  ASSERT_TRUE(WriteCheckpoint(dir + "/ck", *trained.model, trained.optimizer.get(),
-                              StateAtStep(17)).ok());
+  ASSERT_TRUE(
+      WriteCheckpoint(dir + "/ck", *trained.model, trained.optimizer.get(), StateAtStep(17)).ok());
   trained.Step();
-  ASSERT_TRUE(WriteCheckpoint(dir + "/ck", *trained.model, trained.optimizer.get(),
-                              StateAtStep(18)).ok());  // replaces
+  // Replaces the first.
+  ASSERT_TRUE(
+      WriteCheckpoint(dir + "/ck", *trained.model, trained.optimizer.get(), StateAtStep(18)).ok());
   EXPECT_FALSE(fs::exists(dir + "/ck.tmp"));
   EXPECT_FALSE(fs::exists(dir + "/ck.old"));
   Result<CheckpointState> read = ReadCheckpointState(dir + "/ck");
@@ -223,13 +224,11 @@ TEST(Checkpoint, AWriteKilledMidFileLeavesThePreviousOneWhole) {
   const std::string checkpoint = dir + "/ck";
   Trained trained(3);
   trained.Step();
-  ASSERT_TRUE(WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(),
-                              StateAtStep(17)).ok());
-  const std::vector<std::pair<std::string, at::Tensor>> old_weights =
-      CloneTensors(*trained.model);
+  ASSERT_TRUE(
+      WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(), StateAtStep(17)).ok());
+  const std::vector<std::pair<std::string, at::Tensor>> old_weights = CloneTensors(*trained.model);
   Result<SafetensorsContents> old_model = ReadSafetensors(CheckpointModelPath(checkpoint));
-  Result<SafetensorsContents> old_optimizer =
-      ReadSafetensors(CheckpointOptimizerPath(checkpoint));
+  Result<SafetensorsContents> old_optimizer = ReadSafetensors(CheckpointOptimizerPath(checkpoint));
   ASSERT_TRUE(old_model.ok() && old_optimizer.ok());
   const int64_t model_bytes = fs::file_size(CheckpointModelPath(checkpoint));
   const int64_t optimizer_bytes = fs::file_size(CheckpointOptimizerPath(checkpoint));
@@ -270,11 +269,12 @@ TEST(Checkpoint, AWriteKilledMidFileLeavesThePreviousOneWhole) {
   }
 
   // The next write after the kills replaces the old checkpoint and clears what they left.
-  ASSERT_TRUE(WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(),
-                              StateAtStep(18)).ok());
+  ASSERT_TRUE(
+      WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(), StateAtStep(18)).ok());
   EXPECT_FALSE(fs::exists(checkpoint + ".tmp"));
   EXPECT_EQ(ReadCheckpointState(checkpoint)->step, 18);
-  Result<std::unique_ptr<Model>> loaded = Model::Load(TinyConfig(), CheckpointModelPath(checkpoint));
+  Result<std::unique_ptr<Model>> loaded =
+      Model::Load(TinyConfig(), CheckpointModelPath(checkpoint));
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   ExpectSameWeights(**loaded, CloneTensors(*trained.model));
 }
