@@ -13,7 +13,6 @@ namespace {
 
 struct BuiltIn {
   std::string name;
-  std::string description;
   std::function<Result<std::unique_ptr<Environment>>(const Options&)> make;
   std::function<std::unique_ptr<ScriptedPolicy>()> policy;
 };
@@ -21,12 +20,9 @@ struct BuiltIn {
 // The one place built-ins are listed: adding an environment is one entry here.
 const std::vector<BuiltIn>& BuiltIns() {
   static const std::vector<BuiltIn> built_ins = {
-      {"calculator", "multi-step arithmetic word problems with a calc tool (process labels)",
-       MakeCalculatorEnvironment, MakeCalculatorPolicy},
-      {"retrieval", "long-context search over records revealed in parts (up to 1M tokens)",
-       MakeRetrievalEnvironment, MakeRetrievalPolicy},
-      {"vision_count", "count coloured shapes in a rendered image, with a zoom tool",
-       MakeVisionCountEnvironment, MakeVisionCountPolicy},
+      {"calculator", MakeCalculatorEnvironment, MakeCalculatorPolicy},
+      {"retrieval", MakeRetrievalEnvironment, MakeRetrievalPolicy},
+      {"vision_count", MakeVisionCountEnvironment, MakeVisionCountPolicy},
   };
   return built_ins;
 }
@@ -51,11 +47,6 @@ std::vector<std::string> RegisteredEnvironments() {
   std::vector<std::string> names;
   for (const BuiltIn& built_in : BuiltIns()) names.push_back(built_in.name);
   return names;
-}
-
-std::string RegisteredEnvironmentDescription(const std::string& name) {
-  const BuiltIn* built_in = FindBuiltIn(name);
-  return built_in ? built_in->description : "";
 }
 
 Result<std::unique_ptr<Environment>> MakeEnvironment(const EnvironmentConfig& config) {
