@@ -4,6 +4,7 @@
 
 #include "envs/calculator/calculator.h"
 #include "envs/external/external_env.h"
+#include "envs/options.h"
 #include "envs/plugin_loader.h"
 #include "envs/retrieval/retrieval.h"
 #include "envs/vision_count/vision_count.h"
@@ -41,6 +42,19 @@ Status UnknownName(const std::string& name) {
                           "; plug-ins are named by `library` or `command`)");
 }
 
+// Built-ins reject unknown option keys when made; a plug-in may only see its options at the
+// first reset, so its keys are checked against the ones it declares before any episode runs.
+Result<std::unique_ptr<Environment>> CheckPluginOptions(std::unique_ptr<Environment> env,
+                                                        const Options& options) {
+  const EnvironmentSpec spec = env->Describe();
+  const Status status = OptionReader(spec.name, options, {}, spec.options).status();
+  if (!status.ok()) {
+    env->Close();
+    return status;
+  }
+  return env;
+}
+
 }  // namespace
 
 std::vector<std::string> RegisteredEnvironments() {
@@ -63,9 +77,12 @@ Result<std::unique_ptr<Environment>> MakeEnvironment(const EnvironmentConfig& co
                                      " describes itself as '" + reported + "', the config names '" +
                                      config.name + "'");
     }
-    return env;
+    return CheckPluginOptions(std::move(env), config.options);
   }
-  if (!config.command.empty()) return MakeExternalEnvironment(config);
+  if (!config.command.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Environment> env, MakeExternalEnvironment(config));
+    return CheckPluginOptions(std::move(env), config.options);
+  }
   const BuiltIn* built_in = FindBuiltIn(config.name);
   if (built_in == nullptr) return UnknownName(config.name);
   return built_in->make(config.options);
