@@ -136,36 +136,60 @@ Json SpecJson(const envs::EnvironmentSpec& spec) {
           {"max_turns", spec.max_turns}};
 }
 
+struct ListArgs {
+  std::string config;
+  bool json = false;
+};
+
+// Built-ins are described by making each without options; a config's environment is made as
+// `env run` makes it, so a plug-in is started (or loaded) once to ask.
+Status List(const ListArgs& args) {
+  std::vector<envs::EnvironmentConfig> configs;
+  if (args.config.empty()) {
+    for (const std::string& name : envs::RegisteredEnvironments()) {
+      configs.push_back({.name = name});
+    }
+  } else {
+    STRIDER_ASSIGN_OR_RETURN(envs::EnvironmentConfig config,
+                             envs::LoadEnvironmentConfig(args.config));
+    configs.push_back(std::move(config));
+  }
+  for (const envs::EnvironmentConfig& config : configs) {
+    STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<envs::Environment> made,
+                             envs::MakeEnvironment(config));
+    const envs::EnvironmentSpec spec = made->Describe();
+    made->Close();
+    if (args.json) {
+      std::cout << SpecJson(spec).dump() << "\n";
+      continue;
+    }
+    std::string options;
+    for (const std::string& option : spec.options) {
+      options += (options.empty() ? "" : ", ") + option;
+    }
+    std::printf("%-14s %s\n  options: %s\n%s", spec.name.c_str(), spec.description.c_str(),
+                options.empty() ? "none" : options.c_str(),
+                envs::RenderToolList(spec.tools).c_str());
+  }
+  std::cout.flush();
+  return Status::Ok();
+}
+
 }  // namespace
 
 void AddEnvCommands(CLI::App& app, int& exit_code) {
   CLI::App* env = app.add_subcommand("env", "Environments: list them, play episodes");
   env->require_subcommand(1);
 
-  auto list_json = std::make_shared<bool>(false);
-  CLI::App* list =
-      env->add_subcommand("list", "Built-in environments with their tools and options");
-  list->add_flag("--json", *list_json, "One JSON object per environment");
-  list->callback([list_json, &exit_code] {
-    for (const std::string& name : envs::RegisteredEnvironments()) {
-      Result<std::unique_ptr<envs::Environment>> made = envs::MakeEnvironment({.name = name});
-      if (!made.ok()) {
-        exit_code = ReportError(made.status());
-        return;
-      }
-      const envs::EnvironmentSpec spec = (*made)->Describe();
-      if (*list_json) {
-        std::cout << SpecJson(spec).dump() << "\n";
-        continue;
-      }
-      std::string options;
-      for (const std::string& option : spec.options)
-        options += (options.empty() ? "" : ", ") + option;
-      std::printf("%-14s %s\n  options: %s\n%s", spec.name.c_str(), spec.description.c_str(),
-                  options.empty() ? "none" : options.c_str(),
-                  envs::RenderToolList(spec.tools).c_str());
-    }
-    std::cout.flush();
+  auto list_args = std::make_shared<ListArgs>();
+  CLI::App* list = env->add_subcommand(
+      "list", "Built-in environments, or a config's, with their tools and options");
+  list->add_option("--config", list_args->config,
+                   "List the environment of this env config file (a built-in or a plug-in)");
+  list->add_flag("--json", list_args->json, "One JSON object per environment");
+  list->callback([list_args, &exit_code] {
+    const Status status = List(*list_args);
+    if (!status.ok()) exit_code = ReportError(status);
   });
 
   auto args = std::make_shared<RunArgs>();
