@@ -143,6 +143,18 @@ TEST(EnvCli, ListWithAConfigDescribesThatEnvironment) {
   EXPECT_EQ(bad.out.find("episode 0"), std::string::npos) << bad.out;
 }
 
+TEST(EnvCli, NoSubcommandPrintsTheCommandList) {
+  CliRun top = Strider("");
+  EXPECT_EQ(top.exit_code, 2) << top.out;
+  for (const char* expected : {"Subcommands:", "env", "pretrain", "replay", "actor"}) {
+    EXPECT_NE(top.out.find(expected), std::string::npos) << expected << "\n" << top.out;
+  }
+  CliRun env = Strider("env");
+  EXPECT_EQ(env.exit_code, 2) << env.out;
+  EXPECT_NE(env.out.find("Play episodes with a scripted or random policy"), std::string::npos)
+      << env.out;
+}
+
 // Each strider start loads LibTorch (seconds on a busy machine): few, telling cases.
 TEST(EnvCli, BadUsageExitsTwo) {
   CliRun run = Strider("env run nope");
