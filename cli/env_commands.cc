@@ -201,7 +201,7 @@ void AddEnvCommands(CLI::App& app, int& exit_code) {
   run->add_option("--step-timeout-ms", args->step_timeout_ms,
                   "Reply limit of an out-of-process environment");
   run->add_option("--episodes", args->episodes, "Episodes to play (default 1)");
-  run->add_option("--policy", args->policy, "scripted (the environment's solver) or random")
+  run->add_option("--policy", args->policy, "Policy: scripted (the environment's solver) or random")
       ->check(CLI::IsMember({"scripted", "random"}));
   run->add_option("--seed", args->seed, "Seed of the first episode; episode i uses seed + i");
   run->add_option("--options", args->options, "Environment options as key=value")->expected(1, -1);
