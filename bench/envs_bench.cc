@@ -20,6 +20,7 @@
 
 #include "bench/bench_json.h"
 #include "envs/environment.h"
+#include "envs/episode.h"
 #include "envs/sandbox.h"
 #include "envs/tools.h"
 
@@ -129,24 +130,34 @@ void ExternalBench(int steps) {
   PrintResult("envs", "external_step_us", 1e6 * Median(ours), "us", 1e6 * Median(raw));
 }
 
+// Asks for the next part every turn, so an episode reads the whole document.
+class NextPartPolicy : public envs::ScriptedPolicy {
+ public:
+  Result<std::string> NextTurn(const std::vector<envs::Observation>&) override {
+    return std::string("next");
+  }
+};
+
 void RetrievalBench(int episodes) {
   Result<std::unique_ptr<envs::Environment>> env = envs::MakeEnvironment(
       {.name = "retrieval", .options = {{"total_tokens", "1048576"}, {"parts", "16"}}});
   if (!env.ok()) return;
+  NextPartPolicy next_part;
   double ours = 0, copy = 0;
   size_t bytes = 0;
   std::vector<char> source(1 << 20, 'x'), target(1 << 20);
   for (int e = 0; e < episodes; ++e) {
-    auto start = Clock::now();
-    Result<envs::Observation> first = (*env)->Reset(e, {});
-    size_t episode_bytes = first->text.size();
-    for (int part = 1; part < 16; ++part) {
-      episode_bytes += (*env)->Step(envs::MakeAction("next"))->observation.text.size();
+    // The first part comes with Reset, the other 15 with one step each.
+    const envs::EpisodeReport episode = envs::PlayEpisode(**env, next_part, e, 15);
+    if (episode.error) {
+      std::fprintf(stderr, "retrieval episode failed: %s\n", episode.end.c_str());
+      return;
     }
-    ours += Seconds(start);
+    ours += episode.seconds;
+    const size_t episode_bytes = episode.observation_bytes;
     bytes += episode_bytes;
     // The same number of bytes through memcpy, 1 MiB at a time.
-    start = Clock::now();
+    const auto start = Clock::now();
     for (size_t done = 0; done < episode_bytes; done += source.size()) {
       std::memcpy(target.data(), source.data(), source.size());
       source[done % source.size()] = target[(done + 1) % target.size()];

@@ -4,14 +4,13 @@
 // or a random one (random text with tool calls, often malformed, to exercise error paths), and
 // prints one line per episode and a summary. An episode that ends in an environment error is
 // reported and counted, and the next episode runs; the exit code is then 1.
-#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "cli/commands.h"
 #include "envs/environment.h"
+#include "envs/episode.h"
 #include "envs/registry.h"
 #include "envs/tools.h"
 
@@ -19,45 +18,6 @@ namespace strider::cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// Random turns: words, sometimes a tool call (often malformed), sometimes an answer.
-class RandomPolicy : public envs::ScriptedPolicy {
- public:
-  RandomPolicy(uint64_t seed, std::vector<envs::ToolSpec> tools)
-      : rng_(seed ^ 0x7a3dULL), tools_(std::move(tools)) {}
-
-  Result<std::string> NextTurn(const std::vector<envs::Observation>&) override {
-    static const char* const kWords[] = {"let",   "me",   "think", "the",   "value", "is",
-                                         "maybe", "next", "so",    "check", "part",  "cell"};
-    std::string text;
-    const int words = 1 + static_cast<int>(rng_() % 8);
-    for (int i = 0; i < words; ++i) text += std::string(i ? " " : "") + kWords[rng_() % 12];
-    const uint64_t roll = rng_() % 10;
-    if (roll == 0) return text + " Answer: " + std::to_string(rng_() % 100);
-    if (roll < 6) {
-      const std::string name =
-          tools_.empty() || rng_() % 5 == 0 ? "nosuchtool" : tools_[rng_() % tools_.size()].name;
-      std::string arguments;
-      static const char kChars[] = "0123456789+-*/(), abcxyz\"";
-      const int length = static_cast<int>(rng_() % 12);
-      for (int i = 0; i < length; ++i) arguments += kChars[rng_() % (sizeof(kChars) - 1)];
-      switch (rng_() % 4) {
-        case 0:  // missing closing marker
-          return text + std::string(envs::kToolCallOpen) + name + "(" + arguments + ")";
-        case 1:  // missing parenthesis
-          return text + std::string(envs::kToolCallOpen) + name + " " + arguments +
-                 std::string(envs::kToolCallClose);
-        default:
-          return text + envs::FormatToolCall(name, arguments);
-      }
-    }
-    return text;
-  }
-
- private:
-  std::mt19937_64 rng_;
-  std::vector<envs::ToolSpec> tools_;
-};
 
 struct RunArgs {
   std::string name;
@@ -71,64 +31,6 @@ struct RunArgs {
   std::vector<std::string> options;
   bool json = false;
 };
-
-struct EpisodeReport {
-  uint64_t seed = 0;
-  int turns = 0;
-  int correct = 0, incorrect = 0, unknown = 0;
-  std::optional<double> outcome;
-  std::string end;  // "done", "turn limit", or the error
-  bool error = false;
-  double seconds = 0;
-  size_t observation_bytes = 0;
-  size_t images = 0;
-};
-
-EpisodeReport PlayEpisode(envs::Environment& env, envs::ScriptedPolicy& policy, uint64_t seed,
-                          int max_turns) {
-  EpisodeReport report;
-  report.seed = seed;
-  const auto start = std::chrono::steady_clock::now();
-  auto finish = [&](std::string end, bool error) {
-    report.end = std::move(end);
-    report.error = error;
-    report.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return report;
-  };
-  Result<envs::Observation> first = env.Reset(seed, {});
-  if (!first.ok()) return finish("reset: " + first.status().ToString(), true);
-  std::vector<envs::Observation> observations = {*first};
-  report.observation_bytes += first->text.size();
-  report.images += first->images.size();
-  while (report.turns < max_turns) {
-    Result<std::string> text = policy.NextTurn(observations);
-    if (!text.ok()) return finish("policy: " + text.status().ToString(), true);
-    Result<envs::StepResult> step = env.Step(envs::MakeAction(*text));
-    ++report.turns;
-    if (!step.ok()) return finish("step: " + step.status().ToString(), true);
-    switch (step->label) {
-      case envs::StepLabel::kCorrect:
-        ++report.correct;
-        break;
-      case envs::StepLabel::kIncorrect:
-        ++report.incorrect;
-        break;
-      case envs::StepLabel::kUnknown:
-        ++report.unknown;
-        break;
-    }
-    report.observation_bytes += step->observation.text.size();
-    report.images += step->observation.images.size();
-    if (step->done) {
-      report.outcome = step->outcome_reward;
-      auto reason = step->info.find("reason");
-      return finish(reason == step->info.end() ? "done" : reason->second, false);
-    }
-    observations.push_back(std::move(step->observation));
-  }
-  return finish("turn limit", false);
-}
 
 Status Run(const RunArgs& args, bool* had_errors) {
   envs::EnvironmentConfig config;
@@ -163,8 +65,9 @@ Status Run(const RunArgs& args, bool* had_errors) {
   for (int64_t i = 0; i < args.episodes; ++i) {
     const uint64_t seed = args.seed + static_cast<uint64_t>(i);
     std::unique_ptr<envs::ScriptedPolicy> random;
-    if (args.policy == "random") random = std::make_unique<RandomPolicy>(seed, spec.tools);
-    EpisodeReport report = PlayEpisode(*env, random ? *random : *scripted, seed, spec.max_turns);
+    if (args.policy == "random") random = envs::MakeRandomPolicy(seed, spec.tools);
+    const envs::EpisodeReport report =
+        envs::PlayEpisode(*env, random ? *random : *scripted, seed, spec.max_turns);
     errors += report.error ? 1 : 0;
     finished += report.error ? 0 : 1;
     outcome_sum += report.outcome.value_or(0.0);
@@ -233,36 +136,60 @@ Json SpecJson(const envs::EnvironmentSpec& spec) {
           {"max_turns", spec.max_turns}};
 }
 
+struct ListArgs {
+  std::string config;
+  bool json = false;
+};
+
+// Built-ins are described by making each without options; a config's environment is made as
+// `env run` makes it, so a plug-in is started (or loaded) once to ask.
+Status List(const ListArgs& args) {
+  std::vector<envs::EnvironmentConfig> configs;
+  if (args.config.empty()) {
+    for (const std::string& name : envs::RegisteredEnvironments()) {
+      configs.push_back({.name = name});
+    }
+  } else {
+    STRIDER_ASSIGN_OR_RETURN(envs::EnvironmentConfig config,
+                             envs::LoadEnvironmentConfig(args.config));
+    configs.push_back(std::move(config));
+  }
+  for (const envs::EnvironmentConfig& config : configs) {
+    STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<envs::Environment> made,
+                             envs::MakeEnvironment(config));
+    const envs::EnvironmentSpec spec = made->Describe();
+    made->Close();
+    if (args.json) {
+      std::cout << SpecJson(spec).dump() << "\n";
+      continue;
+    }
+    std::string options;
+    for (const std::string& option : spec.options) {
+      options += (options.empty() ? "" : ", ") + option;
+    }
+    std::printf("%-14s %s\n  options: %s\n%s", spec.name.c_str(), spec.description.c_str(),
+                options.empty() ? "none" : options.c_str(),
+                envs::RenderToolList(spec.tools).c_str());
+  }
+  std::cout.flush();
+  return Status::Ok();
+}
+
 }  // namespace
 
 void AddEnvCommands(CLI::App& app, int& exit_code) {
   CLI::App* env = app.add_subcommand("env", "Environments: list them, play episodes");
   env->require_subcommand(1);
 
-  auto list_json = std::make_shared<bool>(false);
-  CLI::App* list =
-      env->add_subcommand("list", "Built-in environments with their tools and options");
-  list->add_flag("--json", *list_json, "One JSON object per environment");
-  list->callback([list_json, &exit_code] {
-    for (const std::string& name : envs::RegisteredEnvironments()) {
-      Result<std::unique_ptr<envs::Environment>> made = envs::MakeEnvironment({.name = name});
-      if (!made.ok()) {
-        exit_code = ReportError(made.status());
-        return;
-      }
-      const envs::EnvironmentSpec spec = (*made)->Describe();
-      if (*list_json) {
-        std::cout << SpecJson(spec).dump() << "\n";
-        continue;
-      }
-      std::string options;
-      for (const std::string& option : spec.options)
-        options += (options.empty() ? "" : ", ") + option;
-      std::printf("%-14s %s\n  options: %s\n%s", spec.name.c_str(), spec.description.c_str(),
-                  options.empty() ? "none" : options.c_str(),
-                  envs::RenderToolList(spec.tools).c_str());
-    }
-    std::cout.flush();
+  auto list_args = std::make_shared<ListArgs>();
+  CLI::App* list = env->add_subcommand(
+      "list", "Built-in environments, or a config's, with their tools and options");
+  list->add_option("--config", list_args->config,
+                   "List the environment of this env config file (a built-in or a plug-in)");
+  list->add_flag("--json", list_args->json, "One JSON object per environment");
+  list->callback([list_args, &exit_code] {
+    const Status status = List(*list_args);
+    if (!status.ok()) exit_code = ReportError(status);
   });
 
   auto args = std::make_shared<RunArgs>();
@@ -274,7 +201,7 @@ void AddEnvCommands(CLI::App& app, int& exit_code) {
   run->add_option("--step-timeout-ms", args->step_timeout_ms,
                   "Reply limit of an out-of-process environment");
   run->add_option("--episodes", args->episodes, "Episodes to play (default 1)");
-  run->add_option("--policy", args->policy, "scripted (the environment's solver) or random")
+  run->add_option("--policy", args->policy, "Policy: scripted (the environment's solver) or random")
       ->check(CLI::IsMember({"scripted", "random"}));
   run->add_option("--seed", args->seed, "Seed of the first episode; episode i uses seed + i");
   run->add_option("--options", args->options, "Environment options as key=value")->expected(1, -1);

@@ -1,5 +1,6 @@
 // The `strider` binary: parses arguments and hands them to the components.
 #include <cstdio>
+#include <vector>
 
 #include "cli/commands.h"
 
@@ -16,6 +17,17 @@ int ReportError(const Status& status) {
   }
 }
 
+namespace {
+
+// The deepest subcommand the arguments named: `env` for `strider env`, the app itself for
+// `strider`.
+const CLI::App& DeepestParsed(const CLI::App& app) {
+  const std::vector<CLI::App*> parsed = app.get_subcommands();
+  return parsed.empty() ? app : DeepestParsed(*parsed.front());
+}
+
+}  // namespace
+
 }  // namespace strider::cli
 
 int main(int argc, char** argv) {
@@ -31,6 +43,17 @@ int main(int argc, char** argv) {
   strider::cli::AddReportCommands(app, exit_code);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RequiredError& error) {
+    // A command that only groups others (`strider`, `strider env`) was given none: its command
+    // list tells a newcomer more than "a subcommand is required". Still a usage error (exit 2),
+    // so a script that forgot the subcommand fails.
+    const CLI::App& named = strider::cli::DeepestParsed(app);
+    if (named.get_require_subcommand_min() > 0 && named.get_subcommands().empty()) {
+      std::fputs(app.help().c_str(), stdout);  // delegates to `named`, as --help does
+      return strider::cli::kExitUsageError;
+    }
+    app.exit(error);
+    return strider::cli::kExitUsageError;
   } catch (const CLI::ParseError& error) {
     const int code = app.exit(error);
     return code == 0 ? 0 : strider::cli::kExitUsageError;

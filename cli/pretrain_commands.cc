@@ -44,14 +44,14 @@ int RunPretrain(const PretrainFlags& flags) {
 }
 
 void AddPretrainFlags(CLI::App* command, PretrainFlags& flags) {
-  command->add_option("--config", flags.config, "pretraining config (YAML)")
+  command->add_option("--config", flags.config, "Pretraining config (YAML, configs/pretrain/)")
       ->required()
       ->check(CLI::ExistingFile);
   command->add_option("--run-dir", flags.run_dir,
-                      "run directory: data, checkpoints, metrics.jsonl, eval.jsonl");
-  command->add_option("--resume", flags.resume, "checkpoint directory to resume from");
-  command->add_option("--stages", flags.stages, "run only the first N stages");
-  command->add_option("--max-steps", flags.max_steps, "cap every stage at N steps (smoke runs)");
+                      "Run directory: data, checkpoints, metrics.jsonl, eval.jsonl");
+  command->add_option("--resume", flags.resume, "Checkpoint directory to resume from");
+  command->add_option("--stages", flags.stages, "Run only the first N stages");
+  command->add_option("--max-steps", flags.max_steps, "Cap every stage at N steps (smoke runs)");
 }
 
 }  // namespace
@@ -59,12 +59,13 @@ void AddPretrainFlags(CLI::App* command, PretrainFlags& flags) {
 void AddPretrainCommands(CLI::App& app, int& exit_code) {
   auto flags = std::make_shared<PretrainFlags>();
   CLI::App* pretrain = app.add_subcommand(
-      "pretrain", "staged pretraining: runs the config's stages in order, evaluates each");
+      "pretrain", "Staged pretraining: runs the config's stages in order, evaluates each");
   AddPretrainFlags(pretrain, *flags);
   pretrain->callback([flags, &exit_code] { exit_code = RunPretrain(*flags); });
 
   auto learner_flags = std::make_shared<PretrainFlags>();
-  CLI::App* learner = app.add_subcommand("learner", "one learner rank (mode: pretrain or rl)");
+  CLI::App* learner =
+      app.add_subcommand("learner", "One learner rank: runs the config's mode (mode: pretrain)");
   AddPretrainFlags(learner, *learner_flags);
   learner->callback([learner_flags, &exit_code] {
     Result<std::string> mode = ReadLearnerMode(learner_flags->config);
@@ -99,29 +100,31 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
     int64_t shard_tokens = 16 << 20;
   };
   auto data_flags = std::make_shared<DataFlags>();
-  CLI::App* data = app.add_subcommand("data", "pretraining data tools");
+  CLI::App* data = app.add_subcommand("data", "Pretraining data tools");
   data->require_subcommand(1);
   CLI::App* build = data->add_subcommand(
-      "build", "write token shards from UTF-8 text files (one document each) or a generator");
-  build->add_option("--out", data_flags->out, "output directory (must hold no shards)")->required();
+      "build", "Write token shards from UTF-8 text files (one document each) or a generator");
+  build->add_option("--out", data_flags->out, "Output directory (must hold no shards)")->required();
   CLI::Option* text = build->add_option("--text", data_flags->text, "UTF-8 text files")
                           ->check(CLI::ExistingFile);
   CLI::Option* generator = build->add_option("--generator", data_flags->generator,
-                                             "retrieval | tool_use | image_text");
+                                             "Generator: retrieval, tool_use or image_text");
   text->excludes(generator);
-  build->add_option("--documents", data_flags->documents, "documents to generate");
-  build->add_option("--tokens", data_flags->tokens, "generate until this many tokens");
-  build->add_option("--length", data_flags->length, "retrieval: document length in tokens");
+  build->add_option("--documents", data_flags->documents, "Documents to generate");
+  build->add_option("--tokens", data_flags->tokens, "Generate until this many tokens");
+  build->add_option("--length", data_flags->length, "For retrieval: document length in tokens");
   build->add_option("--min-length", data_flags->min_length,
-                    "retrieval: draw lengths uniformly from [min-length, length]");
-  build->add_option("--facts", data_flags->facts, "retrieval: facts per document");
-  build->add_option("--key-letters", data_flags->key_letters, "retrieval: letters per key (1 or 2)")
+                    "For retrieval: draw lengths uniformly from [min-length, length]");
+  build->add_option("--facts", data_flags->facts, "For retrieval: facts per document");
+  build
+      ->add_option("--key-letters", data_flags->key_letters,
+                   "For retrieval: letters per key (1 or 2)")
       ->check(CLI::Range(1, 2));
-  build->add_option("--flawed", data_flags->flawed, "tool_use: share of flawed transcripts");
-  build->add_option("--image-size", data_flags->image_size, "image_text: image side in pixels");
-  build->add_option("--patch-size", data_flags->patch_size, "image_text: model patch side");
-  build->add_option("--seed", data_flags->seed, "generator seed");
-  build->add_option("--shard-tokens", data_flags->shard_tokens, "tokens per shard file");
+  build->add_option("--flawed", data_flags->flawed, "For tool_use: share of flawed transcripts");
+  build->add_option("--image-size", data_flags->image_size, "For image_text: image side in pixels");
+  build->add_option("--patch-size", data_flags->patch_size, "For image_text: model patch side");
+  build->add_option("--seed", data_flags->seed, "Generator seed");
+  build->add_option("--shard-tokens", data_flags->shard_tokens, "Tokens per shard file");
   build->callback([data_flags, &exit_code] {
     const DataFlags& f = *data_flags;
     data::BuildOptions options;

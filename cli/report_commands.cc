@@ -10,9 +10,9 @@ namespace strider::cli {
 void AddReportCommands(CLI::App& app, int& exit_code) {
   auto run_dir = std::make_shared<std::string>();
   CLI::App* report = app.add_subcommand(
-      "report", "write RUN_DIR/report.html: loss per stage, retrieval accuracy against context "
-                "length, routing balance (self-contained, inline SVG)");
-  report->add_option("RUN_DIR", *run_dir, "run directory holding metrics.jsonl (and eval.jsonl)")
+      "report",
+      "Write RUN_DIR/report.html (self-contained): loss, retrieval accuracy, routing balance");
+  report->add_option("RUN_DIR", *run_dir, "Run directory holding metrics.jsonl (and eval.jsonl)")
       ->required()
       ->check(CLI::ExistingDirectory);
   report->callback([run_dir, &exit_code] {

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -12,6 +13,8 @@ namespace strider {
 struct ConfigReader::Document {
   std::string origin;
   Status first_error;
+  // Dotted paths of required keys found missing, so Finish can name a misspelt key beside them.
+  std::set<std::string> missing;
 };
 
 struct ConfigReader::Node {
@@ -31,6 +34,41 @@ std::string LineOf(const YAML::Node& node) {
   const YAML::Mark mark = node.Mark();
   if (mark.line < 0) return "";
   return std::to_string(mark.line + 1);
+}
+
+// Edit distance with adjacent transpositions counted as one edit ("modle" is one from "model").
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substitution = d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, substitution});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// The known key closest to `key`, or "" when none is close enough to be a plausible typo: at
+// most two edits, and fewer than a third of the longer word, so short keys are not matched to
+// unrelated short keys.
+std::string ClosestKey(const std::string& key, const std::set<std::string>& known) {
+  std::string best;
+  size_t best_distance = 0;
+  for (const std::string& candidate : known) {
+    const size_t distance = EditDistance(key, candidate);
+    const size_t longer = std::max(key.size(), candidate.size());
+    if (distance > 2 || 3 * distance > longer) continue;
+    if (best.empty() || distance < best_distance) {
+      best = candidate;
+      best_distance = distance;
+    }
+  }
+  return best;
 }
 
 }  // namespace
@@ -81,6 +119,12 @@ void ConfigReader::Fail(const std::string& key, const std::string& problem) {
   }
   document_->first_error = Status::InvalidArgument(where + ": " + Join(node_->path, key) + ": " +
                                                    problem);
+}
+
+void ConfigReader::FailMissing(const std::string& key) {
+  node_->consumed.insert(key);
+  document_->missing.insert(Join(node_->path, key));
+  Fail(key, "is required but missing");
 }
 
 ConfigReader ConfigReader::Section(const std::string& key) {
@@ -193,8 +237,7 @@ std::string Shown(const YAML::Node& node) {
   }                                                                      \
   void ConfigReader::Required(const std::string& key, Type* out) {       \
     if (!Has(key)) {                                                     \
-      node_->consumed.insert(key);                                       \
-      Fail(key, "is required but missing");                             \
+      FailMissing(key);                                                  \
       return;                                                            \
     }                                                                    \
     Optional(key, out);                                                  \
@@ -217,8 +260,7 @@ void ConfigReader::Optional(const std::string& key, int* out) {
 
 void ConfigReader::Required(const std::string& key, int* out) {
   if (!Has(key)) {
-    node_->consumed.insert(key);
-    Fail(key, "is required but missing");
+    FailMissing(key);
     return;
   }
   Optional(key, out);
@@ -237,8 +279,7 @@ void ConfigReader::Optional(const std::string& key, std::string* out) {
 
 void ConfigReader::Required(const std::string& key, std::string* out) {
   if (!Has(key)) {
-    node_->consumed.insert(key);
-    Fail(key, "is required but missing");
+    FailMissing(key);
     return;
   }
   Optional(key, out);
@@ -283,9 +324,23 @@ void ConfigReader::Optional(const std::string& key, std::vector<std::string>* ou
 
 Status ConfigReader::status() const { return document_->first_error; }
 
+bool ConfigReader::MisspeltMissing(const std::string& known_path) const {
+  for (const std::string& missing : document_->missing) {
+    if (missing == known_path) return true;
+    // A missing key inside the section: "model.width" for "model", "stages[0].length" for
+    // "stages".
+    if (missing.size() > known_path.size() &&
+        missing.compare(0, known_path.size(), known_path) == 0 &&
+        (missing[known_path.size()] == '.' || missing[known_path.size()] == '[')) {
+      return true;
+    }
+  }
+  return false;
+}
+
 Status ConfigReader::Finish() {
-  if (!document_->first_error.ok()) return document_->first_error;
-  // Depth-first over this mapping and every section read from it.
+  // Depth-first over this mapping and every section read from it. The keys a mapping's readers
+  // asked for are its known keys, so an unknown one is named with the closest of them.
   std::vector<std::shared_ptr<Node>> pending{node_};
   while (!pending.empty()) {
     std::shared_ptr<Node> node = pending.back();
@@ -293,18 +348,26 @@ Status ConfigReader::Finish() {
     if (node->yaml.IsMap()) {
       for (const auto& entry : node->yaml) {
         const std::string key = entry.first.as<std::string>();
-        if (node->consumed.count(key) == 0) {
-          std::string where = document_->origin;
-          const std::string line = LineOf(entry.first);
-          if (!line.empty()) where += ":" + line;
-          return Status::InvalidArgument(where + ": " + Join(node->path, key) +
-                                         ": unknown key (check its spelling and section)");
+        if (node->consumed.count(key) != 0) continue;
+        std::string where = document_->origin;
+        const std::string line = LineOf(entry.first);
+        if (!line.empty()) where += ":" + line;
+        const std::string closest = ClosestKey(key, node->consumed);
+        const std::string unknown = where + ": " + Join(node->path, key) + ": unknown key " +
+                                    (closest.empty() ? "(check its spelling and section)"
+                                                     : "(did you mean " + closest + "?)");
+        if (document_->first_error.ok()) return Status::InvalidArgument(unknown);
+        // After another error, readers may have stopped early, so only the misspelling of a
+        // missing required key, or of the section that held one, is certain enough to add.
+        if (!closest.empty() && MisspeltMissing(Join(node->path, closest))) {
+          return Status(document_->first_error.code(),
+                        document_->first_error.message() + "; " + unknown);
         }
       }
     }
     for (const auto& child : node->children) pending.push_back(child);
   }
-  return Status::Ok();
+  return document_->first_error;
 }
 
 }  // namespace strider

@@ -60,7 +60,9 @@ class ConfigReader {
   }
 
   // First error recorded anywhere in the document, else the first key that no reader consumed
-  // in this mapping or any section read from it.
+  // in this mapping or any section read from it, named with the closest key its mapping knows
+  // ("actor.modle: unknown key (did you mean model?)"). When the first error is a missing
+  // required key and an unknown key beside it is that key misspelt, both are reported.
   Status Finish();
   // Status so far, without the unknown-key check.
   Status status() const;
@@ -72,6 +74,10 @@ class ConfigReader {
   struct Document;
   struct Node;
   ConfigReader(std::shared_ptr<Document> document, std::shared_ptr<Node> node);
+  // Marks `key` read and fails it as a missing required key.
+  void FailMissing(const std::string& key);
+  // Whether a required key found missing is `known_path` or lies in the section it names.
+  bool MisspeltMissing(const std::string& known_path) const;
 
   std::shared_ptr<Document> document_;
   std::shared_ptr<Node> node_;

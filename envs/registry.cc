@@ -4,6 +4,7 @@
 
 #include "envs/calculator/calculator.h"
 #include "envs/external/external_env.h"
+#include "envs/options.h"
 #include "envs/plugin_loader.h"
 #include "envs/retrieval/retrieval.h"
 #include "envs/vision_count/vision_count.h"
@@ -13,7 +14,6 @@ namespace {
 
 struct BuiltIn {
   std::string name;
-  std::string description;
   std::function<Result<std::unique_ptr<Environment>>(const Options&)> make;
   std::function<std::unique_ptr<ScriptedPolicy>()> policy;
 };
@@ -21,12 +21,9 @@ struct BuiltIn {
 // The one place built-ins are listed: adding an environment is one entry here.
 const std::vector<BuiltIn>& BuiltIns() {
   static const std::vector<BuiltIn> built_ins = {
-      {"calculator", "multi-step arithmetic word problems with a calc tool (process labels)",
-       MakeCalculatorEnvironment, MakeCalculatorPolicy},
-      {"retrieval", "long-context search over records revealed in parts (up to 1M tokens)",
-       MakeRetrievalEnvironment, MakeRetrievalPolicy},
-      {"vision_count", "count coloured shapes in a rendered image, with a zoom tool",
-       MakeVisionCountEnvironment, MakeVisionCountPolicy},
+      {"calculator", MakeCalculatorEnvironment, MakeCalculatorPolicy},
+      {"retrieval", MakeRetrievalEnvironment, MakeRetrievalPolicy},
+      {"vision_count", MakeVisionCountEnvironment, MakeVisionCountPolicy},
   };
   return built_ins;
 }
@@ -45,17 +42,25 @@ Status UnknownName(const std::string& name) {
                           "; plug-ins are named by `library` or `command`)");
 }
 
+// Built-ins reject unknown option keys when made; a plug-in may only see its options at the
+// first reset, so its keys are checked against the ones it declares before any episode runs.
+Result<std::unique_ptr<Environment>> CheckPluginOptions(std::unique_ptr<Environment> env,
+                                                        const Options& options) {
+  const EnvironmentSpec spec = env->Describe();
+  const Status status = OptionReader(spec.name, options, {}, spec.options).status();
+  if (!status.ok()) {
+    env->Close();
+    return status;
+  }
+  return env;
+}
+
 }  // namespace
 
 std::vector<std::string> RegisteredEnvironments() {
   std::vector<std::string> names;
   for (const BuiltIn& built_in : BuiltIns()) names.push_back(built_in.name);
   return names;
-}
-
-std::string RegisteredEnvironmentDescription(const std::string& name) {
-  const BuiltIn* built_in = FindBuiltIn(name);
-  return built_in ? built_in->description : "";
 }
 
 Result<std::unique_ptr<Environment>> MakeEnvironment(const EnvironmentConfig& config) {
@@ -72,9 +77,12 @@ Result<std::unique_ptr<Environment>> MakeEnvironment(const EnvironmentConfig& co
                                      " describes itself as '" + reported + "', the config names '" +
                                      config.name + "'");
     }
-    return env;
+    return CheckPluginOptions(std::move(env), config.options);
   }
-  if (!config.command.empty()) return MakeExternalEnvironment(config);
+  if (!config.command.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Environment> env, MakeExternalEnvironment(config));
+    return CheckPluginOptions(std::move(env), config.options);
+  }
   const BuiltIn* built_in = FindBuiltIn(config.name);
   if (built_in == nullptr) return UnknownName(config.name);
   return built_in->make(config.options);

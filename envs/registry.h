@@ -25,7 +25,4 @@ Result<EnvironmentConfig> ReadEnvironmentConfig(ConfigReader& env);
 // A whole file whose top level has `env:`.
 Result<EnvironmentConfig> LoadEnvironmentConfig(const std::string& path);
 
-// One line describing a built-in, for `strider env list`.
-std::string RegisteredEnvironmentDescription(const std::string& name);
-
 }  // namespace strider::envs

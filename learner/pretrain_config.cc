@@ -90,6 +90,13 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
   root.Optional("mode", &mode);
   root.Check(mode == "pretrain", "mode", "this loader reads mode: pretrain configs, got " + mode);
   std::string model_config;
+  // The usual mix-up is a model config given for the pretraining config that names one.
+  if (!root.Has("model_config") && root.Has("model")) {
+    root.Fail("model_config",
+              "is required but missing: this is a model config (it has a model: section); "
+              "--config takes a pretraining config (configs/pretrain/*.yaml), whose model_config: "
+              "names the model config");
+  }
   root.Required("model_config", &model_config);
   int64_t seed = 1;
   root.Optional("seed", &seed);

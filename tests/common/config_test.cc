@@ -46,6 +46,53 @@ TEST(ConfigReader, UnknownKeyIsAnErrorNamingFileLineAndKey) {
   EXPECT_NE(status.message().find("unknown key"), std::string::npos) << status.ToString();
 }
 
+TEST(ConfigReader, UnknownKeyNamesTheClosestKnownKey) {
+  Example example;
+  Status status = Load("model:\n  width: 128\n  hedas: 8\n", &example);
+  EXPECT_NE(status.message().find("model.hedas: unknown key (did you mean heads?)"),
+            std::string::npos)
+      << status.ToString();
+  status = Load("model:\n  width: 128\n  gatd: true\n", &example);
+  EXPECT_NE(status.message().find("model.gatd: unknown key (did you mean gated?)"),
+            std::string::npos)
+      << status.ToString();
+  // Nothing close: no guess.
+  status = Load("model:\n  width: 128\n  layers: 8\n", &example);
+  EXPECT_NE(status.message().find("model.layers: unknown key (check its spelling and section)"),
+            std::string::npos)
+      << status.ToString();
+  // A misspelt section is named beside the required key it hid.
+  status = Load("modle:\n  width: 128\n", &example);
+  EXPECT_NE(status.message().find("model.width: is required but missing; example.yaml:1: modle: "
+                                  "unknown key (did you mean model?)"),
+            std::string::npos)
+      << status.ToString();
+}
+
+TEST(ConfigReader, MisspeltRequiredKeyIsNamedBesideTheMissingOne) {
+  Example example;
+  const Status status = Load("model:\n  heads: 2\n  widht: 128\n", &example);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("example.yaml: model.width: is required but missing"),
+            std::string::npos)
+      << status.ToString();
+  EXPECT_NE(status.message().find("example.yaml:3: model.widht: unknown key (did you mean width?)"),
+            std::string::npos)
+      << status.ToString();
+}
+
+TEST(ConfigReader, AfterAnotherErrorOnlyTheMissingKeysMisspellingIsAdded) {
+  // The first error is not a missing key: readers may have stopped early, so unread keys are
+  // not called unknown.
+  Example example;
+  Status status = Load("model:\n  width: wide\n  layers: 8\n", &example);
+  EXPECT_EQ(status.message().find("unknown key"), std::string::npos) << status.ToString();
+  // A missing key and an unrelated unknown one: only the missing key is reported.
+  status = Load("model:\n  heads: 2\n  layers: 8\n", &example);
+  EXPECT_NE(status.message().find("model.width: is required but missing"), std::string::npos);
+  EXPECT_EQ(status.message().find("unknown key"), std::string::npos) << status.ToString();
+}
+
 TEST(ConfigReader, WrongTypeIsAnError) {
   Example example;
   Status status = Load("model:\n  width: wide\n", &example);

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -106,6 +107,52 @@ TEST(EnvCli, PluginsByLibraryAndCommand) {
   EXPECT_NE(faulty.out.find("episode 1 seed 1: ERROR"), std::string::npos) << faulty.out;
   EXPECT_NE(faulty.out.find("exited with code 3"), std::string::npos) << faulty.out;
   EXPECT_NE(faulty.out.find("2 episodes, 2 errors"), std::string::npos) << faulty.out;
+}
+
+TEST(EnvCli, ListWithAConfigDescribesThatEnvironment) {
+  CliRun built_in = Strider("env list --config configs/envs/calculator.yaml");
+  ASSERT_EQ(built_in.exit_code, 0) << built_in.out;
+  EXPECT_NE(built_in.out.find("calculator"), std::string::npos) << built_in.out;
+  EXPECT_EQ(built_in.out.find("retrieval"), std::string::npos) << built_in.out;
+
+  const std::string config = ::testing::TempDir() + "/strider_env_list_library.yaml";
+  std::ofstream(config) << "env:\n  library: " << Dir("STRIDER_BINARY_DIR")
+                        << "/tests/envs/libstrider_template_env.so\n";
+  CliRun library = Strider("env list --json --config " + config);
+  ASSERT_EQ(library.exit_code, 0) << library.out;
+  const nlohmann::json spec = Summary(library);
+  EXPECT_EQ(spec["name"], "template_counter") << library.out;
+  EXPECT_EQ(spec["options"], nlohmann::json::array({"target_max"})) << library.out;
+  EXPECT_EQ(spec["tools"][0]["name"], "add") << library.out;
+
+  if (::access("/usr/bin/python3", X_OK) != 0 ||
+      std::system("/usr/bin/python3 -c 'import zmq' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with python3-zmq";
+  }
+  CliRun external = Strider("env list --config configs/envs/external_python.yaml");
+  ASSERT_EQ(external.exit_code, 0) << external.out;
+  for (const char* expected : {"guess_number", "options: high", "- guess(n: integer)"}) {
+    EXPECT_NE(external.out.find(expected), std::string::npos) << expected << "\n" << external.out;
+  }
+  // A bad option key for a plug-in is bad usage found before the first episode.
+  CliRun bad = Strider(
+      "env run --command '/usr/bin/python3 tests/envs/faulty_env.py' --options faults=crash");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("option 'faults': unknown option (known: fault)"), std::string::npos)
+      << bad.out;
+  EXPECT_EQ(bad.out.find("episode 0"), std::string::npos) << bad.out;
+}
+
+TEST(EnvCli, NoSubcommandPrintsTheCommandList) {
+  CliRun top = Strider("");
+  EXPECT_EQ(top.exit_code, 2) << top.out;
+  for (const char* expected : {"Subcommands:", "env", "pretrain", "replay", "actor"}) {
+    EXPECT_NE(top.out.find(expected), std::string::npos) << expected << "\n" << top.out;
+  }
+  CliRun env = Strider("env");
+  EXPECT_EQ(env.exit_code, 2) << env.out;
+  EXPECT_NE(env.out.find("Play episodes with a scripted or random policy"), std::string::npos)
+      << env.out;
 }
 
 // Each strider start loads LibTorch (seconds on a busy machine): few, telling cases.

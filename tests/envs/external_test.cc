@@ -81,6 +81,20 @@ TEST_F(ExternalTest, PythonExampleEnvironmentPlaysWithItsScriptedPolicy) {
   (*env)->Close();
 }
 
+// The example's reset would refuse the key too, but only at the first episode: the registry
+// refuses it when the environment is made, as built-ins do.
+TEST_F(ExternalTest, UnknownOptionKeyIsRefusedBeforeTheFirstEpisode) {
+  EnvironmentConfig config = Example();
+  config.options = {{"hihg", "1000"}};
+  Result<std::unique_ptr<Environment>> env = MakeEnvironment(config);
+  ASSERT_FALSE(env.ok());
+  EXPECT_TRUE(env.status().IsInvalidArgument()) << env.status().ToString();
+  EXPECT_NE(
+      env.status().message().find("guess_number: option 'hihg': unknown option (known: high)"),
+      std::string::npos)
+      << env.status().message();
+}
+
 // Each fault ends its episode with an error naming it, promptly; the next episode works.
 TEST_F(ExternalTest, FaultsEndTheEpisodeAndTheNextEpisodeWorks) {
   Result<std::unique_ptr<Environment>> env = MakeEnvironment(Faulty(/*step_timeout_ms=*/700));

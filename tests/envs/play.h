@@ -1,4 +1,5 @@
-// Plays one episode of an environment with a scripted policy, for the envs tests.
+// Plays one episode of an environment with a scripted policy, for the envs tests: the shared
+// loop (envs/episode.h), with every step kept and any episode error a test failure.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -6,7 +7,7 @@
 #include <vector>
 
 #include "envs/environment.h"
-#include "envs/tools.h"
+#include "envs/episode.h"
 
 namespace strider::envs::testing {
 
@@ -18,22 +19,11 @@ struct Episode {
 inline Episode Play(Environment& env, ScriptedPolicy& policy, uint64_t seed,
                     const Options& episode_options = {}) {
   Episode episode;
-  Result<Observation> first = env.Reset(seed, episode_options);
-  EXPECT_TRUE(first.ok()) << first.status().ToString();
-  if (!first.ok()) return episode;
-  episode.observations.push_back(*first);
-  const int max_turns = env.Describe().max_turns;
-  for (int turn = 0; turn < max_turns; ++turn) {
-    Result<std::string> text = policy.NextTurn(episode.observations);
-    EXPECT_TRUE(text.ok()) << text.status().ToString();
-    if (!text.ok()) break;
-    Result<StepResult> step = env.Step(MakeAction(*text));
-    EXPECT_TRUE(step.ok()) << step.status().ToString();
-    if (!step.ok()) break;
-    episode.steps.push_back(*step);
-    episode.observations.push_back(step->observation);
-    if (step->done) break;
-  }
+  EpisodeReport report =
+      PlayEpisode(env, policy, seed, env.Describe().max_turns, episode_options,
+                  [&episode](const StepResult& step) { episode.steps.push_back(step); });
+  EXPECT_FALSE(report.error) << report.end;
+  episode.observations = std::move(report.observations);
   return episode;
 }
 

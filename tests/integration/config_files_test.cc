@@ -1,0 +1,126 @@
+// Every file under configs/ loads with the loader of its kind, so a shipped config that a
+// loader change broke, or a new kind of config without a loader, fails here and not first in
+// a user's run. The folder names the kind; a file in a folder without a loader fails the test.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "actors/actor.h"
+#include "common/model/config.h"
+#include "envs/registry.h"
+#include "learner/pretrain_config.h"
+#include "replay/replay.h"
+
+namespace strider {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool HasPythonZmq() {
+  return ::access("/usr/bin/python3", X_OK) == 0 &&
+         std::system("/usr/bin/python3 -c 'import zmq' 2>/dev/null") == 0;
+}
+
+// Loads one file; `path` is relative to the repository root, the working directory.
+using Loader = std::function<Status(const std::string& path)>;
+
+const std::map<std::string, Loader>& Loaders() {
+  static const std::map<std::string, Loader> loaders = {
+      {"envs", [](const std::string& path) { return envs::LoadEnvironmentConfig(path).status(); }},
+      {"model", [](const std::string& path) { return LoadModelConfig(path).status(); }},
+      {"pretrain", [](const std::string& path) { return LoadPretrainConfig(path).status(); }},
+      {"replay", [](const std::string& path) { return replay::LoadServerConfig(path).status(); }},
+      {"actor",
+       [](const std::string& path) -> Status {
+         STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions options, actors::LoadActorConfig(path));
+         // The model the actor names must load too (relative to the working directory).
+         return LoadModelConfig(options.model_config).status().WithContext(path + ": model");
+       }},
+  };
+  return loaders;
+}
+
+TEST(ConfigFiles, EveryFileUnderConfigsLoadsWithItsKindsLoader) {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  ASSERT_NE(source, nullptr) << "run through ctest (STRIDER_SOURCE_DIR)";
+  fs::current_path(source);  // config paths inside the files are relative to the root
+  const bool python = HasPythonZmq();
+  std::set<std::string> kinds_seen;
+  int loaded = 0;
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator("configs")) {
+    if (!entry.is_regular_file()) continue;
+    const fs::path path = entry.path();
+    const fs::path relative = path.lexically_relative("configs");
+    const std::string kind = relative.begin()->string();
+    SCOPED_TRACE(path.string());
+    EXPECT_EQ(path.extension(), ".yaml");
+    auto loader = Loaders().find(kind);
+    if (relative == relative.filename() || loader == Loaders().end()) {
+      ADD_FAILURE() << path << ": no loader for configs/" << kind << " (add one to this test)";
+      continue;
+    }
+    kinds_seen.insert(kind);
+    // An out-of-process environment is started to ask for its option keys.
+    if (kind == "envs" && !python) {
+      Result<ConfigReader> root = ConfigReader::FromFile(path.string());
+      ASSERT_TRUE(root.ok());
+      if (root->Section("env").Has("command")) {
+        std::printf("skipped %s: needs /usr/bin/python3 with python3-zmq\n", path.c_str());
+        continue;
+      }
+    }
+    const Status status = loader->second(path.string());
+    EXPECT_TRUE(status.ok()) << status.ToString();
+    ++loaded;
+  }
+  // The walk itself can fail: every kind of config the repository ships was seen.
+  EXPECT_EQ(kinds_seen, (std::set<std::string>{"actor", "envs", "model", "pretrain", "replay"}));
+  EXPECT_GE(loaded, 10);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// What a user sees for the two usual mistakes, through the real loaders and shipped files.
+TEST(ConfigFiles, MistakesNameWhatWasMeant) {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  ASSERT_NE(source, nullptr) << "run through ctest (STRIDER_SOURCE_DIR)";
+  fs::current_path(source);
+  std::string text = ReadFile("configs/actor/calculator_tiny.yaml");
+  const size_t model = text.find("\n  model: ");
+  ASSERT_NE(model, std::string::npos);
+  text.replace(model, 10, "\n  modle: ");
+  const std::string misspelt = ::testing::TempDir() + "/strider_misspelt_actor.yaml";
+  std::ofstream(misspelt) << text;
+  Result<actors::ActorOptions> actor = actors::LoadActorConfig(misspelt);
+  ASSERT_FALSE(actor.ok());
+  EXPECT_NE(actor.status().message().find("actor.model: is required but missing"),
+            std::string::npos)
+      << actor.status().ToString();
+  EXPECT_NE(actor.status().message().find(":5: actor.modle: unknown key (did you mean model?)"),
+            std::string::npos)
+      << actor.status().ToString();
+
+  Result<PretrainConfig> pretrain = LoadPretrainConfig("configs/model/tiny.yaml");
+  ASSERT_FALSE(pretrain.ok());
+  EXPECT_NE(pretrain.status().message().find(
+                "model_config: is required but missing: this is a model config (it has a "
+                "model: section); --config takes a pretraining config (configs/pretrain/"),
+            std::string::npos)
+      << pretrain.status().ToString();
+}
+
+}  // namespace
+}  // namespace strider
