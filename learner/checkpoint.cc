@@ -23,6 +23,24 @@ Status SyncPath(const std::string& path) {
   return result == 0 ? Status::Ok() : Status::IoError("cannot sync " + path);
 }
 
+// WriteCheckpoint swaps directories in two renames (<dir> to <dir>.old, then <dir>.tmp to <dir>);
+// a crash between them leaves no <dir>, with the previous checkpoint whole in <dir>.old (its files
+// were synced before). Moving it back restores the "previous or new" promise.
+Status RecoverInterruptedSwap(const std::string& directory) {
+  namespace fs = std::filesystem;
+  const std::string previous = directory + ".old";
+  std::error_code error;
+  if (fs::exists(directory, error) || !fs::exists(previous + "/state.json", error)) {
+    return Status::Ok();
+  }
+  fs::rename(previous, directory, error);
+  if (error) {
+    return Status::IoError("cannot restore interrupted checkpoint " + previous + ": " +
+                           error.message());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string CheckpointModelPath(const std::string& directory) {
@@ -37,6 +55,8 @@ Status WriteCheckpoint(const std::string& directory, const Model& model, const A
   namespace fs = std::filesystem;
   const std::string temporary = directory + ".tmp";
   const std::string previous = directory + ".old";
+  // Before <dir>.old is removed below: it may be the only whole checkpoint left.
+  STRIDER_RETURN_IF_ERROR(RecoverInterruptedSwap(directory));
   std::error_code error;
   fs::remove_all(temporary, error);
   fs::create_directories(temporary, error);
@@ -77,6 +97,7 @@ Status WriteCheckpoint(const std::string& directory, const Model& model, const A
 }
 
 Result<CheckpointState> ReadCheckpointState(const std::string& directory) {
+  STRIDER_RETURN_IF_ERROR(RecoverInterruptedSwap(directory));
   const std::string path = directory + "/state.json";
   std::ifstream in(path);
   if (!in) return Status::NotFound("no checkpoint state at " + path);

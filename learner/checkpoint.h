@@ -3,7 +3,9 @@
 //   optimizer.safetensors  AdamW moments and step (absent for a weights-only checkpoint)
 //   state.json             where training stands: stage, step, tokens, data position, seeds
 // A checkpoint is written into "<dir>.tmp", every file fsynced, then renamed over <dir>, so a
-// crash leaves the previous checkpoint or the new one, never a mixture.
+// crash leaves the previous checkpoint or the new one, never a mixture. A crash between the two
+// renames of the swap leaves the previous one in "<dir>.old"; ReadCheckpointState and the next
+// WriteCheckpoint move it back first.
 #pragma once
 
 #include <cstdint>

@@ -279,6 +279,35 @@ TEST(Checkpoint, AWriteKilledMidFileLeavesThePreviousOneWhole) {
   ExpectSameWeights(**loaded, CloneTensors(*trained.model));
 }
 
+// A crash between the swap's two renames leaves only "<dir>.old": readers restore it, and the
+// next write must not delete it before its own files are whole.
+TEST(Checkpoint, ACrashBetweenTheSwapsRenamesLeavesThePreviousOneReadable) {
+  ConfigureRuntime(1);
+  const std::string dir = TempDir("checkpoint_swap");
+  const std::string checkpoint = dir + "/ck";
+  Trained trained(5);
+  trained.Step();
+  ASSERT_TRUE(
+      WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(), StateAtStep(7)).ok());
+  const std::vector<std::pair<std::string, at::Tensor>> old_weights = CloneTensors(*trained.model);
+  fs::rename(checkpoint, checkpoint + ".old");  // the state right after the first rename
+
+  Result<CheckpointState> state = ReadCheckpointState(checkpoint);
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  EXPECT_EQ(state->step, 7);
+  Result<std::unique_ptr<Model>> loaded =
+      Model::Load(TinyConfig(), CheckpointModelPath(checkpoint));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ExpectSameWeights(**loaded, old_weights);
+
+  fs::rename(checkpoint, checkpoint + ".old");
+  trained.Step();
+  ASSERT_TRUE(
+      WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(), StateAtStep(8)).ok());
+  EXPECT_EQ(ReadCheckpointState(checkpoint)->step, 8);
+  EXPECT_FALSE(fs::exists(checkpoint + ".old"));
+}
+
 // Gradients of every trainable tensor after one backward of `options`' loss.
 std::vector<at::Tensor> Gradients(Model& model, const TokenBatch& batch,
                                   const LossOptions& options, double* loss) {
