@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/config.h"
+#include "common/transport/zmq_util.h"
 #include "replay/server_impl.h"
 
 namespace strider::replay {
@@ -46,7 +47,10 @@ Status CompleteAndCheckOptions(ServerOptions& options) {
   if (options.learner_endpoint.empty()) {
     options.learner_endpoint = DeriveLearnerEndpoint(options.actor_endpoint);
   }
-  return Status::Ok();
+  STRIDER_RETURN_IF_ERROR(
+      transport::CheckEndpoint(options.actor_endpoint).WithContext("replay server: actor endpoint"));
+  return transport::CheckEndpoint(options.learner_endpoint)
+      .WithContext("replay server: learner endpoint");
 }
 
 }  // namespace internal
