@@ -75,11 +75,7 @@ void ServerImpl::HandleActorMessage(const std::string& identity,
     case schema::MessageKind::kSegment:
       break;
     default:
-      Reject(actor_socket_, identity,
-             Status::InvalidArgument(std::string(schema::reject::kUnexpected) + ": " +
-                                     std::string(schema::MessageKindName(message->kind)) +
-                                     " is not accepted on the actor endpoint"),
-             nullptr);
+      Reject(actor_socket_, identity, NotAccepted(message->kind, "actor"), nullptr);
       return;
   }
   SegmentFacts& segment = message->segment_facts;
@@ -95,10 +91,7 @@ void ServerImpl::HandleActorMessage(const std::string& identity,
                   [&](const TableConfig& t) { return t.name == table; });
   const schema::SegmentKey key = segment.key;
   if (!known_table) {
-    Reject(actor_socket_, identity,
-           Status::InvalidArgument(std::string(schema::reject::kUnexpected) +
-                                   ": no table named '" + table + "'"),
-           &key);
+    Reject(actor_socket_, identity, NoTable(table), &key);
     return;
   }
   uint64_t& in_flight = in_flight_bytes_[identity];

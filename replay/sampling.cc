@@ -43,8 +43,7 @@ schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Sta
     std::lock_guard<std::mutex> lock(state_mutex_);
     Table* table = FindTable(request.table);
     if (table == nullptr) {
-      *error = Status::InvalidArgument(std::string(schema::reject::kUnexpected) +
-                                       ": no table named '" + request.table + "'");
+      *error = NoTable(request.table);
       return reply;
     }
     const std::string& name = table->config().name;
@@ -133,8 +132,7 @@ Status ServerImpl::UpdatePriorities(const schema::PriorityUpdate& update) {
   std::lock_guard<std::mutex> lock(state_mutex_);
   Table* table = FindTable(update.table);
   if (table == nullptr) {
-    return Status::InvalidArgument(std::string(schema::reject::kUnexpected) +
-                                   ": no table named '" + update.table + "'");
+    return NoTable(update.table);
   }
   if (table->config().sampler.kind != SamplerKind::kPrioritized) {
     return Status::InvalidArgument(std::string(schema::reject::kUnexpected) + ": table '" +
@@ -193,11 +191,7 @@ void ServerImpl::HandleLearnerFrame(const std::string& identity, const zmq::mess
       return;
     }
     default:
-      Reject(learner_socket_, identity,
-             Status::InvalidArgument(std::string(schema::reject::kUnexpected) + ": " +
-                                     std::string(schema::MessageKindName(message->kind)) +
-                                     " is not accepted on the learner endpoint"),
-             nullptr);
+      Reject(learner_socket_, identity, NotAccepted(message->kind, "learner"), nullptr);
   }
 }
 

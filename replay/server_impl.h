@@ -111,6 +111,19 @@ class LatencyWindow {
   size_t next_ = 0;
 };
 
+// Rejects for a message an endpoint does not take and for a table the server does not have:
+// the same reason and wording on both endpoints.
+inline Status NotAccepted(schema::MessageKind kind, std::string_view endpoint) {
+  return Status::InvalidArgument(std::string(schema::reject::kUnexpected) + ": " +
+                                 std::string(schema::MessageKindName(kind)) +
+                                 " is not accepted on the " + std::string(endpoint) +
+                                 " endpoint");
+}
+inline Status NoTable(const std::string& name) {
+  return Status::InvalidArgument(std::string(schema::reject::kUnexpected) + ": no table named '" +
+                                 name + "'");
+}
+
 // Fills in what the options leave to the server (the learner endpoint, the default table) and
 // checks what Start would otherwise find only after opening the store: the endpoints, the limits,
 // the table names (server_config.cc).
