@@ -101,8 +101,10 @@ void ConfigureServerProcessMemory();
 
 class ReplayServer {
  public:
-  // Opens (or creates) the store at options.db_path, rebuilds the tables from it, binds both
-  // endpoints and starts serving on background threads.
+  // Checks the options (limits, table names, both endpoints' form), then opens (or creates) the
+  // store at options.db_path, rebuilds the tables from it, binds both endpoints and starts
+  // serving on background threads. Options refused by the check leave nothing on disk; a bind
+  // that fails later (an address in use) comes after the store is open.
   static Result<std::unique_ptr<ReplayServer>> Start(ServerOptions options);
 
   virtual ~ReplayServer() = default;  // stops the server

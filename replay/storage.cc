@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
 
 #include <rocksdb/table.h>
 
@@ -324,6 +326,200 @@ Status Store::MigrateSamplingState() {
   // the same values again.
   STRIDER_RETURN_IF_ERROR(WriteSampling(&copy));
   return Write(&erase);
+}
+
+}  // namespace strider::replay
+
+namespace strider::replay {
+namespace {
+
+// The summaries of the trajectories one batch changes: each read from the store once, changed
+// for every segment of the batch, and written into the batch once.
+class SummaryEdits {
+ public:
+  explicit SummaryEdits(const Store& store) : store_(store) {}
+
+  // A summary that cannot be read or decoded is an error when `strict`; otherwise it starts
+  // again from nothing (ingest never refuses segments over a damaged summary; `verify` reports
+  // the mismatch), as a trajectory seen for the first time does.
+  Result<schema::TrajectorySummary*> For(std::string_view trajectory, bool strict) {
+    auto it = summaries_.find(trajectory);
+    if (it != summaries_.end()) return &it->second;
+    schema::TrajectorySummary summary;
+    Result<std::optional<std::string>> existing = store_.Get(store_.trajectories(), trajectory);
+    if (strict && !existing.ok()) return existing.status();
+    if (existing.ok() && existing->has_value()) {
+      Result<schema::TrajectorySummary> decoded = schema::DecodeTrajectorySummary(**existing);
+      if (strict && !decoded.ok()) return decoded.status();
+      if (decoded.ok()) summary = *decoded;
+    }
+    return &summaries_.emplace(std::string(trajectory), summary).first->second;
+  }
+
+  // A summary counting no segment is deleted: its trajectory is gone from the store.
+  void WriteInto(rocksdb::WriteBatch& batch) const {
+    for (const auto& [trajectory, summary] : summaries_) {
+      if (summary.segments_stored == 0) {
+        batch.Delete(store_.trajectories(), trajectory);
+      } else {
+        batch.Put(store_.trajectories(), trajectory, schema::EncodeTrajectorySummary(summary));
+      }
+    }
+  }
+
+ private:
+  const Store& store_;
+  std::map<std::string, schema::TrajectorySummary, std::less<>> summaries_;  // by id bytes
+};
+
+void AddSegment(const schema::SegmentFacts& facts, uint64_t now_ms,
+                schema::TrajectorySummary& s) {
+  if (s.segments_stored == 0) {
+    s.trajectory_id = facts.key.trajectory;
+    s.first_insert_unix_ms = now_ms;
+    s.min_policy_version = facts.min_policy_version;
+  }
+  s.env = facts.env;
+  s.table = facts.table;
+  s.min_policy_version = s.segments_stored == 0
+                             ? facts.min_policy_version
+                             : std::min(s.min_policy_version, facts.min_policy_version);
+  s.max_policy_version = std::max(s.max_policy_version, facts.max_policy_version);
+  s.segments_stored += 1;
+  s.tokens += facts.tokens;
+  s.steps += facts.steps;
+  s.process_reward_sum += facts.process_reward_sum;
+  if (facts.is_last) {
+    s.complete = true;
+    s.outcome_reward = facts.outcome_reward;
+  }
+}
+
+void RemoveSegment(const IndexRecord& record, schema::TrajectorySummary& s) {
+  s.segments_stored -= std::min<uint32_t>(s.segments_stored, 1);
+  s.tokens -= std::min(s.tokens, record.tokens);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SegmentWriter>> Store::NewSegmentWriter(
+    int slot, const std::vector<std::string>& tables, size_t batch_reserve_bytes) {
+  std::unique_ptr<SegmentWriter> writer(new SegmentWriter(this, slot, batch_reserve_bytes));
+  for (const std::string& table : tables) {
+    STRIDER_ASSIGN_OR_RETURN(writer->inserts_[table],
+                             GetCounter(meta::TableInsertsSlot(table, slot)));
+  }
+  return writer;
+}
+
+Status SegmentWriter::Write(const std::vector<SegmentInsert>& segments, uint64_t now_unix_ms) {
+  if (segments.empty()) return Status::Ok();
+  rocksdb::WriteBatch& batch = *batch_;
+  batch.Clear();
+  SummaryEdits summaries(*store_);
+  std::map<std::string, uint64_t> inserts;  // by table, in this group
+  std::vector<std::string> sequence_prefixes;  // the 8-byte prefixes must outlive Write
+  sequence_prefixes.reserve(segments.size());
+  for (const SegmentInsert& segment : segments) {
+    const schema::SegmentFacts& facts = *segment.facts;
+    sequence_prefixes.push_back(EncodeU64(segment.sequence));
+    // The segment value is the sequence number followed by the envelope as received;
+    // SliceParts avoids concatenating megabytes.
+    rocksdb::Slice key_slice(segment.store_key.data(), segment.store_key.size());
+    rocksdb::Slice value_parts[2] = {
+        rocksdb::Slice(sequence_prefixes.back()),
+        rocksdb::Slice(segment.envelope.data(), segment.envelope.size())};
+    batch.Put(store_->segments(), rocksdb::SliceParts(&key_slice, 1),
+              rocksdb::SliceParts(value_parts, 2));
+    IndexRecord record;
+    record.key = facts.key;
+    record.min_policy_version = facts.min_policy_version;
+    record.max_policy_version = facts.max_policy_version;
+    record.bytes = segment.envelope.size();
+    record.tokens = facts.tokens;
+    record.insert_unix_ms = now_unix_ms;
+    record.table = facts.table;
+    batch.Put(store_->sequence(), SequenceKey(segment.sequence), EncodeIndexRecord(record));
+    // The caller holds the trajectory, so the stored summary is the latest one.
+    Result<schema::TrajectorySummary*> summary =
+        summaries.For(facts.key.trajectory.View(), /*strict=*/false);
+    if (!summary.ok()) return summary.status();
+    AddSegment(facts, now_unix_ms, **summary);
+    inserts[facts.table] += 1;
+  }
+  summaries.WriteInto(batch);
+  // This writer's own counter slots: only it writes them, one batch after another, so each
+  // slot is exact whatever order the writers' batches reach the log in.
+  for (const auto& [table, count] : inserts) {
+    batch.Put(store_->meta(), meta::TableInsertsSlot(table, slot_),
+              EncodeU64(inserts_[table] + count));
+  }
+  batch.Put(store_->meta(), meta::NextSequenceSlot(slot_),
+            EncodeU64(segments.back().sequence + 1));
+  Status status = store_->Write(&batch);
+  if (batch.GetDataSize() > 2 * batch_reserve_bytes_) {
+    // An outsized segment grew it: do not keep that much memory per writer.
+    batch_ = std::make_unique<rocksdb::WriteBatch>(batch_reserve_bytes_);
+  }
+  if (!status.ok()) return status;
+  for (const auto& [table, count] : inserts) inserts_[table] += count;
+  return Status::Ok();
+}
+
+Status Store::WriteTableDefinitions(
+    const std::vector<std::pair<std::string, std::string>>& tables) {
+  rocksdb::WriteBatch batch;
+  for (const auto& [name, definition] : tables) {
+    batch.Put(meta(), meta::TableDefinition(name), definition);
+  }
+  return Write(&batch);
+}
+
+Status Store::DeleteSegments(const std::vector<std::pair<uint64_t, IndexRecord>>& records) {
+  rocksdb::WriteBatch batch;
+  SummaryEdits summaries(*this);
+  for (const auto& [sequence, record] : records) {
+    batch.Delete(segments(), SegmentStoreKey(record.key));
+    batch.Delete(this->sequence(), SequenceKey(sequence));
+    STRIDER_ASSIGN_OR_RETURN(schema::TrajectorySummary * summary,
+                             summaries.For(record.key.trajectory.View(), /*strict=*/true));
+    RemoveSegment(record, *summary);
+  }
+  summaries.WriteInto(batch);
+  return Write(&batch);
+}
+
+Status Store::ForgetSampling(const std::vector<uint64_t>& sequences) {
+  rocksdb::WriteBatch batch;
+  for (uint64_t sequence : sequences) {
+    batch.Delete(meta::TimesSampled(sequence));
+    batch.Delete(meta::Priority(sequence));
+  }
+  return WriteSampling(&batch);
+}
+
+Status Store::RecordDraw(const DrawRecord& draw) {
+  rocksdb::WriteBatch batch;
+  std::string encoded;
+  for (size_t i = 0; i < draw.items.size(); ++i) {
+    encoded += EncodeU64(draw.items[i]);
+    batch.Put(meta::TimesSampled(draw.items[i]), EncodeU64(draw.times_sampled[i]));
+  }
+  batch.Put(meta::Draw(draw.table, draw.learner, draw.step), encoded);
+  batch.Put(meta::LearnerState(draw.table, draw.learner),
+            EncodeU64(draw.step) + EncodeU64(draw.fifo_position));
+  batch.Put(meta::TableSamples(draw.table), EncodeU64(draw.table_samples));
+  if (draw.forget_step > 0) batch.Delete(meta::Draw(draw.table, draw.learner, draw.forget_step));
+  return WriteSampling(&batch);
+}
+
+Status Store::WritePriorities(const std::vector<std::pair<uint64_t, double>>& priorities) {
+  rocksdb::WriteBatch batch;
+  for (const auto& [sequence, priority] : priorities) {
+    batch.Put(meta::Priority(sequence),
+              std::string(reinterpret_cast<const char*>(&priority), sizeof(double)));
+  }
+  return WriteSampling(&batch);
 }
 
 }  // namespace strider::replay

@@ -24,10 +24,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
@@ -86,6 +89,36 @@ std::string LearnerState(const std::string& table, const std::string& learner);
 std::string Draw(const std::string& table, const std::string& learner, uint64_t step);
 }  // namespace meta
 
+// One segment for SegmentWriter::Write. The views must stay valid until Write returns.
+struct SegmentInsert {
+  uint64_t sequence = 0;
+  std::string_view store_key;  // SegmentStoreKey(facts->key)
+  std::string_view envelope;   // the bytes as received: what the store keeps
+  const schema::SegmentFacts* facts = nullptr;  // facts->table names the table (not empty)
+};
+
+// One answered sample step of a learner, for Store::RecordDraw.
+struct DrawRecord {
+  std::string table;
+  std::string learner;
+  uint64_t step = 0;
+  std::vector<uint64_t> items;
+  std::vector<uint32_t> times_sampled;  // per item, after this draw
+  uint64_t fifo_position = 0;           // the learner's position after this draw
+  uint64_t table_samples = 0;           // the table's sample counter after this draw
+  uint64_t forget_step = 0;             // a step whose draw is no longer kept; 0: none
+};
+
+class SegmentWriter;
+
+// Threads: Open and the destructor must not overlap any other call. Everything else may be
+// called from several threads at once (RocksDB orders the writes), with two caveats the caller
+// keeps:
+//   - a trajectory's summary is read, changed and written back by SegmentWriter::Write and
+//     DeleteSegments, so calls touching the same trajectory must not overlap (the server holds
+//     a trajectory while one of them runs);
+//   - NextSequence and TableInserts add up the writer slots: exact only while no SegmentWriter
+//     writes (the server reads them before its writers start).
 class Store {
  public:
   // Creates the store and its column families when absent (read-write only).
@@ -98,8 +131,6 @@ class Store {
   rocksdb::ColumnFamilyHandle* meta() const { return handles_[4]; }
   rocksdb::DB* db() const { return db_.get(); }
 
-  // Writes with the write-ahead log: when this returns OK the batch survives kill -9.
-  Status Write(rocksdb::WriteBatch* batch);
   // nullopt when absent.
   Result<std::optional<std::string>> Get(rocksdb::ColumnFamilyHandle* family,
                                          std::string_view key) const;
@@ -114,12 +145,30 @@ class Store {
 
   // The sampling store (see the top of this file). In a read-only store opened before any
   // server created it, reads find nothing.
-  Status WriteSampling(rocksdb::WriteBatch* batch);
   Result<std::optional<std::string>> GetSampling(std::string_view key) const;
   std::unique_ptr<rocksdb::Iterator> ScanSampling() const;  // null when there is none
   Result<uint64_t> GetSamplingCounter(std::string_view key) const;
-  // Moves sampling state that older versions kept in `meta` into the sampling store.
+  // Moves sampling state that older versions kept in `meta` into the sampling store. At start-up,
+  // before any other sampling write.
   Status MigrateSamplingState();
+
+  // The writer of one counter slot (see the top of this file); it reads the slot's counters of
+  // `tables` now. At most one writer per slot may exist at a time.
+  Result<std::unique_ptr<SegmentWriter>> NewSegmentWriter(int slot,
+                                                         const std::vector<std::string>& tables,
+                                                         size_t batch_reserve_bytes);
+  // Table definitions (name, TableConfigJson) into `meta`, in one write.
+  Status WriteTableDefinitions(const std::vector<std::pair<std::string, std::string>>& tables);
+  // Deletes segments with their index entries and updates (or, at zero segments, deletes) their
+  // trajectories' summaries, in one write. Their sampling state stays: ForgetSampling.
+  Status DeleteSegments(const std::vector<std::pair<uint64_t, IndexRecord>>& records);
+  // Deletes the times-sampled counts and priorities of these sequence numbers.
+  Status ForgetSampling(const std::vector<uint64_t>& sequences);
+  // A sample step's durable record: the draw, the learner's position, the times-sampled counts
+  // and the table's sample counter in one write to the sampling store.
+  Status RecordDraw(const DrawRecord& draw);
+  // Stores priorities (sequence, priority) in the sampling store, in one write.
+  Status WritePriorities(const std::vector<std::pair<uint64_t, double>>& priorities);
 
   const std::string& path() const { return path_; }
 
@@ -127,12 +176,41 @@ class Store {
   static rocksdb::Options MakeOptions(const StoreOptions& options);
 
  private:
+  friend class SegmentWriter;
   Store() = default;
+  // Writes with the write-ahead log: when this returns OK the batch survives kill -9. Every
+  // batch is built here, so what belongs together is written together.
+  Status Write(rocksdb::WriteBatch* batch);
+  Status WriteSampling(rocksdb::WriteBatch* batch);
   std::string path_;
   StoreOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // default, then the four above
   std::unique_ptr<rocksdb::DB> sampling_;
+};
+
+// Writes groups of segments for one counter slot: each segment with its index entry, its
+// trajectory's summary and the slot's counters, in one batch with the write-ahead log. The batch
+// is kept between groups (reserved once, so building one neither regrows nor touches fresh
+// pages). One thread at a time; writers of different slots may write concurrently.
+class SegmentWriter {
+ public:
+  // Nothing of the group is durable unless OK; the slot's counters then count it. The caller
+  // holds the segments' trajectories (see Store) and has checked that no key is stored yet.
+  Status Write(const std::vector<SegmentInsert>& segments, uint64_t now_unix_ms);
+
+ private:
+  friend class Store;
+  SegmentWriter(Store* store, int slot, size_t batch_reserve_bytes)
+      : store_(store),
+        slot_(slot),
+        batch_reserve_bytes_(batch_reserve_bytes),
+        batch_(std::make_unique<rocksdb::WriteBatch>(batch_reserve_bytes)) {}
+  Store* store_;
+  int slot_;
+  size_t batch_reserve_bytes_;
+  std::unique_ptr<rocksdb::WriteBatch> batch_;
+  std::map<std::string, uint64_t> inserts_;  // by table, as counted in this slot
 };
 
 Status FromRocks(const rocksdb::Status& status, std::string_view what);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -242,6 +243,15 @@ TEST(ReplayProcess, BadConfigIsAUsageErrorNamingTheKey) {
   ASSERT_TRUE(server.Start({StriderBinary(), "replay", "serve", "--db", dir.Sub("db"), "--bind",
                             "tcp://127.0.0.1:0", "--config", config}));
   EXPECT_EQ(server.Wait(), 2);
+}
+
+TEST(ReplayProcess, BadBindIsAUsageErrorAndCreatesNoStore) {
+  TempDir dir;
+  ChildProcess server;
+  ASSERT_TRUE(server.Start({StriderBinary(), "replay", "serve", "--db", dir.Sub("db"), "--bind",
+                            "garbage://"}));
+  EXPECT_EQ(server.Wait(), 2);
+  EXPECT_FALSE(std::filesystem::exists(dir.Sub("db")));
 }
 
 }  // namespace

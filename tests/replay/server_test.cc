@@ -76,6 +76,33 @@ std::unique_ptr<LearnerClient> Learner(const ReplayServer& server, const std::st
   return client.ok() ? std::move(*client) : nullptr;
 }
 
+TEST(ReplayServer, UnusableOptionsAreRefusedBeforeTheStoreIsCreated) {
+  TempDir dir;
+  struct Case {
+    const char* what;
+    void (*spoil)(ServerOptions&);
+  };
+  const Case cases[] = {
+      {"actor endpoint", [](ServerOptions& o) { o.actor_endpoint = "garbage://"; }},
+      {"learner endpoint", [](ServerOptions& o) { o.learner_endpoint = "garbage://"; }},
+      {"actor endpoint without a port", [](ServerOptions& o) {
+         o.actor_endpoint = "tcp://127.0.0.1";
+         o.learner_endpoint.clear();  // derived from the actor endpoint
+       }},
+      {"credit below the message limit", [](ServerOptions& o) { o.credit_bytes = 1; }},
+      {"two tables of one name", [](ServerOptions& o) { o.tables.resize(2); }},
+  };
+  for (const Case& c : cases) {
+    ServerOptions options = Options(dir);
+    c.spoil(options);
+    Result<std::unique_ptr<ReplayServer>> server = ReplayServer::Start(options);
+    ASSERT_FALSE(server.ok()) << c.what;
+    EXPECT_EQ(server.status().code(), StatusCode::kInvalidArgument)
+        << c.what << ": " << server.status().ToString();
+    EXPECT_FALSE(std::filesystem::exists(options.db_path)) << c.what;
+  }
+}
+
 TEST(ReplayServer, ConcurrentActorsArriveOnceEachInAConsistentIndex) {
   TempDir dir;
   auto server = StartServer(Options(dir));

@@ -1,0 +1,263 @@
+// The replay server's implementation, shared by the files that hold its stages:
+//   server.cc     start-up (validation, recovery), shutdown, stats
+//   ingest.cc     the actor thread and the writer threads
+//   retention.cc  deleting the oldest segments while a table's bounds are exceeded
+//   sampling.cc   the learner thread: samples, priorities, stats requests
+// Private to replay/: clients use replay/replay.h.
+//
+// Threads and what they own:
+//   actor thread    the actor ROUTER socket and a PULL socket the writer wakes it with; decodes
+//                   and validates every frame, enforces credit, queues segments, sends acks
+//   writer threads  (writer_threads of them) each take a group of queued segments, write it
+//                   with their SegmentWriter (one batch with the log), publish it to the tables,
+//                   apply retention, and hand completed keys back to the actor thread for acking.
+//                   Several writers let RocksDB merge their batches into one log write and insert
+//                   into the memtable in parallel, as it does for several threads calling Put.
+//   learner thread  the learner ROUTER socket; samples, updates priorities, answers stats
+// Writers run concurrently, and RocksDB may put their batches into the log in any order, so:
+//   - a trajectory is in at most one batch in flight (busy_trajectories_): its summary is
+//     read, updated and written by one writer at a time, never overwritten by an older value;
+//   - batches are published to the tables in the order of their sequence numbers (tickets),
+//     so a fifo learner's position never passes a segment that is still being written;
+//   - counters are per writer (meta::NextSequenceSlot, meta::TableInsertsSlot).
+// The tables and the learners' sampling state are shared between writer and learner threads
+// under state_mutex_. A sample's durable record is written while holding it, so retention can
+// never delete a segment between a draw being chosen and the draw being recorded; it goes to
+// the sampling store's own log (replay/storage.h), so it never queues behind segment batches.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "common/schema/messages.h"
+#include "common/status.h"
+#include "common/transport/zmq_util.h"
+#include "replay/replay.h"
+#include "replay/storage.h"
+#include "replay/table.h"
+
+namespace strider::replay::internal {
+
+using Clock = std::chrono::steady_clock;
+
+inline uint64_t NowUnixMs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// What the writer needs of a segment besides its bytes: read while it was validated in place.
+using schema::SegmentFacts;
+
+struct PendingSegment {
+  std::string identity;
+  // The frame it arrived in (shared by the segments batched in one frame) and its envelope there:
+  // the bytes the store keeps.
+  std::shared_ptr<const zmq::message_t> received;
+  std::string_view envelope;
+  SegmentFacts facts;
+};
+
+struct Completion {
+  std::string identity;
+  schema::SegmentKey key;
+  uint64_t bytes = 0;
+  std::string error;  // non-empty: the write failed, send an error instead of an ack
+};
+
+struct LearnerState {
+  uint64_t last_step = 0;
+  uint64_t fifo_position = 0;
+};
+
+class LatencyWindow {
+ public:
+  void Add(double ms) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (samples_.size() < kSize) {
+      samples_.push_back(ms);
+    } else {
+      samples_[next_] = ms;
+    }
+    next_ = (next_ + 1) % kSize;
+  }
+  std::pair<double, double> P50P99() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (samples_.empty()) return {0, 0};
+    std::vector<double> sorted = samples_;
+    std::sort(sorted.begin(), sorted.end());
+    auto at = [&](double q) { return sorted[std::min(sorted.size() - 1,
+                                                     static_cast<size_t>(q * sorted.size()))]; };
+    return {at(0.50), at(0.99)};
+  }
+
+ private:
+  static constexpr size_t kSize = 4096;
+  std::mutex mutex_;
+  std::vector<double> samples_;
+  size_t next_ = 0;
+};
+
+// Rejects for a message an endpoint does not take and for a table the server does not have:
+// the same reason and wording on both endpoints.
+inline Status NotAccepted(schema::MessageKind kind, std::string_view endpoint) {
+  return Status::InvalidArgument(std::string(schema::reject::kUnexpected) + ": " +
+                                 std::string(schema::MessageKindName(kind)) +
+                                 " is not accepted on the " + std::string(endpoint) +
+                                 " endpoint");
+}
+inline Status NoTable(const std::string& name) {
+  return Status::InvalidArgument(std::string(schema::reject::kUnexpected) + ": no table named '" +
+                                 name + "'");
+}
+
+// Fills in what the options leave to the server (the learner endpoint, the default table) and
+// checks what Start would otherwise find only after opening the store: the endpoints, the limits,
+// the table names (server_config.cc).
+Status CompleteAndCheckOptions(ServerOptions& options);
+
+class ServerImpl : public ReplayServer {
+ public:
+  explicit ServerImpl(ServerOptions options) : options_(std::move(options)) {
+    limits_.max_message_bytes = options_.max_message_bytes;
+    limits_.max_token_id = options_.max_token_id;
+    std::random_device device;
+    instance_ = (uint64_t{device()} << 32) ^ device() ^ NowUnixMs();
+  }
+  ~ServerImpl() override { Stop(); }
+
+  Status Init();
+  std::string actor_endpoint() const override { return actor_endpoint_; }
+  std::string learner_endpoint() const override { return learner_endpoint_; }
+  std::string StatsJson() override;
+  void Stop() override;
+
+ private:
+  Status Recover();
+  void ActorLoop();
+  void WriterLoop(int slot);
+  // Takes up to write_batch_bytes of queued segments whose trajectories no other writer holds
+  // and marks those trajectories busy. Requires queue_mutex_.
+  std::vector<PendingSegment> TakeGroup(std::vector<std::string>* trajectories);
+  void ReleaseTrajectories(const std::vector<std::string>& trajectories);
+  void LearnerLoop();
+
+  void HandleActorFrame(const std::string& identity, zmq::message_t frame);
+  void HandleActorMessage(const std::string& identity,
+                          const std::shared_ptr<const zmq::message_t>& received,
+                          std::string_view bytes);
+  void SendActor(const std::string& identity, const std::string& frame);
+  // The credit an actor connection gets: its bytes in flight, and batched frames up to the
+  // message size limit.
+  std::string CreditMessage() const {
+    return schema::EncodeCredit({options_.credit_bytes, instance_, limits_.max_message_bytes});
+  }
+  void Reject(zmq::socket_t& socket, const std::string& identity, const Status& status,
+              const schema::SegmentKey* key);
+  void SendAcks();
+
+  void WriteGroup(std::vector<PendingSegment>& group, int slot,
+                  const std::vector<std::string>& trajectories);
+  void ApplyRetention();
+  Status DeleteItems(const std::vector<std::pair<uint64_t, IndexRecord>>& victims);
+
+  void HandleLearnerFrame(const std::string& identity, const zmq::message_t& frame);
+  schema::SampleReply Sample(const schema::SampleRequest& request, Status* error);
+  Status UpdatePriorities(const schema::PriorityUpdate& update);
+  Table* FindTable(const std::string& name);  // empty: the first table; requires state_mutex_
+  Result<LearnerState> LoadLearnerState(const std::string& table, const std::string& learner);
+
+  void CountReject(std::string_view reason) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++rejects_[std::string(reason)];
+  }
+
+  ServerOptions options_;
+  schema::DecodeLimits limits_;
+  uint64_t instance_ = 0;
+  std::unique_ptr<Store> store_;
+  transport::NamedContext actor_context_;  // actor ROUTER, and the wake-up pair (inproc)
+  // The learner socket has its own context, so its own I/O thread: sample requests and replies
+  // never wait behind the actors' megabytes in a shared I/O thread.
+  // Its I/O thread, like the learner thread, is latency-sensitive (transport::MarkLatencySensitive):
+  // on waking it runs ahead of the writers and the actors' I/O instead of waiting out their slices.
+  transport::LatencySensitiveContext learner_context_;
+  zmq::socket_t actor_socket_;
+  zmq::socket_t learner_socket_;
+  zmq::socket_t wake_receiver_;  // actor thread
+  zmq::socket_t wake_sender_;    // writer thread
+  std::string actor_endpoint_;
+  std::string learner_endpoint_;
+  std::thread actor_thread_;
+  std::vector<std::thread> writer_threads_;
+  std::thread learner_thread_;
+  std::atomic<bool> stopping_{false};
+  std::once_flag stop_once_;
+
+  // Actor thread only.
+  std::unordered_map<std::string, uint64_t> in_flight_bytes_;  // by connection identity
+  std::unordered_set<std::string> greeted_;
+
+  // Ingest queue: actor thread -> writer threads. queue_ready_ also signals trajectories
+  // released by a writer.
+  std::mutex queue_mutex_;
+  std::condition_variable queue_ready_;
+  std::deque<PendingSegment> queue_;
+  // Bytes received and not yet written (queued or in a writer's group): max_queued_bytes.
+  std::atomic<uint64_t> queued_bytes_{0};
+  std::unordered_set<std::string> busy_trajectories_;  // in a batch being written
+
+  // Completions: writer threads -> actor thread. Also guards wake_sender_.
+  std::mutex done_mutex_;
+  std::vector<Completion> done_;
+
+  // One per writer slot (only that writer touches it): its batch and its counters.
+  std::vector<std::unique_ptr<SegmentWriter>> segment_writers_;
+
+  // Shared by the writer threads.
+  std::mutex commit_mutex_;
+  std::unordered_map<std::string, uint64_t> stored_keys_;  // segment store key -> sequence
+  uint64_t next_sequence_ = 1;
+  uint64_t next_ticket_ = 0;
+  std::mutex publish_mutex_;
+  std::condition_variable published_;
+  uint64_t next_publish_ = 0;  // the ticket whose batch is published next
+
+  // Shared by writer and learner threads.
+  std::mutex state_mutex_;
+  std::vector<std::unique_ptr<Table>> tables_;
+  std::map<std::pair<std::string, std::string>, LearnerState> learners_;
+
+  // Stats.
+  Clock::time_point started_ = Clock::now();
+  std::atomic<uint64_t> segments_stored_{0};
+  std::atomic<uint64_t> duplicates_{0};
+  std::atomic<uint64_t> bytes_stored_{0};
+  std::atomic<uint64_t> deleted_segments_{0};
+  std::atomic<uint64_t> write_errors_{0};
+  std::atomic<uint64_t> sample_requests_{0};
+  std::atomic<uint64_t> samples_not_ready_{0};
+  std::atomic<uint64_t> samples_replayed_{0};
+  std::atomic<uint64_t> segments_sampled_{0};
+  LatencyWindow sample_latency_;
+  std::mutex stats_mutex_;
+  std::map<std::string, uint64_t> rejects_;
+  Clock::time_point rate_since_ = Clock::now();
+  uint64_t rate_bytes_ = 0;
+  uint64_t rate_segments_ = 0;
+};
+
+}  // namespace strider::replay::internal
