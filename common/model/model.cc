@@ -11,6 +11,7 @@
 #include "common/kernels/routing.h"
 #include "common/model/attention_residuals.h"
 #include "common/model/parameters.h"
+#include "common/model/torch_status.h"
 #include "common/model/vision.h"
 #include "common/process_memory.h"
 #include "common/safetensors.h"
@@ -18,6 +19,7 @@
 
 namespace strider {
 
+using model::Guarded;
 using model::TensorMap;
 
 struct Model::Layers {
@@ -42,19 +44,6 @@ struct Model::Layers {
 };
 
 namespace {
-
-// Runs LibTorch code and turns its exceptions into a Status naming the operation.
-template <typename Function>
-Status Guarded(const char* what, Function&& function) {
-  try {
-    function();
-    return Status::Ok();
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string(what) + ": " + error.what_without_backtrace());
-  } catch (const std::exception& error) {
-    return Status::Internal(std::string(what) + ": " + error.what());
-  }
-}
 
 Result<DType> ToDType(at::ScalarType type) {
   switch (type) {
