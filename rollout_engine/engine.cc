@@ -11,129 +11,20 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 
 #include "common/model/parameters.h"
 #include "common/tokenizer.h"
+#include "common/model/torch_status.h"
 #include "rollout_engine/paged_cache.h"
+#include "rollout_engine/snapshot.h"
 
 namespace strider::rollout {
 namespace {
 
-constexpr char kSnapshotMagic[8] = {'S', 'T', 'R', 'D', 'S', 'N', 'A', 'P'};
-constexpr uint32_t kSnapshotVersion = 1;
-
-// Runs LibTorch code and turns its exceptions into a Status naming the operation.
-template <typename Function>
-auto Guarded(const char* what, Function&& function) -> decltype(function()) {
-  try {
-    return function();
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string(what) + ": " + error.what_without_backtrace());
-  } catch (const std::exception& error) {
-    return Status::Internal(std::string(what) + ": " + error.what());
-  }
-}
-
-// A 64-bit hash over bytes, eight at a time (FNV-style multiply, final avalanche). Used for the
-// state digest and the snapshot checksum; not cryptographic.
-class Hasher {
- public:
-  void Update(const void* data, size_t size) {
-    const unsigned char* bytes = static_cast<const unsigned char*>(data);
-    size_t i = 0;
-    for (; i + 8 <= size; i += 8) {
-      uint64_t word;
-      std::memcpy(&word, bytes + i, 8);
-      state_ = (state_ ^ word) * 0x100000001b3ull;
-      state_ ^= state_ >> 29;
-    }
-    for (; i < size; ++i) state_ = (state_ ^ bytes[i]) * 0x100000001b3ull;
-    total_ += size;
-  }
-  uint64_t Digest() const {
-    uint64_t x = state_ ^ total_;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  }
-
- private:
-  uint64_t state_ = 0xcbf29ce484222325ull;
-  uint64_t total_ = 0;
-};
-
-uint64_t ConfigFingerprint(const ModelConfig& config) {
-  Hasher hasher;
-  for (const ParameterSpec& spec : ModelParameterSpecs(config)) {
-    hasher.Update(spec.name.data(), spec.name.size());
-    hasher.Update(spec.shape.data(), spec.shape.size() * sizeof(int64_t));
-  }
-  hasher.Update(config.cache_dtype.data(), config.cache_dtype.size());
-  return hasher.Digest();
-}
-
-class Writer {
- public:
-  template <typename T>
-  void Put(T value) {
-    out_.append(reinterpret_cast<const char*>(&value), sizeof(T));
-  }
-  void PutBytes(const void* data, size_t size) {
-    out_.append(static_cast<const char*>(data), size);
-  }
-  void PutString(const std::string& text) {
-    Put<uint32_t>(static_cast<uint32_t>(text.size()));
-    out_ += text;
-  }
-  std::string& bytes() { return out_; }
-
- private:
-  std::string out_;
-};
-
-class Reader {
- public:
-  Reader(const char* data, size_t size) : data_(data), size_(size) {}
-  template <typename T>
-  bool Get(T* value) {
-    if (size_ - offset_ < sizeof(T)) return false;
-    std::memcpy(value, data_ + offset_, sizeof(T));
-    offset_ += sizeof(T);
-    return true;
-  }
-  bool GetBytes(void* out, size_t size) {
-    if (size_ - offset_ < size) return false;
-    std::memcpy(out, data_ + offset_, size);
-    offset_ += size;
-    return true;
-  }
-  bool GetString(std::string* text, size_t limit = 1 << 20) {
-    uint32_t size;
-    if (!Get(&size) || size > limit || size_ - offset_ < size) return false;
-    text->assign(data_ + offset_, size);
-    offset_ += size;
-    return true;
-  }
-  size_t remaining() const { return size_ - offset_; }
-
- private:
-  const char* data_;
-  size_t size_;
-  size_t offset_ = 0;
-};
-
-uint8_t DtypeCode(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return 0;
-    case at::kDouble: return 1;
-    case at::kBFloat16: return 2;
-    default: return 255;
-  }
-}
+using model::Guarded;
 
 struct Sequence {
   SequenceId id = 0;
@@ -365,143 +256,43 @@ class EngineImpl final : public Engine {
       return Status::FailedPrecondition("snapshot: sequence " + std::to_string(id) +
                                         " has tokens not yet fed; Step first");
     }
-    Writer writer;
-    writer.PutBytes(kSnapshotMagic, sizeof(kSnapshotMagic));
-    writer.Put<uint32_t>(kSnapshotVersion);
-    writer.PutString(config_.name);
-    writer.Put<uint64_t>(fingerprint_);
-    writer.Put<uint8_t>(sequence->status == SequenceStatus::kGenerating ? 1 : 0);
-    writer.Put<uint64_t>(sequence->logits_version);
-    writer.Put<uint8_t>(sequence->turn.has_value() ? 1 : 0);
-    const SamplingParams params = sequence->turn.value_or(SamplingParams{});
-    writer.Put<double>(params.temperature);
-    writer.Put<int64_t>(params.top_k);
-    writer.Put<double>(params.top_p);
-    writer.Put<int64_t>(params.max_new_tokens);
-    writer.Put<uint32_t>(static_cast<uint32_t>(params.stop_tokens.size()));
-    for (int64_t token : params.stop_tokens) writer.Put<int64_t>(token);
-    writer.Put<uint32_t>(static_cast<uint32_t>(params.stop_strings.size()));
-    for (const std::string& stop : params.stop_strings) writer.PutString(stop);
-    writer.Put<uint64_t>(params.seed);
-    writer.Put<uint8_t>(sequence->release_on_finish ? 1 : 0);
-    writer.Put<uint64_t>(sequence->counter);
-    writer.Put<int64_t>(sequence->generated);
-    writer.PutString(sequence->turn_text);
-    writer.Put<uint32_t>(static_cast<uint32_t>(sequence->next_logits.size()));
-    writer.PutBytes(sequence->next_logits.data(), sequence->next_logits.size() * sizeof(float));
-    std::string state;
+    SnapshotRecord record;
+    record.config_name = config_.name;
+    record.fingerprint = fingerprint_;
+    record.generating = sequence->status == SequenceStatus::kGenerating;
+    record.logits_version = sequence->logits_version;
+    record.turn = sequence->turn;
+    record.release_on_finish = sequence->release_on_finish;
+    record.counter = sequence->counter;
+    record.generated = sequence->generated;
+    record.turn_text = sequence->turn_text;
+    record.next_logits = sequence->next_logits;
     STRIDER_RETURN_IF_ERROR(Guarded("snapshot", [&] {
-      state = SerializeState(*sequence);
+      record.state = SerializeState(*sequence);
       return Status::Ok();
     }));
-    Hasher state_hash;
-    state_hash.Update(state.data(), state.size());
-    writer.Put<uint64_t>(state_hash.Digest());
-    writer.Put<uint64_t>(state.size());
-    writer.PutBytes(state.data(), state.size());
-    Hasher whole;
-    whole.Update(writer.bytes().data(), writer.bytes().size());
-    writer.Put<uint64_t>(whole.Digest());
-    return std::move(writer.bytes());
+    return EncodeSnapshot(record);
   }
 
   Result<SequenceId> Restore(const std::string& bytes) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (bytes.size() < sizeof(kSnapshotMagic) + 12 ||
-        std::memcmp(bytes.data(), kSnapshotMagic, sizeof(kSnapshotMagic)) != 0) {
-      return Status::Corruption("restore: not a Strider sequence snapshot (bad magic)");
-    }
-    {
-      Hasher whole;
-      whole.Update(bytes.data(), bytes.size() - 8);
-      uint64_t stored;
-      std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
-      if (stored != whole.Digest()) {
-        return Status::Corruption("restore: snapshot checksum mismatch (corrupt or truncated)");
-      }
-    }
-    Reader reader(bytes.data() + sizeof(kSnapshotMagic),
-                  bytes.size() - sizeof(kSnapshotMagic) - 8);
-    auto truncated = [] { return Status::Corruption("restore: snapshot is truncated"); };
-    uint32_t version;
-    if (!reader.Get(&version)) return truncated();
-    if (version != kSnapshotVersion) {
-      return Status::Corruption("restore: snapshot format version " + std::to_string(version) +
-                                ", this engine reads version " +
-                                std::to_string(kSnapshotVersion));
-    }
-    std::string name;
-    uint64_t fingerprint;
-    if (!reader.GetString(&name) || !reader.Get(&fingerprint)) return truncated();
-    if (name != config_.name || fingerprint != fingerprint_) {
-      return Status::FailedPrecondition("restore: snapshot of model config '" + name +
-                                        "' does not match this engine's config '" +
-                                        config_.name + "' (names or shapes differ)");
-    }
+    STRIDER_ASSIGN_OR_RETURN(SnapshotRecord record, DecodeSnapshot(bytes, config_, fingerprint_));
     auto sequence = std::make_unique<Sequence>();
-    uint8_t generating, has_turn, release;
-    SamplingParams params;
-    uint32_t stops;
-    if (!reader.Get(&generating) || !reader.Get(&sequence->logits_version) ||
-        !reader.Get(&has_turn) || !reader.Get(&params.temperature) ||
-        !reader.Get(&params.top_k) || !reader.Get(&params.top_p) ||
-        !reader.Get(&params.max_new_tokens) || !reader.Get(&stops) ||
-        stops > reader.remaining() / 8) {
-      return truncated();
-    }
-    params.stop_tokens.resize(stops);
-    for (int64_t& token : params.stop_tokens) {
-      if (!reader.Get(&token)) return truncated();
-    }
-    if (!reader.Get(&stops) || stops > reader.remaining() / 4) return truncated();
-    params.stop_strings.resize(stops);
-    for (std::string& stop : params.stop_strings) {
-      if (!reader.GetString(&stop)) return truncated();
-    }
-    uint32_t vocabulary;
-    if (!reader.Get(&params.seed) || !reader.Get(&release) || !reader.Get(&sequence->counter) ||
-        !reader.Get(&sequence->generated) || !reader.GetString(&sequence->turn_text) ||
-        !reader.Get(&vocabulary)) {
-      return truncated();
-    }
-    if (vocabulary != 0 && vocabulary != config_.vocabulary) {
-      return Status::Corruption("restore: snapshot holds " + std::to_string(vocabulary) +
-                                " logits, the vocabulary has " +
-                                std::to_string(config_.vocabulary));
-    }
-    sequence->next_logits.resize(vocabulary);
-    if (!reader.GetBytes(sequence->next_logits.data(), vocabulary * sizeof(float))) {
-      return truncated();
-    }
-    if (has_turn) {
-      STRIDER_RETURN_IF_ERROR(ValidateSamplingParams(params, config_.vocabulary)
-                                  .WithContext("restore: snapshot's sampling parameters"));
-      sequence->turn = params;
-    }
-    sequence->release_on_finish = release != 0;
-    sequence->status = generating ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
-    if (generating && (!has_turn || vocabulary == 0)) {
-      return Status::Corruption("restore: a generating snapshot without a turn or logits");
-    }
-    uint64_t state_digest, state_size;
-    if (!reader.Get(&state_digest) || !reader.Get(&state_size) ||
-        state_size != reader.remaining()) {
-      return truncated();
-    }
-    std::string state(state_size, '\0');
-    reader.GetBytes(state.data(), state_size);
-    Hasher state_hash;
-    state_hash.Update(state.data(), state.size());
-    if (state_hash.Digest() != state_digest) {
-      return Status::Corruption("restore: state digest mismatch");
-    }
+    sequence->status = record.generating ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
+    sequence->logits_version = record.logits_version;
+    sequence->turn = std::move(record.turn);
+    sequence->release_on_finish = record.release_on_finish;
+    sequence->counter = record.counter;
+    sequence->generated = record.generated;
+    sequence->turn_text = std::move(record.turn_text);
+    sequence->next_logits = std::move(record.next_logits);
     if (static_cast<int64_t>(sequences_.size()) >= options_.max_sequences) {
       return Status::ResourceExhausted("restore: options.max_sequences reached");
     }
     sequence->id = next_id_;
     std::vector<at::Tensor> rows;
     STRIDER_RETURN_IF_ERROR(Guarded("restore", [&] {
-      return DeserializeState(state, sequence.get(), &rows);
+      return DeserializeState(record.state, sequence.get(), &rows);
     }));
     // Admission: its stored rows plus its remaining turn must fit the budget now.
     const int64_t stored_blocks =
@@ -1074,74 +865,32 @@ class EngineImpl final : public Engine {
     return Status::Ok();
   }
 
-  // Length, incremental states and latent rows, in a fixed layout (the digest covers it).
+  // The snapshot's state section (snapshot.h); StateDigest hashes the same bytes.
   std::string SerializeState(const Sequence& sequence) const {
-    Writer writer;
-    writer.Put<int64_t>(sequence.length);
-    auto put_tensor = [&](const at::Tensor& tensor) {
-      at::Tensor contiguous = tensor.contiguous();
-      writer.Put<uint8_t>(DtypeCode(contiguous.scalar_type()));
-      writer.Put<uint32_t>(static_cast<uint32_t>(contiguous.dim()));
-      for (int64_t size : contiguous.sizes()) writer.Put<int64_t>(size);
-      writer.PutBytes(contiguous.data_ptr(), contiguous.nbytes());
-    };
+    SequenceState state;
+    state.length = sequence.length;
     for (int64_t i = 0; i < config_.layers; ++i) {
-      if (kinds_[i] != 'I') continue;
-      put_tensor(sequence.incremental[i].recurrent);
-      put_tensor(sequence.incremental[i].conv_tail);
+      if (kinds_[i] == 'I') state.incremental.push_back(sequence.incremental[i]);
     }
     for (int64_t layer = 0; layer < latent_layers_; ++layer) {
-      put_tensor(cache_.Gather({&sequence.table}, layer, sequence.length)[0]);
+      state.latent_rows.push_back(cache_.Gather({&sequence.table}, layer, sequence.length)[0]);
     }
-    return std::move(writer.bytes());
+    return EncodeState(state);
   }
 
-  Status DeserializeState(const std::string& state, Sequence* sequence,
+  // Sets the sequence's length and incremental states from a snapshot's state section; its
+  // latent rows go to *rows, one (length, d_c + d_rope) per latent layer, for the cache.
+  Status DeserializeState(const std::string& bytes, Sequence* sequence,
                           std::vector<at::Tensor>* rows) const {
-    Reader reader(state.data(), state.size());
-    auto bad = [](const std::string& what) {
-      return Status::Corruption("restore: snapshot state: " + what);
-    };
-    if (!reader.Get(&sequence->length) || sequence->length < 0 ||
-        sequence->length > config_.context) {
-      return bad("bad length");
-    }
-    auto get_tensor = [&](const std::vector<int64_t>& shape, at::ScalarType type,
-                          at::Tensor* out) -> Status {
-      uint8_t code;
-      uint32_t dims;
-      if (!reader.Get(&code) || !reader.Get(&dims)) return bad("truncated");
-      if (code != DtypeCode(type)) return bad("unexpected dtype");
-      if (dims != shape.size()) return bad("unexpected rank");
-      for (int64_t expected : shape) {
-        int64_t size;
-        if (!reader.Get(&size)) return bad("truncated");
-        if (size != expected) return bad("unexpected shape");
-      }
-      *out = at::empty(shape, at::TensorOptions().dtype(type));
-      if (!reader.GetBytes(out->data_ptr(), out->nbytes())) return bad("truncated tensor");
-      return Status::Ok();
-    };
-    const at::ScalarType model_type = model_->dtype();
-    const at::ScalarType state_type = model_type == at::kDouble ? at::kDouble : at::kFloat;
-    const auto& inc = config_.incremental;
+    STRIDER_ASSIGN_OR_RETURN(SequenceState state, DecodeState(bytes, config_, model_->dtype(),
+                                                              cache_.options().dtype));
+    sequence->length = state.length;
     sequence->incremental.resize(config_.layers);
+    size_t next = 0;
     for (int64_t i = 0; i < config_.layers; ++i) {
-      if (kinds_[i] != 'I') continue;
-      STRIDER_RETURN_IF_ERROR(get_tensor({1, inc.heads, inc.key_dim, inc.value_dim}, state_type,
-                                         &sequence->incremental[i].recurrent));
-      STRIDER_RETURN_IF_ERROR(get_tensor(
-          {1, inc.conv_width - 1, inc.heads * (2 * inc.key_dim + inc.value_dim)}, model_type,
-          &sequence->incremental[i].conv_tail));
+      if (kinds_[i] == 'I') sequence->incremental[i] = std::move(state.incremental[next++]);
     }
-    const int64_t width = config_.latent.kv_rank + config_.latent.rope_dim;
-    for (int64_t layer = 0; layer < latent_layers_; ++layer) {
-      at::Tensor layer_rows;
-      STRIDER_RETURN_IF_ERROR(
-          get_tensor({sequence->length, width}, cache_.options().dtype, &layer_rows));
-      rows->push_back(layer_rows);
-    }
-    if (reader.remaining() != 0) return bad("trailing bytes");
+    *rows = std::move(state.latent_rows);
     return Status::Ok();
   }
 
