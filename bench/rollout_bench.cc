@@ -11,7 +11,7 @@
 //                     the hybrid's own non-attention cost at 1K plus, for every layer, full
 //                     attention of one query over a K and V cache of the context, timed here).
 //                     The hybrid's long contexts are synthetic latent rows appended through the
-//                     benchmark-only Engine::FillForBenchmark; the baseline's caches are random.
+//                     benchmark-only rollout::FillForBenchmark; the baseline's caches are random.
 //   products_*        the decode path's in-place products (kernels::MultiplyByTransposed) against
 //                     at::mm on the same operands, per shape of the small config's decode at
 //                     batch 64 (16 rows: one routed expert's share; 64 rows: a joined input
@@ -44,6 +44,7 @@
 #include "common/model/parameters.h"
 #include "common/process_memory.h"
 #include "rollout_engine/engine.h"
+#include "rollout_engine/engine_testing.h"
 
 #ifndef STRIDER_SOURCE_DIR
 #define STRIDER_SOURCE_DIR "."
@@ -305,7 +306,7 @@ std::vector<GrowthPoint> GrowAndTime(const ModelConfig& config, std::vector<int6
 }
 
 // Decode cost per token of one sequence at each context: a real prompt up to the first context,
-// then synthetic latent rows (Engine::FillForBenchmark) up to the next ones.
+// then synthetic latent rows (rollout::FillForBenchmark) up to the next ones.
 std::vector<GrowthPoint> FillAndTime(const ModelConfig& config, std::vector<int64_t> contexts,
                                      int64_t threads) {
   EngineOptions options;
@@ -319,7 +320,7 @@ std::vector<GrowthPoint> FillAndTime(const ModelConfig& config, std::vector<int6
   for (int64_t context : contexts) {
     const int64_t length = Unwrap(engine->Info(id), "info").length;
     if (length < context - 16) {
-      Check(engine->FillForBenchmark(id, context - 16 - length, context), "fill");
+      Check(rollout::FillForBenchmark(engine.get(), id, context - 16 - length, context), "fill");
     }
     const double step_seconds = MedianDecodeStepSeconds(engine.get(), id);
     points.push_back({context, step_seconds, ResidentBytes()});
@@ -392,7 +393,7 @@ void HybridLongContext(int64_t threads) {
                        1e3 * hybrid_points[i].step_seconds, "ms", 1e3 * baseline);
   }
   std::fprintf(stderr,
-               "hybrid contexts past 1K are synthetic latent rows (Engine::FillForBenchmark); the "
+               "hybrid contexts past 1K are synthetic latent rows (rollout::FillForBenchmark); the "
                "baseline's K/V caches are random\n");
 }
 

@@ -18,6 +18,7 @@
 #include "common/model/parameters.h"
 #include "common/tokenizer.h"
 #include "common/model/torch_status.h"
+#include "rollout_engine/engine_testing.h"
 #include "rollout_engine/paged_cache.h"
 #include "rollout_engine/snapshot.h"
 
@@ -345,7 +346,8 @@ class EngineImpl final : public Engine {
     return Status::Ok();
   }
 
-  Status FillForBenchmark(SequenceId id, int64_t tokens, uint64_t seed) override {
+  // engine_testing.h; not part of the Engine interface.
+  Status FillForBenchmark(SequenceId id, int64_t tokens, uint64_t seed) {
     std::lock_guard<std::mutex> lock(mutex_);
     STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "fill for benchmark"));
     if (sequence->status != SequenceStatus::kIdle || !sequence->pending.empty()) {
@@ -947,6 +949,15 @@ RoutingRecord CompactRouting::ToRoutingRecord() const {
     record.layers.push_back(std::move(entry));
   }
   return record;
+}
+
+Status FillForBenchmark(Engine* engine, SequenceId id, int64_t tokens, uint64_t seed) {
+  // Every Engine that Engine::Create returns is an EngineImpl.
+  EngineImpl* impl = dynamic_cast<EngineImpl*>(engine);
+  if (impl == nullptr) {
+    return Status::InvalidArgument("fill for benchmark: not an engine from Engine::Create");
+  }
+  return impl->FillForBenchmark(id, tokens, seed);
 }
 
 double SequenceBytesFormula(const ModelConfig& config, int64_t tokens, int64_t block_tokens) {

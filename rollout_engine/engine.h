@@ -181,15 +181,6 @@ class Engine {
   // same config shapes (FailedPrecondition otherwise). Tokens report the version in force.
   virtual Status SwapWeights(std::shared_ptr<const Model> model, uint64_t policy_version) = 0;
 
-  // Benchmark only: makes an idle sequence `tokens` longer without running the model, by
-  // appending synthetic latent rows (random c_kv with unit root-mean-square as RMSNorm leaves
-  // it, random shared key parts) to its cache. A long context then costs seconds instead of a
-  // quadratic prefill. The rows belong to no token history: incremental states and the
-  // next-token distribution are unchanged and later log-probabilities mean nothing; decode cost
-  // per token does not depend on the cached values, which is what benchmarks measure with it.
-  // Errors as Append (NotFound, FailedPrecondition, OutOfRange, ResourceExhausted).
-  virtual Status FillForBenchmark(SequenceId id, int64_t tokens, uint64_t seed) = 0;
-
   virtual Result<SequenceInfo> Info(SequenceId id) = 0;
   virtual EngineStats Stats() = 0;
   virtual uint64_t policy_version() = 0;

@@ -12,6 +12,7 @@
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/tokenizer.h"
+#include "rollout_engine/engine_testing.h"
 
 namespace strider::rollout {
 namespace {
@@ -504,13 +505,13 @@ TEST(Engine, FillForBenchmarkLengthensAnIdleSequenceWithinTheBudget) {
   options.cache_budget_bytes = 40 * block_bytes;  // 2560 tokens
   std::unique_ptr<Engine> engine = MakeEngine(model, options);
   const SequenceId id = *engine->Submit({Tokens(10, 1), std::nullopt});
-  EXPECT_EQ(engine->FillForBenchmark(id, 100, 1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FillForBenchmark(engine.get(), id, 100, 1).code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(engine->Step().ok());
-  EXPECT_EQ(engine->FillForBenchmark(999, 100, 1).code(), StatusCode::kNotFound);
-  EXPECT_EQ(engine->FillForBenchmark(id, 0, 1).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine->FillForBenchmark(id, config.context, 1).code(), StatusCode::kOutOfRange);
-  EXPECT_EQ(engine->FillForBenchmark(id, 2600, 1).code(), StatusCode::kResourceExhausted);
-  ASSERT_TRUE(engine->FillForBenchmark(id, 2000, 1).ok());
+  EXPECT_EQ(FillForBenchmark(engine.get(), 999, 100, 1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(FillForBenchmark(engine.get(), id, 0, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(FillForBenchmark(engine.get(), id, config.context, 1).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(FillForBenchmark(engine.get(), id, 2600, 1).code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(FillForBenchmark(engine.get(), id, 2000, 1).ok());
   EXPECT_EQ(engine->Info(id)->length, 2010);
   EXPECT_EQ(engine->Info(id)->blocks, (2010 + 63) / 64);
   // Decoding over the filled context works and attends to the synthetic rows.
