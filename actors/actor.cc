@@ -987,19 +987,10 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
   } else {
     STRIDER_ASSIGN_OR_RETURN(model, Model::Load(config, options.weights));
   }
-  rollout::EngineOptions engine_options;
-  engine_options.cache_budget_bytes = options.cache_budget_bytes;
-  engine_options.block_tokens = options.block_tokens;
-  engine_options.max_batch = options.max_batch;
-  engine_options.prefill_chunk_tokens = options.prefill_chunk_tokens;
-  engine_options.threads = options.threads;
-  engine_options.max_sequences = std::max<int64_t>(options.episodes_in_flight * 2 + 8, 64);
-  // Episodes whose turn does not fit the cache wait for others to end rather than fail.
-  engine_options.admission = rollout::AdmissionPolicy::kQueue;
-  engine_options.record_routing = true;
   std::shared_ptr<const Model> shared(std::move(model));
-  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Engine> engine,
-                           rollout::Engine::Create(engine_options, shared, options.policy_version));
+  STRIDER_ASSIGN_OR_RETURN(
+      std::unique_ptr<rollout::Engine> engine,
+      rollout::Engine::Create(EngineOptionsFor(options), shared, options.policy_version));
   SenderOptions sender_options;
   sender_options.endpoint = options.replay_endpoint;
   sender_options.client_id = options.actor_id;
@@ -1010,6 +1001,20 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Sender> sender, Sender::Start(sender_options));
   return std::unique_ptr<Actor>(new ActorImpl(options, std::move(config), std::move(shared),
                                               std::move(engine), std::move(sender)));
+}
+
+rollout::EngineOptions EngineOptionsFor(const ActorOptions& options) {
+  rollout::EngineOptions engine_options;
+  engine_options.cache_budget_bytes = options.cache_budget_bytes;
+  engine_options.block_tokens = options.block_tokens;
+  engine_options.max_batch = options.max_batch;
+  engine_options.prefill_chunk_tokens = options.prefill_chunk_tokens;
+  engine_options.threads = options.threads;
+  engine_options.max_sequences = std::max<int64_t>(options.episodes_in_flight * 2 + 8, 64);
+  // Episodes whose turn does not fit the cache wait for others to end rather than fail.
+  engine_options.admission = rollout::AdmissionPolicy::kQueue;
+  engine_options.record_routing = true;
+  return engine_options;
 }
 
 }  // namespace strider::actors

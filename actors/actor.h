@@ -33,6 +33,10 @@
 #include "envs/environment.h"
 #include "rollout_engine/sampling.h"
 
+namespace strider::rollout {
+struct EngineOptions;  // rollout_engine/engine.h
+}  // namespace strider::rollout
+
 namespace strider::actors {
 
 struct ActorOptions {
@@ -85,6 +89,13 @@ struct ActorOptions {
 // checked by ValidateActorOptions (Actor::Create calls it), after any overrides.
 Result<ActorOptions> LoadActorConfig(const std::string& path);
 Status ValidateActorOptions(const ActorOptions& options);
+
+// The engine an actor runs on these options: the memory and performance fields as given, room
+// for every live episode and its forks, queued admission (an episode whose turn does not fit
+// the cache waits for others to end) and routing records. Tools that measure the engine under
+// an actor's load (bench/actor_bench.cc) build theirs from the same options with it. Callers
+// include rollout_engine/engine.h for the definition of EngineOptions.
+rollout::EngineOptions EngineOptionsFor(const ActorOptions& options);
 
 struct ActorMetrics {
   double elapsed_s = 0;

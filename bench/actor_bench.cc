@@ -172,15 +172,8 @@ struct EngineRun {
 Result<EngineRun> ReplayThroughEngine(const std::vector<Script>& scripts,
                                       std::shared_ptr<const Model> model,
                                       const actors::ActorOptions& options) {
-  rollout::EngineOptions engine_options;
-  engine_options.cache_budget_bytes = options.cache_budget_bytes;
-  engine_options.block_tokens = options.block_tokens;
-  engine_options.max_batch = options.max_batch;
-  engine_options.prefill_chunk_tokens = options.prefill_chunk_tokens;
-  engine_options.threads = options.threads;
-  engine_options.admission = rollout::AdmissionPolicy::kQueue;
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<rollout::Engine> engine,
-                           rollout::Engine::Create(engine_options, model, 0));
+                           rollout::Engine::Create(actors::EngineOptionsFor(options), model, 0));
   struct Live {
     size_t script;
     size_t turn;
