@@ -66,10 +66,14 @@ class Reader {
 
 uint8_t DtypeCode(at::ScalarType type) {
   switch (type) {
-    case at::kFloat: return 0;
-    case at::kDouble: return 1;
-    case at::kBFloat16: return 2;
-    default: return 255;
+    case at::kFloat:
+      return 0;
+    case at::kDouble:
+      return 1;
+    case at::kBFloat16:
+      return 2;
+    default:
+      return 255;
   }
 }
 
@@ -153,8 +157,8 @@ Result<SequenceState> DecodeState(const std::string& bytes, const ModelConfig& c
   const auto& inc = config.incremental;
   for (int64_t i = 0; i < config.CountLayers('I'); ++i) {
     model::IncrementalAttentionState& layer = state.incremental.emplace_back();
-    STRIDER_RETURN_IF_ERROR(get_tensor({1, inc.heads, inc.key_dim, inc.value_dim}, state_dtype,
-                                       &layer.recurrent));
+    STRIDER_RETURN_IF_ERROR(
+        get_tensor({1, inc.heads, inc.key_dim, inc.value_dim}, state_dtype, &layer.recurrent));
     STRIDER_RETURN_IF_ERROR(
         get_tensor({1, inc.conv_width - 1, inc.heads * (2 * inc.key_dim + inc.value_dim)},
                    model_dtype, &layer.conv_tail));
@@ -219,8 +223,7 @@ Result<SnapshotRecord> DecodeSnapshot(const std::string& bytes, const ModelConfi
       return Status::Corruption("restore: snapshot checksum mismatch (corrupt or truncated)");
     }
   }
-  Reader reader(bytes.data() + sizeof(kSnapshotMagic),
-                bytes.size() - sizeof(kSnapshotMagic) - 8);
+  Reader reader(bytes.data() + sizeof(kSnapshotMagic), bytes.size() - sizeof(kSnapshotMagic) - 8);
   auto truncated = [] { return Status::Corruption("restore: snapshot is truncated"); };
   uint32_t version;
   if (!reader.Get(&version)) return truncated();
@@ -240,8 +243,8 @@ Result<SnapshotRecord> DecodeSnapshot(const std::string& bytes, const ModelConfi
   uint8_t generating, has_turn, release;
   SamplingParams params;
   uint32_t stops;
-  if (!reader.Get(&generating) || !reader.Get(&record.logits_version) ||
-      !reader.Get(&has_turn) || !reader.Get(&params.temperature) || !reader.Get(&params.top_k) ||
+  if (!reader.Get(&generating) || !reader.Get(&record.logits_version) || !reader.Get(&has_turn) ||
+      !reader.Get(&params.temperature) || !reader.Get(&params.top_k) ||
       !reader.Get(&params.top_p) || !reader.Get(&params.max_new_tokens) || !reader.Get(&stops) ||
       stops > reader.remaining() / 8) {
     return truncated();
@@ -280,8 +283,7 @@ Result<SnapshotRecord> DecodeSnapshot(const std::string& bytes, const ModelConfi
     return Status::Corruption("restore: a generating snapshot without a turn or logits");
   }
   uint64_t state_digest, state_size;
-  if (!reader.Get(&state_digest) || !reader.Get(&state_size) ||
-      state_size != reader.remaining()) {
+  if (!reader.Get(&state_digest) || !reader.Get(&state_size) || state_size != reader.remaining()) {
     return truncated();
   }
   record.state.resize(state_size);

@@ -63,16 +63,16 @@ Result<SequenceState> DecodeState(const std::string& bytes, const ModelConfig& c
 // Everything a snapshot holds besides the state's own encoding.
 struct SnapshotRecord {
   std::string config_name;
-  uint64_t fingerprint = 0;               // ConfigFingerprint of the writer's config
-  bool generating = false;                // mid-turn; otherwise idle
-  uint64_t logits_version = 0;            // policy version of next_logits
-  std::optional<SamplingParams> turn;     // the turn being generated, if any
+  uint64_t fingerprint = 0;            // ConfigFingerprint of the writer's config
+  bool generating = false;             // mid-turn; otherwise idle
+  uint64_t logits_version = 0;         // policy version of next_logits
+  std::optional<SamplingParams> turn;  // the turn being generated, if any
   bool release_on_finish = false;
-  uint64_t counter = 0;                   // draws taken from the random stream this turn
-  int64_t generated = 0;                  // tokens sampled this turn
-  std::string turn_text;                  // tail of the turn's bytes, for stop strings
-  std::vector<float> next_logits;         // empty, or one per vocabulary entry
-  std::string state;                      // EncodeState's bytes
+  uint64_t counter = 0;            // draws taken from the random stream this turn
+  int64_t generated = 0;           // tokens sampled this turn
+  std::string turn_text;           // tail of the turn's bytes, for stop strings
+  std::vector<float> next_logits;  // empty, or one per vocabulary entry
+  std::string state;               // EncodeState's bytes
 };
 
 std::string EncodeSnapshot(const SnapshotRecord& record);

@@ -48,9 +48,9 @@ TEST(EngineOptionsFor, ATurnThatDoesNotFitTheCacheWaitsInsteadOfFailing) {
   options.threads = 2;
   options.block_tokens = 16;
   // Room for one sequence of 64 tokens (four blocks of the one latent layer), not two.
-  options.cache_budget_bytes =
-      4 * options.block_tokens * (config->latent.kv_rank + config->latent.rope_dim) *
-      config->CacheDtypeBytes();
+  options.cache_budget_bytes = 4 * options.block_tokens *
+                               (config->latent.kv_rank + config->latent.rope_dim) *
+                               config->CacheDtypeBytes();
   Result<std::unique_ptr<rollout::Engine>> engine = rollout::Engine::Create(
       EngineOptionsFor(options), std::shared_ptr<const Model>(std::move(model).value()), 0);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();

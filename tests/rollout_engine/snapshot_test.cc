@@ -233,8 +233,7 @@ TEST(SnapshotFormat, InconsistentFieldsAreRefused) {
   read = DecodeSnapshot(EncodeSnapshot(record), config, fingerprint);
   ASSERT_FALSE(read.ok());
   EXPECT_EQ(read.status().code(), StatusCode::kCorruption);
-  EXPECT_NE(read.status().message().find("generating snapshot without a turn"),
-            std::string::npos);
+  EXPECT_NE(read.status().message().find("generating snapshot without a turn"), std::string::npos);
 
   record = FullRecord(config);
   record.turn->top_p = 1.5;
