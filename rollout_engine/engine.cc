@@ -3,7 +3,8 @@
 //
 // The model's layers are used as they are: the engine only assembles a RaggedBatch (stacked
 // incremental states, the latent past gathered from the paged cache one layer at a time) and
-// stores what comes back. No attention or expert math lives here.
+// stores what comes back. No attention or expert math lives here, and no byte layout: snapshots
+// are encoded and checked in snapshot.cc.
 #include "rollout_engine/engine.h"
 
 #include <ATen/ATen.h>

@@ -30,6 +30,8 @@
 //   - Errors are values; LibTorch exceptions never leave the engine.
 //   - Thread safety: every method may be called from any thread. One mutex serialises them;
 //     Step() holds it for the whole step, so a Submit from another thread waits for the step.
+//
+// Benchmark-only entry points (FillForBenchmark) are in engine_testing.h, not on Engine.
 #pragma once
 
 #include <cstdint>
