@@ -127,7 +127,10 @@ class Model {
   // Random initialisation from the parameter table, deterministic in `seed`.
   static Result<std::unique_ptr<Model>> Create(const ModelConfig& config, uint64_t seed);
   // Weights from a safetensors file written by Save; every tensor must be present with the
-  // config's shape and nothing else may be there.
+  // config's shape and nothing else may be there. Float32 and float64 checkpoints load as
+  // stored (dtype() says which); float16 and bfloat16 ones are widened to float32, the
+  // narrowest dtype the model computes in. A checkpoint mixing float64 with other dtypes, or
+  // holding integer tensors, is refused (InvalidArgument).
   static Result<std::unique_ptr<Model>> Load(const ModelConfig& config, const std::string& path);
   Status Save(const std::string& path) const;
 
