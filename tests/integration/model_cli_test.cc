@@ -35,6 +35,15 @@ class ModelCommands : public ::testing::Test {
     std::filesystem::create_directories(directory_);
   }
   void TearDown() override { std::filesystem::remove_all(directory_); }
+  // `model init` of the tiny config into the test's directory; returns the weights' path.
+  std::string InitTinyWeights(const std::string& seed) {
+    const std::string weights = (directory_ / ("tiny_" + seed + ".safetensors")).string();
+    RunResult init = RunCommand({StriderBinary(), "model", "init", "--config",
+                                 SourcePath("configs/model/tiny.yaml"), "--out", weights,
+                                 "--seed", seed});
+    EXPECT_EQ(init.exit_code, 0) << init.output;
+    return weights;
+  }
   std::filesystem::path directory_;
 };
 
@@ -87,11 +96,7 @@ double MaxLogProbDifference(const nlohmann::json& a, const nlohmann::json& b) {
 }
 
 TEST_F(ModelCommands, ChunkedInferenceGivesTheUnchunkedLogProbs) {
-  const std::string weights = (directory_ / "tiny.safetensors").string();
-  ASSERT_EQ(RunCommand({StriderBinary(), "model", "init", "--config",
-                        SourcePath("configs/model/tiny.yaml"), "--out", weights, "--seed", "3"})
-                .exit_code,
-            0);
+  const std::string weights = InitTinyWeights("3");
   const nlohmann::json whole = Eval(weights, {"--path", "inference"});
   ASSERT_FALSE(whole.is_null());
   ASSERT_GT(whole["tokens"].size(), 40u);
@@ -115,11 +120,7 @@ TEST_F(ModelCommands, ChunkedInferenceGivesTheUnchunkedLogProbs) {
 }
 
 TEST_F(ModelCommands, Float64WeightsLoadAsStoredAndMixedOnesAreRefused) {
-  const std::string weights = (directory_ / "tiny.safetensors").string();
-  ASSERT_EQ(RunCommand({StriderBinary(), "model", "init", "--config",
-                        SourcePath("configs/model/tiny.yaml"), "--out", weights, "--seed", "5"})
-                .exit_code,
-            0);
+  const std::string weights = InitTinyWeights("5");
   // The same weights widened to float64, and a copy where only the first tensor is.
   Result<SafetensorsContents> contents = ReadSafetensors(weights);
   ASSERT_TRUE(contents.ok()) << contents.status().ToString();
