@@ -1,3 +1,5 @@
+// Latent attention's equations (MODEL.md s.2) and its compressed cache. The absorbed form's
+// blockwise softmax over a paged past is a kernel: common/kernels/latent_attention.h.
 #include "common/model/latent_attention.h"
 
 #include <ATen/ATen.h>
@@ -132,6 +134,8 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
   const int64_t qk_dim = c.nope_dim + c.rope_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(qk_dim));
 
+  // c_q = RMSNorm(W_dq x); [q_nope_h; q_rope_h] = (W_uq c_q)_h. W_dq, W_dkv and W_g read the
+  // same x, so inference applies them as one product.
   const std::vector<at::Tensor> inputs =
       LinearParts(x, w.joined_input, {&w.query_down, &w.kv_down, &w.gate});
   at::Tensor compressed_query = RmsNorm(inputs[0], w.query_norm, norm_epsilon);
@@ -139,6 +143,7 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
   at::Tensor query_nope = query.narrow(-1, 0, c.nope_dim);          // (B, T, H, Dn)
   at::Tensor query_rope = query.narrow(-1, c.nope_dim, c.rope_dim);  // (B, T, H, Dr)
 
+  // [c_kv; k_rope] = W_dkv x, c_kv <- RMSNorm(c_kv): what the cache stores.
   const at::Tensor& kv = inputs[1];
   at::Tensor latent = RmsNorm(kv.narrow(-1, 0, c.kv_rank), w.kv_norm, norm_epsilon);  // (B,T,Dc)
   at::Tensor rope_key = kv.narrow(-1, c.kv_rank, c.rope_dim);                         // (B,T,Dr)
@@ -168,6 +173,7 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
         (at::cat({absorbed_query, query_rope}, -1) * scale).to(compute).contiguous();
     at::Tensor latent_output = kernels::LatentAttentionOverPages(  // (B, T, H, Dc)
         scaled_query, pages, latent.to(compute).contiguous(), rope_key.to(compute).contiguous());
+    // o_h = W_uv,h o~_h.
     head_output = at::einsum("bthc,hvc->bthv", {latent_output.to(x.scalar_type()), value_up});
   } else {
     at::Tensor past_latent = past.latent;
@@ -195,6 +201,8 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
     at::Tensor rope_scores =
         at::einsum("bthr,bsr->bhts", {query_rope, all_rope_key});  // (B, H, T, S)
     if (form == LatentAttentionForm::kExplicit) {
+      // [k_nope_h; v_h] = (W_ukv c_kv)_h; scores (q_nope . k_nope + q_rope . k_rope) * scale,
+      // causal softmax, o_h = sum_s p_s v_s.
       at::Tensor key_nope = at::einsum("bsc,hnc->bhsn", {all_latent, key_up});  // (B,H,S,Dn)
       at::Tensor value = at::einsum("bsc,hvc->bhsv", {all_latent, value_up});   // (B,H,S,Dv)
       at::Tensor scores = at::einsum("bthn,bhsn->bhts", {query_nope, key_nope}) + rope_scores;
@@ -214,6 +222,7 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
       head_output = at::einsum("bhtc,hvc->bthv", {latent_output, value_up});
     }
   }
+  // y = W_o [sigmoid(W_g x) * concat_h o_h]: the gate sits between W_uv and W_o.
   at::Tensor gated =
       at::sigmoid(inputs[2]) * head_output.reshape({batch, length, heads * c.value_dim});
   return Linear(gated, w.output);
