@@ -18,11 +18,11 @@ namespace {
 // one pass over each cached row for all heads, split over threads by pages), and tiles of matrix
 // products for longer runs (prefill: compute bound).
 
-constexpr int64_t kKeyChunk = 64;          // rows converted and scored together (loop kernel)
-constexpr int64_t kMaxRunKeys = 4096;      // longer pages are split (parallel work granularity)
-constexpr int64_t kMinItemKeys = 2048;     // smallest share of one thread in the loop kernel
-constexpr int64_t kTileKeys = 512;         // new-token keys per tile (tile kernel)
-constexpr int64_t kTileQueryRows = 2048;   // query rows (tokens x heads) per tile
+constexpr int64_t kKeyChunk = 64;         // rows converted and scored together (loop kernel)
+constexpr int64_t kMaxRunKeys = 4096;     // longer pages are split (parallel work granularity)
+constexpr int64_t kMinItemKeys = 2048;    // smallest share of one thread in the loop kernel
+constexpr int64_t kTileKeys = 512;        // new-token keys per tile (tile kernel)
+constexpr int64_t kTileQueryRows = 2048;  // query rows (tokens x heads) per tile
 
 // Keys of one row for the loop kernel: a page of the past (seen by every new token) or the new
 // tokens' own rows (key j seen by new tokens t >= j).
@@ -171,8 +171,8 @@ at::Tensor LoopKernel(const at::Tensor& query, const LatentAttentionPages& pages
           items.push_back({b, {}});
           keys = 0;
         }
-        items.back().runs.push_back({page.latent.narrow(0, begin, count),
-                                     page.rope_key.narrow(0, begin, count), false});
+        items.back().runs.push_back(
+            {page.latent.narrow(0, begin, count), page.rope_key.narrow(0, begin, count), false});
         keys += count;
       }
     }
@@ -297,8 +297,8 @@ void CheckArguments(const at::Tensor& query, const LatentAttentionPages& pages,
       TORCH_CHECK(page.rope_key.scalar_type() == type && page.latent.dim() == 2 &&
                       page.rope_key.dim() == 2 && page.latent.size(1) == latent_rank &&
                       page.rope_key.size(1) == rope_dim &&
-                      page.rope_key.size(0) == page.latent.size(0) &&
-                      page.latent.stride(1) == 1 && page.rope_key.stride(1) == 1,
+                      page.rope_key.size(0) == page.latent.size(0) && page.latent.stride(1) == 1 &&
+                      page.rope_key.stride(1) == 1,
                   "latent attention: a page must be (n, ", latent_rank, ") and (n, ", rope_dim,
                   ") rows of one dtype with unit inner stride");
     }
@@ -341,8 +341,7 @@ at::Tensor LatentAttentionPrefill(const at::Tensor& query, const LatentAttention
 }
 
 at::Tensor LatentAttentionReference(const at::Tensor& query, const LatentAttentionPages& pages,
-                                    const at::Tensor& new_latent,
-                                    const at::Tensor& new_rope_key) {
+                                    const at::Tensor& new_latent, const at::Tensor& new_rope_key) {
   CheckArguments(query, pages, new_latent, new_rope_key);
   const int64_t batch = query.size(0);
   const int64_t tokens = query.size(1);

@@ -64,7 +64,6 @@ at::Tensor LatentAttentionPrefill(const at::Tensor& query, const LatentAttention
 
 // Materialises (B, H, T, past + T) scores; for tests and equality checks only.
 at::Tensor LatentAttentionReference(const at::Tensor& query, const LatentAttentionPages& pages,
-                                    const at::Tensor& new_latent,
-                                    const at::Tensor& new_rope_key);
+                                    const at::Tensor& new_latent, const at::Tensor& new_rope_key);
 
 }  // namespace strider::kernels

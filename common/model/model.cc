@@ -204,10 +204,10 @@ Result<std::unique_ptr<Model>> Model::Load(const ModelConfig& config, const std:
       stored_dtype = DTypeName(loaded.dtype);
       compute = tensor_compute;
     } else if (tensor_compute != compute) {
-      return Status::InvalidArgument(
-          path + ": tensor '" + spec.name + "' is " + std::string(DTypeName(loaded.dtype)) +
-          " but earlier tensors are " + stored_dtype +
-          ": a checkpoint holds F64 weights throughout or none");
+      return Status::InvalidArgument(path + ": tensor '" + spec.name + "' is " +
+                                     std::string(DTypeName(loaded.dtype)) +
+                                     " but earlier tensors are " + stored_dtype +
+                                     ": a checkpoint holds F64 weights throughout or none");
     }
     at::Tensor tensor = at::empty(spec.shape, type);
     std::memcpy(tensor.data_ptr(), loaded.bytes.data(), loaded.bytes.size());

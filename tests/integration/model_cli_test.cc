@@ -38,9 +38,9 @@ class ModelCommands : public ::testing::Test {
   // `model init` of the tiny config into the test's directory; returns the weights' path.
   std::string InitTinyWeights(const std::string& seed) {
     const std::string weights = (directory_ / ("tiny_" + seed + ".safetensors")).string();
-    RunResult init = RunCommand({StriderBinary(), "model", "init", "--config",
-                                 SourcePath("configs/model/tiny.yaml"), "--out", weights,
-                                 "--seed", seed});
+    RunResult init =
+        RunCommand({StriderBinary(), "model", "init", "--config",
+                    SourcePath("configs/model/tiny.yaml"), "--out", weights, "--seed", seed});
     EXPECT_EQ(init.exit_code, 0) << init.output;
     return weights;
   }
@@ -74,9 +74,9 @@ constexpr char kEvalText[] = "tool results come back as text, one token at a tim
 
 // `model eval` output parsed, or a failure naming the command's exit code and output.
 nlohmann::json Eval(const std::string& weights, std::vector<std::string> extra) {
-  std::vector<std::string> argv = {StriderBinary(), "model", "eval", "--config",
-                                   SourcePath("configs/model/tiny.yaml"), "--weights", weights,
-                                   "--text", kEvalText};
+  std::vector<std::string> argv = {
+      StriderBinary(), "model", "eval",   "--config", SourcePath("configs/model/tiny.yaml"),
+      "--weights",     weights, "--text", kEvalText};
   argv.insert(argv.end(), extra.begin(), extra.end());
   RunResult eval = RunCommand(argv);
   EXPECT_EQ(eval.exit_code, 0) << eval.output;
@@ -89,8 +89,8 @@ double MaxLogProbDifference(const nlohmann::json& a, const nlohmann::json& b) {
   EXPECT_EQ(a["logprobs"].size(), b["logprobs"].size());
   double largest = 0;
   for (size_t t = 1; t < a["logprobs"].size() && t < b["logprobs"].size(); ++t) {
-    largest = std::max(largest, std::abs(a["logprobs"][t].get<double>() -
-                                         b["logprobs"][t].get<double>()));
+    largest = std::max(largest,
+                       std::abs(a["logprobs"][t].get<double>() - b["logprobs"][t].get<double>()));
   }
   return largest;
 }
@@ -136,8 +136,8 @@ TEST_F(ModelCommands, Float64WeightsLoadAsStoredAndMixedOnesAreRefused) {
                    widened.back().size() * sizeof(double)};
     all_f64.push_back(f64);
     mixed.push_back(mixed.empty() ? f64
-                                  : TensorView{name, DType::kF32, tensor.shape,
-                                               tensor.bytes.data(), tensor.bytes.size()});
+                                  : TensorView{name, DType::kF32, tensor.shape, tensor.bytes.data(),
+                                               tensor.bytes.size()});
   }
   const std::string f64_path = (directory_ / "tiny_f64.safetensors").string();
   const std::string mixed_path = (directory_ / "tiny_mixed.safetensors").string();

@@ -1,13 +1,13 @@
 // The blockwise latent attention kernels against the materialised reference
 // (common/kernels/latent_attention.h): ragged and paged pasts, strided pages, every storage
 // dtype, and sizes that cross the kernels' internal blocks (thread shares, tiles, key blocks).
-#include "common/kernels/latent_attention.h"
-
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
+
+#include "common/kernels/latent_attention.h"
 
 namespace strider::kernels {
 namespace {
@@ -37,8 +37,8 @@ Problem MakeProblem(const std::vector<std::vector<int64_t>>& page_sizes, int64_t
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t n : page_sizes[b]) {
       at::Tensor block = at::randn({n, kLatentRank + kRopeDim + 3}, options).to(storage);
-      p.pages[b].push_back({block.narrow(1, 0, kLatentRank),
-                            block.narrow(1, kLatentRank, kRopeDim)});
+      p.pages[b].push_back(
+          {block.narrow(1, 0, kLatentRank), block.narrow(1, kLatentRank, kRopeDim)});
     }
   }
   return p;
@@ -53,8 +53,8 @@ void ExpectBothKernelsMatchTheReference(const Problem& p, double tolerance) {
   at::Tensor reference =
       LatentAttentionReference(p.query.to(at::kDouble), p.pages, p.new_latent.to(at::kDouble),
                                p.new_rope_key.to(at::kDouble));
-  ASSERT_EQ(reference.sizes(), (std::vector<int64_t>{p.query.size(0), p.query.size(1), kHeads,
-                                                      kLatentRank}));
+  ASSERT_EQ(reference.sizes(),
+            (std::vector<int64_t>{p.query.size(0), p.query.size(1), kHeads, kLatentRank}));
   at::Tensor decode = LatentAttentionDecode(p.query, p.pages, p.new_latent, p.new_rope_key);
   at::Tensor prefill = LatentAttentionPrefill(p.query, p.pages, p.new_latent, p.new_rope_key);
   at::Tensor chosen = LatentAttentionOverPages(p.query, p.pages, p.new_latent, p.new_rope_key);
@@ -70,10 +70,10 @@ TEST(LatentAttentionKernels, MatchTheReferenceOnRaggedPagedPasts) {
   const std::vector<std::vector<int64_t>> sizes = {{}, {37}, {16, 5, 64, 1}};
   for (int64_t tokens : {1, 2, 4, 5, 23}) {
     SCOPED_TRACE("tokens " + std::to_string(tokens));
-    ExpectBothKernelsMatchTheReference(
-        MakeProblem(sizes, tokens, at::kFloat, at::kFloat, tokens), 2e-6);
-    ExpectBothKernelsMatchTheReference(
-        MakeProblem(sizes, tokens, at::kDouble, at::kDouble, tokens), 1e-12);
+    ExpectBothKernelsMatchTheReference(MakeProblem(sizes, tokens, at::kFloat, at::kFloat, tokens),
+                                       2e-6);
+    ExpectBothKernelsMatchTheReference(MakeProblem(sizes, tokens, at::kDouble, at::kDouble, tokens),
+                                       1e-12);
   }
 }
 
@@ -103,13 +103,11 @@ TEST(LatentAttentionKernels, RejectMalformedPages) {
     LatentAttentionDecode(p.query, p.pages, p.new_latent, p.new_rope_key);
     FAIL() << "a page of the wrong width was accepted";
   } catch (const c10::Error& error) {
-    EXPECT_NE(std::string(error.what()).find("a page must be"), std::string::npos)
-        << error.what();
+    EXPECT_NE(std::string(error.what()).find("a page must be"), std::string::npos) << error.what();
   }
   p = MakeProblem({{8}}, 2, at::kFloat, at::kFloat, 5);
   p.pages.push_back({});  // two rows of pages for a batch of one
-  EXPECT_THROW(LatentAttentionPrefill(p.query, p.pages, p.new_latent, p.new_rope_key),
-               c10::Error);
+  EXPECT_THROW(LatentAttentionPrefill(p.query, p.pages, p.new_latent, p.new_rope_key), c10::Error);
 }
 
 }  // namespace

@@ -590,21 +590,19 @@ TEST(AttentionResiduals, ModelRunsTheDocumentedLayerSchedule) {
       const std::string prefix = "layers." + std::to_string(i) + ".";
       const at::Tensor normed = model::RmsNorm(h, map.at(prefix + "feed_forward_norm"), eps);
       if (!config.IsMoeLayer(i)) {
-        return model::DenseFeedForward(
-            model::DenseFeedForwardWeights::Bind(map, prefix + "dense."), config.feed_forward,
-            normed);
+        return model::DenseFeedForward(model::DenseFeedForwardWeights::Bind(map, prefix + "dense."),
+                                       config.feed_forward, normed);
       }
-      const at::Tensor replay =
-          forward.value().routing.layers.at(sparse_index++).experts.reshape(
-              {normed.size(0) * normed.size(1), -1});
+      const at::Tensor replay = forward.value()
+                                    .routing.layers.at(sparse_index++)
+                                    .experts.reshape({normed.size(0) * normed.size(1), -1});
       return model::SparseExpertForward(
           model::SparseExpertWeights::Bind(map, prefix + "experts.",
                                            config.feed_forward.shared_experts > 0),
           config.feed_forward, normed, replay, nullptr, eps);
     };
     const at::Tensor embedding = at::embedding(map.at("embedding"), tokens);
-    const at::Tensor final_read =
-        RunDocumentedSchedule(config.layers, block, embedding, sublayers);
+    const at::Tensor final_read = RunDocumentedSchedule(config.layers, block, embedding, sublayers);
     const at::Tensor logits =
         model::Linear(model::RmsNorm(final_read, map.at("final_norm"), eps), map.at("output"));
     EXPECT_EQ(reads, 2 * config.layers);  // 2L + 1 queries, layer 0's first read skipped
