@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -140,7 +141,8 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
 
   // model eval
   struct EvalArgs {
-    std::string config, weights, tokens, text, path = "inference";
+    std::string config, weights, tokens, text, path = "inference", dtype;
+    int64_t chunk = 0;
   };
   auto eval_args = std::make_shared<EvalArgs>();
   CLI::App* eval = model->add_subcommand("eval", "Per-token log-probabilities as JSON");
@@ -152,6 +154,12 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
       ->excludes(tokens_option);
   eval->add_option("--path", eval_args->path, "train or inference")
       ->check(CLI::IsMember({"train", "inference"}));
+  eval->add_option("--chunk", eval_args->chunk,
+                   "Inference path: append this many tokens at a time (default: all at once)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  eval->add_option("--dtype", eval_args->dtype,
+                   "float32 or float64 (default: the dtype the weights load in)")
+      ->check(CLI::IsMember({"float32", "float64"}));
   eval->callback([eval_args, &exit_code] {
     auto run = [&]() -> Status {
       STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(eval_args->config));
@@ -165,20 +173,44 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
       } else {
         return Status::InvalidArgument("give --tokens or --text");
       }
+      if (eval_args->chunk > 0 && eval_args->path != "inference") {
+        return Status::InvalidArgument("--chunk applies to --path inference only");
+      }
       STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                                Model::Load(config, eval_args->weights));
+      if (eval_args->dtype == "float64") {
+        STRIDER_RETURN_IF_ERROR(model->ConvertTo(at::kDouble));
+      } else if (eval_args->dtype == "float32") {
+        STRIDER_RETURN_IF_ERROR(model->ConvertTo(at::kFloat));
+      }
       at::Tensor tokens = at::tensor(ids, at::kLong).unsqueeze(0);
-      ForwardOutput out;
+      const int64_t length = tokens.size(1);
+      at::Tensor logits;
       if (eval_args->path == "train") {
         at::NoGradGuard no_grad;
-        STRIDER_ASSIGN_OR_RETURN(out, model->Forward({tokens, {}}));
+        STRIDER_ASSIGN_OR_RETURN(ForwardOutput out, model->Forward({tokens, {}}));
+        logits = out.logits;
       } else {
+        // Chunks after the first attend to the cache the earlier ones left; a chunk of one
+        // token takes the single-token recurrent kernel.
+        const int64_t chunk = eval_args->chunk > 0 ? eval_args->chunk : length;
         STRIDER_ASSIGN_OR_RETURN(InferenceState state, model->NewState(1));
-        STRIDER_ASSIGN_OR_RETURN(out, model->Append(&state, {tokens, {}}));
+        std::vector<at::Tensor> parts;
+        for (int64_t start = 0; start < length; start += chunk) {
+          const int64_t count = std::min(chunk, length - start);
+          STRIDER_ASSIGN_OR_RETURN(ForwardOutput out,
+                                   model->Append(&state, {tokens.narrow(1, start, count), {}}));
+          parts.push_back(out.logits);
+        }
+        logits = at::cat(parts, 1);
       }
-      at::Tensor log_probs = NextTokenLogProbs(out.logits, tokens).squeeze(0).to(at::kDouble);
+      at::Tensor log_probs = NextTokenLogProbs(logits, tokens).squeeze(0).to(at::kDouble);
       Json json;
       json["path"] = eval_args->path;
+      if (eval_args->path == "inference") {
+        json["chunk"] = eval_args->chunk > 0 ? eval_args->chunk : length;
+      }
+      json["dtype"] = model->dtype() == at::kDouble ? "float64" : "float32";
       json["tokens"] = ids;
       Json values = Json::array({nullptr});  // the first token has no prediction
       for (int64_t t = 0; t < log_probs.size(0); ++t) {

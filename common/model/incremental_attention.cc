@@ -100,9 +100,13 @@ at::Tensor IncrementalAttentionForward(const IncrementalAttentionWeights& w,
   at::Tensor q = SplitHeads(convolved.narrow(-1, 0, hk), c.heads);
   at::Tensor k = SplitHeads(convolved.narrow(-1, hk, hk), c.heads);
   at::Tensor v = SplitHeads(convolved.narrow(-1, 2 * hk, hv), c.heads);
-  // L2 normalisation keeps the delta rule's write a contraction (|k| = 1).
-  q = q / at::sqrt(q.pow(2).sum(-1, true) + 1e-6) / std::sqrt(static_cast<double>(c.key_dim));
-  k = k / at::sqrt(k.pow(2).sum(-1, true) + 1e-6);
+  // L2 normalisation keeps the delta rule's write a contraction (|k| = 1). The epsilon is
+  // added to the squared norm (not config.norm_epsilon, which RMSNorm adds to a mean square):
+  // it only keeps an all-zero head finite; docs/model.md says how large it is at init.
+  constexpr double kSquaredNormEpsilon = 1e-6;
+  q = q / at::sqrt(q.pow(2).sum(-1, true) + kSquaredNormEpsilon) /
+      std::sqrt(static_cast<double>(c.key_dim));
+  k = k / at::sqrt(k.pow(2).sum(-1, true) + kSquaredNormEpsilon);
 
   at::Tensor beta = at::sigmoid(inputs[4]).transpose(1, 2);  // (B, H, T)
   at::Tensor z = Linear(inputs[5], w.decay_up) + w.decay_bias;

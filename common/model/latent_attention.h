@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kernels/latent_attention.h"
 #include "common/model/config.h"
 #include "common/model/ops.h"
 
@@ -68,12 +69,8 @@ struct LatentAttentionCache {
 enum class LatentAttentionForm { kExplicit, kAbsorbed };
 
 // A run of consecutive cached tokens of one sequence, read where it lives (a block of the rollout
-// engine's paged cache, or a row of a contiguous cache). Both views have unit stride in their
-// last dimension; rows may be strided.
-struct LatentAttentionPage {
-  at::Tensor latent;    // (n, Dc)
-  at::Tensor rope_key;  // (n, Dr)
-};
+// engine's paged cache, or a row of a contiguous cache); defined with the kernels that read it.
+using LatentAttentionPage = kernels::LatentAttentionPage;
 
 // The past of a batch whose sequences have different lengths, in one of two forms:
 //   - padded: row b holds its `lengths[b]` cached tokens first; entries past that are padding,
@@ -109,8 +106,9 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& weights,
 // Unless autograd records or the explicit form is asked for, both entry points take the
 // absorbed form blockwise (MODEL.md s.2): queries in the latent space score the cached rows
 // where they are, in blocks, with a running maximum and sum per query and head (online
-// softmax). Transient memory is bounded by a block of scores, whatever the past's length; the
-// result equals one softmax over everything up to rounding.
+// softmax; common/kernels/latent_attention.h). Transient memory is bounded by a block of
+// scores, whatever the past's length; the result equals one softmax over everything up to
+// rounding. While autograd records, the absorbed form materialises the scores instead.
 at::Tensor LatentAttentionForwardRagged(const LatentAttentionWeights& weights,
                                         const LatentAttentionConfig& config, const at::Tensor& x,
                                         const LatentAttentionPast& past, double norm_epsilon,

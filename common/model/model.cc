@@ -166,6 +166,10 @@ Result<std::unique_ptr<Model>> Model::Load(const ModelConfig& config, const std:
   STRIDER_ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(path));
   std::unique_ptr<Model> model(new Model(config));
   const std::vector<ParameterSpec> specs = ModelParameterSpecs(config);
+  // The model computes in the checkpoint's dtype when that is float32 or float64, and in
+  // float32 for 16-bit checkpoints; one model never mixes the two.
+  std::string stored_dtype;
+  at::ScalarType compute = at::kFloat;
   for (const ParameterSpec& spec : specs) {
     auto it = contents.tensors.find(spec.name);
     if (it == contents.tensors.end()) {
@@ -179,9 +183,24 @@ Result<std::unique_ptr<Model>> Model::Load(const ModelConfig& config, const std:
                                      ShapeText(spec.shape));
     }
     STRIDER_ASSIGN_OR_RETURN(at::ScalarType type, ToScalarType(loaded.dtype));
+    if (type != at::kDouble && type != at::kFloat && type != at::kHalf && type != at::kBFloat16) {
+      return Status::InvalidArgument(path + ": tensor '" + spec.name + "' is " +
+                                     std::string(DTypeName(loaded.dtype)) +
+                                     ", model weights are floating point");
+    }
+    const at::ScalarType tensor_compute = type == at::kDouble ? at::kDouble : at::kFloat;
+    if (stored_dtype.empty()) {
+      stored_dtype = DTypeName(loaded.dtype);
+      compute = tensor_compute;
+    } else if (tensor_compute != compute) {
+      return Status::InvalidArgument(path + ": tensor '" + spec.name + "' is " +
+                                     std::string(DTypeName(loaded.dtype)) +
+                                     " but earlier tensors are " + stored_dtype +
+                                     ": a checkpoint holds F64 weights throughout or none");
+    }
     at::Tensor tensor = at::empty(spec.shape, type);
     std::memcpy(tensor.data_ptr(), loaded.bytes.data(), loaded.bytes.size());
-    model->tensors_.emplace_back(spec.name, tensor.to(at::kFloat));
+    model->tensors_.emplace_back(spec.name, tensor.to(compute));
     model->trainable_.push_back(spec.trainable);
   }
   if (contents.tensors.size() != specs.size()) {

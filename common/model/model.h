@@ -16,6 +16,29 @@
 //
 // Errors: every public method returns Status/Result; LibTorch exceptions are caught here and
 // reported with context, never thrown to callers.
+//
+// Threads: a Model is shared as `shared_ptr<const Model>` (the rollout engine, the actor).
+//   - Const methods (Forward, NewState, Append, Step, CheckInput, config, dtype, tensors) only
+//     read the weights and may run concurrently on one Model from any number of threads.
+//   - Non-const methods (SetRequiresGrad, ConvertTo, UpdateRoutingBalance) and in-place writes
+//     to tensors() (an optimiser step) need the Model to themselves: no other call may run
+//     during them. The learner makes them from its one training thread.
+//   - Create and Load build a new Model and may run on any thread while other Models are in
+//     use (the actor loads new weights on its weight thread while the engine steps the old).
+//   - An InferenceState, its copies (which share cache storage until one of them appends) and
+//     a RaggedBatch belong to one thread at a time; the engine serialises its steps.
+//   - ConfigureThreads and ConfigureRuntime set process-wide LibTorch settings: call them once,
+//     before any thread runs the model.
+//
+// Why plain weight structs and free functions rather than LibTorch modules (torch::nn): the
+// weights are one flat table of named tensors fixed by the parameter table (parameters.h), the
+// same names as in checkpoints, counted without LibTorch for configs never allocated; each
+// layer is a function of (weights, config, input, state) so the training and the inference
+// path share one set of weights with the state passed in explicitly, and a const Model holds
+// no mutable module state (training flags, hooks) that concurrent readers could disturb; Bind
+// can view several weights as row blocks of one matrix for inference without changing the
+// parameters; and a faster kernel (common/kernels/) replaces a function without touching the
+// model.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -127,7 +150,10 @@ class Model {
   // Random initialisation from the parameter table, deterministic in `seed`.
   static Result<std::unique_ptr<Model>> Create(const ModelConfig& config, uint64_t seed);
   // Weights from a safetensors file written by Save; every tensor must be present with the
-  // config's shape and nothing else may be there.
+  // config's shape and nothing else may be there. Float32 and float64 checkpoints load as
+  // stored (dtype() says which); float16 and bfloat16 ones are widened to float32, the
+  // narrowest dtype the model computes in. A checkpoint mixing float64 with other dtypes, or
+  // holding integer tensors, is refused (InvalidArgument).
   static Result<std::unique_ptr<Model>> Load(const ModelConfig& config, const std::string& path);
   Status Save(const std::string& path) const;
 

@@ -2,11 +2,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
+#include "common/safetensors.h"
 #include "tests/integration/child_process.h"
 
 namespace strider {
@@ -29,6 +35,15 @@ class ModelCommands : public ::testing::Test {
     std::filesystem::create_directories(directory_);
   }
   void TearDown() override { std::filesystem::remove_all(directory_); }
+  // `model init` of the tiny config into the test's directory; returns the weights' path.
+  std::string InitTinyWeights(const std::string& seed) {
+    const std::string weights = (directory_ / ("tiny_" + seed + ".safetensors")).string();
+    RunResult init =
+        RunCommand({StriderBinary(), "model", "init", "--config",
+                    SourcePath("configs/model/tiny.yaml"), "--out", weights, "--seed", seed});
+    EXPECT_EQ(init.exit_code, 0) << init.output;
+    return weights;
+  }
   std::filesystem::path directory_;
 };
 
@@ -53,6 +68,110 @@ TEST_F(ModelCommands, InitThenEvalGivesTheSameLogProbsOnBothPaths) {
     totals.push_back(json["total_logprob"].get<double>());
   }
   EXPECT_NEAR(totals[0], totals[1], 1e-4);
+}
+
+constexpr char kEvalText[] = "tool results come back as text, one token at a time";
+
+// `model eval` output parsed, or a failure naming the command's exit code and output.
+nlohmann::json Eval(const std::string& weights, std::vector<std::string> extra) {
+  std::vector<std::string> argv = {
+      StriderBinary(), "model", "eval",   "--config", SourcePath("configs/model/tiny.yaml"),
+      "--weights",     weights, "--text", kEvalText};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  RunResult eval = RunCommand(argv);
+  EXPECT_EQ(eval.exit_code, 0) << eval.output;
+  if (eval.exit_code != 0) return nlohmann::json();
+  return nlohmann::json::parse(eval.output);
+}
+
+// Largest difference between two runs' per-token log-probs (the first entry is null in both).
+double MaxLogProbDifference(const nlohmann::json& a, const nlohmann::json& b) {
+  EXPECT_EQ(a["logprobs"].size(), b["logprobs"].size());
+  double largest = 0;
+  for (size_t t = 1; t < a["logprobs"].size() && t < b["logprobs"].size(); ++t) {
+    largest = std::max(largest,
+                       std::abs(a["logprobs"][t].get<double>() - b["logprobs"][t].get<double>()));
+  }
+  return largest;
+}
+
+TEST_F(ModelCommands, ChunkedInferenceGivesTheUnchunkedLogProbs) {
+  const std::string weights = InitTinyWeights("3");
+  const nlohmann::json whole = Eval(weights, {"--path", "inference"});
+  ASSERT_FALSE(whole.is_null());
+  ASSERT_GT(whole["tokens"].size(), 40u);
+  EXPECT_EQ(whole["chunk"].get<size_t>(), whole["tokens"].size());
+  // 1: the single-token recurrent kernel and the decode kernel of latent attention at every
+  // step; 3 and 7: chunkwise prefill over an existing state, absorbed attention over the cache.
+  for (const char* chunk : {"1", "3", "7"}) {
+    SCOPED_TRACE(std::string("--chunk ") + chunk);
+    const nlohmann::json chunked = Eval(weights, {"--path", "inference", "--chunk", chunk});
+    ASSERT_FALSE(chunked.is_null());
+    EXPECT_EQ(chunked["chunk"].get<int64_t>(), std::stoll(chunk));
+    EXPECT_EQ(chunked["tokens"], whole["tokens"]);
+    EXPECT_LE(MaxLogProbDifference(chunked, whole), 1e-5);
+  }
+  // Chunks are an inference-path notion.
+  EXPECT_EQ(RunCommand({StriderBinary(), "model", "eval", "--config",
+                        SourcePath("configs/model/tiny.yaml"), "--weights", weights, "--text",
+                        kEvalText, "--path", "train", "--chunk", "4"})
+                .exit_code,
+            2);
+}
+
+TEST_F(ModelCommands, Float64WeightsLoadAsStoredAndMixedOnesAreRefused) {
+  const std::string weights = InitTinyWeights("5");
+  // The same weights widened to float64, and a copy where only the first tensor is.
+  Result<SafetensorsContents> contents = ReadSafetensors(weights);
+  ASSERT_TRUE(contents.ok()) << contents.status().ToString();
+  std::vector<std::vector<double>> widened;
+  std::vector<TensorView> all_f64, mixed;
+  widened.reserve(contents->tensors.size());
+  for (const auto& [name, tensor] : contents->tensors) {
+    ASSERT_EQ(tensor.dtype, DType::kF32) << name;
+    std::vector<float> values(tensor.bytes.size() / sizeof(float));
+    std::memcpy(values.data(), tensor.bytes.data(), tensor.bytes.size());
+    widened.emplace_back(values.begin(), values.end());
+    TensorView f64{name, DType::kF64, tensor.shape, widened.back().data(),
+                   widened.back().size() * sizeof(double)};
+    all_f64.push_back(f64);
+    mixed.push_back(mixed.empty() ? f64
+                                  : TensorView{name, DType::kF32, tensor.shape, tensor.bytes.data(),
+                                               tensor.bytes.size()});
+  }
+  const std::string f64_path = (directory_ / "tiny_f64.safetensors").string();
+  const std::string mixed_path = (directory_ / "tiny_mixed.safetensors").string();
+  ASSERT_TRUE(WriteSafetensors(f64_path, all_f64, contents->metadata).ok());
+  ASSERT_TRUE(WriteSafetensors(mixed_path, mixed, contents->metadata).ok());
+
+  const nlohmann::json f32 = Eval(weights, {"--path", "inference"});
+  const nlohmann::json stored = Eval(f64_path, {"--path", "inference"});
+  const nlohmann::json asked = Eval(weights, {"--path", "inference", "--dtype", "float64"});
+  const nlohmann::json trained = Eval(weights, {"--path", "train", "--dtype", "float64"});
+  const nlohmann::json narrowed = Eval(f64_path, {"--path", "inference", "--dtype", "float32"});
+  ASSERT_FALSE(f32.is_null() || stored.is_null() || asked.is_null() || trained.is_null() ||
+               narrowed.is_null());
+  EXPECT_EQ(f32["dtype"], "float32");
+  EXPECT_EQ(stored["dtype"], "float64");  // loaded as stored, not narrowed
+  EXPECT_EQ(asked["dtype"], "float64");
+  EXPECT_EQ(trained["dtype"], "float64");
+  EXPECT_EQ(narrowed["dtype"], "float32");
+  // Widening float32 weights is exact, so the stored and the converted float64 weights are
+  // the same numbers; the training path agrees to well below float32 rounding.
+  EXPECT_LE(MaxLogProbDifference(stored, asked), 1e-12);
+  EXPECT_LE(MaxLogProbDifference(stored, trained), 1e-8);
+  EXPECT_LE(MaxLogProbDifference(stored, f32), 1e-5);
+  EXPECT_GT(MaxLogProbDifference(stored, f32), 0.0);  // the float64 run did compute in float64
+  EXPECT_LE(MaxLogProbDifference(narrowed, f32), 1e-12);
+
+  // A checkpoint mixing float64 and float32 is a usage error that says why.
+  const std::string command = StriderBinary() + " model eval --config " +
+                              SourcePath("configs/model/tiny.yaml") + " --weights " + mixed_path +
+                              " --tokens 1,2,3 2>&1";
+  RunResult refused = RunCommand({"/bin/sh", "-c", command});
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("F64 weights throughout or none"), std::string::npos)
+      << refused.output;
 }
 
 TEST_F(ModelCommands, CheckPassesAndInfoCountsTheReference) {

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -505,26 +506,136 @@ TEST(AttentionResiduals, ScalingOneSourceLeavesTheWeightsUnchanged) {
   }
 }
 
+// MODEL.md s.3's layer schedule, written from the document and not from Model::Run, over
+// sublayers given as functions. Returns the final read. The test below holds the model to it,
+// so the properties checked on this copy (source counts at 93 layers) are the model's too.
+struct ScheduleSublayers {
+  std::function<at::Tensor(const model::ResidualSources&, int64_t query)> read;
+  std::function<at::Tensor(int64_t layer, const at::Tensor& h)> attention;
+  std::function<at::Tensor(int64_t layer, const at::Tensor& h)> feed_forward;
+};
+
+at::Tensor RunDocumentedSchedule(int64_t layers, int64_t block, const at::Tensor& embedding,
+                                 const ScheduleSublayers& sublayers) {
+  model::ResidualSources sources(embedding);
+  for (int64_t i = 0; i < layers; ++i) {
+    // Layer 0 reads the embedding alone: its read is skipped.
+    at::Tensor h = i == 0 ? embedding : sublayers.read(sources, 2 * i);
+    if (i % block == 0) sources.Seal();
+    sources.Add(sublayers.attention(i, h));
+    h = sublayers.read(sources, 2 * i + 1);
+    sources.Add(sublayers.feed_forward(i, h));
+  }
+  return sublayers.read(sources, 2 * layers);
+}
+
+// Model::Forward against the documented schedule over the model's own layer functions and
+// weights, in fp64 with the model's expert choices replayed: equal to rounding. A schedule
+// change in Model::Run (a seal moved past a sublayer, a read given another query, a sublayer
+// skipped or reordered) moves the logits far above that. Block sizes 1, 2 (tiny's) and 3 put
+// the seals in different places among tiny's four layers.
+TEST(AttentionResiduals, ModelRunsTheDocumentedLayerSchedule) {
+  for (int64_t block : {1, 2, 3}) {
+    SCOPED_TRACE("residual_block " + std::to_string(block));
+    ModelConfig config = LoadConfig("tiny");
+    config.residual_block = block;
+    Result<std::unique_ptr<Model>> created = Model::Create(config, 41);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    Model& model = *created.value();
+    ASSERT_TRUE(model.ConvertTo(at::kDouble).ok());
+    Perturb(model, 42);
+    // Every norm and zero-initialised output away from its starting value, so that no
+    // sublayer's contribution vanishes and each read's mixture matters.
+    {
+      at::NoGradGuard no_grad;
+      at::Generator generator = MakeGenerator(43);
+      for (const auto& [name, tensor] : model.tensors()) {
+        if (name.find("norm") != std::string::npos) {
+          at::Tensor t = tensor;
+          t.normal_(1.0, 0.3, generator);
+        }
+      }
+    }
+    const at::Tensor tokens = at::randint(0, 256, {2, 40}, MakeGenerator(44), at::kLong);
+    ForwardOptions options;
+    options.record_routing = true;
+    Result<ForwardOutput> forward = model.Forward(ModelInput{tokens, {}}, options);
+    ASSERT_TRUE(forward.ok()) << forward.status().ToString();
+
+    TensorMap map;
+    for (const auto& [name, tensor] : model.tensors()) map[name] = tensor.detach();
+    const double eps = config.norm_epsilon;
+    const std::vector<char> kinds = config.LayerKinds();
+    const at::Tensor queries = map.at("residual_queries");
+    int64_t reads = 0;
+    int64_t sparse_index = 0;
+    ScheduleSublayers sublayers;
+    sublayers.read = [&](const model::ResidualSources& sources, int64_t query) {
+      ++reads;
+      return model::ReadResidual(sources, queries[query], eps);
+    };
+    sublayers.attention = [&](int64_t i, const at::Tensor& h) {
+      const std::string prefix = "layers." + std::to_string(i) + ".";
+      const at::Tensor normed = model::RmsNorm(h, map.at(prefix + "attention_norm"), eps);
+      if (kinds[i] == 'I') {
+        return model::IncrementalAttentionForward(
+            model::IncrementalAttentionWeights::Bind(map, prefix + "incremental."),
+            config.incremental, normed, nullptr, eps);
+      }
+      return model::LatentAttentionForward(
+          model::LatentAttentionWeights::Bind(map, prefix + "latent."), config.latent, normed,
+          nullptr, eps);
+    };
+    sublayers.feed_forward = [&](int64_t i, const at::Tensor& h) {
+      const std::string prefix = "layers." + std::to_string(i) + ".";
+      const at::Tensor normed = model::RmsNorm(h, map.at(prefix + "feed_forward_norm"), eps);
+      if (!config.IsMoeLayer(i)) {
+        return model::DenseFeedForward(model::DenseFeedForwardWeights::Bind(map, prefix + "dense."),
+                                       config.feed_forward, normed);
+      }
+      const at::Tensor replay = forward.value()
+                                    .routing.layers.at(sparse_index++)
+                                    .experts.reshape({normed.size(0) * normed.size(1), -1});
+      return model::SparseExpertForward(
+          model::SparseExpertWeights::Bind(map, prefix + "experts.",
+                                           config.feed_forward.shared_experts > 0),
+          config.feed_forward, normed, replay, nullptr, eps);
+    };
+    const at::Tensor embedding = at::embedding(map.at("embedding"), tokens);
+    const at::Tensor final_read = RunDocumentedSchedule(config.layers, block, embedding, sublayers);
+    const at::Tensor logits =
+        model::Linear(model::RmsNorm(final_read, map.at("final_norm"), eps), map.at("output"));
+    EXPECT_EQ(reads, 2 * config.layers);  // 2L + 1 queries, layer 0's first read skipped
+    EXPECT_EQ(sparse_index, static_cast<int64_t>(forward.value().routing.layers.size()));
+    EXPECT_LT(RelativeError(forward.value().logits, logits), 1e-10);
+  }
+}
+
 TEST(AttentionResiduals, NinetyThreeLayersInBlocksOfTwelveEndWithNineSources) {
   const ModelConfig reference = LoadConfig("reference");
   ASSERT_EQ(reference.layers, 93);
   ASSERT_EQ(reference.residual_block, 12);
-  // The schedule of Model::Run: seal at every multiple of the block size, then add the
-  // attention and feed-forward outputs of the layer.
+  // Sublayers that output ones: the sources count sublayer outputs.
   const at::Tensor one = at::ones({1, 1, 1});
-  model::ResidualSources sources(one);
   size_t largest_read = 0;
-  for (int64_t i = 0; i < reference.layers; ++i) {
-    if (i > 0) largest_read = std::max(largest_read, sources.size());
-    if (i % reference.residual_block == 0) sources.Seal();
-    sources.Add(one);
+  size_t final_sources = 0;
+  at::Tensor final_sum;
+  ScheduleSublayers sublayers;
+  sublayers.read = [&](const model::ResidualSources& sources, int64_t query) {
     largest_read = std::max(largest_read, sources.size());
-    sources.Add(one);
-  }
-  EXPECT_EQ(sources.size(), 9u);  // embedding, 7 sealed blocks, the partial last block
+    if (query == 2 * reference.layers) {
+      final_sources = sources.size();
+      final_sum = at::stack(sources.All(), 0).sum();
+    }
+    return one;
+  };
+  sublayers.attention = [&](int64_t, const at::Tensor&) { return one; };
+  sublayers.feed_forward = [&](int64_t, const at::Tensor&) { return one; };
+  RunDocumentedSchedule(reference.layers, reference.residual_block, one, sublayers);
+  EXPECT_EQ(final_sources, 9u);  // embedding, 7 sealed blocks, the partial last block
   EXPECT_EQ(largest_read, 9u);
   // Every sublayer output is in exactly one source: the sources sum to 1 + 2 * 93.
-  EXPECT_EQ(at::stack(sources.All(), 0).sum().item<double>(), 1.0 + 2.0 * 93);
+  EXPECT_EQ(final_sum.item<double>(), 1.0 + 2.0 * 93);
 }
 
 // ------------------------------------------------------------------------------------------

@@ -1,0 +1,114 @@
+// The blockwise latent attention kernels against the materialised reference
+// (common/kernels/latent_attention.h): ragged and paged pasts, strided pages, every storage
+// dtype, and sizes that cross the kernels' internal blocks (thread shares, tiles, key blocks).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/kernels/latent_attention.h"
+
+namespace strider::kernels {
+namespace {
+
+constexpr int64_t kLatentRank = 16;
+constexpr int64_t kRopeDim = 8;
+constexpr int64_t kHeads = 4;
+
+struct Problem {
+  at::Tensor query, new_latent, new_rope_key;
+  LatentAttentionPages pages;
+};
+
+// Row b's past is split into pages of the given sizes. Pages are views of a wider buffer, so
+// their rows are strided as in the engine's paged cache.
+Problem MakeProblem(const std::vector<std::vector<int64_t>>& page_sizes, int64_t tokens,
+                    at::ScalarType compute, at::ScalarType storage, int64_t seed) {
+  at::manual_seed(seed);
+  const int64_t batch = static_cast<int64_t>(page_sizes.size());
+  const auto options = at::TensorOptions().dtype(compute);
+  Problem p;
+  // Scores of a few units, as after the model's scale: softmax neither flat nor one-hot.
+  p.query = at::randn({batch, tokens, kHeads, kLatentRank + kRopeDim}, options) * 0.5;
+  p.new_latent = at::randn({batch, tokens, kLatentRank}, options);
+  p.new_rope_key = at::randn({batch, tokens, kRopeDim}, options);
+  p.pages.resize(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t n : page_sizes[b]) {
+      at::Tensor block = at::randn({n, kLatentRank + kRopeDim + 3}, options).to(storage);
+      p.pages[b].push_back(
+          {block.narrow(1, 0, kLatentRank), block.narrow(1, kLatentRank, kRopeDim)});
+    }
+  }
+  return p;
+}
+
+double MaxDifference(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// The reference runs in fp64 on the same inputs, so the differences are the kernels' rounding.
+void ExpectBothKernelsMatchTheReference(const Problem& p, double tolerance) {
+  at::Tensor reference =
+      LatentAttentionReference(p.query.to(at::kDouble), p.pages, p.new_latent.to(at::kDouble),
+                               p.new_rope_key.to(at::kDouble));
+  ASSERT_EQ(reference.sizes(),
+            (std::vector<int64_t>{p.query.size(0), p.query.size(1), kHeads, kLatentRank}));
+  at::Tensor decode = LatentAttentionDecode(p.query, p.pages, p.new_latent, p.new_rope_key);
+  at::Tensor prefill = LatentAttentionPrefill(p.query, p.pages, p.new_latent, p.new_rope_key);
+  at::Tensor chosen = LatentAttentionOverPages(p.query, p.pages, p.new_latent, p.new_rope_key);
+  EXPECT_EQ(decode.scalar_type(), p.query.scalar_type());
+  EXPECT_EQ(prefill.scalar_type(), p.query.scalar_type());
+  EXPECT_LE(MaxDifference(decode, reference), tolerance);
+  EXPECT_LE(MaxDifference(prefill, reference), tolerance);
+  EXPECT_LE(MaxDifference(chosen, reference), tolerance);
+}
+
+TEST(LatentAttentionKernels, MatchTheReferenceOnRaggedPagedPasts) {
+  // Row 0 has no past, row 1 one page, row 2 several pages of uneven sizes.
+  const std::vector<std::vector<int64_t>> sizes = {{}, {37}, {16, 5, 64, 1}};
+  for (int64_t tokens : {1, 2, 4, 5, 23}) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    ExpectBothKernelsMatchTheReference(MakeProblem(sizes, tokens, at::kFloat, at::kFloat, tokens),
+                                       2e-6);
+    ExpectBothKernelsMatchTheReference(MakeProblem(sizes, tokens, at::kDouble, at::kDouble, tokens),
+                                       1e-12);
+  }
+}
+
+TEST(LatentAttentionKernels, ReadEveryStorageDtypeAsStored) {
+  // A bfloat16 past is widened row by row; the reference widens it whole.
+  const std::vector<std::vector<int64_t>> sizes = {{40, 9}, {3}};
+  ExpectBothKernelsMatchTheReference(MakeProblem(sizes, 3, at::kFloat, at::kBFloat16, 1), 2e-6);
+  ExpectBothKernelsMatchTheReference(MakeProblem(sizes, 7, at::kDouble, at::kFloat, 2), 1e-12);
+}
+
+TEST(LatentAttentionKernels, MatchTheReferenceAcrossBlocks) {
+  // A long past split over threads and merged (pages beyond one run of 4096 keys), and a
+  // prefill with more tokens than one tile of queries and one block of new-token keys.
+  // fp32 sums over thousands of keys round to a few 1e-6; fp64 shows the arithmetic is exact.
+  for (at::ScalarType type : {at::kFloat, at::kDouble}) {
+    const double tolerance = type == at::kFloat ? 2e-5 : 1e-12;
+    ExpectBothKernelsMatchTheReference(MakeProblem({{5000, 4200}, {700}}, 2, type, type, 3),
+                                       tolerance);
+    ExpectBothKernelsMatchTheReference(MakeProblem({{300}}, 600, type, type, 4), tolerance);
+  }
+}
+
+TEST(LatentAttentionKernels, RejectMalformedPages) {
+  Problem p = MakeProblem({{8}}, 2, at::kFloat, at::kFloat, 5);
+  p.pages[0][0].latent = at::zeros({8, kLatentRank + 1});
+  try {
+    LatentAttentionDecode(p.query, p.pages, p.new_latent, p.new_rope_key);
+    FAIL() << "a page of the wrong width was accepted";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("a page must be"), std::string::npos) << error.what();
+  }
+  p = MakeProblem({{8}}, 2, at::kFloat, at::kFloat, 5);
+  p.pages.push_back({});  // two rows of pages for a batch of one
+  EXPECT_THROW(LatentAttentionPrefill(p.query, p.pages, p.new_latent, p.new_rope_key), c10::Error);
+}
+
+}  // namespace
+}  // namespace strider::kernels
