@@ -192,7 +192,9 @@ Result<ModelConfig> LoadModelConfigFromReader(ConfigReader& root) {
   ConfigReader model = root.Section("model");
   if (!root.Has("model")) root.Fail("model", "is required: the file has no model: section");
   ReadModel(model, &config);
-  STRIDER_RETURN_IF_ERROR(root.status());
+  // Finish, not status: a required key found missing is then reported with its misspelling
+  // beside it. Only on error, since a caller may still read other keys of `root`.
+  if (!root.status().ok()) return root.Finish();
   STRIDER_RETURN_IF_ERROR(ValidateModelConfig(config, root.origin()));
   return config;
 }

@@ -113,6 +113,21 @@ TEST(ConfigFiles, MistakesNameWhatWasMeant) {
             std::string::npos)
       << actor.status().ToString();
 
+  text = ReadFile("configs/model/tiny.yaml");
+  const size_t width = text.find("\n  width: ");
+  ASSERT_NE(width, std::string::npos);
+  text.replace(width, 10, "\n  widht: ");
+  const std::string misspelt_model = ::testing::TempDir() + "/strider_misspelt_model.yaml";
+  std::ofstream(misspelt_model) << text;
+  Result<ModelConfig> model_config = LoadModelConfig(misspelt_model);
+  ASSERT_FALSE(model_config.ok());
+  EXPECT_NE(model_config.status().message().find("model.width: is required but missing"),
+            std::string::npos)
+      << model_config.status().ToString();
+  EXPECT_NE(model_config.status().message().find("model.widht: unknown key (did you mean width?)"),
+            std::string::npos)
+      << model_config.status().ToString();
+
   Result<PretrainConfig> pretrain = LoadPretrainConfig("configs/model/tiny.yaml");
   ASSERT_FALSE(pretrain.ok());
   EXPECT_NE(pretrain.status().message().find(
