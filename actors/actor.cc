@@ -122,15 +122,15 @@ struct Group {
 uint64_t Mix(uint64_t a, uint64_t b) { return rollout::DeriveSeed(a, b); }
 
 // The replay schema stores the transcript's roles by value.
-static_assert(static_cast<uint8_t>(Role::kSystem) ==
-                  static_cast<uint8_t>(transcript::Role::kSystem) &&
-              static_cast<uint8_t>(Role::kUser) == static_cast<uint8_t>(transcript::Role::kUser) &&
-              static_cast<uint8_t>(Role::kModel) == static_cast<uint8_t>(transcript::Role::kModel) &&
-              static_cast<uint8_t>(Role::kToolCall) ==
-                  static_cast<uint8_t>(transcript::Role::kToolCall) &&
-              static_cast<uint8_t>(Role::kToolResult) ==
-                  static_cast<uint8_t>(transcript::Role::kToolResult) &&
-              static_cast<uint8_t>(Role::kImage) == static_cast<uint8_t>(transcript::Role::kImage));
+constexpr bool SameValue(Role stored, transcript::Role role) {
+  return static_cast<uint8_t>(stored) == static_cast<uint8_t>(role);
+}
+static_assert(SameValue(Role::kSystem, transcript::Role::kSystem) &&
+              SameValue(Role::kUser, transcript::Role::kUser) &&
+              SameValue(Role::kModel, transcript::Role::kModel) &&
+              SameValue(Role::kToolCall, transcript::Role::kToolCall) &&
+              SameValue(Role::kToolResult, transcript::Role::kToolResult) &&
+              SameValue(Role::kImage, transcript::Role::kImage));
 Role SchemaRole(transcript::Role role) { return static_cast<Role>(role); }
 
 // An observation's images (envs/environment.h) as the transcript, the segmenter and the engine

@@ -7,34 +7,32 @@
 namespace strider::transcript {
 namespace {
 
-int32_t MarkerOf(Role role) {
+// The special token that opens a role's text: a turn's marker, the tool-call marker, or
+// image-start. Role names are these tokens' names.
+int32_t OpeningToken(Role role) {
   switch (role) {
     case Role::kSystem:
       return token::kSystem;
+    case Role::kUser:
+      return token::kUser;
+    case Role::kModel:
+      return token::kModel;
+    case Role::kToolCall:
+      return token::kToolCall;
     case Role::kToolResult:
       return token::kToolResult;
-    case Role::kModel:
-    case Role::kToolCall:
-      return token::kModel;
-    case Role::kUser:
     case Role::kImage:
-      break;
+      return token::kImageStart;
   }
-  return token::kUser;
+  return -1;
 }
 
 }  // namespace
 
 std::string_view RoleName(Role role) {
-  switch (role) {
-    case Role::kSystem: return "system";
-    case Role::kUser: return "user";
-    case Role::kModel: return "model";
-    case Role::kToolCall: return "tool_call";
-    case Role::kToolResult: return "tool_result";
-    case Role::kImage: return "image";
-  }
-  return "unknown";
+  if (role == Role::kImage) return "image";  // not "image_start": the run is the whole image
+  const std::string_view name = Tokenizer::SpecialName(OpeningToken(role));
+  return name.empty() ? "unknown" : name;
 }
 
 void Transcript::Append(Role role, int32_t token) {
@@ -68,7 +66,7 @@ void Transcript::AddSystem(std::string_view description, std::string_view tool_l
 void Transcript::AddObservation(Role role, std::string_view text,
                                 std::span<const int64_t> image_patches) {
   CloseModelTurn(role);
-  Append(role, MarkerOf(role));
+  Append(role, OpeningToken(role));
   for (int64_t patches : image_patches) {
     // Each image its own run, even two in a row: Append starts a new image run every time,
     // so the placeholders go in by hand.

@@ -115,11 +115,14 @@ GeneratedDocument Retrieval(const GeneratorOptions& options, uint64_t seed, int6
 }
 
 // The calculator as the tiny actor config plays it (configs/actor/calculator_tiny.yaml):
-// these transcripts warm a model up for RL on that environment.
+// these transcripts warm a model up for RL on that environment. A problem has difficulty + 1
+// steps, one tool call each.
+constexpr int64_t kToolUseDifficulty = 1;
+
 envs::EnvironmentConfig ToolUseEnvironment() {
   envs::EnvironmentConfig config;
   config.name = "calculator";
-  config.options = {{"difficulty", "1"}};
+  config.options = {{"difficulty", std::to_string(kToolUseDifficulty)}};
   return config;
 }
 
@@ -133,7 +136,7 @@ class FlawedPolicy final : public envs::ScriptedPolicy {
   FlawedPolicy(std::unique_ptr<envs::ScriptedPolicy> policy, Flaw flaw, Rng& rng)
       : policy_(std::move(policy)),
         flaw_(flaw),
-        wrong_call_(rng.Uniform(2)),
+        wrong_call_(rng.Uniform(kToolUseDifficulty + 1)),
         delta_(rng.Range(1, 9)),
         guess_(rng.Range(2, 200)) {}
 

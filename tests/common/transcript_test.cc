@@ -28,6 +28,16 @@ void Sample(Transcript& transcript, std::string_view text) {
   for (int32_t t : Tokenizer::Encode(text)) transcript.AddModelToken(t);
 }
 
+TEST(RoleName, RolesAreNamedAsTheStoredRolesAre) {
+  EXPECT_EQ(RoleName(Role::kSystem), "system");
+  EXPECT_EQ(RoleName(Role::kUser), "user");
+  EXPECT_EQ(RoleName(Role::kModel), "model");
+  EXPECT_EQ(RoleName(Role::kToolCall), "tool_call");
+  EXPECT_EQ(RoleName(Role::kToolResult), "tool_result");
+  EXPECT_EQ(RoleName(Role::kImage), "image");
+  EXPECT_EQ(RoleName(static_cast<Role>(6)), "unknown");
+}
+
 TEST(Transcript, RendersAnEpisodeAsTheActorStreamsIt) {
   Transcript t;
   t.AddSystem("Solve it.", "Tools:\n- calc(expression: string): adds\n");
