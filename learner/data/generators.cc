@@ -11,6 +11,7 @@
 #include "common/transcript.h"
 #include "envs/calculator/calculator.h"
 #include "envs/environment.h"
+#include "envs/episode.h"
 #include "envs/tools.h"
 
 namespace strider::data {
@@ -130,7 +131,8 @@ enum class Flaw { kNone, kWrongCall, kMisread, kNoTool };
 
 // The environment's scripted policy, with at most one mistake: one call with a wrong operand
 // (the environment computes it and labels it incorrect; the policy goes on from its result), the
-// final answer off from the last result, or an answer guessed before any tool call.
+// final answer off from the last result, or an answer guessed before any tool call. Keeps the
+// turns it wrote, for the transcript.
 class FlawedPolicy final : public envs::ScriptedPolicy {
  public:
   FlawedPolicy(std::unique_ptr<envs::ScriptedPolicy> policy, Flaw flaw, Rng& rng)
@@ -141,6 +143,15 @@ class FlawedPolicy final : public envs::ScriptedPolicy {
         guess_(rng.Range(2, 200)) {}
 
   Result<std::string> NextTurn(const std::vector<envs::Observation>& observations) override {
+    Result<std::string> turn = Turn(observations);
+    if (turn.ok()) turns_.push_back(*turn);
+    return turn;
+  }
+
+  const std::vector<std::string>& turns() const { return turns_; }
+
+ private:
+  Result<std::string> Turn(const std::vector<envs::Observation>& observations) {
     if (flaw_ == Flaw::kNoTool) return "Answer: " + std::to_string(guess_);
     STRIDER_ASSIGN_OR_RETURN(std::string text, policy_->NextTurn(observations));
     const bool answering = text.rfind("Answer: ", 0) == 0;
@@ -163,13 +174,13 @@ class FlawedPolicy final : public envs::ScriptedPolicy {
     return text;
   }
 
- private:
   std::unique_ptr<envs::ScriptedPolicy> policy_;
   Flaw flaw_;
   int64_t wrong_call_;
   int64_t delta_;
   int64_t guess_;
   int64_t calls_ = 0;
+  std::vector<std::string> turns_;
 };
 
 [[noreturn]] void GeneratorFailed(const Status& status) {
@@ -194,34 +205,26 @@ GeneratedDocument ToolUse(const GeneratorOptions& options, uint64_t seed, int64_
   FlawedPolicy policy(std::move(*scripted), flaw, rng);
 
   const envs::EnvironmentSpec spec = (*env)->Describe();
+  std::vector<envs::StepResult> steps;
+  const envs::EpisodeReport report =
+      envs::PlayEpisode(**env, policy, document.episode_seed, spec.max_turns, {},
+                        [&](const envs::StepResult& step) { steps.push_back(step); });
+  (*env)->Close();
+  if (report.error) GeneratorFailed(Status::Internal(report.end));
   transcript::Transcript transcript;
   transcript.AddSystem(spec.description, envs::RenderToolList(spec.tools));
-  Result<envs::Observation> first = (*env)->Reset(document.episode_seed, {});
-  if (!first.ok()) GeneratorFailed(first.status());
-  std::vector<envs::Observation> observations = {*first};
-  transcript.AddObservation(envs::TranscriptRole(first->role), first->text);
+  const envs::Observation& first = report.observations.front();
+  transcript.AddObservation(envs::TranscriptRole(first.role), first.text);
   transcript.BeginModelTurn();
-  bool paid = false;
-  for (int32_t turn = 0; turn < spec.max_turns; ++turn) {
-    Result<std::string> text = policy.NextTurn(observations);
-    if (!text.ok()) GeneratorFailed(text.status());
-    transcript.AddModelTurn(*text);
-    Result<envs::StepResult> step = (*env)->Step(envs::MakeAction(*text));
-    if (!step.ok()) GeneratorFailed(step.status());
-    if (step->label == envs::StepLabel::kIncorrect) document.flawed = true;
-    transcript.AddStepResult(envs::TranscriptRole(step->observation.role),
-                             step->observation.text, {}, step->done);
-    observations.push_back(step->observation);
-    if (step->done) {
-      paid = step->outcome_reward.value_or(0.0) == 1.0;
-      break;
-    }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    transcript.AddModelTurn(policy.turns()[i]);
+    transcript.AddStepResult(envs::TranscriptRole(steps[i].observation.role),
+                             steps[i].observation.text, {}, steps[i].done);
   }
-  (*env)->Close();
   transcript.End();
-  // Flawed is what the environment says: a step it labels incorrect, or an unpaid outcome.
-  document.flawed = document.flawed || !paid;
   document.tokens = transcript.Tokens();
+  // Flawed is what the environment says: a step it labels incorrect, or an unpaid outcome.
+  document.flawed = report.incorrect > 0 || report.outcome.value_or(0.0) != 1.0;
   return document;
 }
 

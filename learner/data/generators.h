@@ -8,7 +8,7 @@
 //               attention over the whole document can answer. `answers` marks the value tokens
 //               of the queries: a model retrieves a fact when it predicts all of them.
 //   tool_use    episodes of the calculator environment (at difficulty 1, as the tiny actor
-//               config plays it) by its scripted policy through the envs API, rendered by the
+//               config plays it) by its scripted policy (envs::PlayEpisode), rendered by the
 //               transcript format (common/transcript.h) exactly as an actor shows them: the
 //               same system prompt and tool list, tool calls and results, "Answer: N". A
 //               `flawed_fraction` of them contain a mistake (a call with a wrong operand, a
