@@ -31,6 +31,7 @@
 #include "common/model/model.h"
 #include "common/model/vision.h"
 #include "common/tokenizer.h"
+#include "common/transcript.h"
 #include "common/transport/weight_stream.h"
 #include "envs/tools.h"
 #include "rollout_engine/engine.h"
@@ -90,7 +91,8 @@ struct Episode {
   std::optional<rollout::SequenceId> sequence;
   std::unique_ptr<Segmenter> segmenter;
   std::vector<int32_t> turn_tokens;
-  bool in_tool_call = false;
+  // Where the episode is in the turn structure; holds only the current step's tokens.
+  transcript::Transcript transcript;
   int64_t turns = 0;
   int64_t tool_calls = 0;
   int64_t malformed_tool_calls = 0;
@@ -113,45 +115,36 @@ struct Group {
   std::optional<rollout::SequenceId> source;
   schema::TrajectoryId group_id;
   std::vector<PromptPiece> prompt;     // tokenized once, shared by the group's members
+  transcript::Transcript after_prompt;  // the members continue the transcript from here
   std::vector<at::Tensor> prompt_pixels;  // the prompt's images, for the engine
 };
 
 uint64_t Mix(uint64_t a, uint64_t b) { return rollout::DeriveSeed(a, b); }
 
-Role ObservationRoleOf(envs::ObservationRole role) {
-  switch (role) {
-    case envs::ObservationRole::kSystem:
-      return Role::kSystem;
-    case envs::ObservationRole::kUser:
-      return Role::kUser;
-    case envs::ObservationRole::kToolResult:
-      return Role::kToolResult;
-  }
-  return Role::kUser;
+// The replay schema stores the transcript's roles by value.
+constexpr bool SameValue(Role stored, transcript::Role role) {
+  return static_cast<uint8_t>(stored) == static_cast<uint8_t>(role);
 }
+static_assert(SameValue(Role::kSystem, transcript::Role::kSystem) &&
+              SameValue(Role::kUser, transcript::Role::kUser) &&
+              SameValue(Role::kModel, transcript::Role::kModel) &&
+              SameValue(Role::kToolCall, transcript::Role::kToolCall) &&
+              SameValue(Role::kToolResult, transcript::Role::kToolResult) &&
+              SameValue(Role::kImage, transcript::Role::kImage));
+Role SchemaRole(transcript::Role role) { return static_cast<Role>(role); }
 
-int32_t MarkerOf(envs::ObservationRole role) {
-  switch (role) {
-    case envs::ObservationRole::kSystem:
-      return token::kSystem;
-    case envs::ObservationRole::kUser:
-      return token::kUser;
-    case envs::ObservationRole::kToolResult:
-      return token::kToolResult;
-  }
-  return token::kUser;
-}
-
-// An observation's images as the model takes them (envs/environment.h: images before the text):
-// per image the run image-start, one placeholder per patch, image-end, as a piece of role
-// `image`; and the pixels as (H, W, C) floats in [0, 1] for the engine.
-struct ImageRuns {
-  std::vector<PromptPiece> pieces;
+// An observation's images (envs/environment.h) as the transcript, the segmenter and the engine
+// take them: per image the number of patches (its placeholder run in the transcript), the image
+// as stored with the trajectory, and the pixels as (H, W, C) floats in [0, 1].
+struct ObservationImages {
+  std::vector<int64_t> patches;
+  std::vector<schema::Image> stored;
   std::vector<at::Tensor> pixels;
 };
 
-Result<ImageRuns> MakeImageRuns(const VisionConfig& vision, const std::vector<envs::Image>& images) {
-  ImageRuns out;
+Result<ObservationImages> ReadImages(const VisionConfig& vision,
+                                     const std::vector<envs::Image>& images) {
+  ObservationImages out;
   for (size_t i = 0; i < images.size(); ++i) {
     const envs::Image& image = images[i];
     const std::string what = "observation image " + std::to_string(i);
@@ -170,22 +163,33 @@ Result<ImageRuns> MakeImageRuns(const VisionConfig& vision, const std::vector<en
               .to(at::kFloat)
               .div_(255.0);
       STRIDER_RETURN_IF_ERROR(model::ValidateImage(vision, pixels).WithContext(what));
-      const int64_t patches = model::PatchCount(vision, pixels);
-      PromptPiece piece;
-      piece.role = Role::kImage;
-      piece.tokens.push_back(token::kImageStart);
-      piece.tokens.insert(piece.tokens.end(), patches, token::kImagePatch);
-      piece.tokens.push_back(token::kImageEnd);
-      piece.image = schema::Image{0, static_cast<uint32_t>(image.width),
-                                  static_cast<uint32_t>(image.height),
-                                  static_cast<uint8_t>(image.channels), image.pixels};
-      out.pieces.push_back(std::move(piece));
+      out.patches.push_back(model::PatchCount(vision, pixels));
+      out.stored.push_back(schema::Image{0, static_cast<uint32_t>(image.width),
+                                         static_cast<uint32_t>(image.height),
+                                         static_cast<uint8_t>(image.channels), image.pixels});
       out.pixels.push_back(std::move(pixels));
     } catch (const c10::Error& error) {
       return Status::InvalidArgument(what + ": " + error.what_without_backtrace());
     }
   }
   return out;
+}
+
+// Transcript runs as pieces; each image run carries the next of `images`, in order.
+std::vector<PromptPiece> ToPieces(std::vector<transcript::Run> runs,
+                                  const std::vector<schema::Image>& images) {
+  std::vector<PromptPiece> pieces;
+  size_t image = 0;
+  for (transcript::Run& run : runs) {
+    PromptPiece piece;
+    piece.tokens = std::move(run.tokens);
+    piece.role = SchemaRole(run.role);
+    if (run.role == transcript::Role::kImage && image < images.size()) {
+      piece.image = images[image++];
+    }
+    pieces.push_back(std::move(piece));
+  }
+  return pieces;
 }
 
 // Adds pieces to a trajectory (each image just before its run); returns the tokens added.
@@ -538,26 +542,19 @@ void ActorImpl::OnResetsDone(Group& group) {
   // The prompt, tokenized once: system turn (description and tools), the first observation
   // (its images, then its text), and the header of the model's turn.
   const envs::EnvironmentSpec& spec = first.box->spec;
-  std::string system_text = spec.description;
-  const std::string tools = envs::RenderToolList(spec.tools);
-  if (!tools.empty()) system_text += (system_text.empty() ? "" : "\n") + tools;
-  std::vector<int32_t> system{token::kBeginOfText, token::kSystem};
-  for (int32_t t : Tokenizer::Encode(system_text)) system.push_back(t);
-  system.push_back(token::kEndOfTurn);
-  const Role role = ObservationRoleOf(observation.role);
-  Result<ImageRuns> runs = MakeImageRuns(config_.vision, observation.images);
-  if (!runs.ok()) {
-    fail_group("bad_image", runs.status().ToString());
+  Result<ObservationImages> images = ReadImages(config_.vision, observation.images);
+  if (!images.ok()) {
+    fail_group("bad_image", images.status().ToString());
     return;
   }
-  std::vector<int32_t> text;
-  for (int32_t t : Tokenizer::Encode(observation.text)) text.push_back(t);
-  text.push_back(token::kEndOfTurn);
-  text.push_back(token::kModel);
-  group.prompt = {{system, Role::kSystem, {}}, {{MarkerOf(observation.role)}, role, {}}};
-  for (PromptPiece& piece : runs->pieces) group.prompt.push_back(std::move(piece));
-  group.prompt.push_back({text, role, {}});
-  group.prompt_pixels = std::move(runs->pixels);
+  transcript::Transcript prompt;
+  prompt.AddSystem(spec.description, envs::RenderToolList(spec.tools));
+  prompt.AddObservation(envs::TranscriptRole(observation.role), observation.text,
+                        images->patches);
+  prompt.BeginModelTurn();
+  group.prompt = ToPieces(prompt.Take(), images->stored);
+  group.after_prompt = prompt;
+  group.prompt_pixels = std::move(images->pixels);
   const std::vector<int64_t> tokens = Concatenate(group.prompt);
   if (static_cast<int64_t>(tokens.size()) + options_.sampling.max_new_tokens >
       options_.max_episode_tokens) {
@@ -622,6 +619,7 @@ void ActorImpl::PollGroups() {
       segmenter_options.routing_layers = routing_layers_;
       segmenter_options.routing_top_k = routing_k_;
       e.segmenter = std::make_unique<Segmenter>(segmenter_options, NewTrajectoryId());
+      e.transcript = group.after_prompt;
       metrics_.context_tokens += AddPieces(*e.segmenter, group.prompt);
       e.phase = Phase::kGenerating;
       PushReady(e);
@@ -637,10 +635,7 @@ Status ActorImpl::ProcessStep(const rollout::StepResult& step) {
     if (found == by_sequence_.end()) continue;
     const int64_t index = found->second;
     Episode& e = *episodes_[index];
-    Role role = Role::kModel;
-    if (s.token == token::kToolCall) e.in_tool_call = true;
-    if (e.in_tool_call) role = Role::kToolCall;
-    if (s.token == token::kToolCallEnd) e.in_tool_call = false;
+    const Role role = SchemaRole(e.transcript.AddModelToken(static_cast<int32_t>(s.token)));
     std::span<const uint16_t> experts;
     if (per_token > 0) {
       const int64_t offset = s.position - s.routing.first_position;
@@ -705,32 +700,18 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   envs::StepResult& r = *result;
   (void)e.segmenter->EndStep(static_cast<float>(r.reward.value_or(0.0)));
   for (const auto& [key, value] : r.info) e.info[key] = value;
-  const bool closed = !e.turn_tokens.empty() && e.turn_tokens.back() == token::kEndOfTurn;
   // What the actor writes: a closing marker when the turn hit max_new_tokens, the observation
-  // as one turn, and the header of the next model turn.
-  // Pieces: the closing marker, the observation's marker, its images, its text and end, and
-  // (unless done) the header of the next model turn.
-  const Role role = ObservationRoleOf(r.observation.role);
-  const bool observe = !r.observation.text.empty() || !r.observation.images.empty() || !r.done;
-  std::vector<PromptPiece> pieces(1);
-  pieces[0].role = role;
-  if (!closed) pieces[0].tokens.push_back(token::kEndOfTurn);
-  std::vector<at::Tensor> pixels;
-  if (observe) {
-    pieces[0].tokens.push_back(MarkerOf(r.observation.role));
-    Result<ImageRuns> runs = MakeImageRuns(config_.vision, r.observation.images);
-    if (!runs.ok()) {
-      FinishEpisode(index, "bad_image", runs.status().ToString());
-      return;
-    }
-    for (PromptPiece& piece : runs->pieces) pieces.push_back(std::move(piece));
-    pixels = std::move(runs->pixels);
-    PromptPiece text;
-    text.role = role;
-    for (int32_t t : Tokenizer::Encode(r.observation.text)) text.tokens.push_back(t);
-    text.tokens.push_back(token::kEndOfTurn);
-    pieces.push_back(std::move(text));
+  // as one turn (its images, then its text), and (unless done) the header of the next model
+  // turn. The model's turn itself went to the segmenter token by token, with its log-probs.
+  Result<ObservationImages> images = ReadImages(config_.vision, r.observation.images);
+  if (!images.ok()) {
+    FinishEpisode(index, "bad_image", images.status().ToString());
+    return;
   }
+  e.transcript.Take();
+  e.transcript.AddStepResult(envs::TranscriptRole(r.observation.role), r.observation.text,
+                             images->patches, r.done);
+  const std::vector<PromptPiece> pieces = ToPieces(e.transcript.Take(), images->stored);
   if (r.done) {
     // The final observation (a verdict) is context after the last action; no turn follows.
     e.outcome = static_cast<float>(r.outcome_reward.value_or(0.0));
@@ -742,7 +723,6 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
     FinishEpisode(index, "max_turns", "no answer after " + std::to_string(e.turns) + " turns");
     return;
   }
-  pieces.back().tokens.push_back(token::kModel);
   const std::vector<int64_t> tokens = Concatenate(pieces);
   if (e.segmenter->length() + static_cast<int64_t>(tokens.size()) +
           options_.sampling.max_new_tokens >
@@ -754,9 +734,8 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   }
   metrics_.context_tokens += AddPieces(*e.segmenter, pieces);
   e.turn_tokens.clear();
-  e.in_tool_call = false;
   rollout::Request request{tokens, TurnSampling(e), false};
-  request.images = std::move(pixels);
+  request.images = std::move(images->pixels);
   Status appended = engine_->Append(*e.sequence, request);
   if (!appended.ok()) {
     FinishEpisode(index, "engine", appended.ToString());

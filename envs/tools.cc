@@ -118,6 +118,18 @@ std::string RenderToolList(const std::vector<ToolSpec>& tools) {
   return out;
 }
 
+transcript::Role TranscriptRole(ObservationRole role) {
+  switch (role) {
+    case ObservationRole::kSystem:
+      return transcript::Role::kSystem;
+    case ObservationRole::kUser:
+      return transcript::Role::kUser;
+    case ObservationRole::kToolResult:
+      return transcript::Role::kToolResult;
+  }
+  return transcript::Role::kUser;
+}
+
 std::string ToolErrorText(std::string_view why) { return "error: " + std::string(why); }
 
 std::string_view StepLabelName(StepLabel label) {

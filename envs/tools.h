@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/transcript.h"
 #include "envs/environment.h"
 
 namespace strider::envs {
@@ -44,6 +45,9 @@ std::string FormatToolCall(std::string_view name, std::string_view arguments);
 // Empty when there are no tools. `arguments` schemas render as "key: type, ..." when they are a
 // flat JSON object of strings, else verbatim.
 std::string RenderToolList(const std::vector<ToolSpec>& tools);
+
+// The transcript role of an observation's turn (common/transcript.h renders the conversation).
+transcript::Role TranscriptRole(ObservationRole role);
 
 // The tool_result text for a call the environment cannot run: "error: <why>". Environments use
 // it for malformed calls, unknown tools and bad arguments so the model sees the same shape.

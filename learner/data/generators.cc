@@ -3,8 +3,16 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
 
 #include "common/tokenizer.h"
+#include "common/transcript.h"
+#include "envs/calculator/calculator.h"
+#include "envs/environment.h"
+#include "envs/episode.h"
+#include "envs/tools.h"
 
 namespace strider::data {
 namespace {
@@ -107,71 +115,116 @@ GeneratedDocument Retrieval(const GeneratorOptions& options, uint64_t seed, int6
   return document;
 }
 
-void Turn(std::vector<int32_t>& tokens, int32_t role, std::string_view text) {
-  tokens.push_back(role);
-  AppendText(tokens, text);
-  tokens.push_back(token::kEndOfTurn);
+// The calculator as the tiny actor config plays it (configs/actor/calculator_tiny.yaml):
+// these transcripts warm a model up for RL on that environment. A problem has difficulty + 1
+// steps, one tool call each.
+constexpr int64_t kToolUseDifficulty = 1;
+
+envs::EnvironmentConfig ToolUseEnvironment() {
+  envs::EnvironmentConfig config;
+  config.name = "calculator";
+  config.options = {{"difficulty", std::to_string(kToolUseDifficulty)}};
+  return config;
 }
 
+enum class Flaw { kNone, kWrongCall, kMisread, kNoTool };
+
+// The environment's scripted policy, with at most one mistake: one call with a wrong operand
+// (the environment computes it and labels it incorrect; the policy goes on from its result), the
+// final answer off from the last result, or an answer guessed before any tool call. Keeps the
+// turns it wrote, for the transcript.
+class FlawedPolicy final : public envs::ScriptedPolicy {
+ public:
+  FlawedPolicy(std::unique_ptr<envs::ScriptedPolicy> policy, Flaw flaw, Rng& rng)
+      : policy_(std::move(policy)),
+        flaw_(flaw),
+        wrong_call_(rng.Uniform(kToolUseDifficulty + 1)),
+        delta_(rng.Range(1, 9)),
+        guess_(rng.Range(2, 200)) {}
+
+  Result<std::string> NextTurn(const std::vector<envs::Observation>& observations) override {
+    Result<std::string> turn = Turn(observations);
+    if (turn.ok()) turns_.push_back(*turn);
+    return turn;
+  }
+
+  const std::vector<std::string>& turns() const { return turns_; }
+
+ private:
+  Result<std::string> Turn(const std::vector<envs::Observation>& observations) {
+    if (flaw_ == Flaw::kNoTool) return "Answer: " + std::to_string(guess_);
+    STRIDER_ASSIGN_OR_RETURN(std::string text, policy_->NextTurn(observations));
+    const bool answering = text.rfind("Answer: ", 0) == 0;
+    if (answering && flaw_ == Flaw::kMisread) {
+      const double value = std::strtod(text.c_str() + 8, nullptr);
+      return "Answer: " + envs::FormatNumber(value + 10.0 * delta_);
+    }
+    if (!answering && flaw_ == Flaw::kWrongCall && calls_++ == wrong_call_) {
+      Result<std::optional<envs::ToolCall>> call = envs::ParseToolCall(text);
+      if (call.ok() && call->has_value()) {
+        // The running value misread: its last digit changed.
+        std::string arguments = (*call)->arguments;
+        const size_t op = arguments.find_first_of("+-*/", 1);
+        const size_t last = (op == std::string::npos ? arguments.size() : op) - 1;
+        arguments[last] = static_cast<char>('0' + (arguments[last] - '0' + delta_) % 10);
+        return text.substr(0, text.find(envs::kToolCallOpen)) +
+               envs::FormatToolCall((*call)->name, arguments);
+      }
+    }
+    return text;
+  }
+
+  std::unique_ptr<envs::ScriptedPolicy> policy_;
+  Flaw flaw_;
+  int64_t wrong_call_;
+  int64_t delta_;
+  int64_t guess_;
+  int64_t calls_ = 0;
+  std::vector<std::string> turns_;
+};
+
+[[noreturn]] void GeneratorFailed(const Status& status) {
+  // The environment is built in with fixed options: a failure here is a bug, not bad input.
+  std::fprintf(stderr, "tool_use generator: %s\n", status.ToString().c_str());
+  std::abort();
+}
+
+// One episode of the environment, played through the envs API and rendered by the transcript
+// format exactly as an actor shows it to the model (common/transcript.h), then end-of-text.
 GeneratedDocument ToolUse(const GeneratorOptions& options, uint64_t seed, int64_t index) {
   Rng rng(seed, index, 2);
+  Flaw flaw = Flaw::kNone;
+  if (rng.Unit() < options.flawed_fraction) flaw = static_cast<Flaw>(1 + rng.Uniform(3));
   GeneratedDocument document;
-  std::vector<int32_t>& t = document.tokens;
-  t.push_back(token::kBeginOfText);
-  Turn(t, token::kSystem,
-       "You can call calc(expression) to do arithmetic and lookup(name) to read the registry.");
-  const bool flawed = rng.Unit() < options.flawed_fraction;
-  document.flawed = flawed;
-  const int64_t flaw = flawed ? rng.Uniform(3) : -1;  // 0 wrong call, 1 misread, 2 no tool
-  if (rng.Uniform(2) == 0) {
-    // Calculator environment.
-    const int64_t a = rng.Range(2, 99), b = rng.Range(2, 99), c = rng.Range(1, 999);
-    const std::string expression =
-        std::to_string(a) + "*" + std::to_string(b) + "+" + std::to_string(c);
-    const int64_t truth = a * b + c;
-    Turn(t, token::kUser, "What is " + expression + "?");
-    if (flaw == 2) {
-      Turn(t, token::kModel, "It is about " + std::to_string(truth + rng.Range(1, 50)) + ".");
-    } else {
-      const std::string called =
-          flaw == 0 ? std::to_string(b) + "*" + std::to_string(a + 1) + "+" + std::to_string(c)
-                    : expression;
-      const int64_t result = flaw == 0 ? b * (a + 1) + c : truth;
-      t.push_back(token::kModel);
-      AppendText(t, "Let me compute it.");
-      t.push_back(token::kToolCall);
-      AppendText(t, "calc(" + called + ")");
-      t.push_back(token::kToolCallEnd);
-      t.push_back(token::kEndOfTurn);
-      Turn(t, token::kToolResult, std::to_string(result));
-      const int64_t said = flaw == 1 ? result + rng.Range(1, 9) * 10 : result;
-      Turn(t, token::kModel, expression + " = " + std::to_string(said) + ".");
-    }
-  } else {
-    // Lookup environment: a registry of made-up names and numbers.
-    std::string name;
-    const int64_t letters = rng.Range(4, 7);
-    for (int64_t i = 0; i < letters; ++i) name += static_cast<char>('a' + rng.Uniform(26));
-    const int64_t truth = rng.Range(1000, 9999);
-    Turn(t, token::kUser, "What number does the registry hold for " + name + "?");
-    if (flaw == 2) {
-      Turn(t, token::kModel, "I think it is " + std::to_string(rng.Range(1000, 9999)) + ".");
-    } else {
-      std::string called = name;
-      if (flaw == 0) called[rng.Uniform(called.size())] = static_cast<char>('a' + rng.Uniform(26));
-      const int64_t result = (flaw == 0 && called != name) ? rng.Range(1000, 9999) : truth;
-      t.push_back(token::kModel);
-      AppendText(t, "I will look it up.");
-      t.push_back(token::kToolCall);
-      AppendText(t, "lookup(" + called + ")");
-      t.push_back(token::kToolCallEnd);
-      t.push_back(token::kEndOfTurn);
-      Turn(t, token::kToolResult, called + ": " + std::to_string(result));
-      const int64_t said = flaw == 1 ? (result + rng.Range(1, 8) * 1000) % 9000 + 1000 : result;
-      Turn(t, token::kModel, "The registry holds " + std::to_string(said) + " for " + name + ".");
-    }
+  document.episode_seed = rng.Next();
+  Result<std::unique_ptr<envs::Environment>> env = envs::MakeEnvironment(ToolUseEnvironment());
+  if (!env.ok()) GeneratorFailed(env.status());
+  Result<std::unique_ptr<envs::ScriptedPolicy>> scripted =
+      envs::MakeScriptedPolicy(ToolUseEnvironment());
+  if (!scripted.ok()) GeneratorFailed(scripted.status());
+  FlawedPolicy policy(std::move(*scripted), flaw, rng);
+
+  const envs::EnvironmentSpec spec = (*env)->Describe();
+  std::vector<envs::StepResult> steps;
+  const envs::EpisodeReport report =
+      envs::PlayEpisode(**env, policy, document.episode_seed, spec.max_turns, {},
+                        [&](const envs::StepResult& step) { steps.push_back(step); });
+  (*env)->Close();
+  if (report.error) GeneratorFailed(Status::Internal(report.end));
+  transcript::Transcript transcript;
+  transcript.AddSystem(spec.description, envs::RenderToolList(spec.tools));
+  const envs::Observation& first = report.observations.front();
+  transcript.AddObservation(envs::TranscriptRole(first.role), first.text);
+  transcript.BeginModelTurn();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    transcript.AddModelTurn(policy.turns()[i]);
+    transcript.AddStepResult(envs::TranscriptRole(steps[i].observation.role),
+                             steps[i].observation.text, {}, steps[i].done);
   }
-  t.push_back(token::kEndOfText);
+  transcript.End();
+  document.tokens = transcript.Tokens();
+  // Flawed is what the environment says: a step it labels incorrect, or an unpaid outcome.
+  document.flawed = report.incorrect > 0 || report.outcome.value_or(0.0) != 1.0;
   return document;
 }
 
@@ -224,15 +277,6 @@ Result<GeneratorKind> ParseGeneratorName(std::string_view name) {
   if (name == "image_text") return GeneratorKind::kImageText;
   return Status::InvalidArgument("unknown generator '" + std::string(name) +
                                  "' (known: retrieval, tool_use, image_text)");
-}
-
-std::string_view GeneratorName(GeneratorKind kind) {
-  switch (kind) {
-    case GeneratorKind::kRetrieval: return "retrieval";
-    case GeneratorKind::kToolUse: return "tool_use";
-    case GeneratorKind::kImageText: return "image_text";
-  }
-  return "?";
 }
 
 std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const int32_t* tokens,

@@ -7,10 +7,13 @@
 //               lower-case words without newlines, so a fact is recognisable by its form and only
 //               attention over the whole document can answer. `answers` marks the value tokens
 //               of the queries: a model retrieves a fact when it predicts all of them.
-//   tool_use    transcripts with role tokens for the calculator and lookup environments: the
-//               model calls a tool, reads its result and answers. A `flawed_fraction` of them
-//               contain a mistake (a wrong call, a misread result, a guess without a tool call)
-//               so process rewards later have something to correct.
+//   tool_use    episodes of the calculator environment (at difficulty 1, as the tiny actor
+//               config plays it) by its scripted policy (envs::PlayEpisode), rendered by the
+//               transcript format (common/transcript.h) exactly as an actor shows them: the
+//               same system prompt and tool list, tool calls and results, "Answer: N". A
+//               `flawed_fraction` of them contain a mistake (a call with a wrong operand, a
+//               misread last result, an answer guessed without a tool call) so process rewards
+//               later have something to correct; `flawed` is the environment's verdict.
 //   image_text  an image placeholder (image-start, patch tokens, image-end) followed by its
 //               caption ("a red circle at the top left on a blue background"). The caption fully
 //               describes the picture, so RenderCaptionImage draws the pixels from it when a
@@ -32,7 +35,6 @@ namespace strider::data {
 enum class GeneratorKind { kRetrieval, kToolUse, kImageText };
 
 Result<GeneratorKind> ParseGeneratorName(std::string_view name);
-std::string_view GeneratorName(GeneratorKind kind);
 
 struct GeneratorOptions {
   // retrieval: document length in tokens, BOS and EOT included. When `min_length` > 0 each
@@ -54,7 +56,11 @@ struct GeneratedDocument {
   std::vector<int32_t> tokens;  // starts with begin-of-text, ends with end-of-text
   // retrieval: [begin, end) token ranges of each query's answer, in document order.
   std::vector<std::pair<int64_t, int64_t>> answers;
-  bool flawed = false;  // tool_use: the transcript contains a mistake
+  // tool_use: the environment labelled a step incorrect or did not pay the answer.
+  bool flawed = false;
+  // tool_use: the seed the environment's episode was reset with, so evaluation and tests can
+  // play the transcript's turns against the environment again.
+  uint64_t episode_seed = 0;
 };
 
 GeneratedDocument Generate(GeneratorKind kind, const GeneratorOptions& options, uint64_t seed,

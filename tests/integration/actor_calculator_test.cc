@@ -20,6 +20,8 @@
 #include "common/model/model.h"
 #include "common/tokenizer.h"
 #include "common/transport/weight_stream.h"
+#include "envs/environment.h"
+#include "envs/tools.h"
 #include "replay/inspect.h"
 #include "tests/integration/child_process.h"
 #include "tests/replay/temp_dir.h"
@@ -157,6 +159,82 @@ double MaxLogProbError(const Model& model, const Trajectory& t) {
   return worst;
 }
 
+// A stored calculator trajectory as the actor has always written it, spelt out here rather than
+// rendered through common/transcript.h: the system turn (description, tool list), the task, then
+// per model turn its sampled tokens (tool_call from marker to marker), a closing end-of-turn
+// when it was cut at max_new_tokens, and the environment's answer, replayed from the episode's
+// seed, as a turn of its role followed by the next model header. The episode ends after its
+// last model turn (max_turns). The tokens and roles must match exactly.
+void ExpectTheActorsTranscript(const Trajectory& t, const std::string& difficulty) {
+  envs::EnvironmentConfig config;
+  config.name = "calculator";
+  config.options = {{"difficulty", difficulty}};
+  Result<std::unique_ptr<envs::Environment>> env = envs::MakeEnvironment(config);
+  ASSERT_TRUE(env.ok()) << env.status().ToString();
+  const envs::EnvironmentSpec spec = (*env)->Describe();
+  Result<envs::Observation> first = (*env)->Reset(std::stoull(t.metadata.at("seed")), {});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  std::vector<int32_t> tokens;
+  std::vector<schema::Role> roles;
+  auto add = [&](int32_t token, schema::Role role) {
+    tokens.push_back(token);
+    roles.push_back(role);
+  };
+  auto add_text = [&](const std::string& text, schema::Role role) {
+    for (int32_t token : Tokenizer::Encode(text)) add(token, role);
+  };
+  auto role_of = [](envs::ObservationRole role) {
+    return role == envs::ObservationRole::kToolResult ? schema::Role::kToolResult
+           : role == envs::ObservationRole::kSystem   ? schema::Role::kSystem
+                                                       : schema::Role::kUser;
+  };
+  auto marker_of = [](envs::ObservationRole role) {
+    return role == envs::ObservationRole::kToolResult ? token::kToolResult
+           : role == envs::ObservationRole::kSystem   ? token::kSystem
+                                                       : token::kUser;
+  };
+  add(token::kBeginOfText, schema::Role::kSystem);
+  add(token::kSystem, schema::Role::kSystem);
+  add_text(spec.description + "\n" + envs::RenderToolList(spec.tools), schema::Role::kSystem);
+  add(token::kEndOfTurn, schema::Role::kSystem);
+  add(marker_of(first->role), role_of(first->role));
+  add_text(first->text, role_of(first->role));
+  add(token::kEndOfTurn, role_of(first->role));
+  add(token::kModel, role_of(first->role));
+  size_t at = tokens.size();
+  while (at < t.tokens.size()) {
+    // The model's turn: every action token from here.
+    std::vector<int32_t> turn;
+    bool in_call = false;
+    while (at < t.tokens.size() && schema::IsAction(t.roles[at])) {
+      const int32_t token = t.tokens[at++];
+      if (token == token::kToolCall) in_call = true;
+      add(token, in_call ? schema::Role::kToolCall : schema::Role::kModel);
+      if (token == token::kToolCallEnd) in_call = false;
+      turn.push_back(token);
+    }
+    ASSERT_FALSE(turn.empty()) << "no model turn at position " << at;
+    if (at == t.tokens.size()) break;  // the last turn: the episode ended at max_turns
+    const bool closed = turn.back() == token::kEndOfTurn;
+    if (closed || turn.back() == token::kEndOfText) turn.pop_back();
+    Result<envs::StepResult> step =
+        (*env)->Step(envs::MakeAction(Tokenizer::Decode(turn)));
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    ASSERT_FALSE(step->done) << "a random model never answers";
+    const schema::Role role = role_of(step->observation.role);
+    if (!closed) add(token::kEndOfTurn, role);
+    add(marker_of(step->observation.role), role);
+    add_text(step->observation.text, role);
+    add(token::kEndOfTurn, role);
+    add(token::kModel, role);
+    at = tokens.size();
+    ASSERT_LE(at, t.tokens.size()) << Tokenizer::Decode(t.tokens);
+  }
+  EXPECT_EQ(Tokenizer::Decode(t.tokens), Tokenizer::Decode(tokens));
+  EXPECT_EQ(t.tokens, tokens);
+  EXPECT_EQ(t.roles, roles);
+}
+
 TEST(ActorProcess, CalculatorTrajectoriesReassembleAndLogProbsMatchTheModel) {
   TempDir dir;
   ChildProcess server;
@@ -189,6 +267,7 @@ TEST(ActorProcess, CalculatorTrajectoriesReassembleAndLogProbsMatchTheModel) {
     EXPECT_EQ(t.tokens[0], token::kBeginOfText);
     EXPECT_EQ(t.tokens[1], token::kSystem);
     EXPECT_EQ(t.metadata.at("status"), "max_turns") << "a random model never answers";
+    ExpectTheActorsTranscript(t, "1");
     EXPECT_EQ(t.steps, 3u);
     groups.insert(t.metadata.at("group"));
     malformed += std::stoll(t.metadata.at("malformed_tool_calls"));

@@ -7,6 +7,9 @@
 #include <random>
 
 #include "common/tokenizer.h"
+#include "common/transcript.h"
+#include "envs/environment.h"
+#include "envs/tools.h"
 #include "learner/data/builder.h"
 #include "learner/data/dataset.h"
 #include "learner/data/generators.h"
@@ -269,6 +272,73 @@ TEST(Generators, ToolUseHasRolesAndSomeFlawedTranscripts) {
   }
   EXPECT_GT(flawed, 20);
   EXPECT_LT(flawed, 70);
+}
+
+// The model turns of a token stream, each without its end-of-turn, found by their roles.
+std::vector<std::string> ModelTurns(const std::vector<int32_t>& tokens) {
+  const std::vector<transcript::Role> roles = transcript::ReadRoles(tokens);
+  std::vector<std::string> turns;
+  std::vector<int32_t> turn;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (!transcript::IsAction(roles[i])) continue;
+    if (tokens[i] == token::kEndOfTurn) {
+      turns.push_back(Tokenizer::Decode(turn));
+      turn.clear();
+    } else {
+      turn.push_back(tokens[i]);
+    }
+  }
+  return turns;
+}
+
+TEST(Generators, ToolUseTranscriptsAreCalculatorEpisodesAsAnActorShowsThem) {
+  envs::EnvironmentConfig calculator;
+  calculator.name = "calculator";
+  calculator.options = {{"difficulty", "1"}};
+  GeneratorOptions options;
+  int flawed = 0;
+  int paid = 0;
+  for (int i = 0; i < 100; ++i) {
+    const GeneratedDocument doc = Generate(GeneratorKind::kToolUse, options, 5, i);
+    Result<std::unique_ptr<envs::Environment>> env = envs::MakeEnvironment(calculator);
+    ASSERT_TRUE(env.ok()) << env.status().ToString();
+    const envs::EnvironmentSpec spec = (*env)->Describe();
+    Result<envs::Observation> first = (*env)->Reset(doc.episode_seed, {});
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    // The actor's prompt: the environment's description and tool list, the task, the header.
+    std::string expected = "<|begin_of_text|><|system|>" + spec.description + "\n" +
+                           envs::RenderToolList(spec.tools) + "<|end_of_turn|><|user|>" +
+                           first->text + "<|end_of_turn|><|model|>";
+    // Each model turn played again: the environment answers what the transcript says it
+    // answered, and pays the last answer exactly when the document is not flawed.
+    bool incorrect_step = false;
+    double outcome = -1;
+    std::string last_turn;
+    std::string truth;
+    for (const std::string& turn : ModelTurns(doc.tokens)) {
+      ASSERT_LT(outcome, 0) << "a model turn after the episode ended";
+      expected += turn + "<|end_of_turn|>";
+      Result<envs::StepResult> step = (*env)->Step(envs::MakeAction(turn));
+      ASSERT_TRUE(step.ok()) << step.status().ToString();
+      incorrect_step |= step->label == envs::StepLabel::kIncorrect;
+      last_turn = turn;
+      if (step->done) {
+        outcome = step->outcome_reward.value_or(0.0);
+        truth = step->info["answer"];
+        continue;
+      }
+      expected += "<|" + std::string(envs::ObservationRoleName(step->observation.role)) + "|>" +
+                  step->observation.text + "<|end_of_turn|><|model|>";
+    }
+    EXPECT_EQ(Tokenizer::Decode(doc.tokens), expected + "<|end_of_text|>");
+    EXPECT_EQ(doc.flawed, incorrect_step || outcome != 1.0) << Tokenizer::Decode(doc.tokens);
+    if (!doc.flawed) EXPECT_EQ(last_turn, "Answer: " + truth);
+    flawed += doc.flawed;
+    paid += outcome == 1.0;
+  }
+  EXPECT_GT(flawed, 5);
+  EXPECT_LT(flawed, 40);
+  EXPECT_GE(paid, 60);
 }
 
 TEST(Generators, ImageCaptionsRenderToTheirPicture) {
