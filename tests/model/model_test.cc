@@ -10,17 +10,12 @@
 #include "common/model/model.h"
 #include "common/model/two_path_check.h"
 #include "common/tokenizer.h"
+#include "tests/shipped_config.h"
 
 namespace strider {
 namespace {
 
-ModelConfig TinyConfig() {
-  const char* source = std::getenv("STRIDER_SOURCE_DIR");
-  Result<ModelConfig> config =
-      LoadModelConfig(std::string(source ? source : ".") + "/configs/model/tiny.yaml");
-  EXPECT_TRUE(config.ok()) << config.status().ToString();
-  return *config;
-}
+ModelConfig TinyConfig() { return testing::ShippedModelConfig("tiny"); }
 
 std::unique_ptr<Model> TinyModel(uint64_t seed) {
   ConfigureRuntime(2);

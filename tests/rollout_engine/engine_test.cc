@@ -13,17 +13,12 @@
 #include "common/model/model.h"
 #include "common/tokenizer.h"
 #include "rollout_engine/engine_testing.h"
+#include "tests/shipped_config.h"
 
 namespace strider::rollout {
 namespace {
 
-ModelConfig TinyConfig() {
-  const char* source = std::getenv("STRIDER_SOURCE_DIR");
-  Result<ModelConfig> config =
-      LoadModelConfig(std::string(source ? source : ".") + "/configs/model/tiny.yaml");
-  EXPECT_TRUE(config.ok()) << config.status().ToString();
-  return *config;
-}
+ModelConfig TinyConfig() { return testing::ShippedModelConfig("tiny"); }
 
 std::shared_ptr<const Model> TinyModel(uint64_t seed) {
   ConfigureRuntime(2);

@@ -12,17 +12,12 @@
 #include <string>
 
 #include "common/model/config.h"
+#include "tests/shipped_config.h"
 
 namespace strider::rollout {
 namespace {
 
-ModelConfig Tiny() {
-  const char* source = std::getenv("STRIDER_SOURCE_DIR");
-  Result<ModelConfig> config =
-      LoadModelConfig(std::string(source ? source : ".") + "/configs/model/tiny.yaml");
-  EXPECT_TRUE(config.ok()) << config.status().ToString();
-  return *config;
-}
+ModelConfig Tiny() { return testing::ShippedModelConfig("tiny"); }
 
 SequenceState RandomState(const ModelConfig& config, int64_t length) {
   const auto& inc = config.incremental;
