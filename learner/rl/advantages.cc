@@ -216,15 +216,11 @@ Result<GroupAdvantages> OutcomeGroup(const GroupInput& group, const AdvantageOpt
 
 Result<GroupAdvantages> ComputeAdvantages(const GroupInput& group,
                                           const AdvantageOptions& options) {
+  STRIDER_RETURN_IF_ERROR(CheckAdvantageEstimator(options.estimator));
   for (const Estimator& estimator : kEstimators) {
     if (options.estimator == estimator.name) return estimator.compute(group, options);
   }
-  std::string known;
-  for (const Estimator& estimator : kEstimators) {
-    known += (known.empty() ? "" : ", ") + std::string(estimator.name);
-  }
-  return Status::NotFound("unknown advantage estimator '" + options.estimator +
-                          "' (known: " + known + ")");
+  return Status::Internal("estimator '" + options.estimator + "' checked but not found");
 }
 
 std::vector<std::string> RegisteredAdvantageEstimators() {
@@ -233,11 +229,13 @@ std::vector<std::string> RegisteredAdvantageEstimators() {
   return names;
 }
 
-bool IsAdvantageEstimator(const std::string& name) {
+Status CheckAdvantageEstimator(const std::string& name) {
+  std::string known;
   for (const Estimator& estimator : kEstimators) {
-    if (name == estimator.name) return true;
+    if (name == estimator.name) return Status::Ok();
+    known += (known.empty() ? "" : ", ") + std::string(estimator.name);
   }
-  return false;
+  return Status::NotFound("unknown advantage estimator '" + name + "' (known: " + known + ")");
 }
 
 }  // namespace strider::rl

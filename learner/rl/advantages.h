@@ -88,10 +88,11 @@ Result<GroupAdvantages> OutcomeGroup(const GroupInput& group, const AdvantageOpt
 // mean is then the baseline).
 Result<GroupAdvantages> ImplicitProcess(const GroupInput& group, const AdvantageOptions& options);
 
-// The estimator AdvantageOptions::estimator names. NotFound, listing the registered names,
-// for another name.
+// The estimator AdvantageOptions::estimator names; CheckAdvantageEstimator's error for a name
+// not registered.
 Result<GroupAdvantages> ComputeAdvantages(const GroupInput& group, const AdvantageOptions& options);
 std::vector<std::string> RegisteredAdvantageEstimators();
-bool IsAdvantageEstimator(const std::string& name);
+// OK for a registered name, else NotFound listing the registered ones.
+Status CheckAdvantageEstimator(const std::string& name);
 
 }  // namespace strider::rl

@@ -41,6 +41,21 @@ std::string NameOf(const std::array<std::pair<const char*, Enum>, N>& names, Enu
   return "unknown";
 }
 
+// Reads `key` as one of `names` into `out`, keeping `out` where the key is absent.
+template <typename Enum, size_t N>
+void ReadName(ConfigReader& reader, const std::string& key,
+              const std::array<std::pair<const char*, Enum>, N>& names, const char* what,
+              Enum* out) {
+  std::string name = NameOf(names, *out);
+  reader.Optional(key, &name);
+  Result<Enum> parsed = ParseName(names, name, what);
+  if (parsed.ok()) {
+    *out = *parsed;
+  } else {
+    reader.Fail(key, parsed.status().message());
+  }
+}
+
 }  // namespace
 
 Result<KlEstimator> ParseKlEstimator(const std::string& name) {
@@ -59,12 +74,8 @@ Status ReadObjectiveConfig(ConfigReader& section, ObjectiveConfig* config) {
   AdvantageOptions& a = config->advantages;
   ConfigReader advantages = section.Section("advantages");
   advantages.Optional("estimator", &a.estimator);
-  if (!IsAdvantageEstimator(a.estimator)) {
-    std::string known;
-    for (const std::string& name : RegisteredAdvantageEstimators()) {
-      known += (known.empty() ? "" : ", ") + name;
-    }
-    advantages.Fail("estimator", "unknown estimator '" + a.estimator + "' (known: " + known + ")");
+  if (const Status known = CheckAdvantageEstimator(a.estimator); !known.ok()) {
+    advantages.Fail("estimator", known.message());
   }
   advantages.Optional("gamma", &a.gamma);
   advantages.Check(a.gamma >= 0 && a.gamma <= 1, "gamma", "must be in [0, 1]");
@@ -91,13 +102,7 @@ Status ReadObjectiveConfig(ConfigReader& section, ObjectiveConfig* config) {
   policy.Check(p.importance_cap > 0, "importance_cap", "must be positive");
   policy.Optional("kl_coef", &p.kl_coef);
   policy.Check(p.kl_coef >= 0, "kl_coef", "must not be negative");
-  std::string kl_estimator = KlEstimatorName(p.kl_estimator);
-  policy.Optional("kl_estimator", &kl_estimator);
-  if (Result<KlEstimator> parsed = ParseKlEstimator(kl_estimator); parsed.ok()) {
-    p.kl_estimator = *parsed;
-  } else {
-    policy.Fail("kl_estimator", parsed.status().message());
-  }
+  ReadName(policy, "kl_estimator", kKlEstimators, "KL estimator", &p.kl_estimator);
   policy.Optional("entropy_coef", &p.entropy_coef);
 
   ConfigReader value = section.Section("value");
@@ -106,13 +111,7 @@ Status ReadObjectiveConfig(ConfigReader& section, ObjectiveConfig* config) {
   value.Optional("clip", &p.value_clip);
   value.Check(p.value_clip >= 0, "clip", "must not be negative (0: unclipped)");
 
-  std::string aggregation = LossAggregationName(p.aggregation);
-  section.Optional("aggregation", &aggregation);
-  if (Result<LossAggregation> parsed = ParseLossAggregation(aggregation); parsed.ok()) {
-    p.aggregation = *parsed;
-  } else {
-    section.Fail("aggregation", parsed.status().message());
-  }
+  ReadName(section, "aggregation", kAggregations, "loss aggregation", &p.aggregation);
   section.Optional("loss_constant", &p.loss_constant);
   section.Check(p.aggregation != LossAggregation::kConstant || p.loss_constant > 0, "loss_constant",
                 "must be positive with aggregation: constant");
