@@ -51,7 +51,9 @@ struct TrajectoryInput {
 };
 
 struct GroupInput {
-  std::vector<TrajectoryInput> members;  // trajectories that share a prompt
+  // Trajectories that share a prompt, and only those the baseline is over: a group with an
+  // abandoned member is passed with its finished members.
+  std::vector<TrajectoryInput> members;
 };
 
 struct TrajectoryAdvantages {
@@ -76,8 +78,8 @@ struct GroupAdvantages {
 Result<GroupAdvantages> ProcessGae(const GroupInput& group, const AdvantageOptions& options);
 
 // The outcome-only group baseline: A = (s - mean(s)) / (std(s) + epsilon) for every action
-// token of the trajectory, s the outcome (or the bootstrap value of a truncated trajectory when
-// bootstrap_truncated is on), std the sample standard deviation over the group. A group of
+// token of the trajectory, s the outcome (or the bootstrap value of a truncated or cut trajectory
+// when that correction is on; 0 for a cut one when it is off), std the sample standard deviation over the group. A group of
 // one, or whose scores are all equal (std = 0), gets A = 0: it has no baseline to compare to.
 // Returns are the scores.
 Result<GroupAdvantages> OutcomeGroup(const GroupInput& group, const AdvantageOptions& options);

@@ -200,6 +200,23 @@ TEST(OutcomeGroup, TruncatedMemberIsScoredByItsValueNotAsAFailure) {
   EXPECT_NEAR(out.members[1].advantages[0], -a, 1e-6);
 }
 
+TEST(OutcomeGroup, SegmentCutMemberIsScoredByItsValueAtTheBoundaryUnlessSwitchedOff) {
+  AdvantageOptions options;
+  std::vector<TrajectoryInput> members(2);
+  for (TrajectoryInput& m : members) m.action = {1};
+  members[0].end = TrajectoryEnd::kSegmentCut;
+  members[0].outcome = 1;  // not read: a cut trajectory's outcome is not known yet
+  members[0].bootstrap_value = 0.25;
+  members[1].outcome = 0.75;
+  // Scores (0.25, 0.75): mean 0.5, sample std sqrt(2 * 0.0625) = 0.3536.
+  const double a = 0.25 / (std::sqrt(0.125) + options.epsilon);
+  EXPECT_NEAR(Compute(members, options).members[0].advantages[0], -a, 1e-6);
+  // Off: scores (0, 0.75): mean 0.375, sample std sqrt(2 * 0.375^2).
+  options.bootstrap_segment_cut = false;
+  const double b = 0.375 / (std::sqrt(2 * 0.375 * 0.375) + options.epsilon);
+  EXPECT_NEAR(Compute(members, options).members[0].advantages[0], -b, 1e-6);
+}
+
 TEST(GroupFilter, GroupsWhoseMembersAllGotTheSameRewardAreFilteredWhenAsked) {
   AdvantageOptions options = GaeOptions();
   TrajectoryInput a = TwoStepTrajectory();
