@@ -1,0 +1,241 @@
+#include "learner/rl/advantages.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace strider::rl {
+namespace {
+
+// Scores this close (relative) count as equal: a group whose members differ only by rounding
+// has no spread to normalise by, and dividing would turn rounding into full-size advantages.
+constexpr double kEqualTolerance = 1e-12;
+
+Status CheckTrajectory(const TrajectoryInput& trajectory, size_t index) {
+  const std::string where = "group member " + std::to_string(index) + ": ";
+  if (trajectory.token_begin < 0) return Status::InvalidArgument(where + "negative token_begin");
+  if (!std::isfinite(trajectory.outcome) || !std::isfinite(trajectory.bootstrap_value)) {
+    return Status::InvalidArgument(where + "outcome and bootstrap value must be finite");
+  }
+  int64_t previous_end = 0;
+  for (size_t k = 0; k < trajectory.steps.size(); ++k) {
+    const StepInput& step = trajectory.steps[k];
+    const std::string name = where + "step " + std::to_string(k) + ": ";
+    if (step.begin < previous_end || step.end <= step.begin) {
+      return Status::InvalidArgument(name + "token range [" + std::to_string(step.begin) + ", " +
+                                     std::to_string(step.end) +
+                                     ") is empty or overlaps the step before");
+    }
+    if (!std::isfinite(step.reward) || !std::isfinite(step.implicit_reward) ||
+        !std::isfinite(step.value)) {
+      return Status::InvalidArgument(name + "reward and value must be finite");
+    }
+    previous_end = step.end;
+  }
+  return Status::Ok();
+}
+
+Status CheckGroup(const GroupInput& group) {
+  for (size_t i = 0; i < group.members.size(); ++i) {
+    STRIDER_RETURN_IF_ERROR(CheckTrajectory(group.members[i], i));
+  }
+  return Status::Ok();
+}
+
+bool Bootstraps(const TrajectoryInput& trajectory, const AdvantageOptions& options) {
+  return (trajectory.end == TrajectoryEnd::kTruncated && options.bootstrap_truncated) ||
+         (trajectory.end == TrajectoryEnd::kSegmentCut && options.bootstrap_segment_cut);
+}
+
+// Whether the outcome is paid at the last step: a cut trajectory's outcome is not known yet,
+// and a bootstrapped truncated one is not scored as a failure.
+bool PaysOutcome(const TrajectoryInput& trajectory, const AdvantageOptions& options) {
+  return trajectory.end == TrajectoryEnd::kFinished ||
+         (trajectory.end == TrajectoryEnd::kTruncated && !options.bootstrap_truncated);
+}
+
+// The number a group baseline compares: the outcome, or the value at the cut where the
+// trajectory bootstraps.
+double Score(const TrajectoryInput& trajectory, const AdvantageOptions& options) {
+  if (Bootstraps(trajectory, options)) return trajectory.bootstrap_value;
+  return PaysOutcome(trajectory, options) ? trajectory.outcome : 0.0;
+}
+
+bool AllEqual(const std::vector<double>& values) {
+  if (values.empty()) return true;
+  const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
+  const double scale = std::max({1.0, std::abs(*lo), std::abs(*hi)});
+  return *hi - *lo <= kEqualTolerance * scale;
+}
+
+// (x - mean) / (sample std + epsilon) in place; all zeros for fewer than two values or no
+// spread (std = 0), where there is nothing to compare against.
+void Standardise(std::vector<double*>& values, bool divide_by_std, double epsilon) {
+  std::vector<double> copy;
+  for (const double* v : values) copy.push_back(*v);
+  if (copy.size() < 2 || AllEqual(copy)) {
+    for (double* v : values) *v = 0;
+    return;
+  }
+  double mean = 0;
+  for (double v : copy) mean += v;
+  mean /= static_cast<double>(copy.size());
+  double squares = 0;
+  for (double v : copy) squares += (v - mean) * (v - mean);
+  const double std = std::sqrt(squares / static_cast<double>(copy.size() - 1));
+  for (double* v : values) *v = divide_by_std ? (*v - mean) / (std + epsilon) : *v - mean;
+}
+
+// Per covered token: the advantage and return of the step holding it, on action tokens.
+void FillTokens(const TrajectoryInput& trajectory, TrajectoryAdvantages& out) {
+  const size_t n = trajectory.action.size();
+  out.advantages.assign(n, 0.0f);
+  out.returns.assign(n, 0.0f);
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t position = trajectory.token_begin + static_cast<int64_t>(i);
+    while (k < trajectory.steps.size() && trajectory.steps[k].end <= position) ++k;
+    if (k == trajectory.steps.size()) break;
+    if (position < trajectory.steps[k].begin || trajectory.action[i] == 0) continue;
+    out.advantages[i] = static_cast<float>(out.step_advantages[k]);
+    out.returns[i] = static_cast<float>(out.step_returns[k]);
+  }
+}
+
+// The common end of every estimator: the constant-group filter, then the per-token fill.
+GroupAdvantages Finish(const GroupInput& group, const AdvantageOptions& options,
+                       GroupAdvantages result) {
+  if (options.filter_constant_groups) {
+    std::vector<double> scores;
+    for (const TrajectoryInput& member : group.members) scores.push_back(Score(member, options));
+    if (AllEqual(scores)) {
+      result.filtered = true;
+      for (TrajectoryAdvantages& member : result.members) {
+        std::fill(member.step_advantages.begin(), member.step_advantages.end(), 0.0);
+      }
+    }
+  }
+  for (size_t i = 0; i < group.members.size(); ++i) FillTokens(group.members[i], result.members[i]);
+  return result;
+}
+
+// Backward GAE recursion over one trajectory's steps. `use_values` false reads the values as 0
+// (no value head), `implicit` takes the implicit rewards instead of the process rewards.
+TrajectoryAdvantages StepGae(const TrajectoryInput& trajectory, const AdvantageOptions& options,
+                             double lambda, bool use_values, bool implicit) {
+  const size_t steps = trajectory.steps.size();
+  TrajectoryAdvantages out;
+  out.step_advantages.assign(steps, 0.0);
+  out.step_returns.assign(steps, 0.0);
+  double next_value = Bootstraps(trajectory, options) ? trajectory.bootstrap_value : 0.0;
+  double advantage = 0;
+  for (size_t k = steps; k-- > 0;) {
+    const StepInput& step = trajectory.steps[k];
+    double reward = implicit ? step.implicit_reward : step.reward;
+    if (k + 1 == steps && PaysOutcome(trajectory, options)) reward += trajectory.outcome;
+    const double value = use_values ? step.value : 0.0;
+    const double delta = reward + options.gamma * next_value - value;
+    advantage = delta + options.gamma * lambda * advantage;
+    out.step_advantages[k] = advantage;
+    out.step_returns[k] = advantage + value;
+    next_value = value;
+  }
+  return out;
+}
+
+Result<GroupAdvantages> StepEstimator(const GroupInput& group, const AdvantageOptions& options,
+                                      double lambda, bool use_values, bool implicit) {
+  STRIDER_RETURN_IF_ERROR(CheckGroup(group));
+  GroupAdvantages result;
+  for (const TrajectoryInput& member : group.members) {
+    result.members.push_back(StepGae(member, options, lambda, use_values, implicit));
+  }
+  if (options.normalize_in_group) {
+    // Each step is one decision of the step-level process, so each counts once whatever its
+    // length in tokens.
+    std::vector<double*> all;
+    for (TrajectoryAdvantages& member : result.members) {
+      for (double& a : member.step_advantages) all.push_back(&a);
+    }
+    Standardise(all, /*divide_by_std=*/true, options.epsilon);
+  }
+  return Finish(group, options, std::move(result));
+}
+
+struct Estimator {
+  const char* name;
+  Result<GroupAdvantages> (*compute)(const GroupInput&, const AdvantageOptions&);
+};
+
+// The one place estimators are listed: adding one is an entry here.
+constexpr Estimator kEstimators[] = {
+    {"process_gae", ProcessGae},
+    {"outcome_group", OutcomeGroup},
+    {"implicit_process", ImplicitProcess},
+};
+
+}  // namespace
+
+Result<GroupAdvantages> ProcessGae(const GroupInput& group, const AdvantageOptions& options) {
+  return StepEstimator(group, options, options.lambda, /*use_values=*/true, /*implicit=*/false);
+}
+
+Result<GroupAdvantages> ImplicitProcess(const GroupInput& group, const AdvantageOptions& options) {
+  return StepEstimator(group, options, /*lambda=*/1.0, /*use_values=*/false, /*implicit=*/true);
+}
+
+Result<GroupAdvantages> OutcomeGroup(const GroupInput& group, const AdvantageOptions& options) {
+  STRIDER_RETURN_IF_ERROR(CheckGroup(group));
+  std::vector<double> scores;
+  for (const TrajectoryInput& member : group.members) scores.push_back(Score(member, options));
+  std::vector<double> advantages = scores;
+  std::vector<double*> pointers;
+  for (double& a : advantages) pointers.push_back(&a);
+  Standardise(pointers, options.divide_by_std, options.epsilon);
+
+  GroupAdvantages result;
+  for (size_t i = 0; i < group.members.size(); ++i) {
+    const TrajectoryInput& member = group.members[i];
+    TrajectoryAdvantages out;
+    out.step_advantages.assign(member.steps.size(), advantages[i]);
+    out.step_returns.assign(member.steps.size(), scores[i]);
+    result.members.push_back(std::move(out));
+  }
+  result = Finish(group, options, std::move(result));
+  // The outcome belongs to the whole trajectory: action tokens outside every step get it too.
+  for (size_t i = 0; i < group.members.size(); ++i) {
+    const TrajectoryInput& member = group.members[i];
+    TrajectoryAdvantages& out = result.members[i];
+    const double advantage = result.filtered ? 0.0 : advantages[i];
+    for (size_t t = 0; t < member.action.size(); ++t) {
+      out.advantages[t] = member.action[t] ? static_cast<float>(advantage) : 0.0f;
+      out.returns[t] = member.action[t] ? static_cast<float>(scores[i]) : 0.0f;
+    }
+  }
+  return result;
+}
+
+Result<GroupAdvantages> ComputeAdvantages(const GroupInput& group,
+                                          const AdvantageOptions& options) {
+  STRIDER_RETURN_IF_ERROR(CheckAdvantageEstimator(options.estimator));
+  for (const Estimator& estimator : kEstimators) {
+    if (options.estimator == estimator.name) return estimator.compute(group, options);
+  }
+  return Status::Internal("estimator '" + options.estimator + "' checked but not found");
+}
+
+std::vector<std::string> RegisteredAdvantageEstimators() {
+  std::vector<std::string> names;
+  for (const Estimator& estimator : kEstimators) names.emplace_back(estimator.name);
+  return names;
+}
+
+Status CheckAdvantageEstimator(const std::string& name) {
+  std::string known;
+  for (const Estimator& estimator : kEstimators) {
+    if (name == estimator.name) return Status::Ok();
+    known += (known.empty() ? "" : ", ") + std::string(estimator.name);
+  }
+  return Status::NotFound("unknown advantage estimator '" + name + "' (known: " + known + ")");
+}
+
+}  // namespace strider::rl

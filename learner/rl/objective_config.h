@@ -1,0 +1,97 @@
+// The RL objective's settings: which advantage estimator, its bias corrections, the policy and
+// value losses and how their per-token terms are aggregated. Plain structs with their defaults,
+// and a strict reader for the `objective:` section an RL learner config embeds (an unknown key
+// is refused with the file, line and dotted key). The conventions behind every field are in
+// docs/rl_objective.md. No LibTorch here, so configs can be checked without it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/config.h"
+#include "common/status.h"
+
+namespace strider::rl {
+
+// What a trajectory's per-token advantages come from (learner/rl/advantages.h).
+struct AdvantageOptions {
+  // A registered estimator: process_gae | outcome_group | implicit_process.
+  std::string estimator = "outcome_group";
+  double gamma = 1.0;   // discount per step (process_gae, implicit_process)
+  double lambda = 1.0;  // GAE's lambda (process_gae)
+  // process_gae and implicit_process: step advantages minus the group's mean over its steps,
+  // over their standard deviation. implicit_process has no value baseline without it.
+  bool normalize_in_group = true;
+  // outcome_group: divide by the group's standard deviation (false: mean-centred only, as
+  // Dr. GRPO, so groups with a small spread are not amplified).
+  bool divide_by_std = true;
+  double epsilon = 1e-6;  // added to a standard deviation before dividing by it
+
+  // Bias corrections.
+  // A trajectory truncated at max turns or length takes its value at the cut as the return
+  // beyond it, instead of the outcome it was scored with (usually a failure).
+  bool bootstrap_truncated = true;
+  // A trajectory given only up to a segment boundary (it goes on in segments not given) takes
+  // its value at the boundary as the return beyond it, instead of zero.
+  bool bootstrap_segment_cut = true;
+  // Groups whose members all got the same outcome carry no signal for a group baseline: they
+  // are marked filtered and get zero advantages (DAPO's dynamic sampling rule).
+  bool filter_constant_groups = false;
+};
+
+enum class KlEstimator { kK1, kK2, kK3 };
+
+// How per-token terms become one number (the length-bias correction is the choice here).
+enum class LossAggregation {
+  kTokenMean,              // sum over the batch's action tokens / their number
+  kSequenceMeanTokenSum,   // mean over sequences of each sequence's token sum
+  kSequenceMeanTokenMean,  // mean over sequences of each sequence's token mean (length-biased)
+  kConstant,               // sum over the batch's action tokens / loss_constant
+};
+
+Result<KlEstimator> ParseKlEstimator(const std::string& name);
+std::string KlEstimatorName(KlEstimator estimator);
+Result<LossAggregation> ParseLossAggregation(const std::string& name);
+std::string LossAggregationName(LossAggregation aggregation);
+
+// The policy and value losses (learner/rl/losses.h).
+struct PolicyLossOptions {
+  // Clip range of the ratio: [1 - eps_low, 1 + eps_high]; a larger eps_high ("clip higher")
+  // lets rare tokens with positive advantages grow faster.
+  double eps_low = 0.2;
+  double eps_high = 0.2;
+  // Dual clip: for negative advantages the token loss is at most -A * dual_clip, so a token whose
+  // ratio has run far above 1 cannot dominate. 0: off; otherwise it must exceed 1 (3 is usual).
+  double dual_clip = 0;
+  // Truncated importance weights min(pi_proximal / pi_behaviour, importance_cap) on each token's
+  // policy loss, correcting stale and engine-mismatched tokens when the ratio is taken against
+  // the learner's own proximal log-probs.
+  bool truncated_importance = true;
+  double importance_cap = 2.0;
+  // KL penalty to the reference policy, kl_coef * aggregated estimator; 0: off.
+  double kl_coef = 0;
+  KlEstimator kl_estimator = KlEstimator::kK3;
+  double entropy_coef = 0;  // subtracted times the aggregated entropy
+  double value_coef = 0.5;  // value loss weight; 0: no value loss
+  // Value clipping around the values the advantages were computed with; 0: unclipped.
+  double value_clip = 0;
+
+  LossAggregation aggregation = LossAggregation::kTokenMean;
+  // kConstant: the divisor in tokens, fixed for the run (for example sequences per batch times
+  // the maximum trajectory length), so neither a trajectory's length nor a batch's token count
+  // changes the weight of a token.
+  double loss_constant = 0;
+};
+
+struct ObjectiveConfig {
+  AdvantageOptions advantages;
+  PolicyLossOptions loss;
+};
+
+// Reads an `objective:` mapping (sections `advantages`, `policy`, `value` and the keys
+// `aggregation`, `loss_constant`) into `config`, leaving defaults where keys are absent.
+// Problems are recorded on `section`'s document; the caller's root Finish() reports them and
+// any unknown key. Returns section.status().
+Status ReadObjectiveConfig(ConfigReader& section, ObjectiveConfig* config);
+
+}  // namespace strider::rl
