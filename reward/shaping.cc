@@ -183,8 +183,10 @@ Result<ShapedRewards> Shape(const TrajectoryRewards& trajectory, const ShapingCo
       shaped.bootstrap = true;
       break;
   }
+  shaped.process_rewards = shaped.rewards;
   if (!shaped.bootstrap && count > 0) {
-    shaped.rewards.back() += config.outcome_weight * shaped.outcome;
+    shaped.outcome_term = config.outcome_weight * shaped.outcome;
+    shaped.rewards.back() += shaped.outcome_term;
   }
   return shaped;
 }

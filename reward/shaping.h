@@ -98,11 +98,15 @@ struct TrajectoryRewards {
 };
 
 struct ShapedRewards {
-  std::vector<double> rewards;  // one per step
-  std::vector<bool> repeats;    // the step repeated an earlier paid one
-  // The outcome counted in the last reward (0 when bootstrapping), and whether it replaced the
-  // last step's environment reward.
+  std::vector<double> rewards;  // one per step, the outcome term included on the last
+  // The same without the outcome term: what estimators that add the outcome themselves take
+  // (learner/rl/advantages.h, StepInput::reward, with outcome_term as the outcome).
+  std::vector<double> process_rewards;
+  std::vector<bool> repeats;  // the step repeated an earlier paid one
+  // The outcome counted (0 when bootstrapping), its weighted term in the last reward, and
+  // whether it replaced the last step's environment reward.
   double outcome = 0;
+  double outcome_term = 0;
   bool outcome_in_answer_step = false;
   // Truncated: the return after the last step is the value at the cut, not 0.
   bool bootstrap = false;

@@ -54,6 +54,11 @@ TEST(Shape, WeighsEverySourceAndPaysTheOutcomeOnTheAnswerStep) {
   EXPECT_TRUE(shaped->outcome_in_answer_step);
   EXPECT_FALSE(shaped->bootstrap);
   EXPECT_EQ(shaped->outcome, 1.0);
+  EXPECT_EQ(shaped->outcome_term, 1.0);
+  ASSERT_EQ(shaped->process_rewards.size(), 3u);
+  EXPECT_NEAR(shaped->process_rewards[0], 0.55, 1e-12);
+  EXPECT_NEAR(shaped->process_rewards[1], 0.3, 1e-12);
+  EXPECT_NEAR(shaped->process_rewards[2], -0.45, 1e-12) << "without the outcome term";
 }
 
 TEST(Shape, AnOutcomeAlreadyOnTheAnswerStepIsCountedOnce) {
@@ -161,6 +166,8 @@ TEST(Shape, ATruncatedTrajectoryBootstrapsInsteadOfScoringZero) {
   EXPECT_EQ(shaped->end, TrajectoryEnd::kTruncated);
   EXPECT_FALSE(shaped->outcome_in_answer_step);
   ExpectRewards(*shaped, {0.5, 0.0});
+  EXPECT_EQ(shaped->process_rewards, shaped->rewards);
+  EXPECT_EQ(shaped->outcome_term, 0.0);
   // Cut before its first step was answered: no rewards, still a bootstrap.
   t.steps.clear();
   shaped = Shape(t, Weights(0.5, 3.0));
@@ -179,7 +186,9 @@ TEST(Shape, AFailedTrajectoryEndsWithTheFailedOutcome) {
   ASSERT_TRUE(shaped.ok());
   EXPECT_FALSE(shaped->bootstrap);
   EXPECT_EQ(shaped->outcome, -0.5);
+  EXPECT_EQ(shaped->outcome_term, -1.0);
   ExpectRewards(*shaped, {0.5, -1.0});
+  EXPECT_EQ(shaped->process_rewards, (std::vector<double>{0.5, 0.0}));
 }
 
 TEST(Shape, RefusesInputsItCannotScore) {
