@@ -794,6 +794,10 @@ void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
     metadata.emplace_back("sampling.banned", std::to_string(token::kImagePatch));
     if (!message.empty()) metadata.emplace_back("error", message);
     for (const auto& [key, value] : e.info) metadata.emplace_back("info." + key, value);
+    // With the seed, the options replay the episode offline (reward/verifiers.h).
+    for (const auto& [key, value] : options_.env.options) {
+      metadata.emplace_back("env_option." + key, value);
+    }
     Result<std::vector<schema::SegmentData>> last =
         e.segmenter->Finish(e.outcome, std::move(metadata));
     if (last.ok()) {

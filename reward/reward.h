@@ -1,0 +1,18 @@
+// The reward component's front header (DESIGN.md section 6): where a learner or an evaluation
+// gets per-step rewards from.
+//
+//   shaping.h     ShapingConfig (the `reward:` config block), Shape: environment step rewards,
+//                 outcome, learned and implicit process rewards -> one reward per step, each
+//                 counted once, truncated trajectories marked for bootstrapping
+//   implicit.h    ImplicitProcessRewards: beta x the policy/reference log-ratio per step (PRIME)
+//   trajectory.h  JoinSegments: stored segments -> one trajectory with its steps and turns
+//   verifiers.h   Rescore, RescoreStore: replay stored episodes against their environment for
+//                 step labels, step rewards and outcomes
+//
+// No LibTorch: log-probs and scores arrive as plain arrays.
+#pragma once
+
+#include "reward/implicit.h"
+#include "reward/shaping.h"
+#include "reward/trajectory.h"
+#include "reward/verifiers.h"
