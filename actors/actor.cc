@@ -117,6 +117,8 @@ struct Group {
   std::vector<PromptPiece> prompt;     // tokenized once, shared by the group's members
   transcript::Transcript after_prompt;  // the members continue the transcript from here
   std::vector<at::Tensor> prompt_pixels;  // the prompt's images, for the engine
+  // The engine's experts for the prompt, fed once on the source: every member's record of it.
+  rollout::CompactRouting prompt_routing;
 };
 
 uint64_t Mix(uint64_t a, uint64_t b) { return rollout::DeriveSeed(a, b); }
@@ -132,6 +134,25 @@ static_assert(SameValue(Role::kSystem, transcript::Role::kSystem) &&
               SameValue(Role::kToolResult, transcript::Role::kToolResult) &&
               SameValue(Role::kImage, transcript::Role::kImage));
 Role SchemaRole(transcript::Role role) { return static_cast<Role>(role); }
+
+schema::StepLabel SchemaLabel(envs::StepLabel label) {
+  switch (label) {
+    case envs::StepLabel::kCorrect: return schema::StepLabel::kCorrect;
+    case envs::StepLabel::kIncorrect: return schema::StepLabel::kIncorrect;
+    case envs::StepLabel::kUnknown: break;
+  }
+  return schema::StepLabel::kUnknown;
+}
+
+// An episode's status (metadata `status`) as the schema's end reason. A stopped actor gives up
+// on its episodes as a dead one would: neither the model nor the environment ended them.
+schema::EndReason EndReasonOf(const std::string& status) {
+  if (status == "done") return schema::EndReason::kFinished;
+  if (status == "max_turns") return schema::EndReason::kTruncatedTurns;
+  if (status == "max_tokens") return schema::EndReason::kTruncatedLength;
+  if (status == "stopped") return schema::EndReason::kAbandoned;
+  return schema::EndReason::kFailed;
+}
 
 // An observation's images (envs/environment.h) as the transcript, the segmenter and the engine
 // take them: per image the number of patches (its placeholder run in the transcript), the image
@@ -253,6 +274,7 @@ class ActorImpl final : public Actor {
   void OnResetsDone(Group& group);
   void PollGroups();
   Status ProcessStep(const rollout::StepResult& step);
+  Status RouteContext(Episode& e, const rollout::CompactRouting& routing, int64_t tokens);
   void OnTurnEnd(Episode& episode);
   void OnStepResult(Episode& episode, Result<envs::StepResult> result);
   void FinishEpisode(int64_t index, const std::string& status, const std::string& message);
@@ -618,23 +640,77 @@ void ActorImpl::PollGroups() {
       segmenter_options.table = options_.table;
       segmenter_options.routing_layers = routing_layers_;
       segmenter_options.routing_top_k = routing_k_;
+      segmenter_options.route_context = true;
+      segmenter_options.group_id = group.group_id;
+      segmenter_options.group_index = static_cast<uint32_t>(e.member);
+      segmenter_options.group_size = static_cast<uint32_t>(options_.group_size);
+      segmenter_options.temperature = static_cast<float>(options_.sampling.temperature);
+      segmenter_options.top_p = static_cast<float>(options_.sampling.top_p);
+      segmenter_options.top_k = static_cast<uint32_t>(options_.sampling.top_k);
       e.segmenter = std::make_unique<Segmenter>(segmenter_options, NewTrajectoryId());
       e.transcript = group.after_prompt;
       metrics_.context_tokens += AddPieces(*e.segmenter, group.prompt);
+      Status routed = RouteContext(e, group.prompt_routing, group.prompt_routing.tokens);
+      if (!routed.ok()) {
+        FinishEpisode(e.index, "routing", routed.ToString());
+        continue;
+      }
       e.phase = Phase::kGenerating;
       PushReady(e);
     }
   }
 }
 
+// The first `tokens` positions of `routing` are context the episode's segmenter holds.
+Status ActorImpl::RouteContext(Episode& e, const rollout::CompactRouting& routing,
+                               int64_t tokens) {
+  const size_t per_token = static_cast<size_t>(routing_layers_ * routing_k_);
+  if (per_token == 0 || tokens <= 0) return Status::Ok();
+  if (routing.layers != routing_layers_ || routing.experts_per_token != routing_k_ ||
+      tokens > routing.tokens ||
+      routing.experts.size() < static_cast<size_t>(tokens) * per_token) {
+    return Status::Internal("the engine's routing record from position " +
+                            std::to_string(routing.first_position) + " does not cover " +
+                            std::to_string(tokens) + " tokens");
+  }
+  return e.segmenter->AddRouting(
+      routing.first_position,
+      std::span<const uint16_t>(routing.experts.data(), static_cast<size_t>(tokens) * per_token));
+}
+
 Status ActorImpl::ProcessStep(const rollout::StepResult& step) {
   const size_t per_token = static_cast<size_t>(routing_layers_ * routing_k_);
   for (const rollout::SequenceStep& s : step.sequences) {
-    if (!s.sampled) continue;
+    if (!s.sampled) {
+      // A prefill without a sample: a group's prompt (kept for its members) or context fed
+      // before a turn.
+      if (per_token == 0 || s.routing.tokens == 0) continue;
+      bool source = false;
+      for (auto& [id, group] : groups_) {
+        if (group.source != s.id) continue;
+        source = true;
+        Result<rollout::CompactRouting> joined =
+            rollout::CompactRouting::Concatenate({group.prompt_routing, s.routing});
+        if (joined.ok()) group.prompt_routing = std::move(*joined);
+        break;
+      }
+      auto fed = by_sequence_.find(s.id);
+      if (source || fed == by_sequence_.end()) continue;
+      Episode& e = *episodes_[fed->second];
+      Status routed = RouteContext(e, s.routing, s.routing.tokens);
+      if (!routed.ok()) FinishEpisode(e.index, "routing", routed.ToString());
+      continue;
+    }
     auto found = by_sequence_.find(s.id);
     if (found == by_sequence_.end()) continue;
     const int64_t index = found->second;
     Episode& e = *episodes_[index];
+    // The context fed in this step before the sample (an appended observation).
+    Status routed = RouteContext(e, s.routing, s.position - s.routing.first_position);
+    if (!routed.ok()) {
+      FinishEpisode(index, "routing", routed.ToString());
+      continue;
+    }
     const Role role = SchemaRole(e.transcript.AddModelToken(static_cast<int32_t>(s.token)));
     std::span<const uint16_t> experts;
     if (per_token > 0) {
@@ -693,12 +769,14 @@ void ActorImpl::OnTurnEnd(Episode& e) {
 void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   const int64_t index = e.index;
   if (!result.ok()) {
-    (void)e.segmenter->EndStep(0);
+    (void)e.segmenter->EndStep(std::nullopt);
     FinishEpisode(index, "env_error", result.status().ToString());
     return;
   }
   envs::StepResult& r = *result;
-  (void)e.segmenter->EndStep(static_cast<float>(r.reward.value_or(0.0)));
+  std::optional<float> reward;
+  if (r.reward) reward = static_cast<float>(*r.reward);
+  (void)e.segmenter->EndStep(reward, SchemaLabel(r.label));
   for (const auto& [key, value] : r.info) e.info[key] = value;
   // What the actor writes: a closing marker when the turn hit max_new_tokens, the observation
   // as one turn (its images, then its text), and (unless done) the header of the next model
@@ -799,7 +877,7 @@ void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
       metadata.emplace_back("env_option." + key, value);
     }
     Result<std::vector<schema::SegmentData>> last =
-        e.segmenter->Finish(e.outcome, std::move(metadata));
+        e.segmenter->Finish(e.outcome, EndReasonOf(status), std::move(metadata));
     if (last.ok()) {
       for (const schema::SegmentData& segment : *last) {
         Status pushed = sender_->Push(segment);

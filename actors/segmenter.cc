@@ -9,6 +9,15 @@ namespace strider::actors {
 Segmenter::Segmenter(SegmenterOptions options, schema::TrajectoryId id)
     : options_(std::move(options)), id_(id) {
   // Segment 0 starts from the empty state: nothing to compare, so no digest.
+  route_context_ = options_.route_context && options_.routing_layers * options_.routing_top_k > 0;
+}
+
+void Segmenter::AdvanceRouted() {
+  while (routed_until_ < length()) {
+    const size_t i = static_cast<size_t>(routed_until_ - begin_);
+    if (route_context_ && !has_record_[i] && !schema::IsAction(roles_[i])) break;
+    ++routed_until_;
+  }
 }
 
 Status Segmenter::AddContext(std::span<const int32_t> tokens, schema::Role role) {
@@ -17,11 +26,15 @@ Status Segmenter::AddContext(std::span<const int32_t> tokens, schema::Role role)
     return Status::InvalidArgument("segmenter: context tokens cannot have the action role " +
                                    std::string(schema::RoleName(role)));
   }
+  const size_t per_token = static_cast<size_t>(options_.routing_layers * options_.routing_top_k);
   for (int32_t token : tokens) {
     tokens_.push_back(token);
     roles_.push_back(role);
     log_probs_.push_back(0.0f);
     versions_.push_back(last_version_);
+    experts_.insert(experts_.end(), per_token, 0);
+    has_record_.push_back(0);
+    AdvanceRouted();
     CutWhileOver();
   }
   return Status::Ok();
@@ -61,6 +74,38 @@ Status Segmenter::AddAction(int32_t token, schema::Role role, float log_prob,
   versions_.push_back(policy_version);
   last_version_ = policy_version;
   experts_.insert(experts_.end(), experts.begin(), experts.end());
+  has_record_.push_back(1);
+  if (!step_begin_) step_begin_ = length() - 1;
+  AdvanceRouted();
+  CutWhileOver();
+  return Status::Ok();
+}
+
+Status Segmenter::AddRouting(int64_t first_position, std::span<const uint16_t> experts) {
+  if (!route_context_) return Status::Ok();
+  if (finished_) return Status::FailedPrecondition("segmenter: trajectory already finished");
+  const size_t per_token = static_cast<size_t>(options_.routing_layers * options_.routing_top_k);
+  if (experts.size() % per_token != 0) {
+    return Status::InvalidArgument("segmenter: " + std::to_string(experts.size()) +
+                                   " expert ids are not whole records of " +
+                                   std::to_string(per_token));
+  }
+  const int64_t count = static_cast<int64_t>(experts.size() / per_token);
+  if (count == 0) return Status::Ok();
+  if (first_position < begin_ || first_position + count > length()) {
+    return Status::InvalidArgument(
+        "segmenter: routing of positions [" + std::to_string(first_position) + ", " +
+        std::to_string(first_position + count) + ") is outside the waiting tokens [" +
+        std::to_string(begin_) + ", " + std::to_string(length()) + ")");
+  }
+  for (int64_t p = 0; p < count; ++p) {
+    const size_t i = static_cast<size_t>(first_position + p - begin_);
+    if (schema::IsAction(roles_[i])) continue;
+    std::copy(experts.begin() + p * per_token, experts.begin() + (p + 1) * per_token,
+              experts_.begin() + i * per_token);
+    has_record_[i] = 1;
+  }
+  AdvanceRouted();
   CutWhileOver();
   return Status::Ok();
 }
@@ -79,12 +124,21 @@ void Segmenter::MarkTurnBoundary(std::optional<uint64_t> digest) {
   boundaries_.emplace_back(position, digest);
 }
 
-Status Segmenter::EndStep(float process_reward) {
+Status Segmenter::EndStep(std::optional<float> process_reward, schema::StepLabel label) {
   const int64_t position = length();
-  if (position == 0 || (!steps_.empty() && steps_.back().first >= position)) {
+  if (position == 0 || position <= last_step_end_) {
     return Status::FailedPrecondition("segmenter: a step must end after the previous one");
   }
-  steps_.emplace_back(position, process_reward);
+  schema::Step step;
+  step.process_reward = process_reward.value_or(0.0f);
+  step.has_reward = process_reward.has_value();
+  step.label = label;
+  step.index = next_step_index_++;
+  // A turn with no action (which the actor never ends a step on) spans from the previous end.
+  step.begin = static_cast<uint64_t>(step_begin_.value_or(last_step_end_));
+  steps_.emplace_back(position, step);
+  last_step_end_ = position;
+  step_begin_.reset();
   return Status::Ok();
 }
 
@@ -99,6 +153,7 @@ void Segmenter::CutWhileOver() {
         break;
       }
     }
+    if (begin_ + cut > routed_until_) return;  // AddRouting or Finish cuts it later
     Cut(cut);
   }
 }
@@ -118,17 +173,43 @@ void Segmenter::Cut(int64_t count) {
       segment.policy_runs.push_back({static_cast<uint32_t>(i), versions_[i]});
     }
   }
+  segment.group_id = options_.group_id;
+  segment.group_index = options_.group_index;
+  segment.group_size = options_.group_size;
+  segment.temperature = options_.temperature;
+  segment.top_p = options_.top_p;
+  segment.top_k = options_.top_k;
   segment.routing.layers = static_cast<uint16_t>(options_.routing_layers);
   segment.routing.top_k = static_cast<uint16_t>(options_.routing_top_k);
   const size_t per_token = static_cast<size_t>(options_.routing_layers * options_.routing_top_k);
-  const size_t expert_count = segment.ActionTokens() * per_token;
-  segment.routing.experts.assign(experts_.begin(), experts_.begin() + expert_count);
-  experts_.erase(experts_.begin(), experts_.begin() + expert_count);
+  bool every_context = true;
+  for (int64_t i = 0; i < count; ++i) every_context = every_context && has_record_[i];
+  if (route_context_) {
+    segment.routing.coverage =
+        every_context ? schema::RoutingCoverage::kAll : schema::RoutingCoverage::kMasked;
+    if (!every_context) segment.routing.mask.assign((count + 7) / 8, 0);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const auto from = experts_.begin() + i * per_token;
+    if (schema::IsAction(roles_[i])) {
+      segment.routing.experts.insert(segment.routing.experts.end(), from, from + per_token);
+    } else if (route_context_ && has_record_[i]) {
+      segment.routing.context_experts.insert(segment.routing.context_experts.end(), from,
+                                             from + per_token);
+    }
+    if (!segment.routing.mask.empty() && has_record_[i]) {
+      segment.routing.mask[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+    }
+  }
+  experts_.erase(experts_.begin(), experts_.begin() + count * per_token);
+  has_record_.erase(has_record_.begin(), has_record_.begin() + count);
 
   const int64_t end = begin_ + count;
   auto step = steps_.begin();
   for (; step != steps_.end() && step->first <= end; ++step) {
-    segment.steps.push_back({static_cast<uint32_t>(step->first - begin_), step->second});
+    schema::Step cut = step->second;
+    cut.end = static_cast<uint32_t>(step->first - begin_);
+    segment.steps.push_back(cut);
   }
   steps_.erase(steps_.begin(), step);
   auto image = images_.begin();
@@ -164,9 +245,16 @@ std::vector<schema::SegmentData> Segmenter::TakeReady() {
 }
 
 Result<std::vector<schema::SegmentData>> Segmenter::Finish(
-    float outcome_reward, std::vector<std::pair<std::string, std::string>> metadata) {
+    float outcome_reward, schema::EndReason end_reason,
+    std::vector<std::pair<std::string, std::string>> metadata) {
   if (finished_) return Status::FailedPrecondition("segmenter: trajectory already finished");
   if (length() == 0) return Status::FailedPrecondition("segmenter: the trajectory has no tokens");
+  if (end_reason == schema::EndReason::kNone) {
+    return Status::InvalidArgument("segmenter: a finished trajectory needs an end reason");
+  }
+  // No more records will come: what still waits is cut without them.
+  routed_until_ = length();
+  CutWhileOver();
   finished_ = true;
   if (!tokens_.empty()) Cut(static_cast<int64_t>(tokens_.size()));
   std::vector<schema::SegmentData> out = TakeReady();
@@ -179,6 +267,7 @@ Result<std::vector<schema::SegmentData>> Segmenter::Finish(
   schema::SegmentData& last = out.back();
   last.is_last = true;
   last.outcome_reward = outcome_reward;
+  last.end_reason = end_reason;
   last.metadata = std::move(metadata);
   return out;
 }

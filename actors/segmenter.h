@@ -14,8 +14,14 @@
 // Each segment carries its tokens, roles, behaviour log-probs (0 for context), policy runs, the
 // experts of its action tokens, the steps that end inside it (a step spanning a cut belongs to
 // the segment where it ends), the state digest recorded at its first token (when the actor had
-// one there), and on the last segment the outcome reward. Metadata is set on the last segment
-// only, because only then is the episode's status known.
+// one there), the group and sampling settings, and on the last segment the outcome reward and
+// end reason. Metadata is set on the last segment only, because only then is the episode's
+// status known.
+//
+// With `route_context`, context tokens get their experts too (AddRouting), from the engine's
+// record of the step that fed them, which comes after the actor added them: a segment is cut
+// only once every context token in it has its record, or Finish says none will come (the last
+// observation, never fed to the model). Those without one are left out of the segment's mask.
 //
 // Not thread-safe; one per trajectory.
 #pragma once
@@ -40,6 +46,15 @@ struct SegmenterOptions {
   // model without experts).
   int64_t routing_layers = 0;
   int64_t routing_top_k = 0;
+  // Context tokens wait for their records (see the top); false: only actions have records.
+  bool route_context = false;
+  // Stamped on every segment (schema 1.2).
+  schema::TrajectoryId group_id;
+  uint32_t group_index = 0;
+  uint32_t group_size = 0;  // 0: not in a group
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  uint32_t top_k = 0;
 };
 
 class Segmenter {
@@ -55,18 +70,27 @@ class Segmenter {
   // One sampled token: `experts` holds routing_layers x routing_top_k ids.
   Status AddAction(int32_t token, schema::Role role, float log_prob, uint64_t policy_version,
                    std::span<const uint16_t> experts);
+  // The experts of consecutive positions from `first_position` (routing_layers x routing_top_k
+  // ids each), as the engine recorded them when it fed those tokens. Only context positions
+  // take them (an action's came with AddAction); a position already cut is an error. Ignored
+  // without route_context.
+  Status AddRouting(int64_t first_position, std::span<const uint16_t> experts);
   // The current position is a turn boundary (a preferred cut). `digest` is the inference state
   // after every token so far, when the caller has it.
   void MarkTurnBoundary(std::optional<uint64_t> digest);
-  // A step (one model turn, its tool call included) ends at the current position.
-  Status EndStep(float process_reward);
+  // A step (one model turn, its tool call included) ends at the current position; it began at
+  // the turn's first action. No reward: the environment gave none (stored as 0, flagged).
+  Status EndStep(std::optional<float> process_reward,
+                 schema::StepLabel label = schema::StepLabel::kUnknown);
 
   // Segments cut so far and not yet taken, oldest first.
   std::vector<schema::SegmentData> TakeReady();
-  // Cuts everything left (there must be at least one token in the trajectory) and marks the
-  // final segment last, with the outcome reward and metadata. The segmenter is spent after it.
+  // Cuts everything left (there must be at least one token in the trajectory; context still
+  // waiting for routing goes without) and marks the final segment last, with the outcome
+  // reward, end reason (not kNone) and metadata. The segmenter is spent after it.
   Result<std::vector<schema::SegmentData>> Finish(
-      float outcome_reward, std::vector<std::pair<std::string, std::string>> metadata);
+      float outcome_reward, schema::EndReason end_reason,
+      std::vector<std::pair<std::string, std::string>> metadata);
 
   int64_t length() const { return begin_ + static_cast<int64_t>(tokens_.size()); }
   int64_t segments_cut() const { return next_index_; }
@@ -74,6 +98,8 @@ class Segmenter {
 
  private:
   void CutWhileOver();
+  // Moves routed_until_ past every position that has its record or needs none.
+  void AdvanceRouted();
   // Moves the first `count` waiting tokens into a new segment.
   void Cut(int64_t count);
 
@@ -86,10 +112,16 @@ class Segmenter {
   std::vector<schema::Role> roles_;
   std::vector<float> log_probs_;
   std::vector<uint64_t> versions_;  // per token; context tokens repeat the last action's
-  std::vector<uint16_t> experts_;   // of waiting action tokens, in order
+  std::vector<uint16_t> experts_;   // per waiting token (zeros until its record arrives)
+  std::vector<uint8_t> has_record_;  // per waiting token
+  bool route_context_ = false;
+  int64_t routed_until_ = 0;        // absolute: positions before it are ready to be cut
+  std::optional<int64_t> step_begin_;  // absolute: first action of the step in progress
+  uint32_t next_step_index_ = 0;
+  int64_t last_step_end_ = 0;  // absolute
   uint64_t last_version_ = 0;
   std::vector<std::pair<int64_t, std::optional<uint64_t>>> boundaries_;  // absolute position
-  std::vector<std::pair<int64_t, float>> steps_;                         // absolute end
+  std::vector<std::pair<int64_t, schema::Step>> steps_;  // absolute end; begin is absolute
   std::vector<std::pair<int64_t, schema::Image>> images_;                // absolute offset
   std::optional<uint64_t> start_digest_;                                 // at begin_
   std::vector<schema::SegmentData> ready_;

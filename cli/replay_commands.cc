@@ -175,7 +175,8 @@ Status InspectShow(replay::Inspector& inspector, const InspectArgs& args) {
                 static_cast<unsigned long long>(s.MaxPolicyVersion()), s.steps.size(),
                 s.images.size());
     if (s.is_last) std::printf(", outcome reward %.4f", static_cast<double>(s.outcome_reward));
-    std::printf("\n%s\n", replay::RenderSegmentText(s).c_str());
+    std::printf("\n%s%s\n", replay::RenderSegmentFields(s).c_str(),
+                replay::RenderSegmentText(s).c_str());
   }
   return Status::Ok();
 }

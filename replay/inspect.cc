@@ -1,5 +1,6 @@
 #include "replay/inspect.h"
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -291,6 +292,39 @@ std::string RenderSegmentText(const schema::SegmentData& s) {
   return out;
 }
 
+std::string RenderSegmentFields(const schema::SegmentData& s) {
+  if (s.schema_minor < 2) return "";
+  char line[256];
+  std::string out;
+  if (s.group_size > 0) {
+    std::snprintf(line, sizeof(line), "   group %s member %u of %u", s.group_id.Hex().c_str(),
+                  s.group_index, s.group_size);
+    out += line;
+  } else {
+    out += "   no group";
+  }
+  std::snprintf(line, sizeof(line), ", sampling temperature %g top-p %g top-k %u",
+                static_cast<double>(s.temperature), static_cast<double>(s.top_p), s.top_k);
+  out += line;
+  if (s.is_last) out += ", ended " + std::string(schema::EndReasonName(s.end_reason));
+  out += ", routing of " + std::string(schema::RoutingCoverageName(s.routing.coverage)) +
+         " positions\n";
+  for (const schema::Step& step : s.steps) {
+    std::snprintf(line, sizeof(line), "   step %u [%llu, %llu) %s", step.index,
+                  static_cast<unsigned long long>(step.begin),
+                  static_cast<unsigned long long>(s.token_begin + step.end),
+                  std::string(schema::StepLabelName(step.label)).c_str());
+    out += line;
+    if (step.has_reward) {
+      std::snprintf(line, sizeof(line), " reward %.4f\n", static_cast<double>(step.process_reward));
+      out += line;
+    } else {
+      out += " no reward\n";
+    }
+  }
+  return out;
+}
+
 std::string StoredSegmentJson(const StoredSegment& stored) {
   const schema::SegmentData& s = stored.segment;
   nlohmann::json j;
@@ -326,10 +360,26 @@ std::string StoredSegmentJson(const StoredSegment& stored) {
   j["policy_runs"] = runs;
   j["routing"] = {{"layers", s.routing.layers},
                   {"top_k", s.routing.top_k},
-                  {"experts", s.routing.experts}};
+                  {"experts", s.routing.experts},
+                  {"coverage", schema::RoutingCoverageName(s.routing.coverage)},
+                  {"context_experts", s.routing.context_experts}};
+  if (s.routing.coverage == schema::RoutingCoverage::kMasked) {
+    std::vector<bool> has_record;
+    (void)schema::ExpertsByPosition(s, &has_record);
+    std::string mask(has_record.size(), '0');
+    for (size_t i = 0; i < has_record.size(); ++i) mask[i] = has_record[i] ? '1' : '0';
+    j["routing"]["mask"] = mask;
+  }
   nlohmann::json steps = nlohmann::json::array();
   for (const schema::Step& step : s.steps) {
-    steps.push_back({{"end", step.end}, {"process_reward", step.process_reward}});
+    nlohmann::json out = {{"end", step.end}, {"process_reward", step.process_reward}};
+    if (s.schema_minor >= 2) {
+      out["index"] = step.index;
+      out["begin"] = step.begin;
+      out["label"] = schema::StepLabelName(step.label);
+      out["has_reward"] = step.has_reward;
+    }
+    steps.push_back(std::move(out));
   }
   j["steps"] = steps;
   j["outcome_reward"] = s.outcome_reward;
@@ -346,6 +396,15 @@ std::string StoredSegmentJson(const StoredSegment& stored) {
   for (const auto& [key, value] : s.metadata) metadata[key] = value;
   j["metadata"] = metadata;
   j["state_digest_base64"] = Base64(s.state_digest);
+  j["schema"] = "1." + std::to_string(s.schema_minor);
+  // Fields since 1.2; a 1.1 segment has none of them to show.
+  if (s.schema_minor >= 2) {
+    j["end_reason"] = schema::EndReasonName(s.end_reason);
+    j["group"] = {{"id", s.group_size > 0 ? s.group_id.Hex() : ""},
+                  {"index", s.group_index},
+                  {"size", s.group_size}};
+    j["sampling"] = {{"temperature", s.temperature}, {"top_p", s.top_p}, {"top_k", s.top_k}};
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -353,7 +412,9 @@ std::string TrajectorySummaryJson(const schema::TrajectorySummary& s) {
   nlohmann::json j = {{"trajectory_id", s.trajectory_id.Hex()},
                       {"env", s.env},
                       {"table", s.table},
-                      {"status", s.complete ? "complete" : "open"},
+                      {"status", s.abandoned ? "abandoned" : s.complete ? "complete" : "open"},
+                      {"end_reason", schema::EndReasonName(s.end_reason)},
+                      {"conflicts", s.conflicts},
                       {"segments", s.segments_stored},
                       {"tokens", s.tokens},
                       {"steps", s.steps},

@@ -64,6 +64,9 @@ class Inspector {
 
 // The segment's tokens as text, one line per run of a role: "[model] ...".
 std::string RenderSegmentText(const schema::SegmentData& segment);
+// The fields a learner reads besides the tokens (schema 1.2: group, sampling, end reason,
+// routing coverage, steps), a few lines for `inspect show`; empty for a 1.1 segment.
+std::string RenderSegmentFields(const schema::SegmentData& segment);
 // Every field of a stored segment as one JSON object (the export format, docs/replay.md).
 std::string StoredSegmentJson(const StoredSegment& stored);
 std::string TrajectorySummaryJson(const schema::TrajectorySummary& summary);

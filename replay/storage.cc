@@ -392,6 +392,7 @@ void AddSegment(const schema::SegmentFacts& facts, uint64_t now_ms,
   if (facts.is_last) {
     s.complete = true;
     s.outcome_reward = facts.outcome_reward;
+    s.end_reason = facts.end_reason;
   }
 }
 

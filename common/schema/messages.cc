@@ -4,6 +4,7 @@
 #include <capnp/serialize.h>
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -103,6 +104,19 @@ struct SegmentView {
   std::vector<ImageShape> images;
   std::string_view env;
   std::string_view table;
+  // Since 1.2; checked only when the writer's minor version is at least 2.
+  uint16_t minor = kSchemaMinor;
+  uint8_t coverage = 0;  // RoutingCoverage as sent
+  size_t context_experts = 0;
+  const uint8_t* mask = nullptr;  // mask_bytes bytes
+  size_t mask_bytes = 0;
+  size_t group_id_bytes = 0;
+  uint32_t group_index = 0;
+  uint32_t group_size = 0;
+  uint8_t end_reason = 0;  // EndReason as sent
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  std::vector<uint8_t> step_labels;  // StepLabel as sent, one per step
 };
 
 int32_t TokenAt(const SegmentView& v, size_t i) { return Get<int32_t>(v.tokens + 4 * i); }
@@ -173,6 +187,109 @@ size_t ActionTokens(const SegmentView& v) {
   return actions;
 }
 
+// The fields since 1.2: step labels and positions, group, end reason, sampling settings, the
+// routing of context tokens.
+Status ValidateSince12(const SegmentView& s, const std::string& where, size_t actions) {
+  const size_t n = s.token_count;
+  for (size_t i = 0; i < s.steps.size(); ++i) {
+    const Step& step = s.steps[i];
+    const std::string name = where + ": step " + std::to_string(i);
+    if (s.step_labels[i] > static_cast<uint8_t>(StepLabel::kIncorrect)) {
+      return Reject(reject::kRange, name + " has no valid label");
+    }
+    if (!step.has_reward && step.process_reward != 0) {
+      return Reject(reject::kRange, name + " has no reward but a process reward of " +
+                                        std::to_string(step.process_reward));
+    }
+    if (i > 0 && step.index != s.steps[i - 1].index + 1) {
+      return Reject(reject::kRange, name + " has index " + std::to_string(step.index) +
+                                        ", not the previous step's plus one");
+    }
+    const uint64_t end = s.token_begin + step.end;
+    const uint64_t floor = i > 0 ? s.token_begin + s.steps[i - 1].end : 0;
+    if (step.begin >= end || step.begin < floor) {
+      return Reject(reject::kRange, name + " begins at " + std::to_string(step.begin) +
+                                        ", not in [" + std::to_string(floor) + ", " +
+                                        std::to_string(end) + ")");
+    }
+  }
+  if (s.group_size > 0) {
+    if (s.group_id_bytes != 16) {
+      return Reject(reject::kMissingField, where + ": groupId must be 16 bytes in a group");
+    }
+    if (s.group_index >= s.group_size) {
+      return Reject(reject::kRange, where + ": group index " + std::to_string(s.group_index) +
+                                        " is not below the group size " +
+                                        std::to_string(s.group_size));
+    }
+  } else if (s.group_id_bytes != 0 || s.group_index != 0) {
+    return Reject(reject::kRange, where + ": group id or index without a group size");
+  }
+  if (s.end_reason >= kEndReasonCount) {
+    return Reject(reject::kRange, where + ": end reason " + std::to_string(s.end_reason) +
+                                      " is not a reason");
+  }
+  if (s.is_last != (s.end_reason != static_cast<uint8_t>(EndReason::kNone))) {
+    return Reject(reject::kRange, where + (s.is_last ? ": the last segment has no end reason"
+                                                     : ": an end reason before the last segment"));
+  }
+  if (!std::isfinite(s.temperature) || s.temperature < 0) {
+    return Reject(reject::kRange, where + ": temperature is not a finite value >= 0");
+  }
+  if (!(s.top_p > 0 && s.top_p <= 1)) {
+    return Reject(reject::kRange, where + ": top-p is not in (0, 1]");
+  }
+  const size_t per_token = static_cast<size_t>(s.layers) * s.top_k;
+  const std::string routing = where + ": routing record ";
+  switch (static_cast<RoutingCoverage>(s.coverage)) {
+    case RoutingCoverage::kActions:
+      if (s.context_experts != 0 || s.mask_bytes != 0) {
+        return Reject(reject::kLengthMismatch,
+                      routing + "covers action tokens only but has context experts or a mask");
+      }
+      return Status::Ok();
+    case RoutingCoverage::kAll:
+      if (s.mask_bytes != 0 || s.context_experts != (n - actions) * per_token) {
+        return Reject(reject::kLengthMismatch,
+                      routing + "covers every position but has " +
+                          std::to_string(s.context_experts) + " context expert ids, expected " +
+                          std::to_string(n - actions) + " context tokens x " +
+                          std::to_string(per_token) + (s.mask_bytes != 0 ? ", and a mask" : ""));
+      }
+      return Status::Ok();
+    case RoutingCoverage::kMasked: {
+      if (s.mask_bytes != (n + 7) / 8) {
+        return Reject(reject::kLengthMismatch, routing + "mask has " +
+                                                   std::to_string(s.mask_bytes) +
+                                                   " bytes for " + std::to_string(n) + " tokens");
+      }
+      if ((n % 8) != 0 && (s.mask[n / 8] >> (n % 8)) != 0) {
+        return Reject(reject::kRange, routing + "mask has bits set past the last token");
+      }
+      size_t covered = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const bool bit = (s.mask[i / 8] >> (i % 8)) & 1;
+        if (IsAction(static_cast<Role>(s.roles[i]))) {
+          if (!bit) {
+            return Reject(reject::kRange, routing + "mask leaves out action token " +
+                                              std::to_string(i));
+          }
+        } else {
+          covered += bit ? 1 : 0;
+        }
+      }
+      if (s.context_experts != covered * per_token) {
+        return Reject(reject::kLengthMismatch,
+                      routing + "has " + std::to_string(s.context_experts) +
+                          " context expert ids, expected " + std::to_string(covered) +
+                          " masked context tokens x " + std::to_string(per_token));
+      }
+      return Status::Ok();
+    }
+  }
+  return Reject(reject::kRange, routing + "coverage " + std::to_string(s.coverage) +
+                                    " is not a coverage");
+}
 
 Status ValidateView(const SegmentView& s, const DecodeLimits& limits) {
   const size_t n = s.token_count;
@@ -246,6 +363,7 @@ Status ValidateView(const SegmentView& s, const DecodeLimits& limits) {
                       " expert ids, expected " + std::to_string(actions) + " action tokens x " +
                       std::to_string(s.layers) + " layers x top-" + std::to_string(s.top_k));
   }
+  if (s.minor >= 2) STRIDER_RETURN_IF_ERROR(ValidateSince12(s, where, actions));
   for (size_t i = 0; i < s.images.size(); ++i) {
     const SegmentView::ImageShape& image = s.images[i];
     if (image.token_offset >= n) {
@@ -287,12 +405,26 @@ SegmentView ViewOf(const SegmentData& s) {
   }
   v.env = s.env;
   v.table = s.table;
+  // What the encoder writes: always the current version.
+  v.minor = kSchemaMinor;
+  v.coverage = static_cast<uint8_t>(s.routing.coverage);
+  v.context_experts = s.routing.context_experts.size();
+  v.mask = s.routing.mask.data();
+  v.mask_bytes = s.routing.mask.size();
+  v.group_id_bytes = s.group_size > 0 ? 16 : 0;
+  v.group_index = s.group_index;
+  v.group_size = s.group_size;
+  v.end_reason = static_cast<uint8_t>(s.end_reason);
+  v.temperature = s.temperature;
+  v.top_p = s.top_p;
+  for (const Step& step : s.steps) v.step_labels.push_back(static_cast<uint8_t>(step.label));
   return v;
 }
 
 // The structural checks that need the wire form (array byte counts, role values), then a view
-// over the reader's memory; nothing is copied.
-Status ReadSegmentView(wire::Segment::Reader in, SegmentView* out) {
+// over the reader's memory; nothing is copied. `minor` is the writer's, from the envelope.
+Status ReadSegmentView(wire::Segment::Reader in, uint16_t minor, SegmentView* out) {
+  out->minor = minor;
   if (!in.hasTrajectoryId() || in.getTrajectoryId().size() != 16) {
     return Reject(reject::kMissingField, "segment.trajectoryId must be 16 bytes");
   }
@@ -342,8 +474,39 @@ Status ReadSegmentView(wire::Segment::Reader in, SegmentView* out) {
                                                std::to_string(experts.size()));
   }
   out->experts = experts.size() / 2;
+  if (minor >= 2) {
+    out->coverage = static_cast<uint8_t>(routing.getCoverage());
+    capnp::Data::Reader context = routing.getContextExperts();
+    if (context.size() % 2 != 0) {
+      return Reject(reject::kLengthMismatch,
+                    "segment.routing.contextExperts has an odd byte count " +
+                        std::to_string(context.size()));
+    }
+    out->context_experts = context.size() / 2;
+    capnp::Data::Reader mask = routing.getMask();
+    out->mask = mask.begin();
+    out->mask_bytes = mask.size();
+    out->group_id_bytes = in.getGroupId().size();
+    out->group_index = in.getGroupIndex();
+    out->group_size = in.getGroupSize();
+    out->end_reason = static_cast<uint8_t>(in.getEndReason());
+    out->temperature = in.getTemperature();
+    out->top_p = in.getTopP();
+  }
 
-  for (auto step : in.getSteps()) out->steps.push_back({step.getEnd(), step.getProcessReward()});
+  for (auto step : in.getSteps()) {
+    Step decoded{step.getEnd(), step.getProcessReward()};
+    if (minor >= 2) {
+      decoded.has_reward = step.getHasReward();
+      decoded.index = step.getIndex();
+      decoded.begin = step.getBegin();
+      out->step_labels.push_back(static_cast<uint8_t>(step.getLabel()));
+      decoded.label = static_cast<StepLabel>(out->step_labels.back());
+    } else {
+      out->step_labels.push_back(0);
+    }
+    out->steps.push_back(decoded);
+  }
   out->outcome_reward = in.getOutcomeReward();
   for (auto image : in.getImages()) {
     out->images.push_back({image.getTokenOffset(), image.getWidth(), image.getHeight(),
@@ -372,6 +535,7 @@ SegmentFacts FactsOf(const SegmentView& v) {
   for (const Step& step : v.steps) facts.process_reward_sum += step.process_reward;
   facts.is_last = v.is_last;
   facts.outcome_reward = v.outcome_reward;
+  facts.end_reason = static_cast<EndReason>(v.end_reason);
   return facts;
 }
 
@@ -412,12 +576,28 @@ void CopySegment(wire::Segment::Reader in, const SegmentView& v, SegmentData* ou
   auto digest = in.getStateDigest();
   out->state_digest.assign(reinterpret_cast<const char*>(digest.begin()), digest.size());
   out->table = std::string(v.table);
+  out->schema_minor = v.minor;
+  if (v.minor < 2) return;
+  out->routing.coverage = static_cast<RoutingCoverage>(v.coverage);
+  capnp::Data::Reader context = in.getRouting().getContextExperts();
+  out->routing.context_experts.resize(v.context_experts);
+  if (v.context_experts != 0) {
+    std::memcpy(out->routing.context_experts.data(), context.begin(), v.context_experts * 2);
+  }
+  out->routing.mask.assign(v.mask, v.mask + v.mask_bytes);
+  if (v.group_id_bytes == 16) std::memcpy(out->group_id.bytes.data(), in.getGroupId().begin(), 16);
+  out->group_index = v.group_index;
+  out->group_size = v.group_size;
+  out->end_reason = static_cast<EndReason>(v.end_reason);
+  out->temperature = v.temperature;
+  out->top_p = v.top_p;
+  out->top_k = in.getTopK();
 }
 
 Status ReadSegment(wire::Segment::Reader in, const DecodeLimits& limits,
-                   SegmentDecoding decoding, Message* out) {
+                   SegmentDecoding decoding, uint16_t minor, Message* out) {
   SegmentView view;
-  STRIDER_RETURN_IF_ERROR(ReadSegmentView(in, &view));
+  STRIDER_RETURN_IF_ERROR(ReadSegmentView(in, minor, &view));
   STRIDER_RETURN_IF_ERROR(ValidateView(view, limits));
   // Metadata is not checked but must be readable: a malformed list throws here, inside ReadRoot.
   for (auto kv : in.getMetadata()) {
@@ -431,7 +611,7 @@ Status ReadSegment(wire::Segment::Reader in, const DecodeLimits& limits,
 }
 
 Status ReadMessage(wire::Message::Reader root, const DecodeLimits& limits,
-                   SegmentDecoding segment_decoding, Message* out) {
+                   SegmentDecoding segment_decoding, uint16_t minor, Message* out) {
   switch (root.which()) {
     case wire::Message::HELLO: {
       out->kind = MessageKind::kHello;
@@ -446,7 +626,7 @@ Status ReadMessage(wire::Message::Reader root, const DecodeLimits& limits,
     }
     case wire::Message::SEGMENT:
       out->kind = MessageKind::kSegment;
-      return ReadSegment(root.getSegment(), limits, segment_decoding, out);
+      return ReadSegment(root.getSegment(), limits, segment_decoding, minor, out);
     case wire::Message::ACK:
       out->kind = MessageKind::kAck;
       for (auto key : root.getAck().getKeys()) {
@@ -566,6 +746,36 @@ std::string_view RoleName(Role role) {
   return "unknown";
 }
 
+std::string_view StepLabelName(StepLabel label) {
+  switch (label) {
+    case StepLabel::kUnknown: return "unknown";
+    case StepLabel::kCorrect: return "correct";
+    case StepLabel::kIncorrect: return "incorrect";
+  }
+  return "unknown";
+}
+
+std::string_view RoutingCoverageName(RoutingCoverage coverage) {
+  switch (coverage) {
+    case RoutingCoverage::kActions: return "actions";
+    case RoutingCoverage::kAll: return "all";
+    case RoutingCoverage::kMasked: return "masked";
+  }
+  return "unknown";
+}
+
+std::string_view EndReasonName(EndReason reason) {
+  switch (reason) {
+    case EndReason::kNone: return "none";
+    case EndReason::kFinished: return "finished";
+    case EndReason::kTruncatedTurns: return "truncated_turns";
+    case EndReason::kTruncatedLength: return "truncated_length";
+    case EndReason::kFailed: return "failed";
+    case EndReason::kAbandoned: return "abandoned";
+  }
+  return "unknown";
+}
+
 std::string_view MessageKindName(MessageKind kind) {
   switch (kind) {
     case MessageKind::kHello: return "hello";
@@ -640,9 +850,33 @@ Status ValidateSegment(const SegmentData& s, const DecodeLimits& limits) {
   return ValidateView(ViewOf(s), limits);
 }
 
+std::vector<uint16_t> ExpertsByPosition(const SegmentData& s, std::vector<bool>* has_record) {
+  const size_t n = s.tokens.size();
+  const size_t per_token = static_cast<size_t>(s.routing.layers) * s.routing.top_k;
+  std::vector<uint16_t> out(n * per_token, 0);
+  if (has_record != nullptr) has_record->assign(n, false);
+  size_t action = 0;
+  size_t context = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t* from = nullptr;
+    if (IsAction(s.roles[i])) {
+      from = s.routing.experts.data() + action++ * per_token;
+    } else if (s.routing.coverage == RoutingCoverage::kAll ||
+               (s.routing.coverage == RoutingCoverage::kMasked &&
+                ((s.routing.mask[i / 8] >> (i % 8)) & 1))) {
+      from = s.routing.context_experts.data() + context++ * per_token;
+    }
+    if (from == nullptr) continue;
+    if (has_record != nullptr) (*has_record)[i] = true;
+    std::copy(from, from + per_token, out.begin() + i * per_token);
+  }
+  return out;
+}
+
 Result<std::string> EncodeSegment(const SegmentData& s, const DecodeLimits& limits) {
   STRIDER_RETURN_IF_ERROR(ValidateSegment(s, limits));
-  size_t payload_estimate = s.tokens.size() * 9 + s.routing.experts.size() * 2 + 4096;
+  size_t payload_estimate = s.tokens.size() * 9 + s.routing.experts.size() * 2 +
+                            s.routing.context_experts.size() * 2 + s.routing.mask.size() + 4096;
   for (const Image& image : s.images) payload_estimate += image.pixels.size() + 64;
   capnp::MallocMessageBuilder builder(payload_estimate / sizeof(capnp::word) + 64);
   auto out = builder.initRoot<wire::Message>().initSegment();
@@ -662,10 +896,20 @@ Result<std::string> EncodeSegment(const SegmentData& s, const DecodeLimits& limi
   routing.setLayers(s.routing.layers);
   routing.setTopK(s.routing.top_k);
   routing.setExperts(AsData(s.routing.experts.data(), s.routing.experts.size() * 2));
+  routing.setCoverage(static_cast<wire::RoutingCoverage>(s.routing.coverage));
+  if (!s.routing.context_experts.empty()) {
+    routing.setContextExperts(
+        AsData(s.routing.context_experts.data(), s.routing.context_experts.size() * 2));
+  }
+  if (!s.routing.mask.empty()) routing.setMask(AsData(s.routing.mask.data(), s.routing.mask.size()));
   auto steps = out.initSteps(s.steps.size());
   for (size_t i = 0; i < s.steps.size(); ++i) {
     steps[i].setEnd(s.steps[i].end);
     steps[i].setProcessReward(s.steps[i].process_reward);
+    steps[i].setLabel(static_cast<wire::StepLabel>(s.steps[i].label));
+    steps[i].setHasReward(s.steps[i].has_reward);
+    steps[i].setIndex(s.steps[i].index);
+    steps[i].setBegin(s.steps[i].begin);
   }
   out.setOutcomeReward(s.outcome_reward);
   auto images = out.initImages(s.images.size());
@@ -684,6 +928,13 @@ Result<std::string> EncodeSegment(const SegmentData& s, const DecodeLimits& limi
   }
   out.setStateDigest(AsData(s.state_digest));
   out.setTable(AsText(s.table));
+  if (s.group_size > 0) out.setGroupId(AsData(s.group_id.View()));
+  out.setGroupIndex(s.group_index);
+  out.setGroupSize(s.group_size);
+  out.setEndReason(static_cast<wire::EndReason>(s.end_reason));
+  out.setTemperature(s.temperature);
+  out.setTopP(s.top_p);
+  out.setTopK(s.top_k);
   std::string frame = Seal(builder);
   if (frame.size() > limits.max_message_bytes) {
     return Reject(reject::kSize, "segment " + s.key().ToString() + " encodes to " +
@@ -890,8 +1141,9 @@ Result<Message> Decode(std::string_view frame, const DecodeLimits& limits,
                        SegmentDecoding segment_decoding) {
   STRIDER_RETURN_IF_ERROR(CheckEnvelope(frame, limits));
   Message message;
+  const uint16_t minor = Get<uint16_t>(frame.data() + 6);
   STRIDER_RETURN_IF_ERROR(ReadRoot<wire::Message>(frame, [&](wire::Message::Reader root) {
-    return ReadMessage(root, limits, segment_decoding, &message);
+    return ReadMessage(root, limits, segment_decoding, minor, &message);
   }));
   return message;
 }
@@ -902,7 +1154,9 @@ std::string EncodeTrajectorySummary(const TrajectorySummary& summary) {
   out.setTrajectoryId(AsData(summary.trajectory_id.View()));
   out.setEnv(AsText(summary.env));
   out.setTable(AsText(summary.table));
-  out.setStatus(summary.complete ? wire::TrajectoryStatus::COMPLETE : wire::TrajectoryStatus::OPEN);
+  out.setStatus(summary.abandoned  ? wire::TrajectoryStatus::ABANDONED
+                : summary.complete ? wire::TrajectoryStatus::COMPLETE
+                                   : wire::TrajectoryStatus::OPEN);
   out.setSegmentsStored(summary.segments_stored);
   out.setTokens(summary.tokens);
   out.setOutcomeReward(summary.outcome_reward);
@@ -911,6 +1165,8 @@ std::string EncodeTrajectorySummary(const TrajectorySummary& summary) {
   out.setMinPolicyVersion(summary.min_policy_version);
   out.setMaxPolicyVersion(summary.max_policy_version);
   out.setFirstInsertUnixMs(summary.first_insert_unix_ms);
+  out.setEndReason(static_cast<wire::EndReason>(summary.end_reason));
+  out.setConflicts(summary.conflicts);
   return Seal(builder);
 }
 
@@ -926,6 +1182,7 @@ Result<TrajectorySummary> DecodeTrajectorySummary(std::string_view frame) {
         summary.env = in.getEnv();
         summary.table = in.getTable();
         summary.complete = in.getStatus() == wire::TrajectoryStatus::COMPLETE;
+        summary.abandoned = in.getStatus() == wire::TrajectoryStatus::ABANDONED;
         summary.segments_stored = in.getSegmentsStored();
         summary.tokens = in.getTokens();
         summary.outcome_reward = in.getOutcomeReward();
@@ -934,6 +1191,10 @@ Result<TrajectorySummary> DecodeTrajectorySummary(std::string_view frame) {
         summary.min_policy_version = in.getMinPolicyVersion();
         summary.max_policy_version = in.getMaxPolicyVersion();
         summary.first_insert_unix_ms = in.getFirstInsertUnixMs();
+        const auto end_reason = static_cast<uint8_t>(in.getEndReason());
+        summary.end_reason = end_reason < kEndReasonCount ? static_cast<EndReason>(end_reason)
+                                                          : EndReason::kNone;
+        summary.conflicts = in.getConflicts();
         return Status::Ok();
       }));
   return summary;

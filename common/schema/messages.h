@@ -26,7 +26,9 @@ namespace strider::schema {
 
 // Major versions must match exactly; a reader accepts any minor version of its major.
 inline constexpr uint16_t kSchemaMajor = 1;
-inline constexpr uint16_t kSchemaMinor = 1;  // 1.1: Credit::max_frame_bytes
+// 1.1: Credit::max_frame_bytes. 1.2: step labels and positions, group, end reason, sampling
+// settings and context routing on segments; end reason and conflicts in trajectory summaries.
+inline constexpr uint16_t kSchemaMinor = 2;
 inline constexpr uint32_t kEnvelopeMagic = 0x44525453;  // "STRD" little-endian
 inline constexpr size_t kEnvelopeHeaderBytes = 24;
 
@@ -81,16 +83,46 @@ struct PolicyRun {
   uint64_t version = 0;
 };
 
+enum class StepLabel : uint8_t { kUnknown = 0, kCorrect, kIncorrect };
+std::string_view StepLabelName(StepLabel label);  // "unknown", "correct", "incorrect"
+
 struct Step {
   uint32_t end = 0;  // segment offset one past the step's last token
-  float process_reward = 0;
+  float process_reward = 0;  // 0 when !has_reward
+  // Since 1.2 (a 1.1 message reads as: label unknown, reward given, index and begin 0).
+  StepLabel label = StepLabel::kUnknown;
+  bool has_reward = true;
+  uint32_t index = 0;  // in the trajectory, from 0
+  uint64_t begin = 0;  // trajectory position of the first token; the end is token_begin + end
 };
+
+// Which positions of a segment have a routing record (since 1.2; 1.1 segments: kActions).
+enum class RoutingCoverage : uint8_t { kActions = 0, kAll, kMasked };
+std::string_view RoutingCoverageName(RoutingCoverage coverage);  // "actions", "all", "masked"
 
 struct RoutingRecord {
   uint16_t layers = 0;
   uint16_t top_k = 0;
   std::vector<uint16_t> experts;  // (action tokens, layers, top_k), row-major
+  RoutingCoverage coverage = RoutingCoverage::kActions;
+  // (context tokens with a record, layers, top_k): every context token under kAll, those whose
+  // mask bit is set under kMasked, none under kActions.
+  std::vector<uint16_t> context_experts;
+  std::vector<uint8_t> mask;  // kMasked: bit i % 8 of byte i / 8 set = token i has a record
 };
+
+// How a trajectory ended (since 1.2; kNone on segments before the last and on 1.1 segments).
+enum class EndReason : uint8_t {
+  kNone = 0,
+  kFinished,         // the environment said done
+  kTruncatedTurns,   // the turn limit
+  kTruncatedLength,  // the episode's token limit
+  kFailed,           // an environment, engine or actor error
+  kAbandoned,        // its actor gave up on it (stopped); reserved for the service too
+};
+inline constexpr uint8_t kEndReasonCount = 6;
+// "none", "finished", "truncated_turns", "truncated_length", "failed", "abandoned".
+std::string_view EndReasonName(EndReason reason);
 
 struct Image {
   uint32_t token_offset = 0;
@@ -118,6 +150,18 @@ struct SegmentData {
   std::vector<std::pair<std::string, std::string>> metadata;
   std::string state_digest;
   std::string table;  // empty: the server's first table
+  // Since 1.2. Every segment carries the group and the sampling settings; the last one the end
+  // reason (segments before it leave before the end is known).
+  TrajectoryId group_id;       // shared by the trajectories sampled from one prompt
+  uint32_t group_index = 0;    // from 0
+  uint32_t group_size = 0;     // 0: not in a group (1.1 segments)
+  EndReason end_reason = EndReason::kNone;
+  float temperature = 1.0f;    // the sampling distribution of the behaviour log-probs; 0: greedy
+  float top_p = 1.0f;
+  uint32_t top_k = 0;          // 0: no cut
+  // The minor schema version of the frame it was decoded from (kSchemaMinor for one built
+  // here): below 2, the 1.2 fields above and in Step and RoutingRecord are defaults, not data.
+  uint16_t schema_minor = kSchemaMinor;
 
   SegmentKey key() const { return {trajectory_id, segment_index}; }
   uint64_t MinPolicyVersion() const;
@@ -127,6 +171,12 @@ struct SegmentData {
 
 // Checks the rules Decode applies to a segment; encoders call it so bad data never leaves.
 Status ValidateSegment(const SegmentData& segment, const DecodeLimits& limits);
+
+// The experts of every position of a segment, as routing replay takes them: (tokens, layers,
+// top_k) row-major, zeros where a position has no record; `has_record` (when not null) gets one
+// flag per token. Under kActions only action tokens have records. The segment must be valid.
+std::vector<uint16_t> ExpertsByPosition(const SegmentData& segment,
+                                        std::vector<bool>* has_record = nullptr);
 
 // What a server needs of a segment besides its bytes (index record, trajectory summary). Decode
 // fills it for every segment, in either SegmentDecoding mode.
@@ -141,6 +191,7 @@ struct SegmentFacts {
   float process_reward_sum = 0;
   bool is_last = false;
   float outcome_reward = 0;
+  EndReason end_reason = EndReason::kNone;
 };
 
 enum class ClientRole : uint8_t { kActor = 0, kLearner = 1 };
@@ -228,6 +279,9 @@ struct TrajectorySummary {
   std::string env;
   std::string table;
   bool complete = false;  // the last segment arrived
+  // Since 1.2, reserved: the service closed the trajectory after its actor died (nothing sets
+  // it yet). Stored as the status `abandoned`; complete is then false.
+  bool abandoned = false;
   uint32_t segments_stored = 0;
   uint64_t tokens = 0;  // tokens in stored segments
   float outcome_reward = 0;
@@ -236,6 +290,10 @@ struct TrajectorySummary {
   uint64_t min_policy_version = 0;
   uint64_t max_policy_version = 0;
   uint64_t first_insert_unix_ms = 0;
+  EndReason end_reason = EndReason::kNone;  // since 1.2: the last segment's
+  // Since 1.2, reserved: segments that arrived again with different bytes (nothing counts them
+  // yet).
+  uint32_t conflicts = 0;
 };
 std::string EncodeTrajectorySummary(const TrajectorySummary& summary);
 Result<TrajectorySummary> DecodeTrajectorySummary(std::string_view frame);

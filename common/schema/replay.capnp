@@ -5,8 +5,12 @@
 # the server's credit allows it (`Credit.maxFrameBytes`). Segments are stored in RocksDB as the
 # same envelope, so the checksum that guarded the wire also guards the disk.
 #
-# Compatibility: fields are only ever appended (new ordinals), never renumbered or retyped. A
-# change that old readers must not accept bumps kSchemaMajor in messages.h.
+# Compatibility: fields are only ever appended (new ordinals), never renumbered or retyped, and
+# an appended field keeps the meaning of the old fields as they are: a reader of an older minor
+# version reads a newer message as it always did, and a newer reader reads an older message with
+# the new fields at their defaults (chosen to mean what the old message meant). Such a change
+# bumps kSchemaMinor in messages.h; a change that old readers must not accept bumps kSchemaMajor.
+# Fields marked "since 1.2" are absent (defaults) in messages whose envelope says 1.0 or 1.1.
 @0xc4a1d2e39b7f5a60;
 
 $import "/capnp/c++.capnp".namespace("strider::schema::wire");
@@ -27,10 +31,29 @@ struct PolicyRun {
   version @1 :UInt64;
 }
 
+enum StepLabel {
+  unknown @0;    # the environment cannot judge the step
+  correct @1;
+  incorrect @2;
+}
+
 struct Step {
   # A model turn ending before segment offset `end` (exclusive) and its process reward.
   end @0 :UInt32;
-  processReward @1 :Float32;
+  processReward @1 :Float32;    # 0 when hasReward is false
+  # Since 1.2. A 1.1 writer stored 0 for a missing reward, and its readers took every stored
+  # value as the reward: hence the default true.
+  label @2 :StepLabel;
+  hasReward @3 :Bool = true;
+  index @4 :UInt32;             # the step's number in the trajectory, from 0
+  begin @5 :UInt64;             # trajectory position of the step's first token (its turn's first
+                                # action); the end in trajectory positions is tokenBegin + end
+}
+
+enum RoutingCoverage {
+  actions @0;   # only action tokens have records (every 1.0 and 1.1 segment)
+  all @1;       # every position has one: contextExperts covers every context token
+  masked @2;    # the positions whose bit is set in `mask` have one
 }
 
 struct RoutingRecord {
@@ -39,6 +62,13 @@ struct RoutingRecord {
   layers @0 :UInt16;
   topK @1 :UInt16;
   experts @2 :Data;
+  # Since 1.2: the experts of context tokens too, which routing replay needs to recompute a
+  # trajectory exactly. They travel beside `experts` so that its 1.1 meaning (and 1.1 readers'
+  # length check) stays as it was.
+  coverage @3 :RoutingCoverage;
+  contextExperts @4 :Data;      # [context token with a record][layer][k], little-endian uint16
+  mask @5 :Data;                # masked: bit i (byte i / 8, bit i % 8) set = token i has a
+                                # record; ceil(tokens / 8) bytes, every action token's bit set
 }
 
 struct Image {
@@ -72,11 +102,33 @@ struct Segment {
   metadata @13 :List(KeyValue);
   stateDigest @14 :Data;        # digest of the inference state at the segment's start
   table @15 :Text;              # replay table; empty means the server's first table
+  # Since 1.2, on every segment (sampling settings and the group are known from the start).
+  groupId @16 :Data;            # 16 bytes, shared by the trajectories sampled from one prompt
+  groupIndex @17 :UInt32;       # this trajectory's place in its group, from 0
+  groupSize @18 :UInt32;        # trajectories the group started with; 0: no group (1.1)
+  endReason @19 :EndReason;     # on the last segment; `none` on the others (sent before the end)
+  # The distribution the behaviour log-probs are of (the image-patch placeholder is never
+  # sampled, whatever these say). Defaults: plain sampling, as 1.1 messages do not say.
+  temperature @20 :Float32 = 1.0;   # 0: greedy
+  topP @21 :Float32 = 1.0;
+  topK @22 :UInt32;                 # 0: no cut
+}
+
+enum EndReason {
+  none @0;               # not the last segment, or a writer before 1.2
+  finished @1;           # the environment said done
+  truncatedTurns @2;     # the episode reached its turn limit
+  truncatedLength @3;    # the next turn could pass the episode's token limit
+  failed @4;             # environment, engine or actor error (metadata `status`, `error`)
+  abandoned @5;          # cut short by its actor (stopped); also reserved for trajectories the
+                         # replay service closes after their actor died
 }
 
 enum TrajectoryStatus {
   open @0;      # the last segment has not arrived
   complete @1;
+  abandoned @2; # since 1.2, reserved: closed by the service after its actor died (nothing sets
+                # it yet); a 1.1 reader takes it for open
 }
 
 struct TrajectorySummary {
@@ -92,6 +144,9 @@ struct TrajectorySummary {
   minPolicyVersion @9 :UInt64;
   maxPolicyVersion @10 :UInt64;
   firstInsertUnixMs @11 :UInt64;
+  endReason @12 :EndReason;     # since 1.2: the last segment's
+  conflicts @13 :UInt32;        # since 1.2, reserved: segments of this trajectory that arrived
+                                # again with different bytes (nothing counts them yet)
 }
 
 enum ClientRole {

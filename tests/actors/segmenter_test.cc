@@ -1,6 +1,6 @@
 // Segmenter: cuts at turn boundaries where possible, never over segment_tokens, and the segments
 // reassemble into exactly the trajectory that was fed (tokens, roles, log-probs, versions,
-// experts, steps).
+// experts of every position, steps with their labels and positions, group and sampling fields).
 #include "actors/segmenter.h"
 
 #include <gtest/gtest.h>
@@ -115,7 +115,7 @@ TEST(Segmenter, ReassemblesIntoTheTrajectoryAcrossSegmentSizes) {
       Segmenter segmenter(options, NewTrajectoryId());
       Fed fed = FeedEpisode(segmenter, seed, 12, 3, 2);
       std::vector<schema::SegmentData> segments = segmenter.TakeReady();
-      auto rest = segmenter.Finish(1.5f, {{"status", "ok"}});
+      auto rest = segmenter.Finish(1.5f, schema::EndReason::kFinished, {{"status", "ok"}});
       ASSERT_TRUE(rest.ok()) << rest.status().ToString();
       segments.insert(segments.end(), rest->begin(), rest->end());
       CheckReassembly(segments, fed, segment_tokens, 3, 2);
@@ -138,7 +138,7 @@ TEST(Segmenter, CutsAtTheLastTurnBoundaryInTheWindow) {
   auto ready = segmenter.TakeReady();
   ASSERT_EQ(ready.size(), 1u);
   EXPECT_EQ(ready[0].tokens.size(), 90u);
-  auto rest = segmenter.Finish(0, {});
+  auto rest = segmenter.Finish(0, schema::EndReason::kFinished, {});
   ASSERT_TRUE(rest.ok());
   ASSERT_EQ(rest->size(), 1u);
   EXPECT_EQ((*rest)[0].token_begin, 90u);
@@ -155,7 +155,7 @@ TEST(Segmenter, LongTurnWithoutBoundaryIsCutAtTheWindow) {
   // A boundary near the window's start (here none) never makes a tiny segment.
   ASSERT_EQ(ready.size(), 15u);
   for (const auto& s : ready) EXPECT_EQ(s.tokens.size(), 64u);
-  auto rest = segmenter.Finish(0, {});
+  auto rest = segmenter.Finish(0, schema::EndReason::kFinished, {});
   ASSERT_TRUE(rest.ok());
   EXPECT_EQ(rest->back().tokens.size(), 1000u - 15 * 64);
 }
@@ -174,7 +174,7 @@ TEST(Segmenter, ImagesTravelWithTheSegmentHoldingTheirRun) {
   ASSERT_TRUE(segmenter.AddImage({0, 1, 1, 3, std::string(3, '\x01')}).ok());  // at 18
   ASSERT_TRUE(segmenter.AddContext(run, Role::kImage).ok());
   EXPECT_FALSE(segmenter.AddImage({0, 2, 2, 3, "short"}).ok()) << "pixel bytes must match";
-  Result<std::vector<schema::SegmentData>> last = segmenter.Finish(0, {});
+  Result<std::vector<schema::SegmentData>> last = segmenter.Finish(0, schema::EndReason::kFinished, {});
   ASSERT_TRUE(last.ok()) << last.status().ToString();
   std::vector<schema::SegmentData> segments = std::move(*last);
   ASSERT_EQ(segments.size(), 3u);  // 10 + 10 + 2
@@ -187,6 +187,123 @@ TEST(Segmenter, ImagesTravelWithTheSegmentHoldingTheirRun) {
   EXPECT_TRUE(segments[2].images.empty());
 }
 
+TEST(Segmenter, StepsCarryLabelRewardFlagIndexAndPositionsAcrossCuts) {
+  SegmenterOptions options{7, "calculator", "", 0, 0};
+  Segmenter segmenter(options, NewTrajectoryId());
+  const std::vector<int32_t> prompt(10, 'p'), answer(3, 'a');
+  ASSERT_TRUE(segmenter.AddContext(prompt, Role::kUser).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(segmenter.AddAction('m', Role::kModel, -1, 1, {}).ok());
+  ASSERT_TRUE(segmenter.EndStep(0.5f, schema::StepLabel::kCorrect).ok());  // [10, 15)
+  ASSERT_TRUE(segmenter.AddContext(answer, Role::kToolResult).ok());
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(segmenter.AddAction('t', Role::kToolCall, -1, 1, {}).ok());
+  }
+  ASSERT_TRUE(segmenter.EndStep(std::nullopt, schema::StepLabel::kIncorrect).ok());  // [18, 22)
+  std::vector<schema::SegmentData> segments = segmenter.TakeReady();
+  auto rest = segmenter.Finish(0, schema::EndReason::kTruncatedTurns, {});
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  segments.insert(segments.end(), rest->begin(), rest->end());
+  std::vector<std::pair<const schema::SegmentData*, schema::Step>> steps;
+  for (const schema::SegmentData& s : segments) {
+    EXPECT_TRUE(schema::ValidateSegment(s, {}).ok()) << schema::ValidateSegment(s, {}).ToString();
+    for (const schema::Step& step : s.steps) steps.emplace_back(&s, step);
+  }
+  ASSERT_EQ(steps.size(), 2u);
+  const schema::Step& first = steps[0].second;
+  EXPECT_EQ(first.index, 0u);
+  EXPECT_EQ(first.begin, 10u);
+  EXPECT_EQ(steps[0].first->token_begin + first.end, 15u);
+  EXPECT_EQ(first.label, schema::StepLabel::kCorrect);
+  EXPECT_TRUE(first.has_reward);
+  EXPECT_EQ(first.process_reward, 0.5f);
+  const schema::Step& second = steps[1].second;
+  EXPECT_EQ(second.index, 1u);
+  EXPECT_EQ(second.begin, 18u) << "a step begins at its turn's first action";
+  EXPECT_EQ(steps[1].first->token_begin + second.end, 22u);
+  EXPECT_EQ(second.label, schema::StepLabel::kIncorrect);
+  EXPECT_FALSE(second.has_reward) << "a missing reward is not stored as a reward of 0";
+  EXPECT_EQ(second.process_reward, 0.0f);
+}
+
+// Context tokens wait for the engine's records of them, so every fed position's experts travel
+// with its segment; the last observation, never fed, is left out of the mask.
+TEST(Segmenter, ContextWaitsForItsRoutingAndEveryFedPositionIsCovered) {
+  SegmenterOptions options{8, "calculator", "", 2, 1};
+  options.route_context = true;
+  Segmenter segmenter(options, NewTrajectoryId());
+  std::vector<uint16_t> fed;  // per position, 2 ids
+  const std::vector<int32_t> prompt(20, 'p');
+  ASSERT_TRUE(segmenter.AddContext(prompt, Role::kUser).ok());
+  EXPECT_TRUE(segmenter.TakeReady().empty()) << "no cut before the prompt's routing arrives";
+  std::vector<uint16_t> prompt_experts;
+  for (uint16_t i = 0; i < 40; ++i) prompt_experts.push_back(i % 7);
+  ASSERT_TRUE(segmenter.AddRouting(0, prompt_experts).ok());
+  fed = prompt_experts;
+  std::vector<schema::SegmentData> segments = segmenter.TakeReady();
+  ASSERT_EQ(segments.size(), 2u);
+  EXPECT_FALSE(segmenter.AddRouting(0, std::vector<uint16_t>{1, 2}).ok())
+      << "position 0 is already cut";
+  for (uint16_t i = 0; i < 3; ++i) {
+    const std::vector<uint16_t> experts = {static_cast<uint16_t>(10 + i), 3};
+    ASSERT_TRUE(segmenter.AddAction('m', Role::kModel, -1, 1, experts).ok());
+    fed.insert(fed.end(), experts.begin(), experts.end());
+  }
+  ASSERT_TRUE(segmenter.EndStep(1.0f).ok());
+  const std::vector<int32_t> verdict(6, 'v');
+  ASSERT_TRUE(segmenter.AddContext(verdict, Role::kUser).ok());
+  auto rest = segmenter.Finish(1.0f, schema::EndReason::kFinished, {});
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  segments.insert(segments.end(), rest->begin(), rest->end());
+  std::vector<uint16_t> experts;
+  std::vector<bool> covered;
+  for (const schema::SegmentData& s : segments) {
+    ASSERT_TRUE(schema::ValidateSegment(s, {}).ok()) << schema::ValidateSegment(s, {}).ToString();
+    Result<std::string> frame = schema::EncodeSegment(s);
+    ASSERT_TRUE(frame.ok());
+    Result<schema::Message> back = schema::Decode(*frame);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    std::vector<bool> has_record;
+    const std::vector<uint16_t> rows = schema::ExpertsByPosition(back->segment, &has_record);
+    experts.insert(experts.end(), rows.begin(), rows.end());
+    covered.insert(covered.end(), has_record.begin(), has_record.end());
+    const bool holds_verdict = s.token_begin + s.tokens.size() > 23;
+    EXPECT_EQ(s.routing.coverage, holds_verdict ? schema::RoutingCoverage::kMasked
+                                                : schema::RoutingCoverage::kAll)
+        << s.token_begin;
+  }
+  ASSERT_EQ(covered.size(), 29u);
+  for (size_t i = 0; i < 29; ++i) EXPECT_EQ(covered[i], i < 23) << i;
+  EXPECT_EQ(std::vector<uint16_t>(experts.begin(), experts.begin() + 46), fed);
+}
+
+TEST(Segmenter, EverySegmentCarriesGroupAndSamplingAndTheLastItsEndReason) {
+  SegmenterOptions options{50, "calculator", "", 3, 2};
+  options.group_id = NewTrajectoryId();
+  options.group_index = 2;
+  options.group_size = 4;
+  options.temperature = 0.7f;
+  options.top_p = 0.9f;
+  options.top_k = 20;
+  Segmenter segmenter(options, NewTrajectoryId());
+  FeedEpisode(segmenter, 3, 12, 3, 2);
+  std::vector<schema::SegmentData> segments = segmenter.TakeReady();
+  EXPECT_TRUE(segmenter.Finish(0, schema::EndReason::kNone, {}).status().IsInvalidArgument());
+  auto rest = segmenter.Finish(0, schema::EndReason::kFailed, {});
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  segments.insert(segments.end(), rest->begin(), rest->end());
+  ASSERT_GT(segments.size(), 2u);
+  for (const schema::SegmentData& s : segments) {
+    EXPECT_EQ(s.group_id, options.group_id);
+    EXPECT_EQ(s.group_index, 2u);
+    EXPECT_EQ(s.group_size, 4u);
+    EXPECT_EQ(s.temperature, 0.7f);
+    EXPECT_EQ(s.top_p, 0.9f);
+    EXPECT_EQ(s.top_k, 20u);
+    EXPECT_EQ(s.end_reason, s.is_last ? schema::EndReason::kFailed : schema::EndReason::kNone);
+    EXPECT_TRUE(schema::EncodeSegment(s).ok());
+  }
+}
+
 TEST(Segmenter, RejectsMisuse) {
   SegmenterOptions options{64, "calculator", "", 2, 1};
   Segmenter segmenter(options, NewTrajectoryId());
@@ -195,7 +312,7 @@ TEST(Segmenter, RejectsMisuse) {
   std::vector<uint16_t> wrong_experts{1};
   EXPECT_TRUE(segmenter.AddAction(5, Role::kModel, -1, 0, wrong_experts).IsInvalidArgument());
   EXPECT_FALSE(segmenter.EndStep(0).ok());  // no tokens yet
-  EXPECT_FALSE(segmenter.Finish(0, {}).ok());
+  EXPECT_FALSE(segmenter.Finish(0, schema::EndReason::kFinished, {}).ok());
 }
 
 }  // namespace

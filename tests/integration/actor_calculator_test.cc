@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -88,6 +89,7 @@ struct Trajectory {
   std::map<std::string, std::string> metadata;
   size_t steps = 0;
   std::vector<at::Tensor> images;  // (H, W, C) floats in [0, 1], in stream order
+  std::vector<schema::SegmentData> segments;
 };
 
 // Every stored trajectory, reassembled; fails the test on gaps, overlaps or a missing end.
@@ -129,6 +131,7 @@ std::vector<Trajectory> ReadTrajectories(const std::string& db) {
                                .div_(255.0));
       }
       for (const auto& [k, v] : s.metadata) t.metadata[k] = v;
+      t.segments.push_back(s);
     }
     out.push_back(std::move(t));
   }
@@ -201,6 +204,8 @@ void ExpectTheActorsTranscript(const Trajectory& t, const std::string& difficult
   add_text(first->text, role_of(first->role));
   add(token::kEndOfTurn, role_of(first->role));
   add(token::kModel, role_of(first->role));
+  // The environment's verdict on each step, from the same replay: (label, reward if any).
+  std::vector<std::pair<schema::StepLabel, std::optional<float>>> verdicts;
   size_t at = tokens.size();
   while (at < t.tokens.size()) {
     // The model's turn: every action token from here.
@@ -214,13 +219,20 @@ void ExpectTheActorsTranscript(const Trajectory& t, const std::string& difficult
       turn.push_back(token);
     }
     ASSERT_FALSE(turn.empty()) << "no model turn at position " << at;
-    if (at == t.tokens.size()) break;  // the last turn: the episode ended at max_turns
     const bool closed = turn.back() == token::kEndOfTurn;
     if (closed || turn.back() == token::kEndOfText) turn.pop_back();
     Result<envs::StepResult> step =
         (*env)->Step(envs::MakeAction(Tokenizer::Decode(turn)));
     ASSERT_TRUE(step.ok()) << step.status().ToString();
     ASSERT_FALSE(step->done) << "a random model never answers";
+    const schema::StepLabel label =
+        step->label == envs::StepLabel::kCorrect     ? schema::StepLabel::kCorrect
+        : step->label == envs::StepLabel::kIncorrect ? schema::StepLabel::kIncorrect
+                                                     : schema::StepLabel::kUnknown;
+    std::optional<float> reward;
+    if (step->reward) reward = static_cast<float>(*step->reward);
+    verdicts.emplace_back(label, reward);
+    if (at == t.tokens.size()) break;  // the last turn: the episode ended at max_turns
     const schema::Role role = role_of(step->observation.role);
     if (!closed) add(token::kEndOfTurn, role);
     add(marker_of(step->observation.role), role);
@@ -233,6 +245,74 @@ void ExpectTheActorsTranscript(const Trajectory& t, const std::string& difficult
   EXPECT_EQ(Tokenizer::Decode(t.tokens), Tokenizer::Decode(tokens));
   EXPECT_EQ(t.tokens, tokens);
   EXPECT_EQ(t.roles, roles);
+  // Each stored step has the environment's label, and a reward exactly when it gave one.
+  std::vector<std::pair<schema::StepLabel, std::optional<float>>> stored;
+  for (const schema::SegmentData& s : t.segments) {
+    for (const schema::Step& step : s.steps) {
+      stored.emplace_back(step.label,
+                          step.has_reward ? std::optional<float>(step.process_reward) : std::nullopt);
+    }
+  }
+  EXPECT_EQ(stored, verdicts);
+}
+
+// The schema 1.2 fields a learner reads: the group and sampling settings on every segment, the
+// end reason on the last, steps numbered through the trajectory from their turn's first action,
+// and a routing record for every position that agrees with the training path's own routing.
+void ExpectTheLearningFields(const Model& model, const Trajectory& t,
+                             schema::EndReason end_reason, int64_t group_size) {
+  std::vector<uint16_t> experts;
+  std::vector<bool> covered;
+  uint32_t step_index = 0;
+  for (const schema::SegmentData& s : t.segments) {
+    SCOPED_TRACE(s.key().ToString());
+    EXPECT_EQ(s.schema_minor, schema::kSchemaMinor);
+    EXPECT_EQ(s.group_size, static_cast<uint32_t>(group_size));
+    EXPECT_EQ(s.group_id.Hex(), t.metadata.at("group"));
+    EXPECT_EQ(s.group_index, std::stoul(t.metadata.at("group_index")));
+    EXPECT_EQ(s.temperature, 1.0f);
+    EXPECT_EQ(s.top_p, 1.0f);
+    EXPECT_EQ(s.top_k, 0u);
+    EXPECT_EQ(s.end_reason, s.is_last ? end_reason : schema::EndReason::kNone);
+    for (const schema::Step& step : s.steps) {
+      EXPECT_EQ(step.index, step_index++);
+      ASSERT_LT(step.begin, t.tokens.size());
+      EXPECT_TRUE(schema::IsAction(t.roles[step.begin])) << "a step begins at its first action";
+      EXPECT_FALSE(schema::IsAction(t.roles[step.begin - 1])) << "... the first of its turn";
+    }
+    std::vector<bool> has_record;
+    const std::vector<uint16_t> rows = schema::ExpertsByPosition(s, &has_record);
+    experts.insert(experts.end(), rows.begin(), rows.end());
+    covered.insert(covered.end(), has_record.begin(), has_record.end());
+  }
+  EXPECT_EQ(step_index, t.steps);
+  ASSERT_EQ(covered.size(), t.tokens.size());
+  EXPECT_EQ(std::count(covered.begin(), covered.end(), false), 0)
+      << "every position of an episode ended at max_turns was fed, so every one has experts";
+  std::vector<int64_t> ids(t.tokens.begin(), t.tokens.end());
+  ForwardOptions record;
+  record.record_routing = true;
+  Result<ForwardOutput> out = model.Forward({at::tensor(ids, at::kLong).view({1, -1}), {}}, record);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const int64_t layers = static_cast<int64_t>(out->routing.layers.size());
+  ASSERT_GT(layers, 0);
+  const int64_t k = out->routing.layers[0].experts.size(2);
+  ASSERT_EQ(experts.size(), t.tokens.size() * layers * k);
+  // Chosen sets per (position, layer); batching can flip a near tie, a shift of one position
+  // would disagree almost everywhere.
+  int64_t same = 0;
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    at::Tensor model_experts =
+        std::get<0>(out->routing.layers[layer].experts[0].sort(-1)).contiguous();
+    const int64_t* m = model_experts.data_ptr<int64_t>();
+    for (size_t p = 0; p < t.tokens.size(); ++p) {
+      std::vector<int64_t> stored(k);
+      for (int64_t j = 0; j < k; ++j) stored[j] = experts[(p * layers + layer) * k + j];
+      std::sort(stored.begin(), stored.end());
+      same += std::equal(stored.begin(), stored.end(), m + p * k) ? 1 : 0;
+    }
+  }
+  EXPECT_GE(static_cast<double>(same) / static_cast<double>(t.tokens.size() * layers), 0.99);
 }
 
 TEST(ActorProcess, CalculatorTrajectoriesReassembleAndLogProbsMatchTheModel) {
@@ -269,6 +349,7 @@ TEST(ActorProcess, CalculatorTrajectoriesReassembleAndLogProbsMatchTheModel) {
     EXPECT_EQ(t.metadata.at("status"), "max_turns") << "a random model never answers";
     ExpectTheActorsTranscript(t, "1");
     EXPECT_EQ(t.steps, 3u);
+    ExpectTheLearningFields(**model, t, schema::EndReason::kTruncatedTurns, 4);
     groups.insert(t.metadata.at("group"));
     malformed += std::stoll(t.metadata.at("malformed_tool_calls"));
     EXPECT_LT(MaxLogProbError(**model, t), 1e-4);

@@ -116,6 +116,8 @@ TEST(ReplayProcess, ConcurrentClientsRoundTripThroughInspectAndExport) {
     auto summary = nlohmann::json::parse(line);
     EXPECT_EQ(summary["env"], "search");
     EXPECT_EQ(summary["min_policy_version"], 3);
+    EXPECT_EQ(summary["status"], "complete");
+    EXPECT_EQ(summary["end_reason"], "finished");
     ++listed;
   }
   EXPECT_EQ(listed, kPerActor);
@@ -126,6 +128,10 @@ TEST(ReplayProcess, ConcurrentClientsRoundTripThroughInspectAndExport) {
   EXPECT_NE(show.output.find("[user] what is 17 * 23? trajectory 103"), std::string::npos)
       << show.output;
   EXPECT_NE(show.output.find("[tool_call] "), std::string::npos);
+  EXPECT_NE(show.output.find("group " + sent.group_id.Hex() + " member 3 of 4"), std::string::npos)
+      << show.output;
+  EXPECT_NE(show.output.find("ended finished"), std::string::npos);
+  EXPECT_NE(show.output.find("step 1 [129, 384) correct reward"), std::string::npos);
   auto missing = RunCommand({StriderBinary(), "replay", "inspect", db, "show", std::string(32, 'a')});
   EXPECT_NE(missing.exit_code, 0);
 
@@ -146,6 +152,20 @@ TEST(ReplayProcess, ConcurrentClientsRoundTripThroughInspectAndExport) {
       EXPECT_EQ(j["routing"]["experts"].get<std::vector<uint16_t>>(), sent.routing.experts);
       EXPECT_EQ(j["outcome_reward"], sent.outcome_reward);
       EXPECT_EQ(j["env"], "search");
+      EXPECT_EQ(j["schema"], "1.2");
+      EXPECT_EQ(j["end_reason"], "finished");
+      EXPECT_EQ(j["group"]["id"], sent.group_id.Hex());
+      EXPECT_EQ(j["group"]["index"], sent.group_index);
+      EXPECT_EQ(j["group"]["size"], 4);
+      EXPECT_EQ(j["sampling"]["temperature"].get<float>(), 0.7f);
+      EXPECT_EQ(j["sampling"]["top_p"].get<float>(), 0.9f);
+      EXPECT_EQ(j["sampling"]["top_k"], 50);
+      EXPECT_EQ(j["routing"]["coverage"], "actions");
+      ASSERT_EQ(j["steps"].size(), sent.steps.size());
+      EXPECT_EQ(j["steps"][1]["index"], sent.steps[1].index);
+      EXPECT_EQ(j["steps"][1]["begin"], sent.steps[1].begin);
+      EXPECT_EQ(j["steps"][1]["label"], "correct");
+      EXPECT_EQ(j["steps"][1]["has_reward"], true);
       ASSERT_EQ(j["images"].size(), 1u);
       EXPECT_EQ(j["images"][0]["width"], 8);
       EXPECT_EQ(j["images"][0]["pixels_base64"].get<std::string>().size(), 256u);

@@ -11,6 +11,7 @@
 #include "common/schema/replay.capnp.h"
 #include "common/schema/messages.h"
 #include "tests/replay/raw_frames.h"
+#include "tests/replay/replay_1_1.capnp.h"
 #include "tests/replay/test_segments.h"
 
 namespace strider::schema {
@@ -390,6 +391,302 @@ TEST(BadInput, RandomPayloadBehindAValidEnvelopeIsMalformedNotACrash) {
     }
   }
   EXPECT_GT(rejected, 0);
+}
+
+// --- Schema 1.2: the fields a learner needs, and both directions of compatibility with 1.1 ---
+
+TEST(SegmentCodec, RoundTripsTheFieldsSince12) {
+  SegmentData s = MakeSegment(6, 2, 500, 3, true);
+  strider::testing::AddContextRouting(s, /*masked=*/true);
+  s.steps[0].has_reward = false;
+  s.steps[0].process_reward = 0;
+  s.end_reason = EndReason::kTruncatedTurns;
+  Result<Message> decoded = Decode(Encoded(s));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  const SegmentData& d = decoded->segment;
+  EXPECT_EQ(d.schema_minor, kSchemaMinor);
+  EXPECT_EQ(d.group_id, s.group_id);
+  EXPECT_EQ(d.group_index, 2u);
+  EXPECT_EQ(d.group_size, 4u);
+  EXPECT_EQ(d.end_reason, EndReason::kTruncatedTurns);
+  EXPECT_EQ(decoded->segment_facts.end_reason, EndReason::kTruncatedTurns);
+  EXPECT_EQ(d.temperature, 0.7f);
+  EXPECT_EQ(d.top_p, 0.9f);
+  EXPECT_EQ(d.top_k, 50u);
+  ASSERT_EQ(d.steps.size(), 2u);
+  for (size_t i = 0; i < d.steps.size(); ++i) {
+    EXPECT_EQ(d.steps[i].label, s.steps[i].label);
+    EXPECT_EQ(d.steps[i].has_reward, s.steps[i].has_reward);
+    EXPECT_EQ(d.steps[i].index, s.steps[i].index);
+    EXPECT_EQ(d.steps[i].begin, s.steps[i].begin);
+  }
+  EXPECT_EQ(d.steps[1].label, StepLabel::kCorrect);
+  EXPECT_FALSE(d.steps[0].has_reward);
+  EXPECT_EQ(d.routing.coverage, RoutingCoverage::kMasked);
+  EXPECT_EQ(d.routing.context_experts, s.routing.context_experts);
+  EXPECT_EQ(d.routing.mask, s.routing.mask);
+}
+
+// Routing replay takes one row of experts per position: actions from `experts`, context tokens
+// from `context_experts`, in position order, and nothing where the mask has no bit.
+TEST(SegmentCodec, ExpertsByPositionInterleavesActionsAndContext) {
+  for (bool masked : {false, true}) {
+    SegmentData s = MakeSegment(8, 0, 300);
+    strider::testing::AddContextRouting(s, masked);
+    ASSERT_TRUE(ValidateSegment(s, DecodeLimits()).ok())
+        << ValidateSegment(s, DecodeLimits()).ToString();
+    std::vector<bool> has_record;
+    const std::vector<uint16_t> experts = ExpertsByPosition(s, &has_record);
+    ASSERT_EQ(experts.size(), 300u * 4);
+    size_t action = 0;
+    for (size_t i = 0; i < 300; ++i) {
+      const uint16_t* row = experts.data() + 4 * i;
+      if (IsAction(s.roles[i])) {
+        EXPECT_TRUE(has_record[i]);
+        for (size_t j = 0; j < 4; ++j) EXPECT_EQ(row[j], s.routing.experts[4 * action + j]);
+        ++action;
+      } else if (!masked || i % 3 == 0) {
+        EXPECT_TRUE(has_record[i]) << i;
+        for (size_t j = 0; j < 4; ++j) EXPECT_EQ(row[j], (i * 7 + j) % 64) << i;
+      } else {
+        EXPECT_FALSE(has_record[i]) << i;
+        for (size_t j = 0; j < 4; ++j) EXPECT_EQ(row[j], 0) << i;
+      }
+    }
+  }
+}
+
+TEST(BadInput, FieldsSince12AreChecked) {
+  auto reason = [](const SegmentData& s) { return RejectReason(ValidateSegment(s, {})); };
+  SegmentData base = MakeSegment(1, 0, 600, 1, /*is_last=*/true);
+  ASSERT_TRUE(ValidateSegment(base, {}).ok()) << ValidateSegment(base, {}).ToString();
+
+  SegmentData s = base;
+  s.end_reason = EndReason::kNone;
+  EXPECT_EQ(reason(s), reject::kRange) << "the last segment says how the trajectory ended";
+  s = MakeSegment(1, 0, 600);
+  s.end_reason = EndReason::kFailed;
+  EXPECT_EQ(reason(s), reject::kRange) << "no end reason before the end";
+  s = base;
+  s.steps[1].index += 1;
+  EXPECT_EQ(reason(s), reject::kRange);
+  s = base;
+  s.steps[1].begin = s.steps[0].end - 1;
+  EXPECT_EQ(reason(s), reject::kRange) << "steps do not overlap";
+  s = base;
+  s.steps[0].begin = s.token_begin + s.steps[0].end;
+  EXPECT_EQ(reason(s), reject::kRange) << "a step has at least one token";
+  s = base;
+  s.steps[0].has_reward = false;
+  EXPECT_EQ(reason(s), reject::kRange) << "a missing reward is not a number";
+  s = base;
+  s.steps[0].label = static_cast<StepLabel>(7);
+  EXPECT_EQ(reason(s), reject::kRange);
+  s = base;
+  s.group_index = 4;
+  EXPECT_EQ(reason(s), reject::kRange);
+  s = base;
+  s.group_size = 0;
+  EXPECT_EQ(reason(s), reject::kRange) << "an index without a group";
+  s = base;
+  s.temperature = -1;
+  EXPECT_EQ(reason(s), reject::kRange);
+  s = base;
+  s.top_p = 0;
+  EXPECT_EQ(reason(s), reject::kRange);
+
+  s = base;
+  strider::testing::AddContextRouting(s, /*masked=*/false);
+  s.routing.context_experts.pop_back();
+  EXPECT_EQ(reason(s), reject::kLengthMismatch);
+  s = base;
+  strider::testing::AddContextRouting(s, /*masked=*/true);
+  SegmentData unmasked_action = s;
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    if (IsAction(s.roles[i])) {
+      unmasked_action.routing.mask[i / 8] &= static_cast<uint8_t>(~(1u << (i % 8)));
+      break;
+    }
+  }
+  EXPECT_EQ(reason(unmasked_action), reject::kRange);
+  SegmentData short_mask = s;
+  short_mask.routing.mask.pop_back();
+  EXPECT_EQ(reason(short_mask), reject::kLengthMismatch);
+  SegmentData extra = s;
+  extra.routing.context_experts.insert(extra.routing.context_experts.end(), 4, 1);
+  EXPECT_EQ(reason(extra), reject::kLengthMismatch);
+  s.routing.coverage = RoutingCoverage::kActions;
+  EXPECT_EQ(reason(s), reject::kLengthMismatch) << "context experts under action coverage";
+  // The decoder applies the same rules to a frame whose envelope says 1.2.
+  const std::string good = Encoded(base);
+  std::string payload = good.substr(kEnvelopeHeaderBytes);
+  capnp::FlatArrayMessageReader reader(kj::ArrayPtr<const capnp::word>(
+      reinterpret_cast<const capnp::word*>(payload.data()), payload.size() / sizeof(capnp::word)));
+  capnp::MallocMessageBuilder builder;
+  builder.setRoot(reader.getRoot<wire::Message>());
+  builder.getRoot<wire::Message>().getSegment().setEndReason(wire::EndReason::NONE);
+  std::string frame = strider::testing::SealRaw(builder);
+  std::memcpy(frame.data() + 6, &kSchemaMinor, 2);
+  Result<Message> m = Decode(frame);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(RejectReason(m.status()), reject::kRange);
+}
+
+// A reader built before 1.2 reads a 1.2 segment exactly as it always read segments: every field
+// it knows holds what it held, and its own length rule for routing (one record per action
+// token) still holds although context tokens now have records.
+TEST(SchemaVersions, ASegmentOf12ReadsUnchangedUnderThe11Schema) {
+  SegmentData s = MakeSegment(7, 3, 1000, 5, true);
+  strider::testing::AddContextRouting(s, /*masked=*/true);
+  strider::testing::AddImage(s, 10, 4, 3);
+  s.table = "main";
+  const std::string frame = Encoded(s);
+  std::string payload = frame.substr(kEnvelopeHeaderBytes);
+  kj::ArrayPtr<const capnp::word> words(reinterpret_cast<const capnp::word*>(payload.data()),
+                                        payload.size() / sizeof(capnp::word));
+  capnp::FlatArrayMessageReader reader(words);
+  auto root = reader.getRoot<wire_1_1::Message>();
+  ASSERT_EQ(root.which(), wire_1_1::Message::SEGMENT);
+  auto old = root.getSegment();
+  EXPECT_EQ(old.getSegmentIndex(), 3u);
+  EXPECT_TRUE(old.getIsLast());
+  EXPECT_EQ(old.getTokenBegin(), s.token_begin);
+  ASSERT_EQ(old.getTokens().size(), s.tokens.size() * 4);
+  EXPECT_EQ(std::memcmp(old.getTokens().begin(), s.tokens.data(), s.tokens.size() * 4), 0);
+  ASSERT_EQ(old.getRoles().size(), s.roles.size());
+  EXPECT_EQ(std::memcmp(old.getBehaviourLogprobs().begin(), s.behaviour_logprobs.data(),
+                        s.tokens.size() * 4),
+            0);
+  ASSERT_EQ(old.getPolicyRuns().size(), s.policy_runs.size());
+  EXPECT_EQ(old.getPolicyRuns()[1].getVersion(), 6u);
+  auto routing = old.getRouting();
+  EXPECT_EQ(routing.getLayers(), 2u);
+  EXPECT_EQ(routing.getTopK(), 2u);
+  ASSERT_EQ(routing.getExperts().size(), s.ActionTokens() * 2 * 2 * 2);
+  EXPECT_EQ(std::memcmp(routing.getExperts().begin(), s.routing.experts.data(),
+                        s.routing.experts.size() * 2),
+            0);
+  ASSERT_EQ(old.getSteps().size(), s.steps.size());
+  for (size_t i = 0; i < s.steps.size(); ++i) {
+    EXPECT_EQ(old.getSteps()[i].getEnd(), s.steps[i].end);
+    EXPECT_EQ(old.getSteps()[i].getProcessReward(), s.steps[i].process_reward);
+  }
+  EXPECT_EQ(old.getOutcomeReward(), s.outcome_reward);
+  ASSERT_EQ(old.getImages().size(), 1u);
+  EXPECT_EQ(old.getImages()[0].getPixels().size(), s.images[0].pixels.size());
+  EXPECT_EQ(std::string(old.getEnv().cStr()), "calculator");
+  ASSERT_EQ(old.getMetadata().size(), s.metadata.size());
+  EXPECT_EQ(std::string(old.getMetadata()[0].getValue().cStr()), s.metadata[0].second);
+  EXPECT_EQ(old.getStateDigest().size(), s.state_digest.size());
+  EXPECT_EQ(std::string(old.getTable().cStr()), "main");
+
+  // A trajectory summary too; `abandoned` is a status the old enum does not name, read as open.
+  TrajectorySummary summary;
+  summary.trajectory_id = s.trajectory_id;
+  summary.env = "math";
+  summary.complete = true;
+  summary.segments_stored = 3;
+  summary.end_reason = EndReason::kFinished;
+  summary.conflicts = 2;
+  const std::string encoded = EncodeTrajectorySummary(summary);
+  std::string summary_payload = encoded.substr(kEnvelopeHeaderBytes);
+  capnp::FlatArrayMessageReader summary_reader(
+      kj::ArrayPtr<const capnp::word>(reinterpret_cast<const capnp::word*>(summary_payload.data()),
+                                      summary_payload.size() / sizeof(capnp::word)));
+  auto old_summary = summary_reader.getRoot<wire_1_1::TrajectorySummary>();
+  EXPECT_EQ(old_summary.getStatus(), wire_1_1::TrajectoryStatus::COMPLETE);
+  EXPECT_EQ(old_summary.getSegmentsStored(), 3u);
+  EXPECT_EQ(std::string(old_summary.getEnv().cStr()), "math");
+}
+
+// A 1.1 writer's segment, built with the frozen schema, decodes under 1.2 with the new fields at
+// defaults that mean what the 1.1 message meant, and is not held to the 1.2 rules (its last
+// segment has no end reason, its steps no positions).
+TEST(SchemaVersions, ASegmentOf11DecodesWithDefaults) {
+  capnp::MallocMessageBuilder builder;
+  auto segment = builder.initRoot<wire_1_1::Message>().initSegment();
+  const TrajectoryId id = strider::testing::MakeTrajectoryId(3);
+  segment.setTrajectoryId(capnp::Data::Reader(id.bytes.data(), 16));
+  segment.setIsLast(true);
+  const int32_t tokens[6] = {1, 2, 3, 4, 5, 6};
+  const uint8_t roles[6] = {1, 2, 2, 4, 2, 2};
+  const float logprobs[6] = {0, -1, -1, 0, -1, -1};
+  const uint16_t experts[4] = {1, 2, 3, 4};  // 4 actions x 1 layer x top-1
+  segment.setTokens(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(tokens), 24));
+  segment.setRoles(capnp::Data::Reader(roles, 6));
+  segment.setBehaviourLogprobs(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(logprobs), 24));
+  segment.initPolicyRuns(1)[0].setVersion(4);
+  auto routing = segment.initRouting();
+  routing.setLayers(1);
+  routing.setTopK(1);
+  routing.setExperts(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(experts), 8));
+  auto steps = segment.initSteps(2);
+  steps[0].setEnd(3);
+  steps[0].setProcessReward(0.5f);
+  steps[1].setEnd(6);
+  segment.setOutcomeReward(1);
+  segment.setEnv("calculator");
+  std::string frame = strider::testing::SealRaw(builder);
+  const uint16_t minor = 1;
+  std::memcpy(frame.data() + 6, &minor, 2);
+
+  Result<Message> m = Decode(frame);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const SegmentData& d = m->segment;
+  EXPECT_EQ(d.schema_minor, 1u);
+  EXPECT_EQ(d.tokens.size(), 6u);
+  EXPECT_EQ(d.routing.experts, std::vector<uint16_t>({1, 2, 3, 4}));
+  EXPECT_EQ(d.routing.coverage, RoutingCoverage::kActions);
+  EXPECT_TRUE(d.routing.context_experts.empty());
+  EXPECT_EQ(d.end_reason, EndReason::kNone);
+  EXPECT_EQ(d.group_size, 0u);
+  EXPECT_EQ(d.group_index, 0u);
+  EXPECT_EQ(d.temperature, 1.0f);
+  EXPECT_EQ(d.top_p, 1.0f);
+  EXPECT_EQ(d.top_k, 0u);
+  ASSERT_EQ(d.steps.size(), 2u);
+  EXPECT_EQ(d.steps[0].process_reward, 0.5f);
+  for (const Step& step : d.steps) {
+    EXPECT_EQ(step.label, StepLabel::kUnknown);
+    EXPECT_TRUE(step.has_reward) << "1.1 readers took the stored value as the reward";
+    EXPECT_EQ(step.index, 0u);
+    EXPECT_EQ(step.begin, 0u);
+  }
+  std::vector<bool> has_record;
+  ExpertsByPosition(d, &has_record);
+  EXPECT_EQ(has_record, std::vector<bool>({false, true, true, false, true, true}));
+  // The server's path reads it the same way.
+  Result<Message> facts = Decode(frame, DecodeLimits(), SegmentDecoding::kFactsOnly);
+  ASSERT_TRUE(facts.ok()) << facts.status().ToString();
+  EXPECT_EQ(facts->segment_facts.end_reason, EndReason::kNone);
+
+  capnp::MallocMessageBuilder summary_builder;
+  auto summary = summary_builder.initRoot<wire_1_1::TrajectorySummary>();
+  summary.setTrajectoryId(capnp::Data::Reader(id.bytes.data(), 16));
+  summary.setStatus(wire_1_1::TrajectoryStatus::COMPLETE);
+  summary.setSegmentsStored(2);
+  Result<TrajectorySummary> back =
+      DecodeTrajectorySummary(strider::testing::SealRaw(summary_builder));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->complete);
+  EXPECT_FALSE(back->abandoned);
+  EXPECT_EQ(back->segments_stored, 2u);
+  EXPECT_EQ(back->end_reason, EndReason::kNone);
+  EXPECT_EQ(back->conflicts, 0u);
+}
+
+TEST(SchemaVersions, SummaryKeepsEndReasonStatusAndConflicts) {
+  TrajectorySummary summary;
+  summary.trajectory_id = strider::testing::MakeTrajectoryId(2);
+  summary.abandoned = true;
+  summary.end_reason = EndReason::kAbandoned;
+  summary.conflicts = 3;
+  Result<TrajectorySummary> back = DecodeTrajectorySummary(EncodeTrajectorySummary(summary));
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->abandoned);
+  EXPECT_FALSE(back->complete);
+  EXPECT_EQ(back->end_reason, EndReason::kAbandoned);
+  EXPECT_EQ(back->conflicts, 3u);
 }
 
 TEST(TrajectoryIdText, HexRoundTrip) {

@@ -44,6 +44,7 @@ struct TestSegment {
     facts.steps = 2;
     facts.is_last = is_last;
     facts.outcome_reward = is_last ? 1.5f : 0.0f;
+    facts.end_reason = is_last ? schema::EndReason::kTruncatedLength : schema::EndReason::kNone;
     store_key = SegmentStoreKey(facts.key);
     envelope = "envelope " + std::to_string(trajectory) + "/" + std::to_string(index);
   }
@@ -108,11 +109,13 @@ TEST(Store, SegmentWriterStoresEachSegmentWithItsIndexEntrySummaryAndCounters) {
   EXPECT_EQ(a->max_policy_version, 4u);
   EXPECT_EQ(a->first_insert_unix_ms, 1000u);
   EXPECT_TRUE(a->complete);
+  EXPECT_EQ(a->end_reason, schema::EndReason::kTruncatedLength) << "the last segment's";
   EXPECT_FLOAT_EQ(a->outcome_reward, 1.5f);
   std::optional<schema::TrajectorySummary> b = Summary(*store, 2);
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(b->segments_stored, 1u);
   EXPECT_FALSE(b->complete);
+  EXPECT_EQ(b->end_reason, schema::EndReason::kNone);
 
   // The counters are the sum (inserts) and maximum (next sequence) over the slots, and a slot
   // goes on from what it counted before.
