@@ -791,14 +791,22 @@ class EngineImpl final : public Engine {
 
   Status Decode(const std::vector<Sequence*>& rows, std::map<SequenceId, SequenceStep>* touched,
                 StepResult* result) {
-    std::vector<Sample> samples;
-    std::vector<int64_t> tokens;
-    for (Sequence* row : rows) {
-      const double uniform = UniformDraw(row->turn->seed, row->counter);
-      samples.push_back(SampleToken(row->next_logits.data(), config_.vocabulary, *row->turn,
-                                    uniform, token::kImagePatch));
-      tokens.push_back(samples.back().token);
+    // Every row's distribution in one call: the log-prob stored with a token is the shared
+    // sampling distribution's (model::SamplingLogProbs), which a learner recomputes.
+    at::Tensor logits = at::empty({static_cast<int64_t>(rows.size()), config_.vocabulary},
+                                  at::kFloat);
+    std::vector<model::SamplingSettings> distributions;
+    std::vector<double> uniforms;
+    for (size_t b = 0; b < rows.size(); ++b) {
+      std::copy(rows[b]->next_logits.begin(), rows[b]->next_logits.end(),
+                logits.data_ptr<float>() + b * config_.vocabulary);
+      distributions.push_back(TurnDistribution(*rows[b]->turn));
+      uniforms.push_back(UniformDraw(rows[b]->turn->seed, rows[b]->counter));
     }
+    STRIDER_ASSIGN_OR_RETURN(std::vector<Sample> samples,
+                             SampleTokens(logits, distributions, uniforms));
+    std::vector<int64_t> tokens;
+    for (const Sample& sample : samples) tokens.push_back(sample.token);
     std::vector<uint64_t> versions;
     std::vector<int64_t> positions;
     for (Sequence* row : rows) {

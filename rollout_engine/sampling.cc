@@ -1,25 +1,21 @@
 #include "rollout_engine/sampling.h"
 
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
+
+#include "common/model/torch_status.h"
 
 namespace strider::rollout {
 
 Status ValidateSamplingParams(const SamplingParams& p, int64_t vocabulary) {
-  if (!std::isfinite(p.temperature) || p.temperature < 0) {
-    return Status::InvalidArgument("sampling: temperature must be finite and >= 0, got " +
-                                   std::to_string(p.temperature));
-  }
-  if (p.top_k < 0) {
-    return Status::InvalidArgument("sampling: top_k must be >= 0, got " +
-                                   std::to_string(p.top_k));
-  }
-  if (!(p.top_p > 0 && p.top_p <= 1)) {
-    return Status::InvalidArgument("sampling: top_p must be in (0, 1], got " +
-                                   std::to_string(p.top_p));
-  }
+  // The distribution's own fields are checked where the distribution is defined; the
+  // never-sampled placeholder is the engine's, not the request's, so it is not checked here.
+  STRIDER_RETURN_IF_ERROR(model::ValidateSamplingSettings(
+      model::SamplingSettings{p.temperature, p.top_k, p.top_p, {}}, vocabulary));
   if (p.max_new_tokens < 1) {
     return Status::InvalidArgument("sampling: max_new_tokens must be >= 1, got " +
                                    std::to_string(p.max_new_tokens));
@@ -57,83 +53,111 @@ uint64_t DeriveSeed(uint64_t seed, uint64_t index) {
   return Mix(seed ^ Mix(index + 0x5851f42d4c957f2dull));
 }
 
-Sample SampleToken(const float* logits, int64_t vocabulary, const SamplingParams& p,
-                   double uniform, int64_t banned) {
-  // The model's own distribution, in double.
-  double max_logit = -std::numeric_limits<double>::infinity();
-  for (int64_t i = 0; i < vocabulary; ++i) max_logit = std::max(max_logit, double(logits[i]));
-  double model_sum = 0;
-  for (int64_t i = 0; i < vocabulary; ++i) model_sum += std::exp(logits[i] - max_logit);
-  const double model_log_norm = max_logit + std::log(model_sum);
+model::SamplingSettings TurnDistribution(const SamplingParams& params) {
+  return model::RolloutSamplingSettings(params.temperature, params.top_k, params.top_p);
+}
 
-  Sample sample;
-  if (p.temperature == 0) {  // greedy: a point mass
-    int64_t best = banned == 0 ? 1 : 0;
-    for (int64_t i = best + 1; i < vocabulary; ++i) {
-      if (i != banned && logits[i] > logits[best]) best = i;
+namespace {
+
+// Inverse CDF over one row of the sampling distribution's log-probs, in descending probability
+// with ties to the lower id: the order the sampler has always walked, so a draw picks the token
+// it picked before the distribution was shared.
+Sample DrawRow(const double* log_probs, const double* model_log_probs, int64_t vocabulary,
+               double uniform) {
+  std::vector<int32_t> order;
+  order.reserve(vocabulary);
+  for (int64_t i = 0; i < vocabulary; ++i) {
+    if (log_probs[i] > -std::numeric_limits<double>::infinity()) {
+      order.push_back(static_cast<int32_t>(i));
     }
-    sample.token = best;
-    sample.log_prob = 0;
-    sample.entropy = 0;
-    sample.model_log_prob = logits[best] - model_log_norm;
-    return sample;
   }
-
-  // Candidates in descending probability, ties by lower id.
-  std::vector<int32_t> order(vocabulary);
-  std::iota(order.begin(), order.end(), 0);
-  if (banned >= 0 && banned < vocabulary) order.erase(order.begin() + banned);
-  auto more_likely = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  int64_t keep = static_cast<int64_t>(order.size());
-  if (p.top_k > 0 && p.top_k < keep) {
-    keep = p.top_k;
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(), more_likely);
-  } else {
-    std::sort(order.begin(), order.end(), more_likely);
-  }
-  std::vector<double> weight(keep);
+  TORCH_CHECK(!order.empty(), "sampling: no token has a finite probability (non-finite logits)");
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return log_probs[a] > log_probs[b] || (log_probs[a] == log_probs[b] && a < b);
+  });
   double total = 0;
-  for (int64_t j = 0; j < keep; ++j) {
-    weight[j] = std::exp((logits[order[j]] - max_logit) / p.temperature);
-    total += weight[j];
-  }
-  if (p.top_p < 1) {
-    double mass = 0;
-    int64_t cut = keep;
-    for (int64_t j = 0; j < keep; ++j) {
-      mass += weight[j] / total;
-      if (mass >= p.top_p) {
-        cut = j + 1;
-        break;
-      }
-    }
-    keep = cut;
-    total = 0;
-    for (int64_t j = 0; j < keep; ++j) total += weight[j];
-  }
-  // Inverse CDF over the kept candidates.
+  for (int32_t id : order) total += std::exp(log_probs[id]);
+  // Scaled by the total, so rounding in a sum that is 1 only up to rounding cannot leave a draw
+  // past the last token.
   const double target = uniform * total;
   double running = 0;
-  int64_t chosen = keep - 1;
-  for (int64_t j = 0; j < keep; ++j) {
-    running += weight[j];
-    if (target < running) {
-      chosen = j;
-      break;
-    }
-  }
+  int32_t chosen = order.back();
   double entropy = 0;
-  for (int64_t j = 0; j < keep; ++j) {
-    const double q = weight[j] / total;
-    if (q > 0) entropy -= q * std::log(q);
+  bool found = false;
+  for (int32_t id : order) {
+    const double q = std::exp(log_probs[id]);
+    running += q;
+    if (!found && target < running) {
+      chosen = id;
+      found = true;
+    }
+    if (q > 0) entropy -= q * log_probs[id];
   }
-  sample.token = order[chosen];
-  sample.log_prob = std::log(weight[chosen] / total);
+  Sample sample;
+  sample.token = chosen;
+  sample.log_prob = log_probs[chosen];
+  sample.model_log_prob = model_log_probs[chosen];
   sample.entropy = entropy;
-  sample.model_log_prob = logits[sample.token] - model_log_norm;
   return sample;
+}
+
+}  // namespace
+
+Result<std::vector<Sample>> SampleTokens(const at::Tensor& logits,
+                                         const std::vector<model::SamplingSettings>& distributions,
+                                         const std::vector<double>& uniforms) {
+  if (logits.dim() != 2 || logits.size(0) != static_cast<int64_t>(distributions.size()) ||
+      distributions.size() != uniforms.size()) {
+    return Status::InvalidArgument("sampling: logits must be (B, V) with B settings and draws");
+  }
+  const int64_t rows = logits.size(0);
+  const int64_t vocabulary = logits.size(1);
+  for (const model::SamplingSettings& distribution : distributions) {
+    STRIDER_RETURN_IF_ERROR(model::ValidateSamplingSettings(distribution, vocabulary));
+  }
+  return model::Guarded("sampling", [&]() -> Result<std::vector<Sample>> {
+    at::NoGradGuard no_grad;
+    const at::Tensor x = logits.to(at::kDouble).contiguous();
+    const at::Tensor model_log_probs = at::log_softmax(x, -1).contiguous();
+    // Rows with equal settings in one call (a step's rows usually all share them).
+    at::Tensor log_probs;
+    std::vector<bool> done(rows, false);
+    for (int64_t b = 0; b < rows; ++b) {
+      if (done[b]) continue;
+      std::vector<int64_t> group;
+      for (int64_t other = b; other < rows; ++other) {
+        if (!done[other] && distributions[other] == distributions[b]) {
+          group.push_back(other);
+          done[other] = true;
+        }
+      }
+      if (static_cast<int64_t>(group.size()) == rows) {
+        log_probs = model::SamplingLogProbs(x, distributions[b]);
+        break;
+      }
+      if (!log_probs.defined()) log_probs = at::empty_like(x);
+      const at::Tensor index = at::tensor(group, at::kLong);
+      log_probs.index_copy_(0, index,
+                            model::SamplingLogProbs(x.index_select(0, index), distributions[b]));
+    }
+    log_probs = log_probs.contiguous();
+    std::vector<Sample> samples;
+    samples.reserve(rows);
+    for (int64_t b = 0; b < rows; ++b) {
+      samples.push_back(DrawRow(log_probs.data_ptr<double>() + b * vocabulary,
+                                model_log_probs.data_ptr<double>() + b * vocabulary, vocabulary,
+                                uniforms[b]));
+    }
+    return samples;
+  });
+}
+
+Result<Sample> SampleToken(const float* logits, int64_t vocabulary,
+                           const model::SamplingSettings& distribution, double uniform) {
+  at::Tensor row = at::from_blob(const_cast<float*>(logits), {1, vocabulary}, at::kFloat);
+  STRIDER_ASSIGN_OR_RETURN(std::vector<Sample> samples,
+                           SampleTokens(row, {distribution}, {uniform}));
+  return samples[0];
 }
 
 }  // namespace strider::rollout

@@ -1,16 +1,23 @@
-// Per-request sampling: temperature, top-k, top-p, on one row of logits, with a counter-based
+// Per-request sampling: draws from the sampling distribution of common/model/
+// sampling_distribution.h (temperature, top-k, top-p, never-sampled ids) with a counter-based
 // random stream per sequence.
 //
-// Plain C++ over float logits (no LibTorch): the decision for a row depends only on that row and
-// on the sequence's (seed, counter), never on the batch it was computed in or on thread counts.
-// The random stream is counter-based (draw i = Mix(seed, i)), so a snapshot stores two integers
-// and a fork derives its children's seeds without sharing state.
+// The distribution is the shared one, so the log-prob stored with a sample is exactly the value
+// a learner gets from model::SamplingLogProbs on the same logits and settings. A row's decision
+// depends only on that row and on the sequence's (seed, counter), never on the batch it was
+// computed in: the distribution is computed row by row (a row's values do not depend on the
+// others) and the draw walks one row. The random stream is counter-based (draw i = Mix(seed,
+// i)), so a snapshot stores two integers and a fork derives its children's seeds without
+// sharing state.
 #pragma once
+
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/model/sampling_distribution.h"
 #include "common/status.h"
 
 namespace strider::rollout {
@@ -28,9 +35,14 @@ struct SamplingParams {
 // Checks ranges against a vocabulary of `vocabulary` ids; the message names the field.
 Status ValidateSamplingParams(const SamplingParams& params, int64_t vocabulary);
 
+// The distribution a turn with `params` samples from: model::RolloutSamplingSettings of its
+// temperature, top-k and top-p (the image-patch placeholder is never sampled). A learner
+// rebuilds it from the settings stored with each segment.
+model::SamplingSettings TurnDistribution(const SamplingParams& params);
+
 struct Sample {
   int64_t token = 0;
-  double log_prob = 0;        // under the sampling distribution (after temperature, k, p)
+  double log_prob = 0;        // under the sampling distribution (model::SamplingLogProbs)
   double model_log_prob = 0;  // under the model's own distribution (temperature 1, no cut)
   double entropy = 0;         // of the sampling distribution, in nats
 };
@@ -40,11 +52,17 @@ double UniformDraw(uint64_t seed, uint64_t counter);
 // A child stream's seed for fork member `index` of a parent stream.
 uint64_t DeriveSeed(uint64_t seed, uint64_t index);
 
-// Samples from `logits` (V values) with draw `uniform`. Ties in probability are broken by the
-// lower token id, so the result is a pure function of its inputs. `banned` (when >= 0) is never
-// sampled (the engine bans the image-patch placeholder, which only images may fill); it still
-// counts in model_log_prob's normalisation, which is the model's own distribution.
-Sample SampleToken(const float* logits, int64_t vocabulary, const SamplingParams& params,
-                   double uniform, int64_t banned = -1);
+// Samples row b of `logits` (B, V) from distributions[b] with draw uniforms[b], by inverse CDF
+// over the kept tokens in descending probability (ties: the lower id first), so the result is a
+// pure function of the row, its settings and its draw. Probabilities are computed in fp64 from
+// the logits as given. Never-sampled ids count in model_log_prob's normalisation, which is the
+// model's own distribution. InvalidArgument for mismatched sizes or out-of-range settings.
+Result<std::vector<Sample>> SampleTokens(const at::Tensor& logits,
+                                         const std::vector<model::SamplingSettings>& distributions,
+                                         const std::vector<double>& uniforms);
+
+// SampleTokens for one row of `vocabulary` logits.
+Result<Sample> SampleToken(const float* logits, int64_t vocabulary,
+                           const model::SamplingSettings& distribution, double uniform);
 
 }  // namespace strider::rollout
