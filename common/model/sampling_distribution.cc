@@ -1,8 +1,11 @@
 #include "common/model/sampling_distribution.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -13,6 +16,48 @@ namespace strider::model {
 namespace {
 
 constexpr double kMinusInfinity = -std::numeric_limits<double>::infinity();
+
+// Marks the kept set of one row of `vocabulary` fp64 logits in `kept` (all false on entry);
+// false when nothing can be kept. `order` is scratch space.
+bool KeepRow(const double* x, int64_t vocabulary, const SamplingSettings& s,
+             const std::vector<char>& banned, std::vector<int32_t>* order, bool* kept) {
+  order->clear();
+  for (int64_t i = 0; i < vocabulary; ++i) {
+    // NaN fails the comparison and is never kept.
+    if (!banned[i] && x[i] > kMinusInfinity) order->push_back(static_cast<int32_t>(i));
+  }
+  if (order->empty()) return false;
+  const bool greedy = s.temperature == 0;
+  const int64_t top_k = greedy ? 1 : s.top_k;
+  int64_t keep = static_cast<int64_t>(order->size());
+  if (top_k > 0 || s.top_p < 1) {
+    // Ranked by logit, descending, ties to the lower id: every cut is a pure function of the row.
+    auto more_likely = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    if (top_k > 0 && top_k < keep) {
+      std::partial_sort(order->begin(), order->begin() + top_k, order->end(), more_likely);
+      keep = top_k;
+    } else {
+      std::sort(order->begin(), order->end(), more_likely);
+    }
+    if (!greedy && s.top_p < 1) {
+      const double top = x[(*order)[0]];
+      double total = 0;
+      for (int64_t j = 0; j < keep; ++j) total += std::exp((x[(*order)[j]] - top) / s.temperature);
+      // The first tokens whose mass reaches top_p, accumulated in rank order: a token is kept
+      // when the mass ranked before it is below top_p.
+      double mass = 0;
+      for (int64_t j = 0; j < keep; ++j) {
+        mass += std::exp((x[(*order)[j]] - top) / s.temperature) / total;
+        if (mass >= s.top_p) {
+          keep = j + 1;
+          break;
+        }
+      }
+    }
+  }
+  for (int64_t j = 0; j < keep; ++j) kept[(*order)[j]] = true;
+  return true;
+}
 
 }  // namespace
 
@@ -60,32 +105,27 @@ at::Tensor SamplingSupport(const at::Tensor& logits, const SamplingSettings& s) 
   const Status valid = ValidateSamplingSettings(s, vocabulary);
   TORCH_CHECK(valid.ok(), valid.message());
   at::NoGradGuard no_grad;
-  // fp64, so the cuts are decided on values as exact as the logits allow: a learner computing
-  // in fp32 and the sampler then draw the same line wherever their logits agree.
-  at::Tensor x = logits.detach().to(at::kDouble);
-  at::Tensor allowed = at::ones(x.sizes(), x.options().dtype(at::kBool));
-  if (!s.never_sampled.empty()) {
-    allowed.index_fill_(-1, at::tensor(s.never_sampled, at::kLong), false);
-  }
-  const bool greedy = s.temperature == 0;
-  const int64_t top_k = greedy ? 1 : s.top_k;
-  if (top_k == 0 && s.top_p >= 1) return allowed;
-
-  // Ranked by logit, descending; a stable sort keeps equal logits in id order, so ties rank the
-  // lower id first and every cut is a pure function of the row.
-  auto [sorted, order] =
-      x.masked_fill(allowed.logical_not(), kMinusInfinity).sort(/*stable=*/true, -1, true);
-  at::Tensor kept = sorted > kMinusInfinity;
-  if (top_k > 0 && top_k < vocabulary) kept.narrow(-1, top_k, vocabulary - top_k).fill_(false);
-  if (!greedy && s.top_p < 1) {
-    at::Tensor q =
-        at::softmax((sorted / s.temperature).masked_fill(kept.logical_not(), kMinusInfinity), -1);
-    // Mass ranked strictly before each token, accumulated in rank order.
-    at::Tensor before = at::cat(
-        {at::zeros_like(q.narrow(-1, 0, 1)), q.cumsum(-1).narrow(-1, 0, vocabulary - 1)}, -1);
-    kept.logical_and_(before < s.top_p);
-  }
-  return at::zeros_like(allowed).scatter_(-1, order, kept);
+  // fp64, so the cuts are decided on values as exact as the logits allow.
+  const at::Tensor x = logits.detach().to(at::kDouble).contiguous().reshape({-1, vocabulary});
+  at::Tensor kept = at::zeros(x.sizes(), x.options().dtype(at::kBool));
+  std::vector<char> banned(vocabulary, 0);
+  for (int64_t id : s.never_sampled) banned[id] = 1;
+  const double* data = x.data_ptr<double>();
+  bool* out = kept.data_ptr<bool>();
+  // Row by row in plain loops: a row's cut depends on that row only, and a decode step's few
+  // hundred short rows cost microseconds here against milliseconds for tensor sorts.
+  std::atomic<bool> empty{false};
+  at::parallel_for(0, x.size(0), /*grain_size=*/256, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> order;
+    for (int64_t row = begin; row < end; ++row) {
+      if (!KeepRow(data + row * vocabulary, vocabulary, s, banned, &order,
+                   out + row * vocabulary)) {
+        empty = true;
+      }
+    }
+  });
+  TORCH_CHECK(!empty, "sampling: a row has no token with a finite logit to sample");
+  return kept.view(logits.sizes());
 }
 
 at::Tensor SamplingLogProbs(const at::Tensor& logits, const SamplingSettings& s) {
