@@ -9,15 +9,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <vector>
 
-#include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/model/sampling_distribution.h"
 #include "common/tokenizer.h"
 #include "rollout_engine/engine.h"
+#include "tests/shipped_config.h"
 
 namespace strider::rollout {
 namespace {
@@ -206,12 +205,8 @@ TEST(Sampling, InvalidParametersNameTheField) {
 // The engine's stored log-probs against the shared function on the training path's logits for
 // the same tokens (fp64 model, routing replayed, so the two paths agree far below 1e-6).
 std::shared_ptr<const Model> TinyFp64Model() {
-  const char* source = std::getenv("STRIDER_SOURCE_DIR");
-  Result<ModelConfig> config =
-      LoadModelConfig(std::string(source ? source : ".") + "/configs/model/tiny.yaml");
-  EXPECT_TRUE(config.ok()) << config.status().ToString();
   ConfigureRuntime(2);
-  Result<std::unique_ptr<Model>> model = Model::Create(*config, 17);
+  Result<std::unique_ptr<Model>> model = Model::Create(testing::ShippedModelConfig("tiny"), 17);
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   EXPECT_TRUE((*model)->ConvertTo(at::kDouble).ok());
   return std::shared_ptr<const Model>(std::move(model).value());
