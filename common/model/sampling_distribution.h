@@ -59,8 +59,10 @@ SamplingSettings RolloutSamplingSettings(double temperature, int64_t top_k, doub
 Status ValidateSamplingSettings(const SamplingSettings& settings, int64_t vocabulary);
 
 // The kept set: bool (..., V), true where the sampling distribution is positive. Computed in
-// fp64 without gradient; `logits` is (..., V) in any floating dtype. Throws (model code) when
-// the settings are out of range for V.
+// fp64 without gradient, one row at a time (rows in parallel for long chunks; a partial sort
+// per row for top-k, a full one for top-p alone); `logits` is (..., V) in any floating dtype.
+// Throws (model code) when the settings are out of range for V or a row has no finite logit to
+// keep.
 at::Tensor SamplingSupport(const at::Tensor& logits, const SamplingSettings& settings);
 
 // Log-probabilities of the sampling distribution, (..., V) from logits (..., V): -inf outside
