@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/tokenizer.h"
-#include "learner/data/generators.h"
+#include "learner/pretrain/data/generators.h"
 
 namespace strider {
 

@@ -19,8 +19,8 @@
 #include "learner/checkpoint.h"
 #include "learner/language_model_loss.h"
 #include "learner/optimizer.h"
-#include "learner/pretrain.h"
-#include "learner/pretrain_config.h"
+#include "learner/pretrain/pretrain.h"
+#include "learner/pretrain/pretrain_config.h"
 
 namespace strider {
 namespace {

@@ -1,4 +1,4 @@
-#include "learner/pretrain.h"
+#include "learner/pretrain/pretrain.h"
 
 #include <ATen/ATen.h>
 
@@ -14,9 +14,9 @@
 #include "common/kernels/routing.h"
 #include "common/model/model.h"
 #include "learner/checkpoint.h"
-#include "learner/data/builder.h"
-#include "learner/data/dataset.h"
-#include "learner/data/generators.h"
+#include "learner/pretrain/data/builder.h"
+#include "learner/pretrain/data/dataset.h"
+#include "learner/pretrain/data/generators.h"
 #include "learner/language_model_loss.h"
 #include "learner/optimizer.h"
 #include "learner/progress.h"
