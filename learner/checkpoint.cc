@@ -163,7 +163,9 @@ Result<CheckpointState> ReadCheckpointState(const std::string& directory) {
                                      " is newer than this build reads (2)");
     }
     if (state.mode == "pretrain") {
-      if (pretrain == nullptr) return Status::Corruption(path + ": mode pretrain without 'pretrain'");
+      if (pretrain == nullptr) {
+        return Status::Corruption(path + ": mode pretrain without 'pretrain'");
+      }
       state.pretrain.stage = pretrain->at("stage").get<std::string>();
       state.pretrain.stage_index = pretrain->at("stage_index").get<int64_t>();
       state.pretrain.stage_complete = pretrain->at("stage_complete").get<bool>();

@@ -15,8 +15,7 @@ namespace strider {
 namespace {
 
 // Images whose placeholders lie in [begin, end) of their row; an error when one straddles.
-Result<std::vector<ImageInput>> ImagesInChunk(const ModelInput& input, int64_t begin,
-                                              int64_t end) {
+Result<std::vector<ImageInput>> ImagesInChunk(const ModelInput& input, int64_t begin, int64_t end) {
   std::vector<ImageInput> chosen;
   if (input.images.empty()) return chosen;
   std::vector<int64_t> seen(input.tokens.size(0), 0);
@@ -102,10 +101,9 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
     if (chunked) {
       if (options.initial_state != nullptr) {
         if (options.initial_state->batch_size() != rows) {
-          return Status::InvalidArgument(
-              "chunked pass: the initial state holds " +
-              std::to_string(options.initial_state->batch_size()) + " sequences, the batch " +
-              std::to_string(rows));
+          return Status::InvalidArgument("chunked pass: the initial state holds " +
+                                         std::to_string(options.initial_state->batch_size()) +
+                                         " sequences, the batch " + std::to_string(rows));
         }
         state = *options.initial_state;
       } else {

@@ -100,8 +100,8 @@ Result<LossResult> LanguageModelLoss(const Model& model, const TokenBatch& batch
       if (scored <= 0) return at::Tensor();
       at::Tensor logits = chunk.logits.narrow(1, 0, scored);
       // fp32 at least: the loss of a bf16 model is still summed in fp32.
-      at::Tensor log_probs = at::log_softmax(
-          logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat), -1);
+      at::Tensor log_probs =
+          at::log_softmax(logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat), -1);
       at::Tensor target = batch.tokens.narrow(1, chunk.begin + 1, scored);
       at::Tensor mask = batch.loss_mask.narrow(1, chunk.begin, scored).to(log_probs.scalar_type());
       at::Tensor target_log_probs = log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1);
@@ -116,8 +116,7 @@ Result<LossResult> LanguageModelLoss(const Model& model, const TokenBatch& batch
       }
       return chunk_loss;
     };
-    STRIDER_ASSIGN_OR_RETURN(ChunkedPassResult out,
-                             RunChunkedPass(model, input, pass, objective));
+    STRIDER_ASSIGN_OR_RETURN(ChunkedPassResult out, RunChunkedPass(model, input, pass, objective));
     result.loss = loss_sum;
     if (options.record_routing) result.routing = std::move(out.routing);
     if (options.keep_predictions) result.predictions = at::cat(predictions, 1);

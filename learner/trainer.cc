@@ -134,9 +134,8 @@ Result<double> Trainer::BalanceRouting(RoutingRecord record) {
   try {
     for (const RoutingRecord::Layer& layer : record.layers) {
       violation = std::max(
-          violation,
-          kernels::MaxViolation(layer.experts.reshape({-1, layer.experts.size(-1)}),
-                                model_->config().feed_forward.routed_experts));
+          violation, kernels::MaxViolation(layer.experts.reshape({-1, layer.experts.size(-1)}),
+                                           model_->config().feed_forward.routed_experts));
     }
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("routing balance: ") + error.what_without_backtrace());
