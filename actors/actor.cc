@@ -17,7 +17,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <optional>
@@ -347,18 +346,9 @@ void ActorImpl::WeightLoop(std::stop_token stop) {
           spdlog::warn("weights: {}", update.status().ToString());
         }
       } else if (update->has_value()) {
-        // Model::Load reads a file: the checked bytes go to a private temporary one.
-        const std::string path = (std::filesystem::temp_directory_path() /
-                                  ("strider-weights-" + std::to_string(::getpid()) + "-" +
-                                   std::to_string((*update)->version) + ".safetensors"))
-                                     .string();
-        {
-          std::ofstream out(path, std::ios::binary | std::ios::trunc);
-          out.write((*update)->bytes.data(), static_cast<std::streamsize>((*update)->bytes.size()));
-        }
-        Result<std::unique_ptr<Model>> loaded = Model::Load(config_, path);
-        std::error_code ignored;
-        std::filesystem::remove(path, ignored);
+        // Loaded straight from the checked bytes: no file per update.
+        Result<std::unique_ptr<Model>> loaded = Model::LoadFromBytes(
+            config_, (*update)->bytes, "weights version " + std::to_string((*update)->version));
         if (!loaded.ok()) {
           ++weight_errors_;
           spdlog::error("weights: version {} does not load into model '{}': {}", (*update)->version,

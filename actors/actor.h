@@ -15,7 +15,7 @@
 // Token in, token out: the trajectory is exactly the ids the engine was fed and sampled; the
 // actor appends tokenized environment text and never re-renders the conversation.
 //
-// Conversation format (the one pretraining teaches, learner/data/generators.cc ToolUse):
+// Conversation format (the one pretraining teaches, learner/pretrain/data/generators.cc ToolUse):
 //   <|begin_of_text|><|system|>description + tool list<|end_of_turn|><|user|>task<|end_of_turn|>
 //   <|model|>[sampled: text<|tool_call|>calc(..)<|tool_call_end|><|end_of_turn|>]
 //   <|tool_result|>87<|end_of_turn|><|model|>[sampled ...]

@@ -29,10 +29,10 @@
 #include "common/model/model.h"
 #include "common/model/parameters.h"
 #include "common/process_memory.h"
-#include "learner/data/generators.h"
+#include "learner/pretrain/data/generators.h"
 #include "learner/language_model_loss.h"
 #include "learner/optimizer.h"
-#include "learner/pretrain_config.h"
+#include "learner/pretrain/pretrain_config.h"
 
 namespace strider {
 namespace {

@@ -4,10 +4,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "learner/data/builder.h"
-#include "learner/data/generators.h"
-#include "learner/pretrain.h"
-#include "learner/pretrain_config.h"
+#include "learner/pretrain/data/builder.h"
+#include "learner/pretrain/data/generators.h"
+#include "learner/pretrain/pretrain.h"
+#include "learner/pretrain/pretrain_config.h"
 
 namespace strider::cli {
 namespace {

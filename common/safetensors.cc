@@ -346,10 +346,14 @@ size_t DTypeSize(DType dtype) {
   return 0;
 }
 
-Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
-  // Everything is validated before the temporary file exists, so a bad argument never touches
-  // the disk.
+namespace {
+
+// The 8-byte length and the padded header of `tensors`, and the order their bytes follow it in.
+// Everything is validated here, before a file exists or a buffer grows, so a bad argument never
+// touches the disk. `path` names the destination in errors.
+Result<std::string> EncodeHeader(const std::string& path, const std::vector<TensorView>& tensors,
+                                 const std::map<std::string, std::string>& metadata,
+                                 std::vector<const TensorView*>* order_out) {
   std::set<std::string_view> names;
   for (const TensorView& view : tensors) {
     const std::string where = fmt::format("{}: tensor '{}'", path, view.name);
@@ -375,7 +379,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& 
     }
   }
 
-  std::vector<const TensorView*> order;
+  std::vector<const TensorView*>& order = *order_out;
+  order.clear();
   order.reserve(tensors.size());
   for (const TensorView& view : tensors) order.push_back(&view);
   std::sort(order.begin(), order.end(), [](const TensorView* a, const TensorView* b) {
@@ -415,7 +420,122 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& 
     prefix[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff);
   }
   prefix += text;
+  return prefix;
+}
 
+// The header's length from the first 8 bytes, checked against the limit and the total size.
+Result<uint64_t> HeaderLength(const uint8_t* length_bytes, uint64_t total_size,
+                              const std::string& path) {
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length_bytes[i];
+  if (header_size > kMaxHeaderBytes) {
+    return Status::Corruption(fmt::format("{}: header length {} exceeds the limit of {} bytes",
+                                          path, header_size, kMaxHeaderBytes));
+  }
+  if (header_size > total_size - 8) {
+    return Status::Corruption(fmt::format(
+        "{}: header length {} runs past the end of the file ({} bytes)", path, header_size,
+        total_size));
+  }
+  return header_size;
+}
+
+// Parses the header and checks its entries against a data section of `data_size` bytes: the
+// metadata goes to `contents`, the entries come back in data order.
+Result<std::vector<EntryInfo>> ParseLayout(const std::string& header_text, uint64_t data_size,
+                                           const std::string& path, SafetensorsContents* contents) {
+  STRIDER_ASSIGN_OR_RETURN(Json header, ParseHeaderJson(header_text, path));
+  if (!header.is_object()) {
+    return Status::Corruption(
+        fmt::format("{}: header is a JSON {}, expected an object", path, header.type_name()));
+  }
+  std::vector<EntryInfo> entries;
+  entries.reserve(header.size());
+  for (const auto& [name, entry] : header.items()) {
+    if (name == kMetadataKey) {
+      STRIDER_ASSIGN_OR_RETURN(contents->metadata, ParseMetadata(entry, path));
+      continue;
+    }
+    STRIDER_ASSIGN_OR_RETURN(EntryInfo parsed, ParseEntry(name, entry, data_size, path));
+    entries.push_back(std::move(parsed));
+  }
+
+  // The ranges, in file order, must tile the data section exactly: no overlap (two tensors
+  // sharing bytes), no gap and no trailing bytes (data no tensor accounts for, which usually
+  // means a damaged header).
+  std::sort(entries.begin(), entries.end(), [](const EntryInfo& a, const EntryInfo& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  uint64_t covered = 0;
+  const EntryInfo* previous = nullptr;
+  for (const EntryInfo& entry : entries) {
+    if (entry.begin < covered) {
+      return Status::Corruption(fmt::format(
+          "{}: tensor '{}': data_offsets [{}, {}] overlap tensor '{}' ending at {}", path,
+          entry.name, entry.begin, entry.end, previous->name, covered));
+    }
+    if (entry.begin > covered) {
+      return Status::Corruption(fmt::format(
+          "{}: tensor '{}': gap of {} bytes before its data_offsets [{}, {}]", path, entry.name,
+          entry.begin - covered, entry.begin, entry.end));
+    }
+    covered = entry.end;
+    previous = &entry;
+  }
+  if (covered != data_size) {
+    return Status::Corruption(fmt::format(
+        "{}: {} trailing bytes after the last tensor{}: the data section holds {} bytes, the "
+        "tensors account for {}",
+        path, data_size - covered,
+        previous ? fmt::format(" ('{}')", previous->name) : std::string(" (there are none)"),
+        data_size, covered));
+  }
+  return entries;
+}
+
+}  // namespace
+
+Result<std::string> EncodeSafetensors(const std::vector<TensorView>& tensors,
+                                      const std::map<std::string, std::string>& metadata) {
+  std::vector<const TensorView*> order;
+  STRIDER_ASSIGN_OR_RETURN(std::string bytes,
+                           EncodeHeader("safetensors buffer", tensors, metadata, &order));
+  size_t total = bytes.size();
+  for (const TensorView* view : order) total += view->byte_size;
+  bytes.reserve(total);
+  for (const TensorView* view : order) {
+    bytes.append(static_cast<const char*>(view->data), view->byte_size);
+  }
+  return bytes;
+}
+
+Result<SafetensorsContents> DecodeSafetensors(std::string_view bytes, const std::string& name) {
+  if (bytes.size() < 8) {
+    return Status::Corruption(fmt::format(
+        "{}: buffer is {} bytes, shorter than the 8-byte header length", name, bytes.size()));
+  }
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  STRIDER_ASSIGN_OR_RETURN(uint64_t header_size, HeaderLength(data, bytes.size(), name));
+  const uint64_t data_start = 8 + header_size;
+  SafetensorsContents contents;
+  STRIDER_ASSIGN_OR_RETURN(
+      std::vector<EntryInfo> entries,
+      ParseLayout(std::string(bytes.substr(8, header_size)), bytes.size() - data_start, name,
+                  &contents));
+  for (EntryInfo& entry : entries) {
+    LoadedTensor tensor;
+    tensor.dtype = entry.dtype;
+    tensor.shape = std::move(entry.shape);
+    tensor.bytes.assign(data + data_start + entry.begin, data + data_start + entry.end);
+    contents.tensors.emplace(std::move(entry.name), std::move(tensor));
+  }
+  return contents;
+}
+
+Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  std::vector<const TensorView*> order;
+  STRIDER_ASSIGN_OR_RETURN(std::string prefix, EncodeHeader(path, tensors, metadata, &order));
   std::filesystem::path target(path);
   std::string directory = target.has_parent_path() ? target.parent_path().string() : ".";
   // A name unique to this process and call, beside the target so rename stays on one
@@ -480,72 +600,16 @@ Result<SafetensorsContents> ReadSafetensors(const std::string& path) {
   }
   uint8_t length_bytes[8];
   STRIDER_RETURN_IF_ERROR(ReadAt(fd, 0, length_bytes, 8, path));
-  uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length_bytes[i];
-  if (header_size > kMaxHeaderBytes) {
-    return Status::Corruption(fmt::format("{}: header length {} exceeds the limit of {} bytes",
-                                          path, header_size, kMaxHeaderBytes));
-  }
-  if (header_size > file_size - 8) {
-    return Status::Corruption(fmt::format(
-        "{}: header length {} runs past the end of the file ({} bytes)", path, header_size,
-        file_size));
-  }
+  STRIDER_ASSIGN_OR_RETURN(uint64_t header_size, HeaderLength(length_bytes, file_size, path));
   const uint64_t data_start = 8 + header_size;
   const uint64_t data_size = file_size - data_start;
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 
   std::string header_text(header_size, '\0');
   STRIDER_RETURN_IF_ERROR(ReadAt(fd, 8, header_text.data(), header_size, path));
-  STRIDER_ASSIGN_OR_RETURN(Json header, ParseHeaderJson(header_text, path));
-  if (!header.is_object()) {
-    return Status::Corruption(
-        fmt::format("{}: header is a JSON {}, expected an object", path, header.type_name()));
-  }
-
   SafetensorsContents contents;
-  std::vector<EntryInfo> entries;
-  entries.reserve(header.size());
-  for (const auto& [name, entry] : header.items()) {
-    if (name == kMetadataKey) {
-      STRIDER_ASSIGN_OR_RETURN(contents.metadata, ParseMetadata(entry, path));
-      continue;
-    }
-    STRIDER_ASSIGN_OR_RETURN(EntryInfo parsed, ParseEntry(name, entry, data_size, path));
-    entries.push_back(std::move(parsed));
-  }
-
-  // The ranges, in file order, must tile the data section exactly: no overlap (two tensors
-  // sharing bytes), no gap and no trailing bytes (data no tensor accounts for, which usually
-  // means a damaged header).
-  std::sort(entries.begin(), entries.end(), [](const EntryInfo& a, const EntryInfo& b) {
-    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
-  });
-  uint64_t covered = 0;
-  const EntryInfo* previous = nullptr;
-  for (const EntryInfo& entry : entries) {
-    if (entry.begin < covered) {
-      return Status::Corruption(fmt::format(
-          "{}: tensor '{}': data_offsets [{}, {}] overlap tensor '{}' ending at {}", path,
-          entry.name, entry.begin, entry.end, previous->name, covered));
-    }
-    if (entry.begin > covered) {
-      return Status::Corruption(fmt::format(
-          "{}: tensor '{}': gap of {} bytes before its data_offsets [{}, {}]", path, entry.name,
-          entry.begin - covered, entry.begin, entry.end));
-    }
-    covered = entry.end;
-    previous = &entry;
-  }
-  if (covered != data_size) {
-    return Status::Corruption(fmt::format(
-        "{}: {} trailing bytes after the last tensor{}: the data section holds {} bytes, the "
-        "tensors account for {}",
-        path, data_size - covered,
-        previous ? fmt::format(" ('{}')", previous->name) : std::string(" (there are none)"),
-        data_size, covered));
-  }
-
+  STRIDER_ASSIGN_OR_RETURN(std::vector<EntryInfo> entries,
+                           ParseLayout(header_text, data_size, path, &contents));
   for (EntryInfo& entry : entries) {
     LoadedTensor tensor;
     tensor.dtype = entry.dtype;

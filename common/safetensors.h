@@ -56,4 +56,13 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& 
 // overlapping nor leaving gaps. Errors name the file and the tensor at fault.
 Result<SafetensorsContents> ReadSafetensors(const std::string& path);
 
+// The same format in memory, for weights that travel over the network instead of through a file
+// (the weight publisher and the actors). EncodeSafetensors gives exactly the bytes
+// WriteSafetensors would write; DecodeSafetensors checks a buffer as ReadSafetensors checks a
+// file, with `name` standing for the file in errors. Neither touches the disk.
+Result<std::string> EncodeSafetensors(const std::vector<TensorView>& tensors,
+                                      const std::map<std::string, std::string>& metadata = {});
+Result<SafetensorsContents> DecodeSafetensors(std::string_view bytes,
+                                              const std::string& name = "safetensors buffer");
+
 }  // namespace strider

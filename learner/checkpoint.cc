@@ -41,6 +41,34 @@ Status RecoverInterruptedSwap(const std::string& directory) {
   return Status::Ok();
 }
 
+std::string ToHex(const std::string& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string text;
+  text.reserve(bytes.size() * 2);
+  for (const char c : bytes) {
+    const auto byte = static_cast<unsigned char>(c);
+    text += kDigits[byte >> 4];
+    text += kDigits[byte & 15];
+  }
+  return text;
+}
+
+Result<std::string> FromHex(const std::string& text, const std::string& path) {
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (text.size() % 2 != 0) return Status::Corruption(path + ": rng_state has an odd length");
+  std::string bytes(text.size() / 2, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const int high = digit(text[2 * i]), low = digit(text[2 * i + 1]);
+    if (high < 0 || low < 0) return Status::Corruption(path + ": rng_state is not lowercase hex");
+    bytes[i] = static_cast<char>(high * 16 + low);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 std::string CheckpointModelPath(const std::string& directory) {
@@ -65,16 +93,23 @@ Status WriteCheckpoint(const std::string& directory, const Model& model, const A
   if (optimizer != nullptr) {
     STRIDER_RETURN_IF_ERROR(optimizer->Save(CheckpointOptimizerPath(temporary)));
   }
-  nlohmann::json json = {{"stage", state.stage},
-                         {"stage_index", state.stage_index},
-                         {"stage_complete", state.stage_complete},
-                         {"step", state.step},
-                         {"stage_tokens", state.stage_tokens},
-                         {"total_tokens", state.total_tokens},
-                         {"data_position", state.data_position},
-                         {"seed", state.seed},
+  nlohmann::json json = {{"format", 2},
+                         {"mode", state.mode},
                          {"model", state.model},
-                         {"format", 1}};
+                         {"seed", state.seed},
+                         {"step", state.step},
+                         {"policy_version", state.policy_version},
+                         {"sample_step", state.sample_step},
+                         {"total_tokens", state.total_tokens},
+                         {"sampler_cursor", state.sampler_cursor},
+                         {"rng_state", ToHex(state.rng_state)}};
+  if (state.mode == "pretrain") {
+    json["pretrain"] = {{"stage", state.pretrain.stage},
+                        {"stage_index", state.pretrain.stage_index},
+                        {"stage_complete", state.pretrain.stage_complete},
+                        {"stage_tokens", state.pretrain.stage_tokens},
+                        {"data_position", state.pretrain.data_position}};
+  }
   const std::string state_path = temporary + "/state.json";
   {
     std::ofstream out(state_path);
@@ -105,16 +140,38 @@ Result<CheckpointState> ReadCheckpointState(const std::string& directory) {
   text << in.rdbuf();
   try {
     nlohmann::json json = nlohmann::json::parse(text.str());
+    const int format = json.value("format", 1);
     CheckpointState state;
-    state.stage = json.at("stage").get<std::string>();
-    state.stage_index = json.at("stage_index").get<int64_t>();
-    state.stage_complete = json.at("stage_complete").get<bool>();
-    state.step = json.at("step").get<int64_t>();
-    state.stage_tokens = json.at("stage_tokens").get<int64_t>();
-    state.total_tokens = json.at("total_tokens").get<int64_t>();
-    state.data_position = json.at("data_position").get<int64_t>();
-    state.seed = json.at("seed").get<uint64_t>();
     state.model = json.at("model").get<std::string>();
+    state.seed = json.at("seed").get<uint64_t>();
+    state.step = json.at("step").get<int64_t>();
+    state.total_tokens = json.at("total_tokens").get<int64_t>();
+    // Format 1: pretraining's fields at the top level, nothing mode-neutral beyond the above.
+    const nlohmann::json* pretrain = &json;
+    if (format == 1) {
+      state.mode = "pretrain";
+    } else if (format == 2) {
+      state.mode = json.at("mode").get<std::string>();
+      state.policy_version = json.at("policy_version").get<uint64_t>();
+      state.sample_step = json.at("sample_step").get<int64_t>();
+      state.sampler_cursor = json.at("sampler_cursor").get<std::string>();
+      STRIDER_ASSIGN_OR_RETURN(state.rng_state,
+                               FromHex(json.at("rng_state").get<std::string>(), path));
+      pretrain = json.contains("pretrain") ? &json.at("pretrain") : nullptr;
+    } else {
+      return Status::InvalidArgument(path + ": checkpoint format " + std::to_string(format) +
+                                     " is newer than this build reads (2)");
+    }
+    if (state.mode == "pretrain") {
+      if (pretrain == nullptr) {
+        return Status::Corruption(path + ": mode pretrain without 'pretrain'");
+      }
+      state.pretrain.stage = pretrain->at("stage").get<std::string>();
+      state.pretrain.stage_index = pretrain->at("stage_index").get<int64_t>();
+      state.pretrain.stage_complete = pretrain->at("stage_complete").get<bool>();
+      state.pretrain.stage_tokens = pretrain->at("stage_tokens").get<int64_t>();
+      state.pretrain.data_position = pretrain->at("data_position").get<int64_t>();
+    }
     return state;
   } catch (const std::exception& error) {
     return Status::Corruption(path + ": " + error.what());

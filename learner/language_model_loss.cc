@@ -1,14 +1,13 @@
 #include "learner/language_model_loss.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/grad_mode.h>
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "common/tokenizer.h"
-#include "learner/data/generators.h"
+#include "learner/pretrain/data/generators.h"
 
 namespace strider {
 
@@ -71,51 +70,11 @@ Result<TokenBatch> MakeTokenBatch(const std::vector<std::vector<int32_t>>& seque
   return out;
 }
 
-namespace {
-
-// Images whose placeholders lie in [begin, end) of their row; an error when one straddles.
-Result<std::vector<ImageInput>> ImagesInChunk(const TokenBatch& batch, int64_t begin,
-                                              int64_t end) {
-  std::vector<ImageInput> chosen;
-  if (batch.images.empty()) return chosen;
-  std::vector<int64_t> seen(batch.tokens.size(0), 0);
-  // Every maximal run of placeholders in a row is one image, in stream order (MakeTokenBatch
-  // keeps only complete blocks).
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs(batch.tokens.size(0));
-  at::Tensor cpu = batch.tokens.cpu();
-  const int64_t* t = cpu.data_ptr<int64_t>();
-  const int64_t length = batch.tokens.size(1);
-  for (int64_t b = 0; b < batch.tokens.size(0); ++b) {
-    for (int64_t i = 0; i < length; ++i) {
-      if (t[b * length + i] != token::kImagePatch) continue;
-      int64_t j = i;
-      while (j < length && t[b * length + j] == token::kImagePatch) ++j;
-      runs[b].emplace_back(i, j);
-      i = j - 1;
-    }
-  }
-  for (const ImageInput& image : batch.images) {
-    const auto [first, last] = runs[image.sequence][seen[image.sequence]++];
-    if (first >= begin && last <= end) {
-      chosen.push_back(image);
-    } else if (first < end && last > begin) {
-      return Status::InvalidArgument(
-          "an image's patches straddle a chunk boundary at token " + std::to_string(end) +
-          "; train image data on the training path or align chunk_tokens");
-    }
-  }
-  return chosen;
-}
-
-}  // namespace
-
 Result<LossResult> LanguageModelLoss(const Model& model, const TokenBatch& batch,
                                      const LossOptions& options) {
   const int64_t length = batch.tokens.size(1);
-  const int64_t rows = batch.tokens.size(0);
   LossResult result;
   try {
-    at::AutoGradMode grad_mode(options.backward);
     const double targets = batch.loss_mask.sum().item<double>();
     result.targets = static_cast<int64_t>(targets);
     if (result.targets == 0) return Status::InvalidArgument("batch has no scored targets");
@@ -125,59 +84,41 @@ Result<LossResult> LanguageModelLoss(const Model& model, const TokenBatch& batch
       return Status::InvalidArgument("loss weights of the batch sum to " +
                                      std::to_string(weight_sum));
     }
-    const bool chunked = options.path == TrainingPath::kInference;
-    const int64_t chunk = chunked ? std::max<int64_t>(1, options.chunk_tokens) : length;
-    ForwardOptions forward;
-    forward.record_routing = options.record_routing;
-    forward.enable_grad = options.backward;
-    InferenceState state;
-    if (chunked) {
-      STRIDER_ASSIGN_OR_RETURN(state, model.NewState(rows));
-    }
-    std::vector<RoutingRecord> records;
+    ChunkedPassOptions pass;
+    pass.path = options.path;
+    pass.chunk_tokens = options.chunk_tokens;
+    pass.truncated = options.truncated;
+    pass.backward = options.backward;
+    pass.record_routing = options.record_routing;
+    ModelInput input;
+    input.tokens = batch.tokens;
+    input.images = batch.images;
     std::vector<at::Tensor> predictions;
-    at::Tensor total;  // summed loss of chunks not yet backpropagated
     double loss_sum = 0;
-    for (int64_t begin = 0; begin < length; begin += chunk) {
-      const int64_t count = std::min(chunk, length - begin);
-      ModelInput input;
-      input.tokens = batch.tokens.narrow(1, begin, count);
-      STRIDER_ASSIGN_OR_RETURN(input.images, ImagesInChunk(batch, begin, begin + count));
-      ForwardOutput out;
-      if (chunked) {
-        STRIDER_ASSIGN_OR_RETURN(out, model.Append(&state, input, forward));
-      } else {
-        STRIDER_ASSIGN_OR_RETURN(out, model.Forward(input, forward));
-      }
-      if (options.record_routing) records.push_back(std::move(out.routing));
-      const int64_t scored = std::min(count, length - 1 - begin);  // last position: no target
-      if (scored <= 0) continue;
-      at::Tensor logits = out.logits.narrow(1, 0, scored);
+    auto objective = [&](const ChunkView& chunk) -> Result<at::Tensor> {
+      const int64_t scored = std::min(chunk.count, length - 1 - chunk.begin);  // last: no target
+      if (scored <= 0) return at::Tensor();
+      at::Tensor logits = chunk.logits.narrow(1, 0, scored);
       // fp32 at least: the loss of a bf16 model is still summed in fp32.
-      at::Tensor log_probs = at::log_softmax(
-          logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat), -1);
-      at::Tensor target = batch.tokens.narrow(1, begin + 1, scored);
-      at::Tensor mask = batch.loss_mask.narrow(1, begin, scored).to(log_probs.scalar_type());
+      at::Tensor log_probs =
+          at::log_softmax(logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat), -1);
+      at::Tensor target = batch.tokens.narrow(1, chunk.begin + 1, scored);
+      at::Tensor mask = batch.loss_mask.narrow(1, chunk.begin, scored).to(log_probs.scalar_type());
       at::Tensor target_log_probs = log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1);
       at::Tensor chunk_loss = -(target_log_probs * mask).sum() / targets;
       if (options.keep_predictions) predictions.push_back(logits.argmax(-1).detach());
       loss_sum += chunk_loss.item<double>();
-      if (!options.backward) continue;
+      if (!options.backward) return at::Tensor();
       if (weighted) {
         at::Tensor weight =
-            batch.loss_weight.narrow(1, begin, scored).to(log_probs.scalar_type());
+            batch.loss_weight.narrow(1, chunk.begin, scored).to(log_probs.scalar_type());
         chunk_loss = -(target_log_probs * weight).sum() / weight_sum;
       }
-      if (chunked && options.truncated) {
-        chunk_loss.backward();
-        state.DetachGraph();
-      } else {
-        total = total.defined() ? total + chunk_loss : chunk_loss;
-      }
-    }
-    if (options.backward && total.defined()) total.backward();
+      return chunk_loss;
+    };
+    STRIDER_ASSIGN_OR_RETURN(ChunkedPassResult out, RunChunkedPass(model, input, pass, objective));
     result.loss = loss_sum;
-    if (options.record_routing) result.routing = RoutingRecord::Concatenate(records);
+    if (options.record_routing) result.routing = std::move(out.routing);
     if (options.keep_predictions) result.predictions = at::cat(predictions, 1);
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("language-model loss: ") + error.what_without_backtrace());

@@ -1,5 +1,6 @@
 // The next-token loss of a batch of packed sequences along either model path, shared by
-// pretraining and the RL learner's auxiliary language-model terms.
+// pretraining and the RL learner's auxiliary language-model terms: one objective of the chunked
+// pass (learner.h), which runs the model.
 //
 //   kTraining   one Model::Forward over whole sequences (chunkwise incremental attention,
 //               explicit latent attention);
@@ -18,6 +19,7 @@
 
 #include "common/model/model.h"
 #include "common/status.h"
+#include "learner/learner.h"
 
 namespace strider {
 
@@ -37,8 +39,6 @@ struct TokenBatch {
 // cut by the sequence's end or without a renderable caption has its patches replaced by padding.
 Result<TokenBatch> MakeTokenBatch(const std::vector<std::vector<int32_t>>& sequences,
                                   const ModelConfig& config);
-
-enum class TrainingPath { kTraining, kInference };
 
 struct LossOptions {
   TrainingPath path = TrainingPath::kTraining;

@@ -164,6 +164,20 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, uint64_t
 Result<std::unique_ptr<Model>> Model::Load(const ModelConfig& config, const std::string& path) {
   STRIDER_RETURN_IF_ERROR(ValidateModelConfig(config, "model config"));
   STRIDER_ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(path));
+  return FromContents(config, contents, path);
+}
+
+Result<std::unique_ptr<Model>> Model::LoadFromBytes(const ModelConfig& config,
+                                                    std::string_view bytes,
+                                                    const std::string& name) {
+  STRIDER_RETURN_IF_ERROR(ValidateModelConfig(config, "model config"));
+  STRIDER_ASSIGN_OR_RETURN(SafetensorsContents contents, DecodeSafetensors(bytes, name));
+  return FromContents(config, contents, name);
+}
+
+Result<std::unique_ptr<Model>> Model::FromContents(const ModelConfig& config,
+                                                   const SafetensorsContents& contents,
+                                                   const std::string& path) {
   std::unique_ptr<Model> model(new Model(config));
   const std::vector<ParameterSpec> specs = ModelParameterSpecs(config);
   // The model computes in the checkpoint's dtype when that is float32 or float64, and in
@@ -217,23 +231,39 @@ Result<std::unique_ptr<Model>> Model::Load(const ModelConfig& config, const std:
   return model;
 }
 
-Status Model::Save(const std::string& path) const {
-  std::vector<at::Tensor> contiguous;
+// The views borrow `contiguous`, which must outlive them.
+Result<std::vector<TensorView>> Model::Views(std::vector<at::Tensor>* contiguous) const {
   std::vector<TensorView> views;
-  contiguous.reserve(tensors_.size());
+  contiguous->clear();
+  contiguous->reserve(tensors_.size());
   for (const auto& [name, tensor] : tensors_) {
-    contiguous.push_back(tensor.detach().cpu().contiguous());
-    STRIDER_ASSIGN_OR_RETURN(DType dtype, ToDType(contiguous.back().scalar_type()));
+    contiguous->push_back(tensor.detach().cpu().contiguous());
+    STRIDER_ASSIGN_OR_RETURN(DType dtype, ToDType(contiguous->back().scalar_type()));
     TensorView view;
     view.name = name;
     view.dtype = dtype;
-    view.shape = contiguous.back().sizes().vec();
-    view.data = contiguous.back().data_ptr();
-    view.byte_size = contiguous.back().nbytes();
+    view.shape = contiguous->back().sizes().vec();
+    view.data = contiguous->back().data_ptr();
+    view.byte_size = contiguous->back().nbytes();
     views.push_back(std::move(view));
   }
-  return WriteSafetensors(path, views,
-                          {{"format", "strider"}, {"model", config_.name}, {"version", "1"}});
+  return views;
+}
+
+std::map<std::string, std::string> Model::SaveMetadata() const {
+  return {{"format", "strider"}, {"model", config_.name}, {"version", "1"}};
+}
+
+Status Model::Save(const std::string& path) const {
+  std::vector<at::Tensor> contiguous;
+  STRIDER_ASSIGN_OR_RETURN(std::vector<TensorView> views, Views(&contiguous));
+  return WriteSafetensors(path, views, SaveMetadata());
+}
+
+Result<std::string> Model::SaveToBytes() const {
+  std::vector<at::Tensor> contiguous;
+  STRIDER_ASSIGN_OR_RETURN(std::vector<TensorView> views, Views(&contiguous));
+  return EncodeSafetensors(views, SaveMetadata());
 }
 
 void Model::Bind() {
@@ -460,6 +490,7 @@ ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
   if (options.compute_values) {
     out.values = (model::Linear(final_hidden, w.value_weight) + w.value_bias).squeeze(-1);
   }
+  if (options.return_hidden) out.hidden = final_hidden;
   return out;
 }
 

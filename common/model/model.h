@@ -45,8 +45,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -54,6 +56,7 @@
 #include "common/model/incremental_attention.h"
 #include "common/model/latent_attention.h"
 #include "common/model/sparse_experts.h"
+#include "common/safetensors.h"
 #include "common/status.h"
 
 namespace strider {
@@ -86,6 +89,7 @@ struct ForwardOptions {
   const RoutingRecord* replay_routing = nullptr;  // use these experts (T must match the input)
   bool record_routing = false;                    // fill ForwardOutput::routing
   bool compute_values = false;                    // fill ForwardOutput::values
+  bool return_hidden = false;                     // fill ForwardOutput::hidden
   // Append only: keep the autograd graph (chunked long-sequence training through the
   // inference path). Forward always records gradients for parameters that require them.
   bool enable_grad = false;
@@ -99,6 +103,9 @@ struct ForwardOptions {
 struct ForwardOutput {
   at::Tensor logits;  // (B, T, V)
   at::Tensor values;  // (B, T) value-head estimates, when asked for
+  // (B, T, D) the normed final hidden states the output and value heads read, when asked for
+  // (a learner's own heads read them too).
+  at::Tensor hidden;
   RoutingRecord routing;
 };
 
@@ -155,7 +162,14 @@ class Model {
   // narrowest dtype the model computes in. A checkpoint mixing float64 with other dtypes, or
   // holding integer tensors, is refused (InvalidArgument).
   static Result<std::unique_ptr<Model>> Load(const ModelConfig& config, const std::string& path);
+  // Load from the bytes of a safetensors file held in memory (a published weight update), with
+  // the same checks; `name` stands for the file in errors. The bytes are copied.
+  static Result<std::unique_ptr<Model>> LoadFromBytes(const ModelConfig& config,
+                                                      std::string_view bytes,
+                                                      const std::string& name = "weights");
   Status Save(const std::string& path) const;
+  // Exactly the bytes Save writes, without a file (what a WeightPublisher publishes).
+  Result<std::string> SaveToBytes() const;
 
   const ModelConfig& config() const { return config_; }
   at::ScalarType dtype() const;
@@ -190,6 +204,11 @@ class Model {
  private:
   struct Layers;
   explicit Model(ModelConfig config);
+  static Result<std::unique_ptr<Model>> FromContents(const ModelConfig& config,
+                                                     const SafetensorsContents& contents,
+                                                     const std::string& path);
+  Result<std::vector<TensorView>> Views(std::vector<at::Tensor>* contiguous) const;
+  std::map<std::string, std::string> SaveMetadata() const;
   void Bind();
   ForwardOutput Run(const ModelInput& input, InferenceState* state,
                     const ForwardOptions& options, RaggedBatch* ragged = nullptr) const;

@@ -346,6 +346,43 @@ TEST_F(SafetensorsTest, RejectsEveryTruncationOfAValidFile) {
   EXPECT_GT(cuts, 30);
 }
 
+TEST_F(SafetensorsTest, InMemoryBytesAreTheFileBytesAndDecodeAsTheFileReads) {
+  std::vector<OwnedTensor> tensors = SampleTensors();
+  const std::string path = Path("model.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, Views(tensors), kMetadata).ok());
+  Result<std::string> bytes = EncodeSafetensors(Views(tensors), kMetadata);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(*bytes, ReadBytes(path));
+  Result<SafetensorsContents> decoded = DecodeSafetensors(*bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  ExpectSameContents(tensors, *decoded);
+  EXPECT_EQ(decoded->metadata, kMetadata);
+  // Encoding writes nothing beside the file already there.
+  EXPECT_EQ(DirectoryEntries(), std::vector<std::string>{"model.safetensors"});
+  // Arguments the file writer refuses are refused in memory too.
+  tensors.push_back(tensors.front());
+  EXPECT_TRUE(EncodeSafetensors(Views(tensors)).status().IsInvalidArgument());
+}
+
+TEST_F(SafetensorsTest, DecodeRejectsEveryTruncationAndNamesTheBuffer) {
+  std::vector<OwnedTensor> tensors = SampleTensors();
+  std::string big(3000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 31);
+  tensors.push_back({"big", DType::kU8, {3000}, big});
+  Result<std::string> bytes = EncodeSafetensors(Views(tensors), kMetadata);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  int cuts = 0;
+  for (size_t size = 0; size < bytes->size(); size += 97, ++cuts) {
+    Result<SafetensorsContents> result =
+        DecodeSafetensors(std::string_view(*bytes).substr(0, size), "weights v3");
+    ASSERT_FALSE(result.ok()) << "accepted a buffer cut to " << size << " of " << bytes->size();
+    EXPECT_TRUE(result.status().IsCorruption()) << result.status().ToString();
+    EXPECT_NE(result.status().message().find("weights v3"), std::string::npos)
+        << result.status().ToString();
+  }
+  EXPECT_GT(cuts, 30);
+}
+
 TEST_F(SafetensorsTest, SurvivesEveryChangedHeaderByte) {
   // Any header byte replaced: the reader must return an error or a self-consistent result,
   // never crash or return tensors whose bytes disagree with their shapes. A small file keeps

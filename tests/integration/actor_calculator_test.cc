@@ -416,9 +416,8 @@ TEST(ActorProcess, PublishedWeightsStampLaterTokens) {
   ASSERT_TRUE(config_model.ok());
   auto new_model = Model::Create(*config_model, 7);
   ASSERT_TRUE(new_model.ok());
-  ASSERT_TRUE((*new_model)->Save(dir.Sub("v5.safetensors")).ok());
-  std::ifstream in(dir.Sub("v5.safetensors"), std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Result<std::string> bytes = (*new_model)->SaveToBytes();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
   auto publisher = transport::WeightPublisher::Start({});
   ASSERT_TRUE(publisher.ok());
 
@@ -429,7 +428,7 @@ TEST(ActorProcess, PublishedWeightsStampLaterTokens) {
                            "--spill-dir", dir.Sub("spill"), "--metrics", dir.Sub("m.jsonl")}));
   ASSERT_TRUE(WaitEvent(actor, "ready", 30000).is_object());
   std::this_thread::sleep_for(milliseconds(1000));  // version 0 at work first
-  ASSERT_TRUE((*publisher)->Publish(5, bytes, "tiny").ok());
+  ASSERT_TRUE((*publisher)->Publish(5, *bytes, "tiny").ok());
   std::this_thread::sleep_for(milliseconds(3000));
   actor.Signal(SIGTERM);
   nlohmann::json finished = WaitEvent(actor, "finished", 60000);

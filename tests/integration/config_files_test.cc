@@ -16,7 +16,7 @@
 #include "actors/actor.h"
 #include "common/model/config.h"
 #include "envs/registry.h"
-#include "learner/pretrain_config.h"
+#include "learner/pretrain/pretrain_config.h"
 #include "replay/replay.h"
 
 namespace strider {

@@ -10,10 +10,10 @@
 #include "common/transcript.h"
 #include "envs/environment.h"
 #include "envs/tools.h"
-#include "learner/data/builder.h"
-#include "learner/data/dataset.h"
-#include "learner/data/generators.h"
-#include "learner/data/shard.h"
+#include "learner/pretrain/data/builder.h"
+#include "learner/pretrain/data/dataset.h"
+#include "learner/pretrain/data/generators.h"
+#include "learner/pretrain/data/shard.h"
 
 namespace strider::data {
 namespace {

@@ -18,9 +18,10 @@
 #include "common/tokenizer.h"
 #include "learner/checkpoint.h"
 #include "learner/language_model_loss.h"
+#include "learner/learner.h"
 #include "learner/optimizer.h"
-#include "learner/pretrain.h"
-#include "learner/pretrain_config.h"
+#include "learner/pretrain/pretrain.h"
+#include "learner/pretrain/pretrain_config.h"
 
 namespace strider {
 namespace {
@@ -178,10 +179,10 @@ struct Trained {
 
 CheckpointState StateAtStep(int64_t step) {
   CheckpointState state;
-  state.stage = "s1";
-  state.stage_index = 2;
+  state.pretrain.stage = "s1";
+  state.pretrain.stage_index = 2;
   state.step = step;
-  state.data_position = 99;
+  state.pretrain.data_position = 99;
   state.seed = 5;
   state.model = "tiny";
   return state;
@@ -203,8 +204,8 @@ TEST(Checkpoint, ReplacesThePreviousOneAndReadsBackEveryTensor) {
   Result<CheckpointState> read = ReadCheckpointState(dir + "/ck");
   ASSERT_TRUE(read.ok()) << read.status().ToString();
   EXPECT_EQ(read->step, 18);
-  EXPECT_EQ(read->data_position, 99);
-  EXPECT_EQ(read->stage_index, 2);
+  EXPECT_EQ(read->pretrain.data_position, 99);
+  EXPECT_EQ(read->pretrain.stage_index, 2);
   Result<std::unique_ptr<Model>> loaded = Model::Load(TinyConfig(), CheckpointModelPath(dir + "/ck"));
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   ExpectSameWeights(**loaded, CloneTensors(*trained.model));
@@ -369,6 +370,267 @@ TEST(ChunkedTraining, EqualsTheTrainingPathInLossAndGradients) {
   EXPECT_GT(truncated_diff, 1e-8);
 }
 
+TEST(Checkpoint, ModeNeutralFieldsRoundTripAndFormatOneStillReads) {
+  ConfigureRuntime(1);
+  const std::string dir = TempDir("checkpoint_format");
+  Trained trained(5);
+  CheckpointState state;
+  state.mode = "rl";
+  state.model = "tiny";
+  state.seed = 9;
+  state.step = 41;
+  state.policy_version = 12;
+  state.sample_step = 40;
+  state.total_tokens = 123456;
+  state.sampler_cursor = "table=rl;key=77";
+  state.rng_state = std::string("\x00\x01\x7f\x80\xff", 5);
+  ASSERT_TRUE(WriteCheckpoint(dir + "/rl", *trained.model, nullptr, state).ok());
+  Result<CheckpointState> read = ReadCheckpointState(dir + "/rl");
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->mode, "rl");
+  EXPECT_EQ(read->seed, 9u);
+  EXPECT_EQ(read->step, 41);
+  EXPECT_EQ(read->policy_version, 12u);
+  EXPECT_EQ(read->sample_step, 40);
+  EXPECT_EQ(read->total_tokens, 123456);
+  EXPECT_EQ(read->sampler_cursor, "table=rl;key=77");
+  EXPECT_EQ(read->rng_state, state.rng_state);
+  EXPECT_FALSE(fs::exists(CheckpointOptimizerPath(dir + "/rl")));
+
+  // A state.json as format 1 wrote it (pretraining's fields at the top level).
+  ASSERT_TRUE(WriteCheckpoint(dir + "/old", *trained.model, trained.optimizer.get(),
+                              StateAtStep(17)).ok());
+  std::ofstream(dir + "/old/state.json")
+      << R"({"data_position": 99, "format": 1, "model": "tiny", "seed": 5, "stage": "s1",)"
+      << R"( "stage_complete": true, "stage_index": 2, "stage_tokens": 512, "step": 17,)"
+      << R"( "total_tokens": 2048})" << "\n";
+  Result<CheckpointState> old = ReadCheckpointState(dir + "/old");
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(old->mode, "pretrain");
+  EXPECT_EQ(old->model, "tiny");
+  EXPECT_EQ(old->step, 17);
+  EXPECT_EQ(old->total_tokens, 2048);
+  EXPECT_EQ(old->pretrain.stage, "s1");
+  EXPECT_EQ(old->pretrain.stage_index, 2);
+  EXPECT_TRUE(old->pretrain.stage_complete);
+  EXPECT_EQ(old->pretrain.stage_tokens, 512);
+  EXPECT_EQ(old->pretrain.data_position, 99);
+  EXPECT_TRUE(old->rng_state.empty());
+
+  std::ofstream(dir + "/old/state.json") << R"({"format": 3, "model": "tiny"})" << "\n";
+  EXPECT_FALSE(ReadCheckpointState(dir + "/old").ok());
+}
+
+TEST(LearningRateSchedule, WarmsUpLinearlyThenDecaysToTheFloor) {
+  LearningRateSchedule schedule;
+  schedule.peak = 0.01;
+  schedule.warmup_steps = 4;
+  schedule.total_steps = 14;
+  schedule.min_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(schedule.At(0), 0.0025);
+  EXPECT_DOUBLE_EQ(schedule.At(3), 0.01);
+  EXPECT_DOUBLE_EQ(schedule.At(4), 0.01);
+  EXPECT_NEAR(schedule.At(9), 0.01 * (0.1 + 0.9 * 0.5), 1e-15);  // half way: cos = 0
+  EXPECT_NEAR(schedule.At(14), 0.001, 1e-15);
+  EXPECT_NEAR(schedule.At(100), 0.001, 1e-15);
+}
+
+// `count` steps of next-token training on fixed tokens, from step `first`.
+void TrainSteps(Trainer& trainer, const LearningRateSchedule& schedule, const TokenBatch& batch,
+                int64_t first, int64_t count) {
+  LossOptions options;
+  for (int64_t step = first; step < first + count; ++step) {
+    trainer.ZeroGrad();
+    ASSERT_TRUE(LanguageModelLoss(trainer.model(), batch, options).ok());
+    Result<TrainerStep> done = trainer.Step(step);
+    ASSERT_TRUE(done.ok()) << done.status().ToString();
+    EXPECT_TRUE(done->applied);
+    EXPECT_DOUBLE_EQ(done->learning_rate, schedule.At(step));
+  }
+}
+
+TEST(Trainer, ResumedFromItsCheckpointContinuesExactlyAsAnUninterruptedRun) {
+  ConfigureRuntime(1);
+  const std::string dir = TempDir("trainer_resume");
+  TrainerOptions options;
+  options.seed = 21;
+  options.schedule.peak = 3e-3;
+  options.schedule.warmup_steps = 2;
+  options.schedule.total_steps = 6;
+  options.router_learning_rate_scale = 0.5;
+  std::vector<std::vector<int32_t>> rows(2);
+  for (int b = 0; b < 2; ++b) {
+    for (int i = 0; i < 48; ++i) rows[b].push_back((b * 37 + i * 11) % token::kByteCount);
+  }
+  Result<TokenBatch> batch = MakeTokenBatch(rows, TinyConfig());
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+
+  Result<std::unique_ptr<Trainer>> straight = Trainer::Create(TinyConfig(), options);
+  ASSERT_TRUE(straight.ok()) << straight.status().ToString();
+  TrainSteps(**straight, options.schedule, *batch, 0, 3);
+  at::randn({4}, (*straight)->generator());  // the mode's draws before the checkpoint
+  CheckpointState state;
+  state.mode = "rl";
+  state.step = 3;
+  state.policy_version = 3;
+  ASSERT_TRUE((*straight)->WriteCheckpoint(dir + "/ck", state).ok());
+  TrainSteps(**straight, options.schedule, *batch, 3, 3);
+  const at::Tensor expected_draw = at::randn({8}, (*straight)->generator());
+
+  Result<std::unique_ptr<Trainer>> resumed = Trainer::Create(TinyConfig(), options, dir + "/ck");
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ((*resumed)->optimizer().step(), 3);
+  TrainSteps(**resumed, options.schedule, *batch, 3, 3);
+  EXPECT_TRUE(at::equal(at::randn({8}, (*resumed)->generator()), expected_draw));
+  ExpectSameWeights((*resumed)->model(), CloneTensors((*straight)->model()));
+
+  // Another model's checkpoint is refused by name.
+  ModelConfig other = TinyConfig();
+  other.name = "not-tiny";
+  EXPECT_TRUE(Trainer::Create(other, options, dir + "/ck").status().IsInvalidArgument());
+}
+
+// Tokens (2, length) of bytes, deterministic in `seed`.
+at::Tensor RandomTokens(int64_t length, uint64_t seed) {
+  at::Generator generator = at::detail::createCPUGenerator(seed);
+  return at::randint(0, token::kByteCount, {2, length}, generator, at::kLong);
+}
+
+// Logits of every chunk of a pass, joined along T.
+Result<at::Tensor> PassLogits(const Model& model, const at::Tensor& tokens,
+                              const ChunkedPassOptions& options, ChunkedPassResult* result) {
+  std::vector<at::Tensor> logits;
+  auto objective = [&](const ChunkView& chunk) -> Result<at::Tensor> {
+    logits.push_back(chunk.logits.detach());
+    return at::Tensor();
+  };
+  ModelInput input;
+  input.tokens = tokens;
+  STRIDER_ASSIGN_OR_RETURN(*result, RunChunkedPass(model, input, options, objective));
+  return at::cat(logits, 1);
+}
+
+TEST(ChunkedPass, ContinuesFromAnInitialStateAsOnePassWould) {
+  ConfigureRuntime(1);
+  Result<std::unique_ptr<Model>> created = Model::Create(TinyConfig(), 31);
+  ASSERT_TRUE(created.ok());
+  const Model& model = **created;
+  const at::Tensor tokens = RandomTokens(96, 32);
+  ChunkedPassOptions options;
+  options.backward = false;
+  options.chunk_tokens = 32;
+  ChunkedPassResult whole_result;
+  Result<at::Tensor> whole = PassLogits(model, tokens, options, &whole_result);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  ASSERT_EQ(whole->size(1), 96);
+
+  options.keep_final_state = true;
+  ChunkedPassResult prefix;
+  ASSERT_TRUE(PassLogits(model, tokens.narrow(1, 0, 64), options, &prefix).ok());
+  EXPECT_EQ(prefix.final_state.length(), 64);
+  options.initial_state = &prefix.final_state;
+  ChunkedPassResult rest;
+  Result<at::Tensor> tail = PassLogits(model, tokens.narrow(1, 64, 32), options, &rest);
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  EXPECT_EQ(prefix.final_state.length(), 64);  // the caller's state is left as it was
+  EXPECT_EQ(rest.final_state.length(), 96);
+  EXPECT_LT((*tail - whole->narrow(1, 64, 32)).abs().max().item<double>(), 1e-6);
+
+  // The training path has no state to start from.
+  options.path = TrainingPath::kTraining;
+  EXPECT_FALSE(PassLogits(model, tokens, options, &rest).ok());
+}
+
+TEST(ChunkedPass, RoutingReplayForcesTheRecordedExpertsInEveryChunk) {
+  ConfigureRuntime(1);
+  Result<std::unique_ptr<Model>> created = Model::Create(TinyConfig(), 41);
+  ASSERT_TRUE(created.ok());
+  Model& model = **created;
+  const at::Tensor tokens = RandomTokens(80, 42);
+  ChunkedPassOptions options;
+  options.backward = false;
+  options.chunk_tokens = 24;  // 80 = 3 x 24 + 8
+  options.record_routing = true;
+  ChunkedPassResult recorded;
+  Result<at::Tensor> before = PassLogits(model, tokens, options, &recorded);
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  ASSERT_FALSE(recorded.routing.layers.empty());
+  EXPECT_EQ(recorded.routing.layers[0].experts.size(1), 80);
+
+  // Large random router biases move the choices; the replay puts them back.
+  for (auto& [name, tensor] : model.tensors()) {
+    if (name.find("router_bias") == std::string::npos) continue;
+    at::NoGradGuard no_grad;
+    tensor.copy_(at::randn(tensor.sizes(), tensor.options()) * 10);
+  }
+  options.record_routing = false;
+  ChunkedPassResult free_result;
+  Result<at::Tensor> moved = PassLogits(model, tokens, options, &free_result);
+  ASSERT_TRUE(moved.ok());
+  EXPECT_GT((*moved - *before).abs().max().item<double>(), 1e-3);
+  options.replay_routing = &recorded.routing;
+  ChunkedPassResult replay_result;
+  Result<at::Tensor> replayed = PassLogits(model, tokens, options, &replay_result);
+  ASSERT_TRUE(replayed.ok()) << replayed.status().ToString();
+  EXPECT_LT((*replayed - *before).abs().max().item<double>(), 1e-5);
+
+  // A record that does not cover every position is refused.
+  RoutingRecord short_record = recorded.routing;
+  for (auto& layer : short_record.layers) layer.experts = layer.experts.narrow(1, 0, 40);
+  options.replay_routing = &short_record;
+  EXPECT_FALSE(PassLogits(model, tokens, options, &replay_result).ok());
+}
+
+TEST(ChunkedPass, ValuesAndHiddenStatesAreTheModelsAndTheObjectiveGetsGradients) {
+  ConfigureRuntime(1);
+  Result<std::unique_ptr<Model>> created = Model::Create(TinyConfig(), 51);
+  ASSERT_TRUE(created.ok());
+  Model& model = **created;
+  model.SetRequiresGrad(true);
+  const at::Tensor tokens = RandomTokens(40, 52);
+  ModelInput input;
+  input.tokens = tokens;
+  ForwardOptions forward;
+  forward.compute_values = true;
+  Result<ForwardOutput> reference = model.Forward(input, forward);
+  ASSERT_TRUE(reference.ok());
+
+  ChunkedPassOptions options;
+  options.chunk_tokens = 16;
+  options.values = true;
+  options.hidden = true;
+  std::vector<at::Tensor> values;
+  std::vector<int64_t> begins;
+  // A value-style objective: the gradient reaches the value head only through the values.
+  auto objective = [&](const ChunkView& chunk) -> Result<at::Tensor> {
+    begins.push_back(chunk.begin);
+    EXPECT_EQ(chunk.hidden.size(1), chunk.count);
+    EXPECT_EQ(chunk.hidden.size(2), model.config().width);
+    values.push_back(chunk.values.detach());
+    return (chunk.values * chunk.values).sum();
+  };
+  for (at::Tensor& t : model.TrainableParameters()) t.mutable_grad() = at::Tensor();
+  Result<ChunkedPassResult> pass = RunChunkedPass(model, input, options, objective);
+  ASSERT_TRUE(pass.ok()) << pass.status().ToString();
+  EXPECT_EQ(begins, (std::vector<int64_t>{0, 16, 32}));
+  EXPECT_LT((at::cat(values, 1) - reference->values.detach()).abs().max().item<double>(), 1e-5);
+  bool value_head_grad = false;
+  for (const auto& [name, tensor] : model.tensors()) {
+    if (name.rfind("value_head.", 0) == 0 && tensor.grad().defined()) {
+      value_head_grad = value_head_grad || tensor.grad().abs().sum().item<double>() > 0;
+    }
+  }
+  EXPECT_TRUE(value_head_grad);
+
+  // An objective's error ends the pass and comes back.
+  auto failing = [](const ChunkView&) -> Result<at::Tensor> {
+    return Status::InvalidArgument("objective refused the chunk");
+  };
+  Result<ChunkedPassResult> failed = RunChunkedPass(model, input, options, failing);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("objective refused"), std::string::npos);
+}
+
 std::string WriteRunConfig(const std::string& dir, int64_t checkpoint_every) {
   std::ostringstream yaml;
   yaml << "mode: pretrain\n"
@@ -501,8 +763,8 @@ TEST(Pretrain, ResumeMidStageContinuesTheSameDataOrder) {
   Result<CheckpointState> latest = ReadCheckpointState(options.run_dir + "/checkpoints/a/latest");
   ASSERT_TRUE(latest.ok());
   EXPECT_EQ(latest->step, 2);
-  EXPECT_EQ(latest->data_position, 8);  // two steps of four sequences
-  EXPECT_FALSE(latest->stage_complete);
+  EXPECT_EQ(latest->pretrain.data_position, 8);  // two steps of four sequences
+  EXPECT_FALSE(latest->pretrain.stage_complete);
 
   PretrainOptions resumed = options;
   resumed.run_dir = dir + "/resumed";
@@ -560,7 +822,7 @@ TEST(Pretrain, CurriculumPhasesRunFirstAndResumeInsideAndAcrossThem) {
         ReadCheckpointState(options.run_dir + "/checkpoints/a/latest");
     ASSERT_TRUE(latest.ok());
     EXPECT_EQ(latest->step, every);
-    EXPECT_EQ(latest->data_position, position) << every;
+    EXPECT_EQ(latest->pretrain.data_position, position) << every;
     PretrainOptions resumed = options;
     resumed.run_dir = dir + "/resumed" + std::to_string(every);
     resumed.resume = options.run_dir + "/checkpoints/a/latest";

@@ -4,8 +4,8 @@
 
 #include <filesystem>
 
-#include "learner/pretrain.h"
-#include "learner/pretrain_config.h"
+#include "learner/pretrain/pretrain.h"
+#include "learner/pretrain/pretrain_config.h"
 
 namespace strider {
 namespace {

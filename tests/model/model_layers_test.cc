@@ -1048,6 +1048,47 @@ TEST(Checkpoint, SaveLoadRoundTripAndRejectsBadFiles) {
   ExpectInvalid(extra.status(), "tensor 'vision.");
 }
 
+TEST(Checkpoint, BytesRoundTripEqualsTheFileRoundTripTensorForTensor) {
+  std::unique_ptr<Model> model = MakeTinyModel(163);
+  ASSERT_NE(model, nullptr);
+  const ModelConfig& config = model->config();
+  TempDir dir;
+  const std::string path = dir.File("tiny.safetensors");
+  ASSERT_TRUE(model->Save(path).ok());
+  Result<std::string> bytes = model->SaveToBytes();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  std::ifstream in(path, std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(*bytes, file);
+  Result<std::unique_ptr<Model>> from_file = Model::Load(config, path);
+  Result<std::unique_ptr<Model>> from_bytes = Model::LoadFromBytes(config, *bytes);
+  ASSERT_TRUE(from_file.ok()) << from_file.status().ToString();
+  ASSERT_TRUE(from_bytes.ok()) << from_bytes.status().ToString();
+  ASSERT_EQ((*from_bytes)->tensors().size(), (*from_file)->tensors().size());
+  for (size_t i = 0; i < (*from_file)->tensors().size(); ++i) {
+    const auto& [name, expected] = (*from_file)->tensors()[i];
+    EXPECT_EQ((*from_bytes)->tensors()[i].first, name);
+    EXPECT_TRUE(at::equal((*from_bytes)->tensors()[i].second, expected)) << name;
+    EXPECT_EQ((*from_bytes)->tensors()[i].second.scalar_type(), expected.scalar_type()) << name;
+  }
+  const ModelInput input = MakeImageInput(164);
+  Result<ForwardOutput> a = (*from_file)->Forward(input);
+  Result<ForwardOutput> b = (*from_bytes)->Forward(input);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(at::equal(a->logits, b->logits));
+
+  // The checks of Load hold for bytes, with the given name in the error.
+  Result<std::unique_ptr<Model>> cut =
+      Model::LoadFromBytes(config, std::string_view(*bytes).substr(0, bytes->size() / 2), "v9");
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find("v9"), std::string::npos) << cut.status().ToString();
+  ModelConfig fewer = config;
+  fewer.vision.enabled = false;
+  Result<std::unique_ptr<Model>> extra = Model::LoadFromBytes(fewer, *bytes, "v9");
+  ASSERT_FALSE(extra.ok());
+  ExpectInvalid(extra.status(), "tensor 'vision.");
+}
+
 // ------------------------------------------------------------------------------------------
 // 9. Config validation
 // ------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
-#include "learner/pretrain_config.h"
+#include "learner/pretrain/pretrain_config.h"
 
 #include <filesystem>
 
 #include "common/config.h"
-#include "learner/data/generators.h"
+#include "learner/pretrain/data/generators.h"
 
 namespace strider {
 namespace {

@@ -1,25 +1,22 @@
-#include "learner/pretrain.h"
+#include "learner/pretrain/pretrain.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "common/kernels/routing.h"
 #include "common/model/model.h"
 #include "learner/checkpoint.h"
-#include "learner/data/builder.h"
-#include "learner/data/dataset.h"
-#include "learner/data/generators.h"
+#include "learner/pretrain/data/builder.h"
+#include "learner/pretrain/data/dataset.h"
+#include "learner/pretrain/data/generators.h"
 #include "learner/language_model_loss.h"
-#include "learner/optimizer.h"
-#include "learner/progress.h"
+#include "learner/learner.h"
 #include "learner/report.h"
 #include "common/tokenizer.h"
 
@@ -85,17 +82,16 @@ size_t PartOf(const std::vector<StagePart>& parts, int64_t step) {
   return parts.size() - 1;
 }
 
-// Linear warm-up to the peak, then cosine decay to min_learning_rate_ratio of it by the stage's
-// last step. Each stage has its own schedule: a new context length is a new regime.
-double LearningRate(const PretrainConfig& config, const PretrainStage& stage, int64_t step,
-                    int64_t steps) {
-  const double peak = stage.learning_rate > 0 ? stage.learning_rate : config.optimizer.learning_rate;
-  const int64_t warmup = stage.warmup_steps >= 0 ? stage.warmup_steps : config.warmup_steps;
-  if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  const double progress =
-      steps > warmup ? static_cast<double>(step - warmup) / static_cast<double>(steps - warmup) : 1;
-  const double floor = config.min_learning_rate_ratio;
-  return peak * (floor + (1 - floor) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress))));
+// The stage's learning-rate schedule. Each stage has its own: a new context length is a new
+// regime.
+LearningRateSchedule StageSchedule(const PretrainConfig& config, const PretrainStage& stage,
+                                   int64_t steps) {
+  LearningRateSchedule schedule;
+  schedule.peak = stage.learning_rate > 0 ? stage.learning_rate : config.optimizer.learning_rate;
+  schedule.warmup_steps = stage.warmup_steps >= 0 ? stage.warmup_steps : config.warmup_steps;
+  schedule.total_steps = steps;
+  schedule.min_ratio = config.min_learning_rate_ratio;
+  return schedule;
 }
 
 data::GeneratorOptions GeneratorOptionsFor(const PretrainConfig& config, int64_t context) {
@@ -159,20 +155,6 @@ Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& con
   return sources;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> NamedTrainable(const Model& model) {
-  std::vector<at::Tensor> trainable = model.TrainableParameters();
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& [name, tensor] : model.tensors()) {
-    for (const at::Tensor& t : trainable) {
-      if (t.unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl()) {
-        named.emplace_back(name, tensor);
-        break;
-      }
-    }
-  }
-  return named;
-}
-
 // Sets the batch's loss weights: `weight` for every scored retrieval answer token, else the mask.
 void WeightRetrievalAnswers(TokenBatch* batch, double weight) {
   if (weight == 1.0) return;
@@ -188,27 +170,6 @@ void WeightRetrievalAnswers(TokenBatch* batch, double weight) {
       }
     }
   }
-}
-
-// The routing record restricted to real tokens. Padding fills the ends of packed sequences;
-// its positions all look alike to the router, so they pile onto the same experts in a share
-// that changes from batch to batch with the packing (up to half a long stage's single row).
-// Balancing on them tunes the biases to padding that inference never sees, and measuring
-// MaxVio on them reports that pile instead of the load of real tokens.
-RoutingRecord RealTokenRouting(const RoutingRecord& record, const at::Tensor& tokens) {
-  at::Tensor keep = (tokens.reshape({-1}) != token::kPad).nonzero().reshape({-1});
-  RoutingRecord real;
-  for (const RoutingRecord::Layer& layer : record.layers) {
-    RoutingRecord::Layer entry;
-    entry.experts =
-        layer.experts.reshape({-1, layer.experts.size(-1)}).index_select(0, keep).unsqueeze(0);
-    if (layer.scores.defined()) {
-      entry.scores =
-          layer.scores.reshape({-1, layer.scores.size(-1)}).index_select(0, keep).unsqueeze(0);
-    }
-    real.layers.push_back(std::move(entry));
-  }
-  return real;
 }
 
 Status AppendLine(const std::string& path, const std::string& line) {
@@ -297,20 +258,25 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
                                      state.model + "', the config trains '" + config.model.name +
                                      "'");
     }
-    if (state.stage_index >= static_cast<int64_t>(config.stages.size()) ||
-        config.stages[state.stage_index].name != state.stage) {
+    if (state.mode != "pretrain") {
+      return Status::InvalidArgument("checkpoint " + options.resume + " was written by mode '" +
+                                     state.mode + "', not pretrain");
+    }
+    const PretrainCheckpoint& at = state.pretrain;
+    if (at.stage_index >= static_cast<int64_t>(config.stages.size()) ||
+        config.stages[at.stage_index].name != at.stage) {
       return Status::InvalidArgument("checkpoint " + options.resume + " is from stage '" +
-                                     state.stage + "', which this config does not have there");
+                                     at.stage + "', which this config does not have there");
     }
     start_checkpoint = options.resume;
     total_tokens = state.total_tokens;
-    if (state.stage_complete) {
-      first_stage = state.stage_index + 1;
+    if (at.stage_complete) {
+      first_stage = at.stage_index + 1;
     } else {
-      first_stage = state.stage_index;
+      first_stage = at.stage_index;
       resume_step = state.step;
-      resume_position = state.data_position;
-      resume_stage_tokens = state.stage_tokens;
+      resume_position = at.data_position;
+      resume_stage_tokens = at.stage_tokens;
     }
   }
   const int64_t last_stage =
@@ -324,26 +290,6 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     // point), never from memory, so what a stage starts from is exactly what was saved.
     std::string from = start_checkpoint;
     if (k > first_stage || (from.empty() && k > 0)) from = FinalCheckpoint(options.run_dir, config.stages[k - 1].name);
-    std::unique_ptr<Model> model;
-    if (from.empty()) {
-      STRIDER_ASSIGN_OR_RETURN(model, Model::Create(config.model, config.seed));
-    } else {
-      STRIDER_ASSIGN_OR_RETURN(model, Model::Load(config.model, CheckpointModelPath(from)));
-    }
-    model->SetRequiresGrad(true);
-    AdamWOptions adam = config.optimizer;
-    AdamW optimizer(NamedTrainable(*model), adam);
-    if (config.router_learning_rate_scale != 1.0) {
-      for (const auto& [name, tensor] : NamedTrainable(*model)) {
-        if (name.size() > 7 && name.compare(name.size() - 7, 7, ".router") == 0) {
-          STRIDER_RETURN_IF_ERROR(
-              optimizer.SetLearningRateScale(name, config.router_learning_rate_scale));
-        }
-      }
-    }
-    if (!from.empty() && fs::exists(CheckpointOptimizerPath(from))) {
-      STRIDER_RETURN_IF_ERROR(optimizer.Load(CheckpointOptimizerPath(from)));
-    }
     const bool mid_stage = k == first_stage && resume_step > 0;
     start_checkpoint.clear();
 
@@ -367,6 +313,17 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       return Status::Ok();
     };
     STRIDER_RETURN_IF_ERROR(open_part(PartOf(parts, step), mid_stage ? resume_position : 0));
+    TrainerOptions trainer_options;
+    trainer_options.seed = config.seed;
+    trainer_options.optimizer = config.optimizer;
+    trainer_options.schedule = StageSchedule(config, stage, steps);
+    trainer_options.router_learning_rate_scale = config.router_learning_rate_scale;
+    trainer_options.balance = config.balance;
+    trainer_options.balance_window_steps = config.balance_window_steps;
+    trainer_options.balance_prepass = config.balance_prepass;
+    STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                             Trainer::Create(config.model, trainer_options, from));
+    Model& model = trainer->model();
     LossOptions loss_options;
     loss_options.path =
         stage.paths == "inference" ? TrainingPath::kInference : TrainingPath::kTraining;
@@ -381,20 +338,20 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     int64_t tokens_this_run = 0;
     auto checkpoint = [&](const std::string& name, bool complete) {
       CheckpointState state;
-      state.stage = stage.name;
-      state.stage_index = k;
-      state.stage_complete = complete;
-      state.step = step;
-      state.stage_tokens = stage_tokens;
-      state.total_tokens = total_tokens;
-      // The position in the part `step` runs in: 0 when that part has not started yet.
-      state.data_position = PartOf(parts, step) == packer_part ? packer->position() : 0;
-      state.seed = config.seed;
+      state.mode = "pretrain";
       state.model = config.model.name;
-      return WriteCheckpoint(options.run_dir + "/checkpoints/" + stage.name + "/" + name, *model,
-                             &optimizer, state);
+      state.seed = config.seed;
+      state.step = step;
+      state.total_tokens = total_tokens;
+      state.pretrain.stage = stage.name;
+      state.pretrain.stage_index = k;
+      state.pretrain.stage_complete = complete;
+      state.pretrain.stage_tokens = stage_tokens;
+      // The position in the part `step` runs in: 0 when that part has not started yet.
+      state.pretrain.data_position = PartOf(parts, step) == packer_part ? packer->position() : 0;
+      return trainer->WriteCheckpoint(options.run_dir + "/checkpoints/" + stage.name + "/" + name,
+                                      state);
     };
-    std::deque<RoutingRecord> balance_window;  // real-token routing of the latest steps
     for (; step < steps; ++step) {
       const size_t part = PartOf(parts, step);
       if (part != packer_part) STRIDER_RETURN_IF_ERROR(open_part(part, 0));
@@ -408,75 +365,35 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
         LossOptions prepass = loss_options;
         prepass.backward = false;
         prepass.record_routing = true;
-        STRIDER_ASSIGN_OR_RETURN(LossResult scores, LanguageModelLoss(*model, batch, prepass));
-        RoutingRecord real;
-        try {
-          real = RealTokenRouting(scores.routing, batch.tokens);
-        } catch (const c10::Error& error) {
-          return Status::Internal(std::string("routing balance: ") +
-                                  error.what_without_backtrace());
-        }
-        // Each call is one sweep of the coordinate descent and continues from the last.
-        for (int64_t sweep = 0; sweep < config.balance_prepass_sweeps; ++sweep) {
-          STRIDER_RETURN_IF_ERROR(model->UpdateRoutingBalance(real).status());
-        }
+        STRIDER_ASSIGN_OR_RETURN(LossResult scores, LanguageModelLoss(model, batch, prepass));
+        STRIDER_ASSIGN_OR_RETURN(RoutingRecord real,
+                                 RealTokenRouting(scores.routing, batch.tokens));
+        STRIDER_RETURN_IF_ERROR(trainer->FitRoutingBalance(real, config.balance_prepass_sweeps));
       }
-      optimizer.ZeroGrad();
-      STRIDER_ASSIGN_OR_RETURN(LossResult loss, LanguageModelLoss(*model, batch, loss_options));
-      const double rate = LearningRate(config, stage, step, steps);
-      Result<double> norm = optimizer.Step(rate);
-      if (!norm.ok() && norm.status().code() != StatusCode::kFailedPrecondition) {
-        return norm.status();
-      }
-      double violation = -1;
+      trainer->ZeroGrad();
+      STRIDER_ASSIGN_OR_RETURN(LossResult loss, LanguageModelLoss(model, batch, loss_options));
+      STRIDER_RETURN_IF_ERROR(trainer->Step(step).status());
       if (config.balance) {
-        RoutingRecord real;
-        try {
-          real = RealTokenRouting(loss.routing, batch.tokens);
-          // MaxVio of this step's own choices: made with the biases of the steps before, or with
-          // those fitted to this batch by the prepass.
-          violation = 0;
-          for (const RoutingRecord::Layer& layer : real.layers) {
-            violation = std::max(violation, kernels::MaxViolation(
-                                                layer.experts.reshape({-1, layer.experts.size(-1)}),
-                                                config.model.feed_forward.routed_experts));
-          }
-        } catch (const c10::Error& error) {
-          return Status::Internal(std::string("routing balance: ") +
-                                  error.what_without_backtrace());
-        }
-        if (!config.balance_prepass) {
-          balance_window.push_back(std::move(real));
-          while (static_cast<int64_t>(balance_window.size()) > config.balance_window_steps) {
-            balance_window.pop_front();
-          }
-          STRIDER_RETURN_IF_ERROR(
-              model
-                  ->UpdateRoutingBalance(RoutingRecord::Concatenate(
-                      std::vector<RoutingRecord>(balance_window.begin(), balance_window.end())))
-                  .status());
-        }
+        // MaxVio of this step's own choices: made with the biases of the steps before, or with
+        // those fitted to this batch by the prepass.
+        STRIDER_ASSIGN_OR_RETURN(RoutingRecord real, RealTokenRouting(loss.routing, batch.tokens));
+        STRIDER_ASSIGN_OR_RETURN(const double violation, trainer->BalanceRouting(std::move(real)));
         if (step >= config.balance_warmup_steps) {
-          summary.max_violation_after_warmup = std::max(summary.max_violation_after_warmup, violation);
+          summary.max_violation_after_warmup =
+              std::max(summary.max_violation_after_warmup, violation);
         }
       }
       stage_tokens += rows * context;
       total_tokens += rows * context;
       tokens_this_run += rows * context;
       losses.push_back(loss.loss);
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       ProgressFields fields;
       fields.stage = stage.name;
       fields.step = step + 1;
       fields.tokens_done = stage_tokens;
       fields.tokens_total = budget;
-      fields.tokens_per_second = tokens_this_run / std::max(seconds, 1e-9);
       fields.loss = loss.loss;
-      fields.learning_rate = rate;
-      fields.gradient_norm = norm.ok() ? *norm : NAN;
-      fields.max_violation = violation;
-      progress.Report(fields);
+      trainer->Report(&progress, fields, rows * context);
       if (config.checkpoint_every_steps > 0 && (step + 1) % config.checkpoint_every_steps == 0 &&
           step + 1 < steps) {
         ++step;  // the checkpoint records the next step to run
@@ -512,7 +429,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       for (int64_t j = 0; j <= k; ++j) {
         STRIDER_ASSIGN_OR_RETURN(
             RetrievalEvaluation eval,
-            EvaluateRetrieval(*model, config, config.stages[j].context, config.eval_documents));
+            EvaluateRetrieval(model, config, config.stages[j].context, config.eval_documents));
         nlohmann::json row = {{"stage", stage.name},
                               {"stage_index", k},
                               {"objective", stage.objective},

@@ -1,4 +1,4 @@
-#include "learner/data/generators.h"
+#include "learner/pretrain/data/generators.h"
 
 #include <algorithm>
 #include <array>

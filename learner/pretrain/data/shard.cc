@@ -1,4 +1,4 @@
-#include "learner/data/shard.h"
+#include "learner/pretrain/data/shard.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "learner/data/dataset.h"
+#include "learner/pretrain/data/dataset.h"
 
 #include <algorithm>
 

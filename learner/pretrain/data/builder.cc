@@ -1,11 +1,11 @@
-#include "learner/data/builder.h"
+#include "learner/pretrain/data/builder.h"
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "common/tokenizer.h"
-#include "learner/data/shard.h"
+#include "learner/pretrain/data/shard.h"
 
 namespace strider::data {
 namespace {

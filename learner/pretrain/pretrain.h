@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "learner/pretrain_config.h"
+#include "learner/pretrain/pretrain_config.h"
 
 namespace strider {
 

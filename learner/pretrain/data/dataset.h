@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "learner/data/shard.h"
+#include "learner/pretrain/data/shard.h"
 
 namespace strider::data {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "learner/data/generators.h"
+#include "learner/pretrain/data/generators.h"
 
 namespace strider::data {
 

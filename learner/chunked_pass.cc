@@ -1,0 +1,159 @@
+// The chunked pass: the one loop over chunks of a batch that the language-model loss and the RL
+// objectives share, so the state carrying, routing replay and truncation rules are written once.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/tokenizer.h"
+#include "learner/learner.h"
+
+namespace strider {
+namespace {
+
+// Images whose placeholders lie in [begin, end) of their row; an error when one straddles.
+Result<std::vector<ImageInput>> ImagesInChunk(const ModelInput& input, int64_t begin, int64_t end) {
+  std::vector<ImageInput> chosen;
+  if (input.images.empty()) return chosen;
+  std::vector<int64_t> seen(input.tokens.size(0), 0);
+  // Every maximal run of placeholders in a row is one image, in stream order.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs(input.tokens.size(0));
+  at::Tensor cpu = input.tokens.cpu().to(at::kLong).contiguous();
+  const int64_t* t = cpu.data_ptr<int64_t>();
+  const int64_t length = input.tokens.size(1);
+  for (int64_t b = 0; b < input.tokens.size(0); ++b) {
+    for (int64_t i = 0; i < length; ++i) {
+      if (t[b * length + i] != token::kImagePatch) continue;
+      int64_t j = i;
+      while (j < length && t[b * length + j] == token::kImagePatch) ++j;
+      runs[b].emplace_back(i, j);
+      i = j - 1;
+    }
+  }
+  for (const ImageInput& image : input.images) {
+    if (seen[image.sequence] >= static_cast<int64_t>(runs[image.sequence].size())) {
+      return Status::InvalidArgument("more images than placeholder runs in sequence " +
+                                     std::to_string(image.sequence));
+    }
+    const auto [first, last] = runs[image.sequence][seen[image.sequence]++];
+    if (first >= begin && last <= end) {
+      chosen.push_back(image);
+    } else if (first < end && last > begin) {
+      return Status::InvalidArgument(
+          "an image's patches straddle a chunk boundary at token " + std::to_string(end) +
+          "; train image data on the training path or align chunk_tokens");
+    }
+  }
+  return chosen;
+}
+
+// The replay record's positions [begin, begin + count).
+RoutingRecord SliceRouting(const RoutingRecord& record, int64_t begin, int64_t count) {
+  RoutingRecord slice;
+  for (const RoutingRecord::Layer& layer : record.layers) {
+    RoutingRecord::Layer part;
+    part.experts = layer.experts.narrow(1, begin, count);
+    if (layer.scores.defined()) part.scores = layer.scores.narrow(1, begin, count);
+    slice.layers.push_back(std::move(part));
+  }
+  return slice;
+}
+
+}  // namespace
+
+Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& input,
+                                         const ChunkedPassOptions& options,
+                                         const ChunkObjective& objective) {
+  if (!input.tokens.defined() || input.tokens.dim() != 2) {
+    return Status::InvalidArgument("chunked pass: tokens must be (B, L)");
+  }
+  const int64_t rows = input.tokens.size(0);
+  const int64_t length = input.tokens.size(1);
+  const bool chunked = options.path == TrainingPath::kInference;
+  if (!chunked && options.initial_state != nullptr) {
+    return Status::InvalidArgument(
+        "chunked pass: the training path starts from the beginning; an initial state needs the "
+        "inference path");
+  }
+  if (options.replay_routing != nullptr) {
+    for (const RoutingRecord::Layer& layer : options.replay_routing->layers) {
+      if (layer.experts.dim() != 3 || layer.experts.size(0) != rows ||
+          layer.experts.size(1) != length) {
+        return Status::InvalidArgument(
+            "chunked pass: routing replay must cover every position of the batch (" +
+            std::to_string(rows) + "x" + std::to_string(length) + ")");
+      }
+    }
+  }
+  ChunkedPassResult result;
+  try {
+    at::AutoGradMode grad_mode(options.backward);
+    const int64_t chunk = chunked ? std::max<int64_t>(1, options.chunk_tokens) : length;
+    ForwardOptions forward;
+    forward.record_routing = options.record_routing;
+    forward.enable_grad = options.backward;
+    forward.compute_values = options.values;
+    forward.return_hidden = options.hidden;
+    InferenceState state;
+    if (chunked) {
+      if (options.initial_state != nullptr) {
+        if (options.initial_state->batch_size() != rows) {
+          return Status::InvalidArgument("chunked pass: the initial state holds " +
+                                         std::to_string(options.initial_state->batch_size()) +
+                                         " sequences, the batch " + std::to_string(rows));
+        }
+        state = *options.initial_state;
+      } else {
+        STRIDER_ASSIGN_OR_RETURN(state, model.NewState(rows));
+      }
+    }
+    std::vector<RoutingRecord> records;
+    at::Tensor total;  // summed loss of chunks not yet backpropagated
+    for (int64_t begin = 0; begin < length; begin += chunk) {
+      const int64_t count = std::min(chunk, length - begin);
+      ModelInput part;
+      part.tokens = chunked ? input.tokens.narrow(1, begin, count) : input.tokens;
+      STRIDER_ASSIGN_OR_RETURN(part.images, ImagesInChunk(input, begin, begin + count));
+      RoutingRecord replay;
+      if (options.replay_routing != nullptr) {
+        replay = SliceRouting(*options.replay_routing, begin, count);
+        forward.replay_routing = &replay;
+      }
+      ForwardOutput out;
+      if (chunked) {
+        STRIDER_ASSIGN_OR_RETURN(out, model.Append(&state, part, forward));
+      } else {
+        STRIDER_ASSIGN_OR_RETURN(out, model.Forward(part, forward));
+      }
+      if (options.record_routing) records.push_back(std::move(out.routing));
+      ChunkView view;
+      view.begin = begin;
+      view.count = count;
+      view.logits = std::move(out.logits);
+      view.values = std::move(out.values);
+      view.hidden = std::move(out.hidden);
+      STRIDER_ASSIGN_OR_RETURN(at::Tensor loss, objective(view));
+      if (!options.backward || !loss.defined()) continue;
+      if (chunked && options.truncated) {
+        loss.backward();
+        state.DetachGraph();
+      } else {
+        total = total.defined() ? total + loss : loss;
+      }
+    }
+    if (options.backward && total.defined()) total.backward();
+    if (options.record_routing) result.routing = RoutingRecord::Concatenate(records);
+    if (options.keep_final_state) {
+      state.DetachGraph();
+      result.final_state = std::move(state);
+    }
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("chunked pass: ") + error.what_without_backtrace());
+  }
+  return result;
+}
+
+}  // namespace strider

@@ -1,0 +1,204 @@
+// The learner component: what every training mode (pretraining, RL) shares. Start reading here.
+//
+//   Trainer       one model under training: AdamW with gradient clipping and a learning-rate
+//                 schedule, the router learning-rate scale, quantile routing balance and MaxVio,
+//                 a seeded random generator, checkpoints and progress lines. A mode owns one (or
+//                 one per stage) and decides what a step's batch and loss are.
+//   RunChunkedPass
+//                 one pass over a batch of equal-length sequences, chunk by chunk along the
+//                 inference path (Model::Append, the rollout engine's path) or in one chunk along
+//                 the training path (Model::Forward, equal to it by the model's two-path
+//                 contract). It starts from a given state, can force each position's experts
+//                 (routing replay), hands each chunk's logits (and value-head outputs or final
+//                 hidden states) to an objective callback and backpropagates the loss the
+//                 callback returns, with the graph cut at chunk boundaries or kept whole.
+//
+// Modes live beside this header: learner/pretrain/ (stages, data, retrieval evaluation) and
+// learner/rl/ (advantages and policy losses). Checkpoints: learner/checkpoint.h; the
+// next-token loss on the chunked pass: learner/language_model_loss.h. docs/learner.md has the
+// design and the checkpoint format.
+//
+// Threads: a Trainer, its Model and its generator belong to one training thread; none of its
+// methods may run concurrently, nor may anything else run the model while ZeroGrad, Step or
+// BalanceRouting update it (model.h). RunChunkedPass only reads the model (the gradients it
+// accumulates are written to the parameters' .grad, so two passes that backpropagate must not
+// run at once either).
+//
+// Errors: Status/Result; LibTorch exceptions are caught here and returned with context.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/model/model.h"
+#include "common/status.h"
+#include "learner/checkpoint.h"
+#include "learner/optimizer.h"
+#include "learner/progress.h"
+
+namespace strider {
+
+// ---------------------------------------------------------------------------------------------
+// Trainer
+// ---------------------------------------------------------------------------------------------
+
+// Linear warm-up to `peak` over `warmup_steps`, then cosine decay to `min_ratio` of it at
+// `total_steps`.
+struct LearningRateSchedule {
+  double peak = 1e-3;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  double min_ratio = 0.1;
+
+  double At(int64_t step) const;  // the rate of step `step` (0-based)
+};
+
+struct TrainerOptions {
+  // Initialisation of a fresh model and the generator's seed.
+  uint64_t seed = 1;
+  AdamWOptions optimizer;  // clip_norm is the gradient clipping
+  LearningRateSchedule schedule;
+  // Learning-rate multiplier of every sparse layer's router weights (1: none).
+  double router_learning_rate_scale = 1.0;
+
+  // Routing balance (MODEL.md s.5).
+  bool balance = true;  // update the router biases from the routing each step records
+  // Steps whose routing records the quantile update pools (this one and those before).
+  int64_t balance_window_steps = 1;
+  // The biases are fitted before each step's training pass (FitRoutingBalance) instead of
+  // after it: BalanceRouting then only measures.
+  bool balance_prepass = false;
+};
+
+// What one optimiser step did.
+struct TrainerStep {
+  double learning_rate = 0;
+  double gradient_norm = 0;  // before clipping; NaN when it was not finite
+  bool applied = true;       // false: a non-finite gradient, the parameters were left unchanged
+};
+
+class Trainer {
+ public:
+  // A Trainer for `config`: a fresh model from options.seed when `checkpoint` is empty, else
+  // the checkpoint directory's weights, with its optimiser state and generator state when it
+  // holds them (a weights-only checkpoint starts both afresh). The model's parameters require
+  // gradients. The checkpoint's model name must be the config's.
+  static Result<std::unique_ptr<Trainer>> Create(const ModelConfig& config,
+                                                 const TrainerOptions& options,
+                                                 const std::string& checkpoint = "");
+
+  // Owned by the Trainer; the references stay valid for its lifetime.
+  Model& model() { return *model_; }
+  const Model& model() const { return *model_; }
+  AdamW& optimizer() { return *optimizer_; }
+  // The mode's source of randomness (mini-batch order, sampling), saved with checkpoints so a
+  // resumed run draws what an uninterrupted one would.
+  at::Generator& generator() { return generator_; }
+
+  void ZeroGrad();
+  // Clips the accumulated gradients and applies one AdamW update at schedule.At(step). A
+  // non-finite gradient norm skips the update and is reported in the result, not as an error.
+  Result<TrainerStep> Step(int64_t step);
+
+  // Fits the router biases to a record made under the current weights (the balance prepass):
+  // `sweeps` quantile updates, each continuing from the last.
+  Status FitRoutingBalance(const RoutingRecord& record, int64_t sweeps);
+  // The MaxVio (largest over sparse layers) of the record's expert choices; with balance on and
+  // no prepass, also one quantile update of the biases from the window of the latest records.
+  // The record should hold real tokens only (RealTokenRouting).
+  Result<double> BalanceRouting(RoutingRecord record);
+
+  // Writes the model, the optimiser state and `state`, with state.rng_state set to the
+  // generator's state (checkpoint.h: atomic, previous-or-new).
+  Status WriteCheckpoint(const std::string& directory, CheckpointState state);
+
+  // Writes a progress line (and redraws the bar) for a step that trained `tokens` tokens:
+  // learning rate, gradient norm and MaxVio of the latest Step and BalanceRouting, tokens per
+  // second since the Trainer was created. The mode fills the rest of `fields`.
+  void Report(Progress* progress, ProgressFields fields, int64_t tokens);
+
+  ~Trainer();
+
+ private:
+  Trainer() = default;
+
+  TrainerOptions options_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  at::Generator generator_;
+  std::deque<RoutingRecord> balance_window_;
+  TrainerStep last_step_;
+  double last_violation_ = -1;
+  int64_t tokens_ = 0;
+  std::chrono::steady_clock::time_point started_;
+};
+
+// The record restricted to positions whose token is not padding, as one row (1, N, .). Padding
+// fills the ends of packed or batched sequences and piles onto whichever experts its identical
+// inputs prefer, so balancing on it tunes the biases to something inference never sees.
+Result<RoutingRecord> RealTokenRouting(const RoutingRecord& record, const at::Tensor& tokens);
+
+// ---------------------------------------------------------------------------------------------
+// Chunked pass
+// ---------------------------------------------------------------------------------------------
+
+enum class TrainingPath { kTraining, kInference };
+
+struct ChunkedPassOptions {
+  // kInference: Model::Append `chunk_tokens` at a time carrying the state forward; kTraining:
+  // one Model::Forward over the whole sequences (one chunk; no initial state).
+  TrainingPath path = TrainingPath::kInference;
+  int64_t chunk_tokens = 512;
+  // Backpropagate the loss the objective returns (into the parameters' .grad). Without it no
+  // graph is recorded.
+  bool backward = true;
+  // kInference with backward: run backward after every chunk and detach the state passed to
+  // the next (memory bounded by the chunk, gradients stop at chunk boundaries); otherwise the
+  // chunks' losses are summed and backpropagated once through the whole carried state.
+  bool truncated = false;
+  bool record_routing = false;  // ChunkedPassResult::routing, with router scores
+  bool values = false;          // ChunkView::values (the model's value head)
+  bool hidden = false;          // ChunkView::hidden (final normed hidden states)
+  // Experts to force at every position, a record over the whole sequences (B, L, k) per sparse
+  // layer; each chunk gets its slice. Borrowed for the call.
+  const RoutingRecord* replay_routing = nullptr;
+  // kInference: start after the tokens this state has seen (a copy is used; the caller's is
+  // left as it is), e.g. the prefix of a trajectory scored earlier. Null: an empty state.
+  const InferenceState* initial_state = nullptr;
+  bool keep_final_state = false;  // ChunkedPassResult::final_state (detached)
+};
+
+// What the objective sees of one chunk. Positions are those of the input's sequences.
+struct ChunkView {
+  int64_t begin = 0;  // first position of the chunk
+  int64_t count = 0;  // positions in the chunk
+  at::Tensor logits;  // (B, count, V), in the graph when the pass backpropagates
+  at::Tensor values;  // (B, count) when asked for
+  at::Tensor hidden;  // (B, count, D) when asked for
+};
+
+// Returns the chunk's loss (a scalar) to backpropagate, or an undefined tensor when the chunk
+// adds nothing. The callback computes its own log-probabilities from the logits: next-token
+// log_softmax for the language model, the sampler's distribution for a policy ratio. An error
+// ends the pass and is returned.
+using ChunkObjective = std::function<Result<at::Tensor>(const ChunkView& chunk)>;
+
+struct ChunkedPassResult {
+  RoutingRecord routing;       // (B, L, .) when recorded
+  InferenceState final_state;  // when kept
+};
+
+// Runs the model over `input` (tokens (B, L) and their images; an image's patches may not
+// straddle a chunk boundary) and calls `objective` once per chunk, in order.
+Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& input,
+                                         const ChunkedPassOptions& options,
+                                         const ChunkObjective& objective);
+
+}  // namespace strider

@@ -1,0 +1,199 @@
+// The Trainer: model, optimiser, schedule, routing balance and checkpoints of one training run,
+// taken out of the pretraining loop so every mode steps a model the same way.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "common/kernels/routing.h"
+#include "common/tokenizer.h"
+#include "learner/learner.h"
+
+namespace strider {
+namespace {
+
+// The model's trainable tensors with their names, the keys of the optimiser's saved state.
+std::vector<std::pair<std::string, at::Tensor>> NamedTrainable(const Model& model) {
+  std::vector<at::Tensor> trainable = model.TrainableParameters();
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& [name, tensor] : model.tensors()) {
+    for (const at::Tensor& t : trainable) {
+      if (t.unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl()) {
+        named.emplace_back(name, tensor);
+        break;
+      }
+    }
+  }
+  return named;
+}
+
+bool IsRouter(const std::string& name) {
+  return name.size() > 7 && name.compare(name.size() - 7, 7, ".router") == 0;
+}
+
+std::string GeneratorState(at::Generator& generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  at::Tensor state = generator.get_state().contiguous();
+  return std::string(static_cast<const char*>(state.data_ptr()), state.nbytes());
+}
+
+}  // namespace
+
+double LearningRateSchedule::At(int64_t step) const {
+  if (step < warmup_steps) {
+    return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  }
+  const double progress = total_steps > warmup_steps
+                              ? static_cast<double>(step - warmup_steps) /
+                                    static_cast<double>(total_steps - warmup_steps)
+                              : 1;
+  return peak *
+         (min_ratio + (1 - min_ratio) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress))));
+}
+
+Trainer::~Trainer() = default;
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
+                                                 const TrainerOptions& options,
+                                                 const std::string& checkpoint) {
+  std::unique_ptr<Trainer> trainer(new Trainer());
+  trainer->options_ = options;
+  CheckpointState state;
+  if (checkpoint.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(trainer->model_, Model::Create(config, options.seed));
+  } else {
+    STRIDER_ASSIGN_OR_RETURN(state, ReadCheckpointState(checkpoint));
+    if (state.model != config.name) {
+      return Status::InvalidArgument("checkpoint " + checkpoint + " holds model '" + state.model +
+                                     "', the config trains '" + config.name + "'");
+    }
+    STRIDER_ASSIGN_OR_RETURN(trainer->model_, Model::Load(config, CheckpointModelPath(checkpoint)));
+  }
+  try {
+    trainer->model_->SetRequiresGrad(true);
+    trainer->optimizer_ =
+        std::make_unique<AdamW>(NamedTrainable(*trainer->model_), options.optimizer);
+    if (options.router_learning_rate_scale != 1.0) {
+      for (const auto& [name, tensor] : NamedTrainable(*trainer->model_)) {
+        if (!IsRouter(name)) continue;
+        STRIDER_RETURN_IF_ERROR(
+            trainer->optimizer_->SetLearningRateScale(name, options.router_learning_rate_scale));
+      }
+    }
+    if (!checkpoint.empty() && std::filesystem::exists(CheckpointOptimizerPath(checkpoint))) {
+      STRIDER_RETURN_IF_ERROR(trainer->optimizer_->Load(CheckpointOptimizerPath(checkpoint)));
+    }
+    trainer->generator_ = at::detail::createCPUGenerator(options.seed);
+    if (!state.rng_state.empty()) {
+      std::lock_guard<std::mutex> lock(trainer->generator_.mutex());
+      at::Tensor saved = at::empty({static_cast<int64_t>(state.rng_state.size())}, at::kByte);
+      std::memcpy(saved.data_ptr(), state.rng_state.data(), state.rng_state.size());
+      trainer->generator_.set_state(saved);
+    }
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("trainer: ") + error.what_without_backtrace());
+  }
+  trainer->started_ = std::chrono::steady_clock::now();
+  return trainer;
+}
+
+void Trainer::ZeroGrad() { optimizer_->ZeroGrad(); }
+
+Result<TrainerStep> Trainer::Step(int64_t step) {
+  TrainerStep result;
+  result.learning_rate = options_.schedule.At(step);
+  Result<double> norm = optimizer_->Step(result.learning_rate);
+  if (norm.ok()) {
+    result.gradient_norm = *norm;
+  } else if (norm.status().code() == StatusCode::kFailedPrecondition) {
+    // A non-finite norm: the optimiser left the parameters as they were.
+    result.gradient_norm = NAN;
+    result.applied = false;
+  } else {
+    return norm.status();
+  }
+  last_step_ = result;
+  return result;
+}
+
+Status Trainer::FitRoutingBalance(const RoutingRecord& record, int64_t sweeps) {
+  for (int64_t sweep = 0; sweep < sweeps; ++sweep) {
+    STRIDER_RETURN_IF_ERROR(model_->UpdateRoutingBalance(record).status());
+  }
+  return Status::Ok();
+}
+
+Result<double> Trainer::BalanceRouting(RoutingRecord record) {
+  double violation = 0;
+  try {
+    for (const RoutingRecord::Layer& layer : record.layers) {
+      violation = std::max(
+          violation, kernels::MaxViolation(layer.experts.reshape({-1, layer.experts.size(-1)}),
+                                           model_->config().feed_forward.routed_experts));
+    }
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("routing balance: ") + error.what_without_backtrace());
+  }
+  last_violation_ = violation;
+  if (!options_.balance || options_.balance_prepass) return violation;
+  balance_window_.push_back(std::move(record));
+  while (static_cast<int64_t>(balance_window_.size()) > options_.balance_window_steps) {
+    balance_window_.pop_front();
+  }
+  STRIDER_RETURN_IF_ERROR(
+      model_
+          ->UpdateRoutingBalance(RoutingRecord::Concatenate(
+              std::vector<RoutingRecord>(balance_window_.begin(), balance_window_.end())))
+          .status());
+  return violation;
+}
+
+Status Trainer::WriteCheckpoint(const std::string& directory, CheckpointState state) {
+  try {
+    state.rng_state = GeneratorState(generator_);
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("trainer: generator state: ") +
+                            error.what_without_backtrace());
+  }
+  if (state.model.empty()) state.model = model_->config().name;
+  return strider::WriteCheckpoint(directory, *model_, optimizer_.get(), state);
+}
+
+void Trainer::Report(Progress* progress, ProgressFields fields, int64_t tokens) {
+  tokens_ += tokens;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  fields.tokens_per_second = tokens_ / std::max(seconds, 1e-9);
+  fields.learning_rate = last_step_.learning_rate;
+  fields.gradient_norm = last_step_.gradient_norm;
+  fields.max_violation = last_violation_;
+  progress->Report(fields);
+}
+
+Result<RoutingRecord> RealTokenRouting(const RoutingRecord& record, const at::Tensor& tokens) {
+  RoutingRecord real;
+  try {
+    at::Tensor keep = (tokens.reshape({-1}) != token::kPad).nonzero().reshape({-1});
+    for (const RoutingRecord::Layer& layer : record.layers) {
+      RoutingRecord::Layer entry;
+      entry.experts =
+          layer.experts.reshape({-1, layer.experts.size(-1)}).index_select(0, keep).unsqueeze(0);
+      if (layer.scores.defined()) {
+        entry.scores =
+            layer.scores.reshape({-1, layer.scores.size(-1)}).index_select(0, keep).unsqueeze(0);
+      }
+      real.layers.push_back(std::move(entry));
+    }
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("routing balance: ") + error.what_without_backtrace());
+  }
+  return real;
+}
+
+}  // namespace strider
