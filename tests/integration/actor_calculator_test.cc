@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -407,6 +408,24 @@ TEST(ActorProcess, ReplayServerKilledAndRestartedMidStreamLosesNothing) {
   EXPECT_EQ(restarted.Wait(), 0);
 }
 
+// Polls the actor's metrics file until its newest line satisfies `done` (false after 120 s).
+bool WaitForMetrics(const std::string& path, const std::function<bool(const nlohmann::json&)>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    std::string line, last;
+    while (std::getline(in, line)) {
+      if (!line.empty()) last = line;
+    }
+    if (!last.empty()) {
+      const nlohmann::json metrics = nlohmann::json::parse(last, nullptr, false);
+      if (metrics.is_object() && metrics.contains("generated_tokens") && done(metrics)) return true;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  return false;
+}
+
 TEST(ActorProcess, PublishedWeightsStampLaterTokens) {
   TempDir dir;
   ChildProcess server;
@@ -427,9 +446,20 @@ TEST(ActorProcess, PublishedWeightsStampLaterTokens) {
   ASSERT_TRUE(actor.Start({StriderBinary(), "actor", "--config", config, "--replay", endpoint,
                            "--spill-dir", dir.Sub("spill"), "--metrics", dir.Sub("m.jsonl")}));
   ASSERT_TRUE(WaitEvent(actor, "ready", 30000).is_object());
-  std::this_thread::sleep_for(milliseconds(1000));  // version 0 at work first
+  // Progress is read from the actor's metrics lines rather than waited for by the clock: on a
+  // loaded machine one engine step can take seconds.
+  const std::string metrics_path = dir.Sub("m.jsonl");
+  ASSERT_TRUE(WaitForMetrics(metrics_path, [](const nlohmann::json& m) {
+    return m["generated_tokens"].get<int64_t>() > 0;
+  })) << "version 0 generated nothing";
   ASSERT_TRUE((*publisher)->Publish(5, *bytes, "tiny").ok());
-  std::this_thread::sleep_for(milliseconds(3000));
+  int64_t tokens_at_swap = -1;
+  ASSERT_TRUE(WaitForMetrics(metrics_path, [&](const nlohmann::json& m) {
+    if (m["policy_version"] != 5) return false;
+    const int64_t tokens = m["generated_tokens"].get<int64_t>();
+    if (tokens_at_swap < 0) tokens_at_swap = tokens;
+    return tokens >= tokens_at_swap + 40;  // a turn's worth of tokens under the new weights
+  })) << "no tokens under the published weights";
   actor.Signal(SIGTERM);
   nlohmann::json finished = WaitEvent(actor, "finished", 60000);
   ASSERT_EQ(actor.Wait(), 0);

@@ -29,7 +29,22 @@ std::string ValidFrame() {
   s.routing.layers = 1;
   s.routing.top_k = 1;
   s.routing.experts.assign(16, 5);
+  // Schema 1.2's fields too, so mutations reach their checks: consecutive step indices with
+  // their first positions, a group, typed sampling settings.
   s.steps = {{20, 0.5f}, {24, 1.0f}};
+  s.steps[0].index = 0;
+  s.steps[0].begin = 8;
+  s.steps[0].label = strider::schema::StepLabel::kCorrect;
+  s.steps[1].index = 1;
+  s.steps[1].begin = 20;
+  s.steps[1].has_reward = false;
+  s.steps[1].process_reward = 0;
+  for (size_t i = 0; i < 16; ++i) s.group_id.bytes[i] = static_cast<uint8_t>(100 + i);
+  s.group_index = 1;
+  s.group_size = 4;
+  s.temperature = 0.7f;
+  s.top_p = 0.9f;
+  s.top_k = 40;
   s.images.push_back({4, 2, 2, 1, std::string(4, 'x')});
   s.metadata.push_back({"k", "v"});
   return *strider::schema::EncodeSegment(s);
