@@ -19,6 +19,10 @@
 namespace strider::replay {
 
 struct RateLimiterOptions {
+  // What inserts and samples count for samples_per_insert and tolerance: items (segments, or
+  // units in a trajectory or group table) or their tokens (`count: tokens`), what a learner
+  // trains on. min_fill and max_times_sampled count items either way.
+  bool count_tokens = false;
   int64_t min_fill = 1;           // sampleable items needed before any sample
   double samples_per_insert = 0;  // 0: no ratio; else samples <= ratio * inserts + tolerance
   double tolerance = 0;           // slack of the ratio, in samples

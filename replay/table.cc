@@ -54,6 +54,10 @@ TableConfig ReadTableConfig(ConfigReader& reader) {
   reader.Check(config.capacity >= 1, "capacity", "must be >= 1");
 
   ConfigReader limiter = reader.Section("rate_limiter");
+  std::string count = "items";
+  limiter.Optional("count", &count);
+  limiter.Check(count == "items" || count == "tokens", "count", "must be items or tokens");
+  config.rate_limiter.count_tokens = count == "tokens";
   limiter.Optional("min_fill", &config.rate_limiter.min_fill);
   limiter.Check(config.rate_limiter.min_fill >= 1, "min_fill", "must be >= 1");
   limiter.Optional("samples_per_insert", &config.rate_limiter.samples_per_insert);
@@ -85,7 +89,8 @@ std::string TableConfigJson(const TableConfig& c) {
       {"max_staleness", c.max_staleness},
       {"capacity", c.capacity},
       {"rate_limiter",
-       {{"min_fill", c.rate_limiter.min_fill},
+       {{"count", c.rate_limiter.count_tokens ? "tokens" : "items"},
+        {"min_fill", c.rate_limiter.min_fill},
         {"samples_per_insert", c.rate_limiter.samples_per_insert},
         {"tolerance", c.rate_limiter.tolerance},
         {"max_times_sampled", c.rate_limiter.max_times_sampled}}},
@@ -105,17 +110,24 @@ size_t RateLimiter::Allowed(size_t wanted, size_t sampleable, uint64_t inserts, 
     return 0;
   }
   if (options_.samples_per_insert > 0) {
-    const double budget = options_.samples_per_insert * static_cast<double>(inserts) +
-                          options_.tolerance - static_cast<double>(samples);
+    const double budget = Budget(inserts, samples);
     const size_t allowed = budget < 1 ? 0 : static_cast<size_t>(std::floor(budget));
     if (allowed == 0) {
-      *reason = "samples_per_insert: " + std::to_string(samples) + " samples after " +
-                std::to_string(inserts) + " inserts; waiting for inserts";
+      const char* unit = options_.count_tokens ? " tokens" : "";
+      *reason = "samples_per_insert: " + std::to_string(samples) + unit + " sampled after " +
+                std::to_string(inserts) + unit + " inserted; waiting for inserts";
       return 0;
     }
-    return std::min(wanted, allowed);
+    // Counting tokens, the table trims the items drawn to the budget.
+    return options_.count_tokens ? wanted : std::min(wanted, allowed);
   }
   return wanted;
+}
+
+double RateLimiter::Budget(uint64_t inserts, uint64_t samples) const {
+  if (options_.samples_per_insert <= 0) return std::numeric_limits<double>::infinity();
+  return options_.samples_per_insert * static_cast<double>(inserts) + options_.tolerance -
+         static_cast<double>(samples);
 }
 
 Table::Table(TableConfig config, uint64_t inserts, uint64_t samples, uint64_t seed)
@@ -125,24 +137,29 @@ Table::Table(TableConfig config, uint64_t inserts, uint64_t samples, uint64_t se
       inserts_(inserts),
       samples_(samples),
       rng_(seed) {
-  // Units are counted as they complete, which start-up replays: the durable counter counts
-  // segments.
-  if (per_unit()) inserts_ = 0;
+  // Units and tokens are counted as they are inserted, which start-up replays: the durable
+  // counter counts segments. What retention deleted before a restart is then not counted.
+  if (per_unit() || config_.rate_limiter.count_tokens) inserts_ = 0;
 }
 
 void Table::Insert(uint64_t item, const ItemInfo& info, bool counted,
                    const schema::SegmentFacts* facts) {
   stored_[item] = info;
   stored_bytes_ += info.bytes;
+  const bool tokens = config_.rate_limiter.count_tokens;
   if (!per_unit()) {
-    if (counted) ++inserts_;
+    if (tokens) {
+      inserts_ += info.tokens;
+    } else if (counted) {
+      ++inserts_;
+    }
     AddToSampler(item, info);
     return;
   }
   if (facts == nullptr) return;
   std::optional<std::vector<uint64_t>> unit = Track(item, *facts);
   if (!unit) return;
-  ++inserts_;
+  inserts_ += tokens ? units_.at(item).tokens : 1;
   // The completing item holds the unit's times sampled and priority (durable per item).
   AddToSampler(item, info);
 }
@@ -204,8 +221,9 @@ std::optional<std::vector<uint64_t>> Table::Track(uint64_t item,
   }
   unit.min_policy_version = std::numeric_limits<uint64_t>::max();
   for (uint64_t segment : unit.items) {
-    unit.min_policy_version =
-        std::min(unit.min_policy_version, stored_.at(segment).min_policy_version);
+    const ItemInfo& info = stored_.at(segment);
+    unit.min_policy_version = std::min(unit.min_policy_version, info.min_policy_version);
+    unit.tokens += info.tokens;
   }
   for (const std::string& member : unit.trajectories) unit_of_[member] = item;
   std::vector<uint64_t> items = unit.items;
@@ -219,6 +237,11 @@ std::vector<uint64_t> Table::ItemsInOrder(const std::string& trajectory) const {
   if (it == trajectories_.end()) return items;
   for (const auto& [index, item] : it->second.segments) items.push_back(item);
   return items;
+}
+
+uint64_t Table::TokensOf(uint64_t item) const {
+  if (per_unit()) return units_.at(item).tokens;
+  return stored_.at(item).tokens;
 }
 
 std::vector<uint64_t> Table::ItemsOf(uint64_t item) const {
@@ -339,6 +362,18 @@ Table::Draw Table::Sample(size_t count, uint64_t after, uint64_t policy_version)
   };
   draw.items = sampler_->Sample(allowed, after, rng_, eligible);
   for (uint64_t item : stale) RemoveFromSampler(item);
+  uint64_t counted = draw.items.size();
+  if (config_.rate_limiter.count_tokens) {
+    // The limiter allowed a budget of tokens: items are taken while some of it is left, so the
+    // last one may overshoot it (never by more than one item).
+    const double budget = limiter_.Budget(inserts_, samples_);
+    counted = 0;
+    size_t kept = 0;
+    while (kept < draw.items.size() && static_cast<double>(counted) < budget) {
+      counted += TokensOf(draw.items[kept++]);
+    }
+    draw.items.resize(kept);
+  }
   const int64_t max_times = config_.rate_limiter.max_times_sampled;
   for (uint64_t item : draw.items) {
     ItemInfo& info = stored_.at(item);
@@ -347,7 +382,7 @@ Table::Draw Table::Sample(size_t count, uint64_t after, uint64_t policy_version)
       RemoveFromSampler(item);
     }
   }
-  samples_ += draw.items.size();
+  samples_ += counted;
   if (draw.items.empty()) {
     draw.not_ready_reason = "no eligible items: " + std::to_string(sampler_->size()) +
                             " sampleable, " + std::to_string(stale.size()) +

@@ -47,6 +47,9 @@ class RateLimiter {
   // How many of `wanted` samples may be taken now (0..wanted); when 0, `reason` says why.
   size_t Allowed(size_t wanted, size_t sampleable, uint64_t inserts, uint64_t samples,
                  std::string* reason) const;
+  // What samples_per_insert leaves to sample now, in what it counts (items or tokens); infinite
+  // without a ratio.
+  double Budget(uint64_t inserts, uint64_t samples) const;
   const RateLimiterOptions& options() const { return options_; }
 
  private:
@@ -104,6 +107,7 @@ class Table {
   size_t stored_items() const { return stored_.size(); }
   uint64_t stored_bytes() const { return stored_bytes_; }
   size_t sampleable_items() const { return sampler_->size(); }
+  // In what the rate limiter counts: items (segments or units) or tokens.
   uint64_t inserts() const { return inserts_; }
   uint64_t samples() const { return samples_; }
 
@@ -113,6 +117,7 @@ class Table {
   // Trajectory and group tables: records a stored segment; returns the unit it completes.
   std::optional<std::vector<uint64_t>> Track(uint64_t item, const schema::SegmentFacts& facts);
   std::vector<uint64_t> ItemsInOrder(const std::string& trajectory) const;
+  uint64_t TokensOf(uint64_t item) const;  // of the item, or of the unit it names
   bool per_unit() const { return config_.unit != SampleUnit::kSegment; }
 
   struct TrajectoryState {
@@ -133,6 +138,7 @@ class Table {
     std::vector<uint64_t> items;  // in order
     std::vector<std::string> trajectories;
     uint64_t min_policy_version = 0;
+    uint64_t tokens = 0;
   };
 
   TableConfig config_;

@@ -187,6 +187,28 @@ TEST(RateLimiter, MinFillAndSamplesPerInsert) {
   EXPECT_EQ(table.Sample(4, 0, 1).items.size(), 2u);
 }
 
+TEST(RateLimiter, CountingTokensBoundsTheTokensSampledPerTokenInserted) {
+  TableConfig config;
+  config.rate_limiter.count_tokens = true;
+  config.rate_limiter.samples_per_insert = 1.0;
+  config.rate_limiter.max_times_sampled = 0;
+  Table table(config, /*inserts=*/7, 0);  // the durable segment count is not what it counts
+  for (uint64_t i = 1; i <= 3; ++i) {
+    ItemInfo info = Info(1);
+    info.tokens = 100;
+    table.Insert(i, info, true);
+  }
+  EXPECT_EQ(table.inserts(), 300u);
+  // 300 tokens may be sampled: two items, then one (taken while budget is left), then none.
+  EXPECT_EQ(table.Sample(2, 0, 1).items.size(), 2u);
+  EXPECT_EQ(table.Sample(2, 2, 1).items.size(), 1u);
+  EXPECT_EQ(table.samples(), 300u);
+  Table::Draw draw = table.Sample(2, 3, 1);
+  EXPECT_TRUE(draw.items.empty());
+  EXPECT_NE(draw.not_ready_reason.find("300 tokens sampled"), std::string::npos)
+      << draw.not_ready_reason;
+}
+
 TEST(RateLimiter, MaxTimesSampledRetiresItems) {
   TableConfig config;
   config.sampler.kind = SamplerKind::kUniform;
