@@ -275,5 +275,43 @@ TEST(ServerConfig, TheExampleConfigLoadsWithTheDefaults) {
   EXPECT_GE(options->tables.size(), 2u);
 }
 
+TEST(ServerConfig, ReadsTheUnitAndWhatTheRateLimiterCounts) {
+  Result<ServerOptions> options = ParseServerConfig(R"(
+tables:
+  - name: groups
+    unit: group
+  - name: trajectories
+    unit: trajectory
+    rate_limiter: {count: tokens, samples_per_insert: 2}
+  - name: segments
+)", "test.yaml");
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  EXPECT_EQ(options->tables[0].unit, SampleUnit::kGroup);
+  EXPECT_FALSE(options->tables[0].rate_limiter.count_tokens);
+  EXPECT_EQ(options->tables[1].unit, SampleUnit::kTrajectory);
+  EXPECT_TRUE(options->tables[1].rate_limiter.count_tokens);
+  EXPECT_EQ(options->tables[2].unit, SampleUnit::kSegment);
+  EXPECT_NE(TableConfigJson(options->tables[0]).find("\"unit\":\"group\""), std::string::npos);
+
+  Result<ServerOptions> bad =
+      ParseServerConfig("tables:\n  - name: rl\n    unit: step\n", "bad.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unit"), std::string::npos) << bad.status().message();
+  bad = ParseServerConfig("tables:\n  - name: rl\n    rate_limiter: {count: bytes}\n", "bad.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("count"), std::string::npos) << bad.status().message();
+}
+
+TEST(ServerConfig, TheRlConfigHasAGroupAndATrajectoryTable) {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  Result<ServerOptions> options =
+      LoadServerConfig(std::string(source ? source : ".") + "/configs/replay/rl.yaml");
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  ASSERT_EQ(options->tables.size(), 2u);
+  EXPECT_EQ(options->tables[0].unit, SampleUnit::kGroup);
+  EXPECT_EQ(options->tables[1].unit, SampleUnit::kTrajectory);
+  EXPECT_TRUE(options->tables[1].rate_limiter.count_tokens);
+}
+
 }  // namespace
 }  // namespace strider::replay
