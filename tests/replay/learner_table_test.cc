@@ -2,13 +2,19 @@
 // what a learner may be handed, and what it never is.
 #include <gtest/gtest.h>
 
+#include <capnp/message.h>
+
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/transport/zmq_util.h"
 #include "replay/client.h"
 #include "replay/replay.h"
+#include "tests/replay/raw_frames.h"
+#include "tests/replay/replay_1_1.capnp.h"
 #include "tests/replay/temp_dir.h"
 #include "tests/replay/test_segments.h"
 
@@ -301,6 +307,48 @@ TEST(GroupTable, SegmentsWithoutAGroupAreGroupsOfTheirOwn) {
   ASSERT_TRUE(batch.ok()) << batch.status().ToString();
   EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"40/0", "40/1", "41/0", "41/1"}));
   EXPECT_EQ(Handles(*batch).size(), 2u);
+}
+
+// A learner built against schema 1.1 (no fetch fields) samples a trajectory table as a current one.
+TEST(TrajectoryTable, ALearnerOf11SamplesWholeTrajectories) {
+  TempDir dir;
+  auto server = StartServer(Options(dir, SampleUnit::kTrajectory));
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  SendTrajectory(*actor, 50, 1, schema::EndReason::kNone, /*open=*/true);
+  SendTrajectory(*actor, 51, 3);
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+
+  capnp::MallocMessageBuilder builder;
+  auto request = builder.initRoot<schema::wire_1_1::Message>().initSampleRequest();
+  request.setTable("rl");
+  request.setLearnerId("old-learner");
+  request.setStep(1);
+  request.setCount(4);
+  std::string frame = strider::testing::SealRaw(builder);
+  const uint16_t minor = 1;
+  std::memcpy(frame.data() + 6, &minor, 2);
+
+  zmq::context_t context;
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.connect(server->learner_endpoint());
+  ASSERT_TRUE(transport::SendParts(socket, {frame}).ok());
+  Result<bool> readable = transport::WaitReadable(socket, milliseconds(5000));
+  ASSERT_TRUE(readable.ok() && *readable);
+  Result<std::vector<zmq::message_t>> parts = transport::ReceiveParts(socket);
+  ASSERT_TRUE(parts.ok() && !parts->empty());
+  Result<schema::Message> reply = schema::Decode(transport::View(parts->back()));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  ASSERT_EQ(reply->kind, schema::MessageKind::kSampleReply);
+  std::vector<uint32_t> indices;
+  for (const schema::SampledSegment& sampled : reply->sample_reply.segments) {
+    Result<schema::Message> segment = schema::Decode(sampled.envelope);
+    ASSERT_TRUE(segment.ok());
+    EXPECT_EQ(segment->segment.trajectory_id, MakeTrajectoryId(51));
+    indices.push_back(segment->segment.segment_index);
+  }
+  EXPECT_EQ(indices, (std::vector<uint32_t>{0, 1, 2}));
 }
 
 }  // namespace
