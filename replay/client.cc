@@ -371,6 +371,48 @@ Result<schema::Message> LearnerClient::Call(const std::string& request,
   }
 }
 
+namespace {
+
+Result<SampleBatch> ToBatch(schema::SampleReply& reply, const schema::DecodeLimits& limits) {
+  SampleBatch batch;
+  batch.step = reply.step;
+  batch.replayed = reply.replayed;
+  for (schema::SampledSegment& sampled : reply.segments) {
+    STRIDER_ASSIGN_OR_RETURN(schema::Message decoded, schema::Decode(sampled.envelope, limits));
+    if (decoded.kind != schema::MessageKind::kSegment) {
+      return Status::Corruption("sample reply holds a " +
+                                std::string(schema::MessageKindName(decoded.kind)) +
+                                " where a segment belongs");
+    }
+    batch.items.push_back({sampled.sequence, sampled.times_sampled, std::move(decoded.segment)});
+  }
+  return batch;
+}
+
+}  // namespace
+
+Result<SampleBatch> LearnerClient::FetchTrajectory(const schema::TrajectoryId& trajectory) {
+  schema::SampleRequest request{options_.table, options_.learner_id, 0, 1, 0};
+  request.fetch_trajectory = std::string(trajectory.View());
+  return Fetch(schema::EncodeSampleRequest(request));
+}
+
+Result<SampleBatch> LearnerClient::FetchGroup(const schema::TrajectoryId& group) {
+  schema::SampleRequest request{options_.table, options_.learner_id, 0, 1, 0};
+  request.fetch_group = std::string(group.View());
+  return Fetch(schema::EncodeSampleRequest(request));
+}
+
+Result<SampleBatch> LearnerClient::Fetch(const std::string& request) {
+  STRIDER_ASSIGN_OR_RETURN(
+      schema::Message reply,
+      Call(request, schema::MessageKind::kSampleReply, 0, options_.request_timeout * 2));
+  if (reply.sample_reply.segments.empty()) {
+    return Status::NotFound(reply.sample_reply.not_ready_reason);
+  }
+  return ToBatch(reply.sample_reply, options_.limits);
+}
+
 Result<SampleBatch> LearnerClient::Sample(uint64_t step, uint32_t count, uint64_t policy_version,
                                           milliseconds timeout) {
   const std::string request = schema::EncodeSampleRequest(
@@ -382,21 +424,7 @@ Result<SampleBatch> LearnerClient::Sample(uint64_t step, uint32_t count, uint64_
         schema::Message reply,
         Call(request, schema::MessageKind::kSampleReply, step, std::max(left, milliseconds(1))));
     if (!reply.sample_reply.segments.empty() || reply.sample_reply.replayed) {
-      SampleBatch batch;
-      batch.step = step;
-      batch.replayed = reply.sample_reply.replayed;
-      for (schema::SampledSegment& sampled : reply.sample_reply.segments) {
-        STRIDER_ASSIGN_OR_RETURN(schema::Message decoded,
-                                 schema::Decode(sampled.envelope, options_.limits));
-        if (decoded.kind != schema::MessageKind::kSegment) {
-          return Status::Corruption("sample reply holds a " +
-                                    std::string(schema::MessageKindName(decoded.kind)) +
-                                    " where a segment belongs");
-        }
-        batch.items.push_back({sampled.sequence, sampled.times_sampled,
-                               std::move(decoded.segment)});
-      }
-      return batch;
+      return ToBatch(reply.sample_reply, options_.limits);
     }
     if (Clock::now() >= deadline) {
       return Status::ResourceExhausted("no sample for step " + std::to_string(step) + ": " +

@@ -139,18 +139,26 @@ class LearnerClient {
   static Result<std::unique_ptr<LearnerClient>> Connect(const LearnerClientOptions& options);
   ~LearnerClient();
 
-  // Up to `count` segments for `step` (from 1). Waits (retrying every few ms) while the table
+  // Up to `count` segments for `step` (from 1); in a trajectory or group table, `count` units,
+  // each as all its segments in order, every one carrying the unit's handle. Waits (retrying every few ms) while the table
   // is not ready (rate limiter, too few items) up to `timeout`, then ResourceExhausted naming
   // the server's reason.
   Result<SampleBatch> Sample(uint64_t step, uint32_t count, uint64_t policy_version,
                              std::chrono::milliseconds timeout);
   Status UpdatePriorities(const std::vector<uint64_t>& sequences,
                           const std::vector<double>& priorities);
+  // Every stored segment of one trajectory, or of one group's trajectories (by group index),
+  // in order, complete or not; nothing is counted as sampled. Needs a trajectory or group
+  // table (InvalidArgument otherwise); NotFound when none of it is stored. Items carry their
+  // own sequence numbers (priorities are set with the handles Sample returns).
+  Result<SampleBatch> FetchTrajectory(const schema::TrajectoryId& trajectory);
+  Result<SampleBatch> FetchGroup(const schema::TrajectoryId& group);
   Result<std::string> Stats();
 
  private:
   explicit LearnerClient(LearnerClientOptions options);
   Status Reconnect();
+  Result<SampleBatch> Fetch(const std::string& request);
   // Sends `request` and waits for a reply accepted by `accept`, resending on timeouts.
   Result<schema::Message> Call(const std::string& request, schema::MessageKind expected,
                                uint64_t step, std::chrono::milliseconds timeout);

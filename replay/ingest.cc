@@ -309,9 +309,10 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
         info.min_policy_version = st.segment->facts.min_policy_version;
         info.max_policy_version = st.segment->facts.max_policy_version;
         info.bytes = st.segment->envelope.size();
+        info.tokens = st.segment->facts.tokens;
         info.insert_unix_ms = now_ms;
         info.priority = table->config().sampler.default_priority;
-        table->Insert(st.sequence, info, /*counted=*/true);
+        table->Insert(st.sequence, info, /*counted=*/true, &st.segment->facts);
         segments_stored_++;
         bytes_stored_ += info.bytes;
       }

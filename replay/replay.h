@@ -19,6 +19,10 @@
 namespace strider::replay {
 
 struct RateLimiterOptions {
+  // What inserts and samples count for samples_per_insert and tolerance: items (segments, or
+  // units in a trajectory or group table) or their tokens (`count: tokens`), what a learner
+  // trains on. min_fill and max_times_sampled count items either way.
+  bool count_tokens = false;
   int64_t min_fill = 1;           // sampleable items needed before any sample
   double samples_per_insert = 0;  // 0: no ratio; else samples <= ratio * inserts + tolerance
   double tolerance = 0;           // slack of the ratio, in samples
@@ -33,9 +37,26 @@ struct RetentionOptions {
   int64_t max_age_s = 0;
 };
 
+// What one sampled item of a table is.
+enum class SampleUnit {
+  kSegment,     // one stored segment, as soon as it is stored
+  kTrajectory,  // every segment of one trajectory, once its last segment is stored
+  // Every trajectory of one group (schema 1.2 group fields; a segment without a group is a
+  // group of its own), once each member's last segment is stored. Members that ended
+  // `abandoned` are left out; such a group is sampled only when at least two others remain.
+  kGroup,
+};
+Result<SampleUnit> ParseSampleUnit(const std::string& name);
+std::string SampleUnitName(SampleUnit unit);
+
 // One table (an element of `tables:` in the server config).
 struct TableConfig {
   std::string name = "main";
+  // Trajectory and group tables count, limit and prioritise units: the rate limiter's inserts
+  // and samples, max_times_sampled, capacity, priorities and the staleness bound (the oldest
+  // policy version in the unit) apply to whole trajectories or groups. Retention still bounds
+  // segments and bytes but deletes whole trajectories.
+  SampleUnit unit = SampleUnit::kSegment;
   SamplerOptions sampler;
   int64_t max_staleness = -1;  // in policy versions; -1: unbounded
   int64_t capacity = 1000000;  // the most (newest) items the sampler chooses from

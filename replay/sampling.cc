@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "replay/server_impl.h"
 
@@ -37,8 +38,11 @@ Result<LearnerState> ServerImpl::LoadLearnerState(const std::string& table,
 schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Status* error) {
   schema::SampleReply reply;
   reply.step = request.step;
+  if (request.is_fetch()) return Fetch(request, error);
   std::vector<uint64_t> items;
-  std::vector<uint32_t> times;
+  // What the reply holds: (handle, stored item, times sampled); in a trajectory or group table
+  // every segment of a unit carries the unit's handle.
+  std::vector<std::tuple<uint64_t, uint64_t, uint32_t>> parts;
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
     Table* table = FindTable(request.table);
@@ -110,21 +114,54 @@ schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Sta
     }
     for (uint64_t item : items) {
       const ItemInfo* info = table->Find(item);
-      times.push_back(info ? info->times_sampled : 0);
+      const uint32_t times = info ? info->times_sampled : 0;
+      for (uint64_t part : table->ItemsOf(item)) parts.push_back({item, part, times});
     }
   }
-  for (size_t i = 0; i < items.size(); ++i) {
-    Result<std::optional<std::string>> record =
-        store_->Get(store_->sequence(), SequenceKey(items[i]));
-    if (!record.ok() || !record->has_value()) continue;  // deleted by retention since
-    Result<IndexRecord> index = DecodeIndexRecord(**record);
-    if (!index.ok()) continue;
-    Result<std::optional<std::string>> value =
-        store_->Get(store_->segments(), SegmentStoreKey(index->key));
-    if (!value.ok() || !value->has_value() || (*value)->size() < 8) continue;
-    reply.segments.push_back({items[i], (*value)->substr(8), times[i]});
-  }
+  for (const auto& [handle, item, times] : parts) ReadInto(handle, item, times, &reply);
   segments_sampled_ += reply.segments.size();
+  return reply;
+}
+
+void ServerImpl::ReadInto(uint64_t handle, uint64_t item, uint32_t times,
+                          schema::SampleReply* reply) {
+  Result<std::optional<std::string>> record = store_->Get(store_->sequence(), SequenceKey(item));
+  if (!record.ok() || !record->has_value()) return;  // deleted by retention since
+  Result<IndexRecord> index = DecodeIndexRecord(**record);
+  if (!index.ok()) return;
+  Result<std::optional<std::string>> value =
+      store_->Get(store_->segments(), SegmentStoreKey(index->key));
+  if (!value.ok() || !value->has_value() || (*value)->size() < 8) return;
+  reply->segments.push_back({handle, (*value)->substr(8), times});
+}
+
+schema::SampleReply ServerImpl::Fetch(const schema::SampleRequest& request, Status* error) {
+  schema::SampleReply reply;
+  reply.step = request.step;
+  std::vector<uint64_t> items;
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    Table* table = FindTable(request.table);
+    if (table == nullptr) {
+      *error = NoTable(request.table);
+      return reply;
+    }
+    Result<std::vector<uint64_t>> found = request.fetch_group.empty()
+                                              ? table->ItemsOfTrajectory(request.fetch_trajectory)
+                                              : table->ItemsOfGroup(request.fetch_group);
+    if (!found.ok()) {
+      *error = Status::InvalidArgument(std::string(schema::reject::kUnexpected) + ": " +
+                                       found.status().message());
+      return reply;
+    }
+    items = std::move(*found);
+  }
+  // Nothing is sampled: each segment carries its own sequence and is not counted.
+  for (uint64_t item : items) ReadInto(item, item, 0, &reply);
+  if (reply.segments.empty()) {
+    reply.not_ready_reason = std::string("no stored segments of that ") +
+                             (request.fetch_group.empty() ? "trajectory" : "group");
+  }
   return reply;
 }
 

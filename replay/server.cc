@@ -139,13 +139,35 @@ Status ServerImpl::Recover() {
     info.min_policy_version = record->min_policy_version;
     info.max_policy_version = record->max_policy_version;
     info.bytes = record->bytes;
+    info.tokens = record->tokens;
     info.insert_unix_ms = record->insert_unix_ms;
     auto t = times_sampled.find(sequence);
     info.times_sampled = t == times_sampled.end() ? 0 : t->second;
     auto p = priorities.find(sequence);
     info.priority = p == priorities.end() ? table->second->config().sampler.default_priority
                                           : p->second;
-    table->second->Insert(sequence, info, /*counted=*/false);
+    if (table->second->config().unit == SampleUnit::kSegment) {
+      table->second->Insert(sequence, info, /*counted=*/false);
+      continue;
+    }
+    // Trajectory and group tables rebuild their completion bookkeeping from the segments
+    // themselves (the index record has no group): one read per segment, at start-up only.
+    STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> value,
+                             store_->Get(store_->segments(), SegmentStoreKey(record->key)));
+    std::optional<schema::SegmentFacts> facts;
+    if (value && value->size() > 8) {
+      Result<schema::Message> message = schema::Decode(std::string_view(*value).substr(8), limits_,
+                                                       schema::SegmentDecoding::kFactsOnly);
+      if (message.ok() && message->kind == schema::MessageKind::kSegment) {
+        facts = message->segment_facts;
+      }
+    }
+    if (!facts) {
+      spdlog::warn("replay server: segment {} could not be read back; table {} never samples "
+                   "its trajectory",
+                   record->key.ToString(), record->table);
+    }
+    table->second->Insert(sequence, info, /*counted=*/false, facts ? &*facts : nullptr);
   }
   if (!seq->status().ok()) return FromRocks(seq->status(), "scanning the sequence index");
   if (orphans > 0) {

@@ -176,6 +176,10 @@ class ServerImpl : public ReplayServer {
 
   void HandleLearnerFrame(const std::string& identity, const zmq::message_t& frame);
   schema::SampleReply Sample(const schema::SampleRequest& request, Status* error);
+  // Fetch by key: every stored segment of a trajectory or group, nothing counted or recorded.
+  schema::SampleReply Fetch(const schema::SampleRequest& request, Status* error);
+  // Appends the stored segment `item` under `handle`; skips one deleted by retention since.
+  void ReadInto(uint64_t handle, uint64_t item, uint32_t times, schema::SampleReply* reply);
   Status UpdatePriorities(const schema::PriorityUpdate& update);
   Table* FindTable(const std::string& name);  // empty: the first table; requires state_mutex_
   Result<LearnerState> LoadLearnerState(const std::string& table, const std::string& learner);

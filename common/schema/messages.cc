@@ -111,6 +111,7 @@ struct SegmentView {
   const uint8_t* mask = nullptr;  // mask_bytes bytes
   size_t mask_bytes = 0;
   size_t group_id_bytes = 0;
+  const uint8_t* group_id = nullptr;  // group_id_bytes bytes
   uint32_t group_index = 0;
   uint32_t group_size = 0;
   uint8_t end_reason = 0;  // EndReason as sent
@@ -412,6 +413,7 @@ SegmentView ViewOf(const SegmentData& s) {
   v.mask = s.routing.mask.data();
   v.mask_bytes = s.routing.mask.size();
   v.group_id_bytes = s.group_size > 0 ? 16 : 0;
+  v.group_id = s.group_id.bytes.data();
   v.group_index = s.group_index;
   v.group_size = s.group_size;
   v.end_reason = static_cast<uint8_t>(s.end_reason);
@@ -487,6 +489,7 @@ Status ReadSegmentView(wire::Segment::Reader in, uint16_t minor, SegmentView* ou
     out->mask = mask.begin();
     out->mask_bytes = mask.size();
     out->group_id_bytes = in.getGroupId().size();
+    out->group_id = in.getGroupId().begin();
     out->group_index = in.getGroupIndex();
     out->group_size = in.getGroupSize();
     out->end_reason = static_cast<uint8_t>(in.getEndReason());
@@ -536,6 +539,11 @@ SegmentFacts FactsOf(const SegmentView& v) {
   facts.is_last = v.is_last;
   facts.outcome_reward = v.outcome_reward;
   facts.end_reason = static_cast<EndReason>(v.end_reason);
+  if (v.group_size > 0 && v.group_id_bytes == 16 && v.group_id != nullptr) {
+    std::memcpy(facts.group_id.bytes.data(), v.group_id, 16);
+    facts.group_index = v.group_index;
+    facts.group_size = v.group_size;
+  }
   return facts;
 }
 
@@ -650,6 +658,23 @@ Status ReadMessage(wire::Message::Reader root, const DecodeLimits& limits,
       r.step = request.getStep();
       r.count = request.getCount();
       r.policy_version = request.getPolicyVersion();
+      if (request.hasFetchTrajectory()) {
+        auto key = request.getFetchTrajectory();
+        r.fetch_trajectory.assign(reinterpret_cast<const char*>(key.begin()), key.size());
+      }
+      if (request.hasFetchGroup()) {
+        auto key = request.getFetchGroup();
+        r.fetch_group.assign(reinterpret_cast<const char*>(key.begin()), key.size());
+      }
+      if (r.is_fetch()) {
+        if (!r.fetch_trajectory.empty() && !r.fetch_group.empty()) {
+          return Reject(reject::kRange, "sampleRequest: fetch a trajectory or a group, not both");
+        }
+        if (r.fetch_trajectory.size() + r.fetch_group.size() != 16) {
+          return Reject(reject::kRange, "sampleRequest: a fetch key must be 16 bytes");
+        }
+        return Status::Ok();
+      }
       if (r.learner_id.empty()) return Reject(reject::kMissingField, "sampleRequest.learnerId");
       if (r.step == 0) return Reject(reject::kRange, "sampleRequest.step must start at 1");
       if (r.count == 0 || r.count > 65536) {
@@ -977,6 +1002,8 @@ std::string EncodeSampleRequest(const SampleRequest& request) {
   out.setStep(request.step);
   out.setCount(request.count);
   out.setPolicyVersion(request.policy_version);
+  if (!request.fetch_trajectory.empty()) out.setFetchTrajectory(AsData(request.fetch_trajectory));
+  if (!request.fetch_group.empty()) out.setFetchGroup(AsData(request.fetch_group));
   return Seal(builder);
 }
 

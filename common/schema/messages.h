@@ -192,6 +192,10 @@ struct SegmentFacts {
   bool is_last = false;
   float outcome_reward = 0;
   EndReason end_reason = EndReason::kNone;
+  // Since 1.2 (group_size 0 on 1.1 segments): what trajectory and group tables complete on.
+  TrajectoryId group_id;
+  uint32_t group_index = 0;
+  uint32_t group_size = 0;
 };
 
 enum class ClientRole : uint8_t { kActor = 0, kLearner = 1 };
@@ -215,6 +219,12 @@ struct SampleRequest {
   uint64_t step = 0;  // from 1
   uint32_t count = 1;
   uint64_t policy_version = 0;
+  // Since 1.2, fetch by key: when one is set (16 bytes), the reply holds every stored segment
+  // of that trajectory, or of that group's trajectories, in order, and nothing is sampled:
+  // step and count are ignored and no draw is recorded.
+  std::string fetch_trajectory;
+  std::string fetch_group;
+  bool is_fetch() const { return !fetch_trajectory.empty() || !fetch_group.empty(); }
 };
 
 struct SampledSegment {

@@ -183,6 +183,10 @@ struct SampleRequest {
   step @2 :UInt64;              # the learner's sample step, from 1; a repeated step replays
   count @3 :UInt32;
   policyVersion @4 :UInt64;     # the learner's current version, for the staleness bound
+  # Since 1.2, fetch by key (16 bytes): every stored segment of the trajectory or of the group's
+  # trajectories, in order; nothing is sampled, step and count are ignored.
+  fetchTrajectory @5 :Data;
+  fetchGroup @6 :Data;
 }
 
 struct SampledSegment {

@@ -108,6 +108,19 @@ TEST(SegmentCodec, ServiceMessagesRoundTrip) {
   EXPECT_EQ(m->sample_request.learner_id, "learner-0");
   EXPECT_EQ(m->sample_request.step, 9u);
   EXPECT_EQ(m->sample_request.policy_version, 12u);
+  EXPECT_FALSE(m->sample_request.is_fetch());
+
+  SampleRequest fetch{"main", "learner-0", 0, 1, 0};
+  fetch.fetch_group = std::string(strider::testing::MakeTrajectoryId(7).View());
+  m = Decode(EncodeSampleRequest(fetch));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();  // step 0 is fine for a fetch
+  EXPECT_EQ(m->sample_request.fetch_group, fetch.fetch_group);
+  EXPECT_TRUE(m->sample_request.fetch_trajectory.empty());
+  fetch.fetch_trajectory = fetch.fetch_group;
+  EXPECT_FALSE(Decode(EncodeSampleRequest(fetch)).ok());  // not both
+  fetch.fetch_group.clear();
+  fetch.fetch_trajectory = "short";
+  EXPECT_FALSE(Decode(EncodeSampleRequest(fetch)).ok());
 
   SegmentKey key{strider::testing::MakeTrajectoryId(1), 4};
   m = Decode(EncodeAck({key, key}));
@@ -334,6 +347,9 @@ TEST(SegmentCodec, FactsOnlyDecodingValidatesAndSummarises) {
   EXPECT_EQ(facts.process_reward_sum, reward_sum);
   EXPECT_TRUE(facts.is_last);
   EXPECT_EQ(facts.outcome_reward, s.outcome_reward);
+  EXPECT_EQ(facts.group_id, s.group_id);
+  EXPECT_EQ(facts.group_index, s.group_index);
+  EXPECT_EQ(facts.group_size, 4u);
   // The full decode fills the same facts.
   Result<Message> full = Decode(frame);
   ASSERT_TRUE(full.ok());
@@ -659,6 +675,7 @@ TEST(SchemaVersions, ASegmentOf11DecodesWithDefaults) {
   Result<Message> facts = Decode(frame, DecodeLimits(), SegmentDecoding::kFactsOnly);
   ASSERT_TRUE(facts.ok()) << facts.status().ToString();
   EXPECT_EQ(facts->segment_facts.end_reason, EndReason::kNone);
+  EXPECT_EQ(facts->segment_facts.group_size, 0u);
 
   capnp::MallocMessageBuilder summary_builder;
   auto summary = summary_builder.initRoot<wire_1_1::TrajectorySummary>();

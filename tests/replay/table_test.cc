@@ -187,6 +187,28 @@ TEST(RateLimiter, MinFillAndSamplesPerInsert) {
   EXPECT_EQ(table.Sample(4, 0, 1).items.size(), 2u);
 }
 
+TEST(RateLimiter, CountingTokensBoundsTheTokensSampledPerTokenInserted) {
+  TableConfig config;
+  config.rate_limiter.count_tokens = true;
+  config.rate_limiter.samples_per_insert = 1.0;
+  config.rate_limiter.max_times_sampled = 0;
+  Table table(config, /*inserts=*/7, 0);  // the durable segment count is not what it counts
+  for (uint64_t i = 1; i <= 3; ++i) {
+    ItemInfo info = Info(1);
+    info.tokens = 100;
+    table.Insert(i, info, true);
+  }
+  EXPECT_EQ(table.inserts(), 300u);
+  // 300 tokens may be sampled: two items, then one (taken while budget is left), then none.
+  EXPECT_EQ(table.Sample(2, 0, 1).items.size(), 2u);
+  EXPECT_EQ(table.Sample(2, 2, 1).items.size(), 1u);
+  EXPECT_EQ(table.samples(), 300u);
+  Table::Draw draw = table.Sample(2, 3, 1);
+  EXPECT_TRUE(draw.items.empty());
+  EXPECT_NE(draw.not_ready_reason.find("300 tokens sampled"), std::string::npos)
+      << draw.not_ready_reason;
+}
+
 TEST(RateLimiter, MaxTimesSampledRetiresItems) {
   TableConfig config;
   config.sampler.kind = SamplerKind::kUniform;
@@ -251,6 +273,44 @@ TEST(ServerConfig, TheExampleConfigLoadsWithTheDefaults) {
   EXPECT_EQ(options->sync_wal, defaults.sync_wal);
   EXPECT_EQ(options->compression, defaults.compression);
   EXPECT_GE(options->tables.size(), 2u);
+}
+
+TEST(ServerConfig, ReadsTheUnitAndWhatTheRateLimiterCounts) {
+  Result<ServerOptions> options = ParseServerConfig(R"(
+tables:
+  - name: groups
+    unit: group
+  - name: trajectories
+    unit: trajectory
+    rate_limiter: {count: tokens, samples_per_insert: 2}
+  - name: segments
+)", "test.yaml");
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  EXPECT_EQ(options->tables[0].unit, SampleUnit::kGroup);
+  EXPECT_FALSE(options->tables[0].rate_limiter.count_tokens);
+  EXPECT_EQ(options->tables[1].unit, SampleUnit::kTrajectory);
+  EXPECT_TRUE(options->tables[1].rate_limiter.count_tokens);
+  EXPECT_EQ(options->tables[2].unit, SampleUnit::kSegment);
+  EXPECT_NE(TableConfigJson(options->tables[0]).find("\"unit\":\"group\""), std::string::npos);
+
+  Result<ServerOptions> bad =
+      ParseServerConfig("tables:\n  - name: rl\n    unit: step\n", "bad.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unit"), std::string::npos) << bad.status().message();
+  bad = ParseServerConfig("tables:\n  - name: rl\n    rate_limiter: {count: bytes}\n", "bad.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("count"), std::string::npos) << bad.status().message();
+}
+
+TEST(ServerConfig, TheRlConfigHasAGroupAndATrajectoryTable) {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  Result<ServerOptions> options =
+      LoadServerConfig(std::string(source ? source : ".") + "/configs/replay/rl.yaml");
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  ASSERT_EQ(options->tables.size(), 2u);
+  EXPECT_EQ(options->tables[0].unit, SampleUnit::kGroup);
+  EXPECT_EQ(options->tables[1].unit, SampleUnit::kTrajectory);
+  EXPECT_TRUE(options->tables[1].rate_limiter.count_tokens);
 }
 
 }  // namespace

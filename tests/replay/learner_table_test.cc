@@ -1,0 +1,355 @@
+// Trajectory and group tables, fetch by key and the staleness bound, with a real server and store:
+// what a learner may be handed, and what it never is.
+#include <gtest/gtest.h>
+
+#include <capnp/message.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/transport/zmq_util.h"
+#include "replay/client.h"
+#include "replay/replay.h"
+#include "tests/replay/raw_frames.h"
+#include "tests/replay/replay_1_1.capnp.h"
+#include "tests/replay/temp_dir.h"
+#include "tests/replay/test_segments.h"
+
+namespace strider::replay {
+namespace {
+
+using std::chrono::milliseconds;
+using strider::testing::MakeSegment;
+using strider::testing::MakeTrajectoryId;
+using strider::testing::TempDir;
+
+ServerOptions Options(const TempDir& dir, SampleUnit unit) {
+  ServerOptions options;
+  options.db_path = dir.Sub("db");
+  options.actor_endpoint = "tcp://127.0.0.1:0";
+  options.learner_endpoint = "tcp://127.0.0.1:0";
+  options.stats_interval_s = 0;
+  TableConfig table;
+  table.name = "rl";
+  table.unit = unit;
+  options.tables = {table};
+  return options;
+}
+
+std::unique_ptr<ReplayServer> StartServer(const ServerOptions& options) {
+  Result<std::unique_ptr<ReplayServer>> server = ReplayServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status().ToString();
+  return server.ok() ? std::move(*server) : nullptr;
+}
+
+std::unique_ptr<ActorClient> Actor(const ReplayServer& server) {
+  ActorClientOptions options;
+  options.endpoint = server.actor_endpoint();
+  options.client_id = "actor";
+  Result<std::unique_ptr<ActorClient>> client = ActorClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+std::unique_ptr<LearnerClient> Learner(const ReplayServer& server, const std::string& id = "l") {
+  LearnerClientOptions options;
+  options.endpoint = server.learner_endpoint();
+  options.learner_id = id;
+  options.table = "rl";
+  Result<std::unique_ptr<LearnerClient>> client = LearnerClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+// Trajectory `seed` in `segments` segments of 40 tokens; the last one ends it with `end`, or
+// none is last when `open`.
+void SendTrajectory(ActorClient& actor, uint64_t seed, uint32_t segments,
+                    schema::EndReason end = schema::EndReason::kFinished, bool open = false,
+                    uint64_t policy_version = 1) {
+  for (uint32_t i = 0; i < segments; ++i) {
+    const bool last = !open && i + 1 == segments;
+    schema::SegmentData s = MakeSegment(seed, i, 40, policy_version, last);
+    if (last) s.end_reason = end;
+    ASSERT_TRUE(actor.Send(s).ok());
+  }
+}
+
+// "<seed>/<segment index>" of every item, in the order returned.
+std::vector<std::string> Keys(const SampleBatch& batch) {
+  std::vector<std::string> keys;
+  for (const SampledItem& item : batch.items) {
+    uint64_t seed = 0;
+    while (MakeTrajectoryId(seed) != item.segment.trajectory_id) ++seed;
+    keys.push_back(std::to_string(seed) + "/" + std::to_string(item.segment.segment_index));
+  }
+  return keys;
+}
+
+std::set<uint64_t> Handles(const SampleBatch& batch) {
+  std::set<uint64_t> handles;
+  for (const SampledItem& item : batch.items) handles.insert(item.sequence);
+  return handles;
+}
+
+// Groups are seeds 4g..4g+3 (tests/replay/test_segments.h).
+TEST(GroupTable, IncompleteGroupsAreNeverSampledCompleteOnesComeWhole) {
+  TempDir dir;
+  auto server = StartServer(Options(dir, SampleUnit::kGroup));
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  // Group 1 first, with member 7 still open; then group 0 complete, members out of order.
+  for (uint64_t seed : {4, 5, 6}) SendTrajectory(*actor, seed, 2);
+  SendTrajectory(*actor, 7, 1, schema::EndReason::kNone, /*open=*/true);
+  for (uint64_t seed : {2, 0, 3, 1}) SendTrajectory(*actor, seed, 2);
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+
+  auto learner = Learner(*server);
+  Result<SampleBatch> batch = learner->Sample(1, 8, 0, milliseconds(2000));
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"0/0", "0/1", "1/0", "1/1", "2/0", "2/1",
+                                                    "3/0", "3/1"}));
+  EXPECT_EQ(Handles(*batch).size(), 1u);  // one unit, one handle
+  Result<SampleBatch> none = learner->Sample(2, 8, 0, milliseconds(200));
+  EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted) << none.status().ToString();
+
+  // Member 7's last segment completes group 1.
+  ASSERT_TRUE(actor->Send(MakeSegment(7, 1, 40, 1, true)).ok());
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  batch = learner->Sample(2, 8, 0, milliseconds(2000));
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"4/0", "4/1", "5/0", "5/1", "6/0", "6/1",
+                                                    "7/0", "7/1"}));
+  auto stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_EQ(stats["tables"][0]["stored_segments"], 16);
+}
+
+TEST(GroupTable, AbandonedMembersAreLeftOutAndTwoFinishedAreNeeded) {
+  TempDir dir;
+  auto server = StartServer(Options(dir, SampleUnit::kGroup));
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  // Group 0: member 2 abandoned, three finished. Group 1: three abandoned, one finished.
+  for (uint64_t seed : {0, 1, 3}) SendTrajectory(*actor, seed, 1);
+  SendTrajectory(*actor, 2, 1, schema::EndReason::kAbandoned);
+  for (uint64_t seed : {4, 5, 6}) SendTrajectory(*actor, seed, 1, schema::EndReason::kAbandoned);
+  SendTrajectory(*actor, 7, 1);
+  // Group 2: a truncated member is finished for this purpose (its last segment is stored).
+  for (uint64_t seed : {8, 9, 10}) SendTrajectory(*actor, seed, 1);
+  SendTrajectory(*actor, 11, 1, schema::EndReason::kTruncatedLength);
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+
+  auto learner = Learner(*server);
+  Result<SampleBatch> batch = learner->Sample(1, 3, 0, milliseconds(2000));
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"0/0", "1/0", "3/0", "8/0", "9/0", "10/0",
+                                                    "11/0"}));
+  EXPECT_EQ(Handles(*batch).size(), 2u);
+  Result<SampleBatch> none = learner->Sample(2, 1, 0, milliseconds(200));
+  EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted) << none.status().ToString();
+}
+
+TEST(TrajectoryTable, OpenTrajectoriesAreNeverSampledAndBookkeepingSurvivesARestart) {
+  TempDir dir;
+  ServerOptions options = Options(dir, SampleUnit::kTrajectory);
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  {
+    auto actor = Actor(*server);
+    SendTrajectory(*actor, 20, 3, schema::EndReason::kNone, /*open=*/true);
+    SendTrajectory(*actor, 21, 2);
+    ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+    auto learner = Learner(*server);
+    Result<SampleBatch> batch = learner->Sample(1, 4, 0, milliseconds(2000));
+    ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+    EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"21/0", "21/1"}));
+    EXPECT_FALSE(learner->Sample(2, 4, 0, milliseconds(200)).ok());
+  }
+  // The open trajectory ends after a restart: its first three segments are known from the store.
+  server->Stop();
+  server.reset();
+  server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  ASSERT_TRUE(actor->Send(MakeSegment(20, 3, 40, 1, true)).ok());
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  auto learner = Learner(*server);
+  Result<SampleBatch> batch = learner->Sample(2, 4, 0, milliseconds(2000));
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"20/0", "20/1", "20/2", "20/3"}));
+  // Step 1's answer is replayed whole after the restart too.
+  Result<SampleBatch> replayed = learner->Sample(1, 4, 0, milliseconds(2000));
+  ASSERT_TRUE(replayed.ok()) << replayed.status().ToString();
+  EXPECT_TRUE(replayed->replayed);
+  EXPECT_EQ(Keys(*replayed), (std::vector<std::string>{"21/0", "21/1"}));
+}
+
+TEST(TrajectoryTable, RetentionDeletesWholeTrajectories) {
+  TempDir dir;
+  ServerOptions options = Options(dir, SampleUnit::kTrajectory);
+  options.tables[0].retention.max_segments = 10;
+  // One writer: sequence order is send order, which the expected survivors assume.
+  options.writer_threads = 1;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  for (uint64_t seed = 0; seed < 10; ++seed) SendTrajectory(*actor, seed, 4);
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  // A segment bound of 10 over trajectories of 4: the two newest stay whole, none in part.
+  auto stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_EQ(stats["tables"][0]["stored_segments"], 8);
+  EXPECT_EQ(stats["retention"]["deleted_segments"], 32);
+  auto learner = Learner(*server);
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    Result<SampleBatch> fetched = learner->FetchTrajectory(MakeTrajectoryId(seed));
+    if (seed < 8) {
+      EXPECT_EQ(fetched.status().code(), StatusCode::kNotFound) << seed;
+      continue;
+    }
+    ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
+    EXPECT_EQ(fetched->items.size(), 4u);
+  }
+  Result<SampleBatch> batch = learner->Sample(1, 10, 0, milliseconds(2000));
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"8/0", "8/1", "8/2", "8/3", "9/0", "9/1",
+                                                    "9/2", "9/3"}));
+}
+
+TEST(GroupTable, FetchByKeyReturnsEverySegmentInOrder) {
+  TempDir dir;
+  auto server = StartServer(Options(dir, SampleUnit::kGroup));
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  SendTrajectory(*actor, 1, 3);
+  SendTrajectory(*actor, 0, 2);
+  SendTrajectory(*actor, 2, 2, schema::EndReason::kNone, /*open=*/true);
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  auto learner = Learner(*server);
+  Result<SampleBatch> trajectory = learner->FetchTrajectory(MakeTrajectoryId(1));
+  ASSERT_TRUE(trajectory.ok()) << trajectory.status().ToString();
+  EXPECT_EQ(Keys(*trajectory), (std::vector<std::string>{"1/0", "1/1", "1/2"}));
+  // The group is incomplete (member 3 never came, member 2 is open): fetched all the same.
+  Result<SampleBatch> group = learner->FetchGroup(strider::testing::MakeTrajectoryId(1000003));
+  ASSERT_TRUE(group.ok()) << group.status().ToString();
+  EXPECT_EQ(Keys(*group),
+            (std::vector<std::string>{"0/0", "0/1", "1/0", "1/1", "1/2", "2/0", "2/1"}));
+  EXPECT_EQ(learner->FetchTrajectory(MakeTrajectoryId(99)).status().code(),
+            StatusCode::kNotFound);
+  // A fetch is not a sample: nothing was counted, and the incomplete group still is not sampled.
+  auto stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_EQ(stats["tables"][0]["samples"], 0) << stats.dump();
+  EXPECT_FALSE(learner->Sample(1, 1, 0, milliseconds(200)).ok());
+}
+
+TEST(SegmentTable, FetchByKeyIsRefusedAndSamplingIsUnchanged) {
+  TempDir dir;
+  auto server = StartServer(Options(dir, SampleUnit::kSegment));
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  SendTrajectory(*actor, 1, 2, schema::EndReason::kNone, /*open=*/true);
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  auto learner = Learner(*server);
+  EXPECT_EQ(learner->FetchTrajectory(MakeTrajectoryId(1)).status().code(),
+            StatusCode::kInvalidArgument);
+  // Open trajectories' segments are sampled one by one, as before.
+  Result<SampleBatch> batch = learner->Sample(1, 1, 0, milliseconds(2000));
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"1/0"}));
+}
+
+TEST(TrajectoryTable, TrajectoriesOlderThanMaxStalenessAreNeverReturned) {
+  TempDir dir;
+  ServerOptions options = Options(dir, SampleUnit::kTrajectory);
+  options.tables[0].max_staleness = 2;
+  options.tables[0].sampler.kind = SamplerKind::kUniform;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  // Trajectory 30: its first segment from version 1, its last from version 9; the oldest
+  // version is what counts. Trajectory 31: versions 8 and 9 throughout.
+  ASSERT_TRUE(actor->Send(MakeSegment(30, 0, 40, 1, false)).ok());
+  ASSERT_TRUE(actor->Send(MakeSegment(30, 1, 40, 8, true)).ok());
+  SendTrajectory(*actor, 31, 2, schema::EndReason::kFinished, false, /*policy_version=*/8);
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  auto learner = Learner(*server);
+  for (uint64_t step = 1; step <= 20; ++step) {
+    Result<SampleBatch> batch = learner->Sample(step, 2, /*policy_version=*/10, milliseconds(2000));
+    ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+    EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"31/0", "31/1"})) << step;
+  }
+  // At version 11, 31 (oldest version 8) is too stale as well.
+  Result<SampleBatch> none = learner->Sample(21, 2, 11, milliseconds(200));
+  EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted) << none.status().ToString();
+  // Excluded, not deleted.
+  EXPECT_TRUE(learner->FetchTrajectory(MakeTrajectoryId(30)).ok());
+}
+
+TEST(GroupTable, SegmentsWithoutAGroupAreGroupsOfTheirOwn) {
+  // What a 1.1 actor sends: no group fields. Each trajectory is sampled when it ends.
+  TempDir dir;
+  auto server = StartServer(Options(dir, SampleUnit::kGroup));
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  for (uint64_t seed : {40, 41}) {
+    for (uint32_t i = 0; i < 2; ++i) {
+      schema::SegmentData s = MakeSegment(seed, i, 40, 1, i == 1);
+      s.group_size = 0;
+      s.group_index = 0;
+      s.group_id = {};
+      ASSERT_TRUE(actor->Send(s).ok());
+    }
+  }
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  auto learner = Learner(*server);
+  Result<SampleBatch> batch = learner->Sample(1, 2, 0, milliseconds(2000));
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"40/0", "40/1", "41/0", "41/1"}));
+  EXPECT_EQ(Handles(*batch).size(), 2u);
+}
+
+// A learner built against schema 1.1 (no fetch fields) samples a trajectory table as a current one.
+TEST(TrajectoryTable, ALearnerOf11SamplesWholeTrajectories) {
+  TempDir dir;
+  auto server = StartServer(Options(dir, SampleUnit::kTrajectory));
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  SendTrajectory(*actor, 50, 1, schema::EndReason::kNone, /*open=*/true);
+  SendTrajectory(*actor, 51, 3);
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+
+  capnp::MallocMessageBuilder builder;
+  auto request = builder.initRoot<schema::wire_1_1::Message>().initSampleRequest();
+  request.setTable("rl");
+  request.setLearnerId("old-learner");
+  request.setStep(1);
+  request.setCount(4);
+  std::string frame = strider::testing::SealRaw(builder);
+  const uint16_t minor = 1;
+  std::memcpy(frame.data() + 6, &minor, 2);
+
+  zmq::context_t context;
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.connect(server->learner_endpoint());
+  ASSERT_TRUE(transport::SendParts(socket, {frame}).ok());
+  Result<bool> readable = transport::WaitReadable(socket, milliseconds(5000));
+  ASSERT_TRUE(readable.ok() && *readable);
+  Result<std::vector<zmq::message_t>> parts = transport::ReceiveParts(socket);
+  ASSERT_TRUE(parts.ok() && !parts->empty());
+  Result<schema::Message> reply = schema::Decode(transport::View(parts->back()));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  ASSERT_EQ(reply->kind, schema::MessageKind::kSampleReply);
+  std::vector<uint32_t> indices;
+  for (const schema::SampledSegment& sampled : reply->sample_reply.segments) {
+    Result<schema::Message> segment = schema::Decode(sampled.envelope);
+    ASSERT_TRUE(segment.ok());
+    EXPECT_EQ(segment->segment.trajectory_id, MakeTrajectoryId(51));
+    indices.push_back(segment->segment.segment_index);
+  }
+  EXPECT_EQ(indices, (std::vector<uint32_t>{0, 1, 2}));
+}
+
+}  // namespace
+}  // namespace strider::replay
