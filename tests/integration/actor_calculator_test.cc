@@ -33,25 +33,10 @@ namespace {
 
 using std::chrono::milliseconds;
 using strider::testing::ChildProcess;
+using strider::testing::SourceDir;
+using strider::testing::WaitEvent;
 using strider::testing::StriderBinary;
 using strider::testing::TempDir;
-
-std::string SourceDir() {
-  const char* dir = std::getenv("STRIDER_SOURCE_DIR");
-  return dir ? dir : ".";
-}
-
-// Reads JSON lines from `child` until one has "event" == `event`.
-nlohmann::json WaitEvent(ChildProcess& child, const std::string& event, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    const std::string line = child.ReadLine(milliseconds(timeout_ms));
-    if (line.empty()) break;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("event", "") == event) return j;
-  }
-  return nlohmann::json();
-}
 
 std::string StartServer(ChildProcess& server, const std::string& db, const std::string& bind) {
   EXPECT_TRUE(server.Start({StriderBinary(), "replay", "serve", "--db", db, "--bind", bind,

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,11 @@ namespace strider::testing {
 inline std::string StriderBinary() {
   const char* dir = std::getenv("STRIDER_BINARY_DIR");
   return std::string(dir ? dir : ".") + "/cli/strider";
+}
+
+inline std::string SourceDir() {
+  const char* dir = std::getenv("STRIDER_SOURCE_DIR");
+  return dir ? dir : ".";
 }
 
 class ChildProcess {
@@ -128,6 +134,19 @@ inline RunResult RunCommand(const std::vector<std::string>& argv) {
   result.output = child.ReadAll(std::chrono::milliseconds(60000));
   result.exit_code = child.Wait();
   return result;
+}
+
+// Reads JSON lines from `child` until one has "event" == `event`; null after `timeout_ms`.
+inline nlohmann::json WaitEvent(ChildProcess& child, const std::string& event, int timeout_ms) {
+  using std::chrono::milliseconds;
+  const auto deadline = std::chrono::steady_clock::now() + milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string line = child.ReadLine(milliseconds(timeout_ms));
+    if (line.empty()) break;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("event", "") == event) return j;
+  }
+  return nlohmann::json();
 }
 
 }  // namespace strider::testing

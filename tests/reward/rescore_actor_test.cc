@@ -21,24 +21,10 @@ namespace {
 
 using std::chrono::milliseconds;
 using strider::testing::ChildProcess;
+using strider::testing::SourceDir;
+using strider::testing::WaitEvent;
 using strider::testing::StriderBinary;
 using strider::testing::TempDir;
-
-std::string SourceDir() {
-  const char* dir = std::getenv("STRIDER_SOURCE_DIR");
-  return dir ? dir : ".";
-}
-
-nlohmann::json WaitFor(ChildProcess& child, const std::string& event, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    const std::string line = child.ReadLine(milliseconds(timeout_ms));
-    if (line.empty()) break;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("event", "") == event) return j;
-  }
-  return nlohmann::json();
-}
 
 // Runs `episodes` episodes of `env_block` into the server at `endpoint`.
 void RunActor(const TempDir& dir, const std::string& endpoint, const std::string& name,
@@ -60,7 +46,7 @@ void RunActor(const TempDir& dir, const std::string& endpoint, const std::string
   ChildProcess actor;
   ASSERT_TRUE(actor.Start({StriderBinary(), "actor", "--config", path, "--replay", endpoint,
                            "--spill-dir", dir.Sub("spill-" + name)}));
-  const nlohmann::json finished = WaitFor(actor, "finished", 120000);
+  const nlohmann::json finished = WaitEvent(actor, "finished", 120000);
   ASSERT_EQ(actor.Wait(), 0);
   ASSERT_TRUE(finished.is_object());
   EXPECT_EQ(finished["metrics"]["episodes"], episodes);
@@ -104,7 +90,7 @@ TEST(RescoreActorTrajectories, ReplayedLabelsAndOutcomesEqualWhatTheActorStored)
   ChildProcess server;
   ASSERT_TRUE(server.Start({StriderBinary(), "replay", "serve", "--db", dir.Sub("db"), "--bind",
                             "tcp://127.0.0.1:0", "--sample-bind", "tcp://127.0.0.1:0"}));
-  const nlohmann::json ready = WaitFor(server, "ready", 30000);
+  const nlohmann::json ready = WaitEvent(server, "ready", 30000);
   ASSERT_TRUE(ready.is_object()) << "no ready line from the replay server";
   const std::string endpoint = ready["actor_endpoint"].get<std::string>();
   RunActor(dir, endpoint, "calculator", 8, 2,
