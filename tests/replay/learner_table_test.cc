@@ -5,6 +5,7 @@
 #include <capnp/message.h>
 
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -88,6 +89,23 @@ std::vector<std::string> Keys(const SampleBatch& batch) {
   return keys;
 }
 
+// The units of a batch, each in the order returned. Units that end in one ingest round may be
+// stored by different writers in either order, so a batch's order across units is not part of
+// the contract; its order within one is.
+std::set<std::vector<std::string>> Units(const SampleBatch& batch) {
+  const std::vector<std::string> keys = Keys(batch);
+  std::vector<uint64_t> order;
+  std::map<uint64_t, std::vector<std::string>> by_handle;
+  for (size_t i = 0; i < batch.items.size(); ++i) {
+    const uint64_t handle = batch.items[i].sequence;
+    if (!by_handle.count(handle)) order.push_back(handle);
+    by_handle[handle].push_back(keys[i]);
+  }
+  std::set<std::vector<std::string>> units;
+  for (uint64_t handle : order) units.insert(by_handle[handle]);
+  return units;
+}
+
 std::set<uint64_t> Handles(const SampleBatch& batch) {
   std::set<uint64_t> handles;
   for (const SampledItem& item : batch.items) handles.insert(item.sequence);
@@ -144,8 +162,8 @@ TEST(GroupTable, AbandonedMembersAreLeftOutAndTwoFinishedAreNeeded) {
   auto learner = Learner(*server);
   Result<SampleBatch> batch = learner->Sample(1, 3, 0, milliseconds(2000));
   ASSERT_TRUE(batch.ok()) << batch.status().ToString();
-  EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"0/0", "1/0", "3/0", "8/0", "9/0", "10/0",
-                                                    "11/0"}));
+  EXPECT_EQ(Units(*batch), (std::set<std::vector<std::string>>{{"0/0", "1/0", "3/0"},
+                                                              {"8/0", "9/0", "10/0", "11/0"}}));
   EXPECT_EQ(Handles(*batch).size(), 2u);
   Result<SampleBatch> none = learner->Sample(2, 1, 0, milliseconds(200));
   EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted) << none.status().ToString();
@@ -213,8 +231,8 @@ TEST(TrajectoryTable, RetentionDeletesWholeTrajectories) {
   }
   Result<SampleBatch> batch = learner->Sample(1, 10, 0, milliseconds(2000));
   ASSERT_TRUE(batch.ok()) << batch.status().ToString();
-  EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"8/0", "8/1", "8/2", "8/3", "9/0", "9/1",
-                                                    "9/2", "9/3"}));
+  EXPECT_EQ(Units(*batch), (std::set<std::vector<std::string>>{{"8/0", "8/1", "8/2", "8/3"},
+                                                              {"9/0", "9/1", "9/2", "9/3"}}));
 }
 
 TEST(GroupTable, FetchByKeyReturnsEverySegmentInOrder) {
@@ -305,8 +323,7 @@ TEST(GroupTable, SegmentsWithoutAGroupAreGroupsOfTheirOwn) {
   auto learner = Learner(*server);
   Result<SampleBatch> batch = learner->Sample(1, 2, 0, milliseconds(2000));
   ASSERT_TRUE(batch.ok()) << batch.status().ToString();
-  EXPECT_EQ(Keys(*batch), (std::vector<std::string>{"40/0", "40/1", "41/0", "41/1"}));
-  EXPECT_EQ(Handles(*batch).size(), 2u);
+  EXPECT_EQ(Units(*batch), (std::set<std::vector<std::string>>{{"40/0", "40/1"}, {"41/0", "41/1"}}));
 }
 
 // A learner built against schema 1.1 (no fetch fields) samples a trajectory table as a current one.
