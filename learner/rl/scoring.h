@@ -1,0 +1,89 @@
+// Scoring a stored trajectory before an update: the learner's log-prob of every action token,
+// the reference policy's, the value at each step's start, and the mismatch check that decides
+// whether the trajectory may be trained on at all.
+//
+// The pass runs without gradient along the inference path (Model::Append chunk by chunk, the
+// rollout engine's path) with each position's stored experts forced (routing replay), and
+// evaluates the sampling distribution the actor drew from (model::SampledTokenLogProbs under
+// each segment's temperature, top-k and top-p, the image-patch placeholder never sampled). With
+// the actor's weights this reproduces the stored behaviour log-probs; what is left is the
+// rounding of two evaluations of the same fp32 model (docs/learner.md has measured figures).
+//
+// Mismatch check: on a trajectory whose action tokens all carry one policy version, max and p99
+// of |learner - behaviour| over its action tokens. A trajectory above the threshold is reported
+// (kAboveThreshold) and the caller excludes it: a learner that trains on it would compute its
+// ratio against a distribution the actor did not sample from (wrong settings, lost routing, a
+// mislabelled version). Trajectories of several versions are not measured here; the truncated
+// importance weights of the loss correct for them.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/model/model.h"
+#include "common/schema/messages.h"
+#include "common/status.h"
+
+namespace strider::rl {
+
+struct ScoringOptions {
+  int64_t chunk_tokens = 512;  // positions per Model::Append; memory grows with it, not with L
+  // Force every position's stored experts. Needs segments whose routing covers every position
+  // (schema 1.2 coverage `all`); off, the learner routes by itself (an ablation, or a model
+  // without experts, where it has no effect).
+  bool replay_routing = true;
+  bool values = true;  // value-head estimates at step starts
+  // Largest |learner - behaviour| log-prob tolerated on a single-version trajectory. fp32 with
+  // routing replay stays below 1e-5; a support cut decided differently gives an infinite one.
+  double mismatch_threshold = 1e-4;
+};
+
+enum class MismatchVerdict {
+  kNotMeasured,     // action tokens of several policy versions, or none at all
+  kWithinThreshold,
+  kAboveThreshold,  // excluded from training
+};
+std::string_view MismatchVerdictName(MismatchVerdict verdict);  // "not_measured", ...
+
+struct MismatchStats {
+  MismatchVerdict verdict = MismatchVerdict::kNotMeasured;
+  int64_t tokens = 0;  // action tokens measured
+  double max = 0;      // |learner - behaviour|, inf when a token fell outside one support
+  double p99 = 0;      // nearest rank
+  int64_t above = 0;   // tokens above the threshold
+};
+
+struct TrajectoryScores {
+  schema::TrajectoryId id;
+  int64_t length = 0;  // tokens
+  // One entry per action token, in order. Token 0 has no prediction and is never an action.
+  std::vector<int64_t> positions;  // trajectory positions
+  std::vector<float> logprobs;     // the learner's, under the stored sampling settings
+  std::vector<float> behaviour_logprobs;
+  std::vector<float> reference_logprobs;  // when a reference model was given
+  std::vector<uint64_t> versions;         // policy version each was sampled under
+  // One entry per stored step when values were asked for: the value-head estimate at the
+  // position the step's first action token was sampled from (what the policy saw before
+  // acting). A step without action tokens takes the value at its last position.
+  std::vector<float> step_values;
+  MismatchStats mismatch;
+};
+
+// Scores one trajectory given as all of its segments (any order). Errors: the segments do not
+// join (reward::JoinSegments: gaps, overlaps, a missing last segment), a segment's sampling
+// settings are out of range, routing replay asked for on segments lacking a position's record,
+// or the model fails. `reference`, when not null, is scored on the same tokens with its own
+// routing (the reference is a fixed policy; forcing the actor's experts on it would make the KL
+// depend on the current policy's routing). The models are only read.
+Result<TrajectoryScores> ScoreTrajectory(const Model& model,
+                                         std::span<const schema::SegmentData> segments,
+                                         const ScoringOptions& options,
+                                         const Model* reference = nullptr);
+
+// The mismatch statistics of learner against behaviour log-probs of one version's tokens.
+MismatchStats MeasureMismatch(std::span<const float> learner, std::span<const float> behaviour,
+                              double threshold);
+
+}  // namespace strider::rl
