@@ -60,65 +60,34 @@ Result<RoutingRecord> ReplayRecord(const std::vector<const schema::SegmentData*>
   return record;
 }
 
-// Where each distinct sampling distribution's action tokens are, as indices into the
-// trajectory's action list; segments usually all share one.
-struct Distribution {
-  model::SamplingSettings settings;
-  std::vector<int64_t> actions;
-};
-
 struct ScoredPass {
   std::vector<float> logprobs;  // per action token
   at::Tensor values;            // (L) when asked for
 };
 
-Result<ScoredPass> Score(const Model& model, const ModelInput& input,
-                         const std::vector<int64_t>& positions,
-                         const std::vector<Distribution>& distributions,
-                         const RoutingRecord* replay, bool values, int64_t chunk_tokens) {
+Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajectory,
+                         bool replay, bool values, int64_t chunk_tokens) {
   ChunkedPassOptions pass;
   pass.path = TrainingPath::kInference;
   pass.chunk_tokens = chunk_tokens;
   pass.backward = false;
   pass.values = values;
-  pass.replay_routing = replay;
-  const int64_t vocabulary = model.config().vocabulary;
-  for (const Distribution& d : distributions) {
-    STRIDER_RETURN_IF_ERROR(model::ValidateSamplingSettings(d.settings, vocabulary));
-  }
+  pass.replay_routing = replay && trajectory.replaying ? &trajectory.replay : nullptr;
   ScoredPass out;
-  out.logprobs.assign(positions.size(), 0.0f);
+  out.logprobs.assign(trajectory.positions.size(), 0.0f);
   std::vector<at::Tensor> value_chunks;
-  const at::Tensor tokens = input.tokens[0];
   auto objective = [&](const ChunkView& chunk) -> Result<at::Tensor> {
     if (values) value_chunks.push_back(chunk.values[0].to(at::kFloat));
-    // The logits at position p predict the token at p + 1.
-    const int64_t end = chunk.begin + chunk.count;
-    const at::Tensor logits = chunk.logits[0].to(at::kDouble);  // the sampler's precision
-    for (const Distribution& d : distributions) {
-      std::vector<int64_t> rows, targets, slots;
-      for (int64_t action : d.actions) {
-        const int64_t predicted_at = positions[action] - 1;
-        if (predicted_at < chunk.begin || predicted_at >= end) continue;
-        rows.push_back(predicted_at - chunk.begin);
-        targets.push_back(positions[action]);
-        slots.push_back(action);
-      }
-      if (rows.empty()) continue;
-      const at::Tensor lp =
-          model::SampledTokenLogProbs(logits.index_select(0, at::tensor(rows, at::kLong)),
-                                      tokens.index_select(0, at::tensor(targets, at::kLong)),
-                                      d.settings)
-              .to(at::kFloat)
-              .contiguous();
-      const float* p = lp.data_ptr<float>();
-      for (size_t i = 0; i < slots.size(); ++i) out.logprobs[slots[i]] = p[i];
-    }
+    std::vector<int64_t> slots;
+    const at::Tensor lp =
+        ChunkActionLogProbs(chunk.logits, chunk.begin, trajectory, &slots).to(at::kFloat).contiguous();
+    const float* p = lp.data_ptr<float>();
+    for (size_t i = 0; i < slots.size(); ++i) out.logprobs[slots[i]] = p[i];
     return at::Tensor();
   };
   try {
     STRIDER_ASSIGN_OR_RETURN(ChunkedPassResult ignored,
-                             RunChunkedPass(model, input, pass, objective));
+                             RunChunkedPass(model, trajectory.input, pass, objective));
     (void)ignored;
     if (values) out.values = at::cat(value_chunks).contiguous();
   } catch (const c10::Error& error) {
@@ -165,62 +134,106 @@ MismatchStats MeasureMismatch(std::span<const float> learner, std::span<const fl
   return stats;
 }
 
-Result<TrajectoryScores> ScoreTrajectory(const Model& model,
-                                         std::span<const schema::SegmentData> segments,
-                                         const ScoringOptions& options,
-                                         const Model* reference) {
-  STRIDER_ASSIGN_OR_RETURN(reward::StoredTrajectory joined, reward::JoinSegments(segments));
+Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData> segments,
+                                             bool replay_routing, int64_t vocabulary) {
+  PreparedTrajectory prepared;
+  STRIDER_ASSIGN_OR_RETURN(prepared.joined, reward::JoinSegments(segments));
   const std::vector<const schema::SegmentData*> ordered = Ordered(segments);
-  TrajectoryScores scores;
-  scores.id = joined.id;
-  scores.length = static_cast<int64_t>(joined.tokens.size());
-
-  std::vector<Distribution> distributions;
   for (const schema::SegmentData* s : ordered) {
     const model::SamplingSettings settings =
         model::RolloutSamplingSettings(s->temperature, s->top_k, s->top_p);
-    auto it = std::find_if(distributions.begin(), distributions.end(),
-                           [&](const Distribution& d) { return d.settings == settings; });
-    if (it == distributions.end()) {
-      distributions.push_back({settings, {}});
-      it = distributions.end() - 1;
+    Status valid = model::ValidateSamplingSettings(settings, vocabulary);
+    if (!valid.ok()) {
+      return Status::InvalidArgument("scoring: " + s->key().ToString() + ": " + valid.message());
+    }
+    auto it = std::find_if(prepared.distributions.begin(), prepared.distributions.end(),
+                           [&](const auto& d) { return d.settings == settings; });
+    if (it == prepared.distributions.end()) {
+      prepared.distributions.push_back({settings, {}});
+      it = prepared.distributions.end() - 1;
     }
     size_t run = 0;
     for (size_t offset = 0; offset < s->tokens.size(); ++offset) {
       while (run + 1 < s->policy_runs.size() && s->policy_runs[run + 1].begin <= offset) ++run;
       const int64_t position = static_cast<int64_t>(s->token_begin + offset);
       if (!schema::IsAction(s->roles[offset]) || position == 0) continue;
-      it->actions.push_back(static_cast<int64_t>(scores.positions.size()));
-      scores.positions.push_back(position);
-      scores.behaviour_logprobs.push_back(s->behaviour_logprobs[offset]);
-      scores.versions.push_back(s->policy_runs[run].version);
+      it->actions.push_back(static_cast<int64_t>(prepared.positions.size()));
+      prepared.positions.push_back(position);
+      prepared.behaviour_logprobs.push_back(s->behaviour_logprobs[offset]);
+      prepared.versions.push_back(s->policy_runs[run].version);
     }
   }
-
-  ModelInput input;
+  const reward::StoredTrajectory& joined = prepared.joined;
   std::vector<int64_t> ids(joined.tokens.begin(), joined.tokens.end());
-  input.tokens = at::tensor(ids, at::kLong).view({1, -1});
+  prepared.input.tokens = at::tensor(ids, at::kLong).view({1, -1});
   for (const schema::Image& image : joined.images) {
     std::vector<uint8_t> bytes(image.pixels.begin(), image.pixels.end());
-    input.images.push_back(
+    prepared.input.images.push_back(
         {0, at::tensor(bytes, at::kByte)
                 .view({image.height, image.width, image.channels})
                 .to(at::kFloat)
                 .div_(255.0)});
   }
-  RoutingRecord replay;
-  const bool replaying = options.replay_routing && ordered.front()->routing.layers > 0;
-  if (replaying) {
-    STRIDER_ASSIGN_OR_RETURN(replay, ReplayRecord(ordered, scores.length));
+  prepared.replaying = replay_routing && ordered.front()->routing.layers > 0;
+  if (prepared.replaying) {
+    STRIDER_ASSIGN_OR_RETURN(prepared.replay,
+                             ReplayRecord(ordered, static_cast<int64_t>(joined.tokens.size())));
   }
-  STRIDER_ASSIGN_OR_RETURN(
-      ScoredPass own, Score(model, input, scores.positions, distributions,
-                            replaying ? &replay : nullptr, options.values, options.chunk_tokens));
+  return prepared;
+}
+
+at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
+                               const PreparedTrajectory& trajectory, std::vector<int64_t>* slots,
+                               at::Tensor* entropy) {
+  slots->clear();
+  // The logits at position p predict the token at p + 1.
+  const int64_t end = chunk_begin + logits.size(1);
+  const at::Tensor rows_logits = logits[0].to(at::kDouble);
+  const at::Tensor tokens = trajectory.input.tokens[0];
+  std::vector<at::Tensor> parts, entropies;
+  for (const PreparedTrajectory::Distribution& d : trajectory.distributions) {
+    std::vector<int64_t> rows, targets;
+    for (int64_t action : d.actions) {
+      const int64_t predicted_at = trajectory.positions[action] - 1;
+      if (predicted_at < chunk_begin || predicted_at >= end) continue;
+      rows.push_back(predicted_at - chunk_begin);
+      targets.push_back(trajectory.positions[action]);
+      slots->push_back(action);
+    }
+    if (rows.empty()) continue;
+    const at::Tensor chosen = rows_logits.index_select(0, at::tensor(rows, at::kLong));
+    const at::Tensor target = tokens.index_select(0, at::tensor(targets, at::kLong));
+    if (entropy != nullptr) {
+      const at::Tensor all = model::SamplingLogProbs(chosen, d.settings);
+      parts.push_back(all.gather(1, target.unsqueeze(1)).squeeze(1));
+      entropies.push_back(model::SamplingEntropy(all));
+    } else {
+      parts.push_back(model::SampledTokenLogProbs(chosen, target, d.settings));
+    }
+  }
+  if (parts.empty()) {
+    if (entropy != nullptr) *entropy = at::zeros({0}, rows_logits.options());
+    return at::zeros({0}, rows_logits.options());
+  }
+  if (entropy != nullptr) *entropy = entropies.size() == 1 ? entropies[0] : at::cat(entropies);
+  return parts.size() == 1 ? parts[0] : at::cat(parts);
+}
+
+Result<TrajectoryScores> ScorePrepared(const Model& model, const PreparedTrajectory& trajectory,
+                                       const ScoringOptions& options, const Model* reference) {
+  const reward::StoredTrajectory& joined = trajectory.joined;
+  TrajectoryScores scores;
+  scores.id = joined.id;
+  scores.length = trajectory.length();
+  scores.positions = trajectory.positions;
+  scores.behaviour_logprobs = trajectory.behaviour_logprobs;
+  scores.versions = trajectory.versions;
+  STRIDER_ASSIGN_OR_RETURN(ScoredPass own, Score(model, trajectory, options.replay_routing,
+                                                 options.values, options.chunk_tokens));
   scores.logprobs = std::move(own.logprobs);
   if (reference != nullptr) {
-    STRIDER_ASSIGN_OR_RETURN(ScoredPass ref, Score(*reference, input, scores.positions,
-                                                   distributions, nullptr, false,
-                                                   options.chunk_tokens));
+    STRIDER_ASSIGN_OR_RETURN(ScoredPass ref,
+                             Score(*reference, trajectory, false, false, options.chunk_tokens));
     scores.reference_logprobs = std::move(ref.logprobs);
   }
   if (options.values) {
@@ -231,6 +244,8 @@ Result<TrajectoryScores> ScoreTrajectory(const Model& model,
       const uint64_t at = first < step.end ? std::max<uint64_t>(first, 1) - 1 : step.end - 1;
       scores.step_values.push_back(v[at]);
     }
+    for (int64_t position : trajectory.positions) scores.action_values.push_back(v[position - 1]);
+    scores.final_value = scores.length > 0 ? v[scores.length - 1] : 0.0f;
   }
   const bool single_version =
       !scores.versions.empty() &&
@@ -241,6 +256,16 @@ Result<TrajectoryScores> ScoreTrajectory(const Model& model,
         MeasureMismatch(scores.logprobs, scores.behaviour_logprobs, options.mismatch_threshold);
   }
   return scores;
+}
+
+Result<TrajectoryScores> ScoreTrajectory(const Model& model,
+                                         std::span<const schema::SegmentData> segments,
+                                         const ScoringOptions& options,
+                                         const Model* reference) {
+  STRIDER_ASSIGN_OR_RETURN(
+      PreparedTrajectory prepared,
+      PrepareTrajectory(segments, options.replay_routing, model.config().vocabulary));
+  return ScorePrepared(model, prepared, options, reference);
 }
 
 }  // namespace strider::rl

@@ -23,8 +23,10 @@
 #include <vector>
 
 #include "common/model/model.h"
+#include "common/model/sampling_distribution.h"
 #include "common/schema/messages.h"
 #include "common/status.h"
+#include "reward/trajectory.h"
 
 namespace strider::rl {
 
@@ -55,6 +57,43 @@ struct MismatchStats {
   int64_t above = 0;   // tokens above the threshold
 };
 
+// A stored trajectory made ready for passes over it (scoring, then the update): its segments
+// joined, the model input, its action tokens with the distribution each was sampled from, and
+// the routing record that replays the stored experts.
+struct PreparedTrajectory {
+  reward::StoredTrajectory joined;
+  ModelInput input;       // tokens (1, L) and the images
+  RoutingRecord replay;   // (1, L, k) per sparse layer when `replaying`
+  bool replaying = false;
+  // One entry per action token, in order. Token 0 has no prediction and is never an action.
+  std::vector<int64_t> positions;  // trajectory positions
+  std::vector<float> behaviour_logprobs;
+  std::vector<uint64_t> versions;  // policy version each was sampled under
+  // Each distinct sampling distribution and its action tokens (indices into `positions`);
+  // segments usually all share one.
+  struct Distribution {
+    model::SamplingSettings settings;
+    std::vector<int64_t> actions;
+  };
+  std::vector<Distribution> distributions;
+
+  int64_t length() const { return input.tokens.defined() ? input.tokens.size(1) : 0; }
+};
+
+// Joins and checks the segments (any order) and builds the above. Errors: the segments do not
+// join (reward::JoinSegments), a segment's sampling settings are out of range for `vocabulary`,
+// routing replay asked for on segments lacking a position's record (the message names it).
+Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData> segments,
+                                             bool replay_routing, int64_t vocabulary);
+
+// The action tokens one chunk of a pass over `trajectory` predicts: their log-probs under their
+// sampling distributions, from the chunk's logits (1, count, V), in the logits' graph; and the
+// entropy of each of those distributions when `entropy` is not null. `slots` gets the index
+// (into trajectory.positions) of each entry. Computed in fp64, the sampler's precision.
+at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
+                               const PreparedTrajectory& trajectory, std::vector<int64_t>* slots,
+                               at::Tensor* entropy = nullptr);
+
 struct TrajectoryScores {
   schema::TrajectoryId id;
   int64_t length = 0;  // tokens
@@ -68,6 +107,11 @@ struct TrajectoryScores {
   // position the step's first action token was sampled from (what the policy saw before
   // acting). A step without action tokens takes the value at its last position.
   std::vector<float> step_values;
+  // When values were asked for: per action token, the value at the position it was sampled
+  // from (what the policy saw before acting); and the value after the last token (the
+  // bootstrap at a truncation).
+  std::vector<float> action_values;
+  float final_value = 0;
   MismatchStats mismatch;
 };
 
@@ -81,6 +125,11 @@ Result<TrajectoryScores> ScoreTrajectory(const Model& model,
                                          std::span<const schema::SegmentData> segments,
                                          const ScoringOptions& options,
                                          const Model* reference = nullptr);
+
+// The same on a prepared trajectory (the update pass reuses its input and replay record).
+Result<TrajectoryScores> ScorePrepared(const Model& model, const PreparedTrajectory& trajectory,
+                                       const ScoringOptions& options,
+                                       const Model* reference = nullptr);
 
 // The mismatch statistics of learner against behaviour log-probs of one version's tokens.
 MismatchStats MeasureMismatch(std::span<const float> learner, std::span<const float> behaviour,
