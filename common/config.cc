@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -368,6 +369,16 @@ Status ConfigReader::Finish() {
     for (const auto& child : node->children) pending.push_back(child);
   }
   return document_->first_error;
+}
+
+std::string ResolveConfigPath(const std::string& path, const std::string& origin) {
+  namespace fs = std::filesystem;
+  if (path.empty() || fs::path(path).is_absolute() || fs::exists(path)) return path;
+  for (fs::path dir = fs::absolute(origin).parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir / path)) return (dir / path).string();
+    if (dir == dir.parent_path()) break;
+  }
+  return path;
 }
 
 }  // namespace strider

@@ -83,4 +83,9 @@ class ConfigReader {
   std::shared_ptr<Node> node_;
 };
 
+// `path` as given when it is empty, absolute or exists from the working directory; otherwise the
+// first of the config file's directory and its parents that holds it (configs name each other
+// relative to the repository root, and are run from anywhere inside it).
+std::string ResolveConfigPath(const std::string& path, const std::string& origin);
+
 }  // namespace strider

@@ -8,16 +8,6 @@
 namespace strider {
 namespace {
 
-std::string ResolvePath(const std::string& path, const std::string& origin) {
-  namespace fs = std::filesystem;
-  if (path.empty() || fs::path(path).is_absolute() || fs::exists(path)) return path;
-  for (fs::path dir = fs::absolute(origin).parent_path(); !dir.empty(); dir = dir.parent_path()) {
-    if (fs::exists(dir / path)) return (dir / path).string();
-    if (dir == dir.parent_path()) break;
-  }
-  return path;
-}
-
 void DefaultMixture(PretrainStage& stage) {
   if (!stage.data.empty()) return;
   if (stage.objective == "modality_alignment") {
@@ -55,7 +45,7 @@ std::vector<DataMixtureEntry> ReadMixture(ConfigReader& section, int64_t context
       Result<data::GeneratorKind> kind = data::ParseGeneratorName(entry.generator);
       d.Check(kind.ok(), "generator", kind.status().message());
     }
-    entry.shards = ResolvePath(entry.shards, path);
+    entry.shards = ResolveConfigPath(entry.shards, path);
     d.Check(entry.weight > 0, "weight", "must be positive");
     mixture.push_back(entry);
   }
@@ -202,7 +192,7 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
     }
   }
   STRIDER_RETURN_IF_ERROR(root.Finish());
-  config.model_config_path = ResolvePath(model_config, path);
+  config.model_config_path = ResolveConfigPath(model_config, path);
   STRIDER_ASSIGN_OR_RETURN(config.model, LoadModelConfig(config.model_config_path));
   for (const PretrainStage& stage : config.stages) {
     if (stage.context > config.model.context) {
