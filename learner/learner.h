@@ -63,6 +63,14 @@ struct LearningRateSchedule {
 struct TrainerOptions {
   // Initialisation of a fresh model and the generator's seed.
   uint64_t seed = 1;
+  // Without a checkpoint: start from these weights (a safetensors file, e.g. `strider model
+  // init`'s or a checkpoint's model.safetensors) instead of a fresh model, with a fresh
+  // optimiser and generator.
+  std::string initial_weights;
+  // Without a checkpoint or initial weights: the seed of the fresh model's initialisation when
+  // it must differ from `seed` (an RL learner starts from the weights its actors were given by
+  // their model_seed). Negative: `seed`.
+  int64_t init_seed = -1;
   AdamWOptions optimizer;  // clip_norm is the gradient clipping
   LearningRateSchedule schedule;
   // Learning-rate multiplier of every sparse layer's router weights (1: none).

@@ -65,8 +65,12 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
   std::unique_ptr<Trainer> trainer(new Trainer());
   trainer->options_ = options;
   CheckpointState state;
-  if (checkpoint.empty()) {
-    STRIDER_ASSIGN_OR_RETURN(trainer->model_, Model::Create(config, options.seed));
+  if (checkpoint.empty() && !options.initial_weights.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(trainer->model_, Model::Load(config, options.initial_weights));
+  } else if (checkpoint.empty()) {
+    const uint64_t seed =
+        options.init_seed >= 0 ? static_cast<uint64_t>(options.init_seed) : options.seed;
+    STRIDER_ASSIGN_OR_RETURN(trainer->model_, Model::Create(config, seed));
   } else {
     STRIDER_ASSIGN_OR_RETURN(state, ReadCheckpointState(checkpoint));
     if (state.model != config.name) {
