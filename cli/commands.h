@@ -23,4 +23,16 @@ void AddActorCommands(CLI::App& app, int& exit_code);
 void AddEnvCommands(CLI::App& app, int& exit_code);
 void AddReportCommands(CLI::App& app, int& exit_code);
 
+// `strider learner` with mode: rl (rl_commands.cc), called by the learner subcommand once the
+// config's mode is known.
+struct RlLearnerFlags {
+  std::string config;
+  std::string run_dir;  // empty: runs/rl
+  std::string resume;
+  int64_t max_steps = -1;
+  std::string replay;
+  std::string publish;
+};
+int RunRlLearnerCommand(const RlLearnerFlags& flags);
+
 }  // namespace strider::cli

@@ -1,4 +1,4 @@
-// `strider pretrain`, `strider learner` (mode: pretrain; rl follows with the RL learner) and
+// `strider pretrain`, `strider learner` (mode: pretrain here; mode: rl in rl_commands.cc) and
 // `strider data build` (DESIGN.md sections 7 and 8).
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -64,19 +64,47 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
   pretrain->callback([flags, &exit_code] { exit_code = RunPretrain(*flags); });
 
   auto learner_flags = std::make_shared<PretrainFlags>();
-  CLI::App* learner =
-      app.add_subcommand("learner", "One learner rank: runs the config's mode (mode: pretrain)");
-  AddPretrainFlags(learner, *learner_flags);
-  learner->callback([learner_flags, &exit_code] {
+  auto rl_flags = std::make_shared<RlLearnerFlags>();
+  CLI::App* learner = app.add_subcommand(
+      "learner",
+      "One learner: runs the config's mode. mode: pretrain trains the staged curriculum; mode: rl "
+      "samples trajectories from replay, updates the policy and publishes weights to actors");
+  learner->add_option("--config", learner_flags->config,
+                      "Learner config (YAML): configs/pretrain/*.yaml or configs/rl/*.yaml")
+      ->required()
+      ->check(CLI::ExistingFile);
+  learner->add_option("--run-dir", learner_flags->run_dir,
+                      "Run directory: checkpoints, metrics.jsonl (default runs/pretrain or runs/rl)");
+  learner->add_option("--resume", learner_flags->resume, "Checkpoint directory to resume from");
+  learner->add_option("--stages", learner_flags->stages, "mode pretrain: run only the first N stages");
+  learner->add_option("--max-steps", learner_flags->max_steps,
+                      "pretrain: cap every stage at N steps; rl: stop after N steps");
+  learner->add_option("--replay", rl_flags->replay,
+                      "mode rl: the replay server's learner endpoint (overrides replay.endpoint)");
+  learner->add_option("--publish", rl_flags->publish,
+                      "mode rl: bind the weight publisher here (overrides publish.endpoint)");
+  learner_flags->run_dir.clear();
+  learner->callback([learner_flags, rl_flags, &exit_code] {
     Result<std::string> mode = ReadLearnerMode(learner_flags->config);
     if (!mode.ok()) {
       exit_code = ReportError(mode.status());
     } else if (*mode == "pretrain") {
-      exit_code = RunPretrain(*learner_flags);
+      PretrainFlags flags = *learner_flags;
+      if (flags.run_dir.empty()) flags.run_dir = "runs/pretrain";
+      exit_code = RunPretrain(flags);
     } else if (*mode == "rl") {
-      exit_code = ReportError(Status::InvalidArgument(
-          learner_flags->config +
-          ": mode: rl is not available yet; this build's learner runs mode: pretrain"));
+      if (learner_flags->stages >= 0) {
+        exit_code = ReportError(
+            Status::InvalidArgument("--stages is for mode pretrain; " + learner_flags->config +
+                                    " has mode: rl"));
+        return;
+      }
+      RlLearnerFlags flags = *rl_flags;
+      flags.config = learner_flags->config;
+      flags.run_dir = learner_flags->run_dir;
+      flags.resume = learner_flags->resume;
+      flags.max_steps = learner_flags->max_steps;
+      exit_code = RunRlLearnerCommand(flags);
     } else {
       exit_code = ReportError(Status::InvalidArgument(
           learner_flags->config + ": mode: must be pretrain or rl, got '" + *mode + "'"));

@@ -1,0 +1,55 @@
+// `strider learner --config F` for mode: rl: the RL learner service until its steps are done or
+// SIGINT/SIGTERM (then it checkpoints and exits 0). Prints a ready event with the weight
+// endpoint on stdout (what actors' weights.endpoint names) and a finished event with the summary.
+#include <atomic>
+#include <csignal>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "learner/rl/rl_config.h"
+#include "learner/rl/rl_learner.h"
+
+namespace strider::cli {
+namespace {
+
+std::atomic<bool> g_learner_stop{false};
+
+void OnLearnerSignal(int) { g_learner_stop.store(true); }
+
+}  // namespace
+
+int RunRlLearnerCommand(const RlLearnerFlags& flags) {
+  Result<rl::RlLearnerConfig> config = rl::LoadRlLearnerConfig(flags.config);
+  if (!config.ok()) return ReportError(config.status());
+  rl::RlRunOptions options;
+  options.run_dir = flags.run_dir.empty() ? "runs/rl" : flags.run_dir;
+  options.resume = flags.resume;
+  options.max_steps = flags.max_steps;
+  options.replay_endpoint = flags.replay;
+  options.publish_endpoint = flags.publish;
+  options.stop = &g_learner_stop;
+  options.on_ready = [&](const std::string& endpoint) {
+    nlohmann::ordered_json ready = {{"event", "ready"},
+                                    {"mode", "rl"},
+                                    {"weights", endpoint},
+                                    {"run_dir", options.run_dir}};
+    std::cout << ready.dump() << std::endl;
+  };
+  std::signal(SIGINT, OnLearnerSignal);
+  std::signal(SIGTERM, OnLearnerSignal);
+  Result<rl::RlRunSummary> summary = rl::RunRlLearner(*config, options);
+  if (!summary.ok()) return ReportError(summary.status());
+  nlohmann::ordered_json finished = {{"event", "finished"},
+                                     {"steps", summary->steps},
+                                     {"total_steps", summary->total_steps},
+                                     {"policy_version", summary->policy_version},
+                                     {"first_reward_mean", summary->first_reward_mean},
+                                     {"last_reward_mean", summary->last_reward_mean},
+                                     {"excluded_trajectories", summary->excluded_trajectories},
+                                     {"seconds", summary->seconds}};
+  std::cout << finished.dump() << std::endl;
+  return kExitOk;
+}
+
+}  // namespace strider::cli

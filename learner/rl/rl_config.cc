@@ -1,0 +1,130 @@
+#include "learner/rl/rl_config.h"
+
+#include "common/config.h"
+
+namespace strider::rl {
+
+Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
+  STRIDER_ASSIGN_OR_RETURN(ConfigReader root, ConfigReader::FromFile(path));
+  RlLearnerConfig config;
+  config.origin = path;
+  std::string mode;
+  root.Required("mode", &mode);
+  root.Check(mode == "rl", "mode", "this loader reads mode: rl configs, got " + mode);
+  std::string model_config;
+  root.Required("model_config", &model_config);
+  root.Optional("init", &config.init);
+  root.Optional("init_seed", &config.init_seed);
+  root.Check(config.init_seed >= 0, "init_seed", "must not be negative");
+  int64_t seed = 1;
+  root.Optional("seed", &seed);
+  root.Check(seed >= 0, "seed", "must not be negative");
+  config.seed = static_cast<uint64_t>(seed);
+  root.Optional("threads", &config.threads);
+  root.Check(config.threads >= 0, "threads", "must not be negative");
+  {
+    ConfigReader optimizer = root.Section("optimizer");
+    ReadAdamWOptions(optimizer, &config.optimizer);
+    optimizer.Check(config.optimizer.learning_rate > 0, "learning_rate", "must be positive");
+  }
+  {
+    ConfigReader balance = root.Section("balance");
+    balance.Optional("enabled", &config.balance);
+    balance.Optional("router_learning_rate_scale", &config.router_learning_rate_scale);
+    balance.Check(config.router_learning_rate_scale >= 0, "router_learning_rate_scale",
+                  "must not be negative");
+  }
+  {
+    ConfigReader replay = root.Section("replay");
+    RlReplayConfig& r = config.replay;
+    replay.Optional("endpoint", &r.endpoint);
+    replay.Optional("table", &r.table);
+    replay.Optional("learner_id", &r.learner_id);
+    replay.Check(!r.learner_id.empty(), "learner_id", "must not be empty");
+    replay.Optional("units_per_step", &r.units_per_step);
+    replay.Check(r.units_per_step >= 1 && r.units_per_step <= 65535, "units_per_step",
+                 "must be in [1, 65535]");
+    replay.Optional("sample_timeout_s", &r.sample_timeout_s);
+    replay.Check(r.sample_timeout_s > 0, "sample_timeout_s", "must be positive");
+  }
+  {
+    ConfigReader publish = root.Section("publish");
+    RlPublishConfig& p = config.publish;
+    publish.Optional("endpoint", &p.endpoint);
+    publish.Optional("every_steps", &p.every_steps);
+    publish.Check(p.every_steps >= 1, "every_steps", "must be at least 1");
+    publish.Optional("chunk_bytes", &p.chunk_bytes);
+    publish.Check(p.chunk_bytes >= 1024 && p.chunk_bytes <= (int64_t{1} << 30), "chunk_bytes",
+                  "must be in [1024, 2^30]");
+    publish.Optional("keep_versions", &p.keep_versions);
+    publish.Check(p.keep_versions >= 1, "keep_versions", "must be at least 1");
+  }
+  {
+    ConfigReader train = root.Section("train");
+    RlTrainConfig& t = config.train;
+    train.Optional("steps", &t.steps);
+    train.Check(t.steps >= 0, "steps", "must not be negative");
+    train.Optional("ppo_epochs", &t.ppo_epochs);
+    train.Check(t.ppo_epochs >= 1, "ppo_epochs", "must be at least 1");
+    train.Optional("minibatches", &t.minibatches);
+    train.Check(t.minibatches >= 1, "minibatches", "must be at least 1");
+    train.Optional("chunk_tokens", &t.chunk_tokens);
+    train.Check(t.chunk_tokens >= 1, "chunk_tokens", "must be at least 1");
+    train.Optional("backprop", &t.backprop);
+    train.Check(t.backprop == "full" || t.backprop == "truncated", "backprop",
+                "must be full or truncated, got '" + t.backprop + "'");
+    train.Optional("sync", &t.sync);
+    train.Optional("warmup_steps", &t.warmup_steps);
+    train.Check(t.warmup_steps >= 0, "warmup_steps", "must not be negative");
+    train.Optional("min_learning_rate_ratio", &t.min_learning_rate_ratio);
+    train.Check(t.min_learning_rate_ratio >= 0 && t.min_learning_rate_ratio <= 1,
+                "min_learning_rate_ratio", "must be in [0, 1]");
+  }
+  {
+    ConfigReader scoring = root.Section("scoring");
+    RlScoringConfig& s = config.scoring;
+    scoring.Optional("replay_routing", &s.replay_routing);
+    scoring.Optional("mismatch_threshold", &s.mismatch_threshold);
+    scoring.Check(s.mismatch_threshold > 0, "mismatch_threshold", "must be positive");
+    scoring.Optional("reference", &s.reference);
+    scoring.Check(!s.reference.empty(), "reference",
+                  "must be initial, none or a safetensors file");
+  }
+  {
+    ConfigReader objective = root.Section("objective");
+    (void)ReadObjectiveConfig(objective, &config.objective);
+  }
+  {
+    ConfigReader reward = root.Section("reward");
+    Result<reward::ShapingConfig> shaping = reward::ReadShapingConfig(reward);
+    if (shaping.ok()) config.reward = *shaping;
+    reward.Check(config.reward.process_model_weight == 0, "process_model_weight",
+                 "a learned process reward model is not wired into this learner; use 0");
+  }
+  {
+    ConfigReader checkpoint = root.Section("checkpoint");
+    checkpoint.Optional("every_steps", &config.checkpoint_every_steps);
+    checkpoint.Check(config.checkpoint_every_steps >= 0, "every_steps", "must not be negative");
+  }
+  const PolicyLossOptions& loss = config.objective.loss;
+  if (loss.kl_coef > 0 || config.reward.implicit_weight != 0) {
+    root.Check(config.scoring.reference != "none", "scoring.reference",
+               "is none, but the KL penalty or implicit process rewards need a reference policy");
+  }
+  if (config.train.sync) {
+    root.Check(config.publish.every_steps == 1, "publish.every_steps",
+               "must be 1 with train.sync: the actors wait for each update's weights");
+    root.Check(!config.publish.endpoint.empty(), "publish.endpoint",
+               "is required with train.sync: the actors wait for published weights");
+  }
+  STRIDER_RETURN_IF_ERROR(root.Finish());
+  config.model_config_path = ResolveConfigPath(model_config, path);
+  STRIDER_ASSIGN_OR_RETURN(config.model, LoadModelConfig(config.model_config_path));
+  config.init = ResolveConfigPath(config.init, path);
+  if (config.scoring.reference != "initial" && config.scoring.reference != "none") {
+    config.scoring.reference = ResolveConfigPath(config.scoring.reference, path);
+  }
+  return config;
+}
+
+}  // namespace strider::rl

@@ -1,0 +1,88 @@
+// The RL learner's configuration (`mode: rl`, configs/rl/*.yaml), read strictly: an unknown key
+// is an error naming the file, line and dotted key. docs/rl_learner.md describes every key; the
+// defaults are those of the structs below. No LibTorch here, so configs are checked without it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/model/config.h"
+#include "common/status.h"
+#include "learner/optimizer.h"
+#include "learner/rl/objective_config.h"
+#include "reward/shaping.h"
+
+namespace strider::rl {
+
+struct RlReplayConfig {
+  std::string endpoint = "tcp://127.0.0.1:5556";  // the server's learner endpoint (--replay wins)
+  std::string table;                              // empty: the server's first table
+  std::string learner_id = "learner-0";           // the server keys durable sample steps by it
+  // Units (groups, or trajectories in a trajectory table) per learner step.
+  int64_t units_per_step = 4;
+  // How long one step waits for the table to become ready before the learner gives up (the
+  // actors are gone or too slow): an error naming the server's reason.
+  double sample_timeout_s = 600;
+};
+
+struct RlPublishConfig {
+  // A WeightPublisher endpoint the actors' `weights.endpoint` names (--publish wins); empty:
+  // nothing is published (an offline learner).
+  std::string endpoint = "tcp://127.0.0.1:5557";
+  int64_t every_steps = 1;  // publish after every N-th update
+  int64_t chunk_bytes = 1 << 20;
+  int64_t keep_versions = 2;
+};
+
+struct RlTrainConfig {
+  int64_t steps = 100;       // learner steps (each: one sampled batch, its epochs and updates)
+  int64_t ppo_epochs = 1;    // passes over each sampled batch
+  int64_t minibatches = 1;   // optimiser updates per epoch (the batch's trajectories split)
+  int64_t chunk_tokens = 512;  // positions per Model::Append in scoring and update passes
+  // full: the update backpropagates through the state carried across chunks (exact gradient,
+  // memory grows with the trajectory); truncated: backward per chunk, the state detached at
+  // chunk boundaries (memory bounded by the chunk).
+  std::string backprop = "truncated";
+  // Rollout and training take turns: the learner asks for trajectories of its newest published
+  // version only, and publishes after every update. Needs a table with max_staleness: 0 and
+  // actors with weights.sync (docs/rl_learner.md).
+  bool sync = false;
+  int64_t warmup_steps = 0;          // optimiser updates of linear warm-up
+  double min_learning_rate_ratio = 1.0;  // cosine decay to this ratio over the run (1: constant)
+};
+
+struct RlScoringConfig {
+  bool replay_routing = true;        // force each position's stored experts (routing replay)
+  double mismatch_threshold = 1e-4;  // max |learner - behaviour| on a single-version trajectory
+  // The reference policy of the KL penalty and of implicit process rewards: "initial" (the
+  // weights the run started from), a safetensors file, or "none".
+  std::string reference = "initial";
+};
+
+struct RlLearnerConfig {
+  std::string origin;             // the file it came from
+  std::string model_config_path;  // resolved
+  ModelConfig model;
+  // The weights the run starts from: a safetensors file, or empty for a fresh model from
+  // init_seed (the actors' model_seed, so both sides start from the same weights).
+  std::string init;
+  int64_t init_seed = 0;
+  uint64_t seed = 1;    // mini-batch order
+  int64_t threads = 0;  // 0: the model config's
+  AdamWOptions optimizer;
+  bool balance = true;  // routing balance of the router biases from each update's routing
+  double router_learning_rate_scale = 1.0;
+  RlReplayConfig replay;
+  RlPublishConfig publish;
+  RlTrainConfig train;
+  RlScoringConfig scoring;
+  ObjectiveConfig objective;
+  reward::ShapingConfig reward;
+  int64_t checkpoint_every_steps = 0;  // 0: only at exit
+};
+
+// Reads a `mode: rl` learner config. Paths (model_config, init, scoring.reference) are resolved
+// against the working directory, then the config file's directory and its parents.
+Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path);
+
+}  // namespace strider::rl

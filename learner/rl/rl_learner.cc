@@ -1,0 +1,399 @@
+#include "learner/rl/rl_learner.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "common/model/model.h"
+#include "common/transport/weight_stream.h"
+#include "learner/checkpoint.h"
+#include "learner/learner.h"
+#include "learner/progress.h"
+#include "learner/rl/rl_step.h"
+#include "replay/client.h"
+
+namespace strider::rl {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string PublishedVersionPath(const std::string& run_dir) {
+  return run_dir + "/published_version";
+}
+
+// The highest version this run directory ever published (0: none).
+Result<uint64_t> ReadPublishedVersion(const std::string& run_dir) {
+  const std::string path = PublishedVersionPath(run_dir);
+  if (!fs::exists(path)) return uint64_t{0};
+  std::ifstream in(path);
+  uint64_t version = 0;
+  if (!(in >> version)) {
+    return Status::Corruption(path + ": not a version number; it records the highest version "
+                              "this run published (delete it only if no actor holds one)");
+  }
+  return version;
+}
+
+// Durable before the version is served, so no crash can make a later run reuse it.
+Status WritePublishedVersion(const std::string& run_dir, uint64_t version) {
+  const std::string path = PublishedVersionPath(run_dir);
+  const std::string tmp = path + ".tmp";
+  const std::string text = std::to_string(version) + "\n";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::IoError("cannot write " + tmp);
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!written || !synced) return Status::IoError("cannot write " + tmp + " (disk full?)");
+  std::error_code error;
+  fs::rename(tmp, path, error);
+  if (error) return Status::IoError("cannot rename " + tmp + ": " + error.message());
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Model>> LoadReference(const RlLearnerConfig& config) {
+  const std::string& reference = config.scoring.reference;
+  if (reference == "none") return std::unique_ptr<Model>();
+  std::unique_ptr<Model> model;
+  if (reference == "initial") {
+    if (config.init.empty()) {
+      STRIDER_ASSIGN_OR_RETURN(model,
+                               Model::Create(config.model, static_cast<uint64_t>(config.init_seed)));
+    } else {
+      STRIDER_ASSIGN_OR_RETURN(model, Model::Load(config.model, config.init));
+    }
+  } else {
+    STRIDER_ASSIGN_OR_RETURN(model, Model::Load(config.model, reference));
+  }
+  model->SetRequiresGrad(false);
+  return model;
+}
+
+double Mean(const std::vector<double>& values, size_t begin, size_t end) {
+  if (end <= begin) return 0;
+  double sum = 0;
+  for (size_t i = begin; i < end; ++i) sum += values[i];
+  return sum / static_cast<double>(end - begin);
+}
+
+}  // namespace
+
+Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOptions& options) {
+  ConfigureRuntime(config.threads > 0 ? config.threads : config.model.threads);
+  const auto run_started = Clock::now();
+  std::error_code error;
+  fs::create_directories(options.run_dir, error);
+  if (error) return Status::IoError("cannot create run directory " + options.run_dir);
+  STRIDER_ASSIGN_OR_RETURN(Progress progress,
+                           Progress::Open(options.run_dir + "/metrics.jsonl", /*bar=*/0));
+
+  // Where to start.
+  CheckpointState state;
+  if (!options.resume.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(state, ReadCheckpointState(options.resume));
+    if (state.mode != "rl") {
+      return Status::InvalidArgument("checkpoint " + options.resume + " was written by mode '" +
+                                     state.mode + "', not rl");
+    }
+  }
+  const int64_t updates_per_step = config.train.ppo_epochs * config.train.minibatches;
+  TrainerOptions trainer_options;
+  trainer_options.seed = config.seed;
+  trainer_options.init_seed = config.init_seed;
+  trainer_options.initial_weights = config.init;
+  trainer_options.optimizer = config.optimizer;
+  trainer_options.schedule.peak = config.optimizer.learning_rate;
+  trainer_options.schedule.warmup_steps = config.train.warmup_steps;
+  trainer_options.schedule.total_steps = std::max<int64_t>(1, config.train.steps * updates_per_step);
+  trainer_options.schedule.min_ratio = config.train.min_learning_rate_ratio;
+  trainer_options.router_learning_rate_scale = config.router_learning_rate_scale;
+  trainer_options.balance = config.balance;
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                           Trainer::Create(config.model, trainer_options, options.resume));
+  Model& model = trainer->model();
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> reference, LoadReference(config));
+
+  StepSettings settings;
+  settings.scoring.replay_routing = config.scoring.replay_routing;
+  settings.scoring.mismatch_threshold = config.scoring.mismatch_threshold;
+  settings.objective = config.objective;
+  settings.reward = config.reward;
+  settings.chunk_tokens = config.train.chunk_tokens;
+  settings.truncated_backprop = config.train.backprop == "truncated";
+  // A fresh run starts from the weights its actors were given (version 0); a resumed one
+  // publishes its own at once below, and until then they are no published version.
+  if (options.resume.empty()) settings.weights_version = state.policy_version;
+
+  // Versions: above every one this run directory published, whatever the checkpoint says.
+  STRIDER_ASSIGN_OR_RETURN(const uint64_t published_before, ReadPublishedVersion(options.run_dir));
+  uint64_t version = std::max(state.policy_version, published_before);
+  RlRunSummary summary;
+  const std::string publish_endpoint =
+      options.publish_endpoint.empty() ? config.publish.endpoint : options.publish_endpoint;
+  std::unique_ptr<transport::WeightPublisher> publisher;
+  double publish_seconds = 0;
+  auto publish = [&]() -> Status {
+    if (publisher == nullptr) return Status::Ok();
+    const auto started = Clock::now();
+    STRIDER_ASSIGN_OR_RETURN(std::string bytes, model.SaveToBytes());
+    STRIDER_RETURN_IF_ERROR(WritePublishedVersion(options.run_dir, version + 1));
+    ++version;
+    STRIDER_RETURN_IF_ERROR(publisher->Publish(version, std::move(bytes), config.model.name));
+    settings.weights_version = version;
+    publish_seconds = Seconds(started);
+    spdlog::info("learner: published version {} in {:.3f} s", version, publish_seconds);
+    return Status::Ok();
+  };
+  if (!publish_endpoint.empty()) {
+    transport::WeightPublisherOptions publisher_options;
+    publisher_options.endpoint = publish_endpoint;
+    publisher_options.chunk_bytes = static_cast<uint32_t>(config.publish.chunk_bytes);
+    publisher_options.keep_versions = static_cast<int>(config.publish.keep_versions);
+    STRIDER_ASSIGN_OR_RETURN(publisher, transport::WeightPublisher::Start(publisher_options));
+    summary.publish_endpoint = publisher->endpoint();
+    // A resumed learner's weights are older than what the actors may hold: move them onto it.
+    if (!options.resume.empty() || published_before > state.policy_version) {
+      STRIDER_RETURN_IF_ERROR(publish());
+    }
+  }
+
+  replay::LearnerClientOptions client_options;
+  client_options.endpoint =
+      options.replay_endpoint.empty() ? config.replay.endpoint : options.replay_endpoint;
+  client_options.learner_id = config.replay.learner_id;
+  client_options.table = config.replay.table;
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::LearnerClient> client,
+                           replay::LearnerClient::Connect(client_options));
+  spdlog::info("learner: mode rl, model {}, replay {} table '{}', weights {}, from step {}",
+               config.model.name, client_options.endpoint, config.replay.table,
+               summary.publish_endpoint.empty() ? "not published" : summary.publish_endpoint,
+               state.step);
+  if (options.on_ready) options.on_ready(summary.publish_endpoint);
+
+  int64_t step = state.step;
+  int64_t total_tokens = state.total_tokens;
+  const int64_t last_step =
+      options.max_steps >= 0 ? std::min(config.train.steps, step + options.max_steps)
+                             : config.train.steps;
+  std::vector<double> reward_means;
+  auto checkpoint = [&](const std::string& name) {
+    CheckpointState out;
+    out.mode = "rl";
+    out.model = config.model.name;
+    out.seed = config.seed;
+    out.step = step;
+    out.policy_version = version;
+    out.sample_step = step;
+    out.total_tokens = total_tokens;
+    out.sampler_cursor = config.replay.learner_id;
+    return trainer->WriteCheckpoint(options.run_dir + "/checkpoints/" + name, out);
+  };
+
+  while (step < last_step) {
+    if (options.stop != nullptr && options.stop->load()) break;
+    const auto step_started = Clock::now();
+    // 1. Sample, in short waits so a stop request is seen.
+    Result<replay::SampleBatch> batch = Status::ResourceExhausted("not sampled");
+    const auto deadline =
+        step_started + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(config.replay.sample_timeout_s));
+    while (true) {
+      batch = client->Sample(static_cast<uint64_t>(step + 1),
+                             static_cast<uint32_t>(config.replay.units_per_step), version,
+                             std::chrono::milliseconds(1000));
+      if (batch.ok() || batch.status().code() != StatusCode::kResourceExhausted) break;
+      if (Clock::now() >= deadline || (options.stop != nullptr && options.stop->load())) break;
+    }
+    if (!batch.ok()) {
+      if (options.stop != nullptr && options.stop->load()) break;
+      return batch.status().WithContext("learner step " + std::to_string(step + 1) +
+                                        ": sampling from " + client_options.endpoint);
+    }
+    const double sample_seconds = Seconds(step_started);
+    const auto compute_started = Clock::now();
+    std::vector<schema::SegmentData> segments;
+    for (replay::SampledItem& item : batch->items) segments.push_back(std::move(item.segment));
+    const std::vector<SampledGroup> groups = SplitBatch(std::move(segments));
+
+    // 2-3. Score, shape, advantages.
+    STRIDER_ASSIGN_OR_RETURN(PreparedBatch prepared,
+                             PrepareBatch(model, reference.get(), groups, settings));
+    std::vector<const TrainingTrajectory*> kept;
+    double reward_sum = 0, staleness_sum = 0;
+    int64_t successes = 0, finished = 0;
+    for (const TrainingTrajectory& t : prepared.trajectories) {
+      reward_sum += t.outcome;
+      staleness_sum += static_cast<double>(version - std::min(version, t.min_version));
+      if (t.finished) {
+        ++finished;
+        successes += t.outcome > 0;
+      }
+      if (t.excluded) {
+        spdlog::warn("learner step {}: trajectory {} excluded: {}", step + 1,
+                     t.prepared.joined.id.Hex(), t.excluded_reason);
+        ++summary.excluded_trajectories;
+        continue;
+      }
+      kept.push_back(&t);
+    }
+    const double trajectories = static_cast<double>(prepared.trajectories.size());
+
+    // 4. Epochs and mini-batches.
+    const auto update_started = Clock::now();
+    UpdateMetrics update;
+    TrainerStep last;
+    double violation = -1;
+    int64_t updates = 0;
+    if (!kept.empty()) {
+      RoutingRecord routing;
+      const int64_t minibatches =
+          std::min<int64_t>(config.train.minibatches, static_cast<int64_t>(kept.size()));
+      for (int64_t epoch = 0; epoch < config.train.ppo_epochs; ++epoch) {
+        std::vector<const TrainingTrajectory*> order = kept;
+        if (kept.size() > 1) {
+          // randperm takes the generator's lock itself.
+          const at::Tensor perm = at::randperm(static_cast<int64_t>(kept.size()),
+                                               trainer->generator(),
+                                               at::TensorOptions().dtype(at::kLong));
+          const int64_t* p = perm.data_ptr<int64_t>();
+          for (size_t i = 0; i < kept.size(); ++i) order[i] = kept[p[i]];
+        }
+        for (int64_t m = 0; m < minibatches; ++m) {
+          const size_t begin = order.size() * m / minibatches;
+          const size_t end = order.size() * (m + 1) / minibatches;
+          std::span<const TrainingTrajectory* const> part(order.data() + begin, end - begin);
+          trainer->ZeroGrad();
+          STRIDER_ASSIGN_OR_RETURN(
+              UpdateMetrics metrics,
+              AccumulateGradients(model, part, settings,
+                                  config.balance && epoch == 0 ? &routing : nullptr));
+          STRIDER_ASSIGN_OR_RETURN(last, trainer->Step(trainer->optimizer().step()));
+          settings.weights_version.reset();
+          ++updates;
+          update.loss += metrics.loss;
+          update.policy_loss += metrics.policy_loss;
+          update.kl_loss += metrics.kl_loss;
+          update.entropy_loss += metrics.entropy_loss;
+          update.value_loss += metrics.value_loss;
+          update.metrics.Add(metrics.metrics);
+          update.tokens += metrics.tokens;
+        }
+      }
+      if (config.balance && !routing.layers.empty()) {
+        STRIDER_ASSIGN_OR_RETURN(violation, trainer->BalanceRouting(std::move(routing)));
+      }
+    }
+    const double update_seconds = Seconds(update_started);
+    ++step;
+    total_tokens += prepared.tokens;
+
+    // 5. Publish.
+    publish_seconds = 0;
+    if (step % config.publish.every_steps == 0) STRIDER_RETURN_IF_ERROR(publish());
+    const double compute_seconds = Seconds(compute_started);
+    const double step_seconds = Seconds(step_started);
+
+    // 6. Metrics and checkpoints.
+    const double reward_mean = trajectories > 0 ? reward_sum / trajectories : 0;
+    reward_means.push_back(reward_mean);
+    const double per_update = updates > 0 ? 1.0 / static_cast<double>(updates) : 0;
+    nlohmann::ordered_json line = {
+        {"time", UnixSeconds()},
+        {"role", "learner"},
+        {"step", step},
+        {"policy_version", version},
+        {"reward_mean", reward_mean},
+        {"success_rate", finished > 0 ? static_cast<double>(successes) / finished : 0.0},
+        {"trajectories", static_cast<int64_t>(prepared.trajectories.size())},
+        {"trained_trajectories", static_cast<int64_t>(kept.size())},
+        {"excluded_trajectories",
+         static_cast<int64_t>(prepared.trajectories.size() - kept.size())},
+        {"mismatch_excluded", prepared.mismatch_excluded},
+        {"filtered_groups", prepared.filtered_groups},
+        {"logprob_mismatch_max", prepared.mismatch_max},
+        {"logprob_mismatch_p99", prepared.mismatch_p99},
+        {"mismatch_measured", prepared.mismatch_measured},
+        {"loss", update.loss * per_update},
+        {"policy_loss", update.policy_loss * per_update},
+        {"kl", update.metrics.kl()},
+        {"approx_kl", update.metrics.approx_kl()},
+        {"clip_fraction", update.metrics.clip_fraction()},
+        {"importance_mean", update.metrics.importance_mean()},
+        {"entropy", update.metrics.entropy()},
+        {"value_loss", update.value_loss * per_update},
+        {"staleness_mean", trajectories > 0 ? staleness_sum / trajectories : 0.0},
+        {"max_violation", violation},
+        {"learning_rate", last.learning_rate},
+        {"gradient_norm", last.gradient_norm},
+        {"updates", updates},
+        {"tokens", prepared.tokens},
+        {"action_tokens", prepared.action_tokens},
+        {"tokens_per_second", prepared.tokens / std::max(step_seconds, 1e-9)},
+        {"sample_seconds", sample_seconds},
+        {"score_seconds", prepared.score_seconds},
+        {"update_seconds", update_seconds},
+        {"publish_seconds", publish_seconds},
+        {"step_seconds", step_seconds},
+        {"busy_fraction", compute_seconds / std::max(step_seconds, 1e-9)},
+    };
+    if (!std::isfinite(last.gradient_norm)) line["gradient_norm"] = nullptr;
+    // Nothing measured is not a measured zero.
+    if (prepared.mismatch_measured == 0) {
+      line["logprob_mismatch_max"] = nullptr;
+      line["logprob_mismatch_p99"] = nullptr;
+    }
+    if (updates == 0) {
+      for (const char* key : {"loss", "policy_loss", "kl", "approx_kl", "clip_fraction",
+                              "importance_mean", "entropy", "value_loss", "learning_rate",
+                              "gradient_norm"}) {
+        line[key] = nullptr;
+      }
+    }
+    if (violation < 0) line["max_violation"] = nullptr;
+    progress.WriteLine(line.dump());
+    spdlog::info(
+        "learner step {}/{}: v{} reward {:.3f} success {:.2f} kept {}/{} mismatch {:.2e} "
+        "clip {:.3f} entropy {:.3f} {:.1f} s",
+        step, config.train.steps, version, reward_mean,
+        finished > 0 ? static_cast<double>(successes) / finished : 0.0, kept.size(),
+        prepared.trajectories.size(), prepared.mismatch_max, update.metrics.clip_fraction(),
+        update.metrics.entropy(), step_seconds);
+    if (config.checkpoint_every_steps > 0 && step % config.checkpoint_every_steps == 0 &&
+        step < last_step) {
+      STRIDER_RETURN_IF_ERROR(checkpoint("latest"));
+    }
+  }
+  STRIDER_RETURN_IF_ERROR(checkpoint("final"));
+  summary.total_steps = step;
+  summary.steps = static_cast<int64_t>(reward_means.size());
+  summary.policy_version = version;
+  const size_t tenth = std::max<size_t>(1, reward_means.size() / 10);
+  summary.first_reward_mean = Mean(reward_means, 0, std::min(tenth, reward_means.size()));
+  summary.last_reward_mean =
+      Mean(reward_means, reward_means.size() - std::min(tenth, reward_means.size()),
+           reward_means.size());
+  summary.seconds = Seconds(run_started);
+  return summary;
+}
+
+}  // namespace strider::rl

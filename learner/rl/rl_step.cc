@@ -1,0 +1,348 @@
+#include "learner/rl/rl_step.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "learner/learner.h"
+#include "learner/rl/advantages.h"
+#include "learner/rl/losses.h"
+#include "reward/implicit.h"
+#include "reward/trajectory.h"
+
+namespace strider::rl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+std::string IdString(const schema::TrajectoryId& id) { return std::string(id.View()); }
+
+// The end the shaping rules use, from the 1.2 end reason (the status metadata of 1.1 segments
+// otherwise).
+reward::TrajectoryEnd EndOf(const schema::SegmentData& last,
+                            const reward::StoredTrajectory& joined) {
+  switch (last.end_reason) {
+    case schema::EndReason::kFinished:
+      return reward::TrajectoryEnd::kFinished;
+    case schema::EndReason::kTruncatedTurns:
+    case schema::EndReason::kTruncatedLength:
+      return reward::TrajectoryEnd::kTruncated;
+    case schema::EndReason::kAbandoned:  // the actor stopped it: a cut, like status "stopped"
+      return reward::TrajectoryEnd::kTruncated;
+    case schema::EndReason::kFailed:
+      return reward::TrajectoryEnd::kFailed;
+    default:
+      return reward::TrajectoryEndFromStatus(joined.status);
+  }
+}
+
+// Per-step rewards of a stored trajectory as shaping takes them: the stored step rewards with
+// their 1.2 flag and label, implicit rewards when asked for.
+reward::TrajectoryRewards RewardsOf(const std::vector<schema::SegmentData>& segments,
+                                    const reward::StoredTrajectory& joined,
+                                    const std::vector<double>& implicit) {
+  reward::TrajectoryRewards rewards = reward::StoredRewards(joined);
+  rewards.end = EndOf(segments.back(), joined);
+  rewards.outcome.reset();
+  if (rewards.end == reward::TrajectoryEnd::kFinished) rewards.outcome = joined.outcome;
+  // The stored steps in trajectory order, with their 1.2 fields.
+  std::vector<const schema::Step*> stored;
+  for (const schema::SegmentData& s : segments) {
+    for (const schema::Step& step : s.steps) stored.push_back(&step);
+  }
+  for (size_t k = 0; k < rewards.steps.size(); ++k) {
+    if (k < stored.size() && segments.front().schema_minor >= 2) {
+      if (!stored[k]->has_reward) rewards.steps[k].env_reward.reset();
+      rewards.steps[k].label = stored[k]->label == schema::StepLabel::kCorrect
+                                   ? envs::StepLabel::kCorrect
+                               : stored[k]->label == schema::StepLabel::kIncorrect
+                                   ? envs::StepLabel::kIncorrect
+                                   : envs::StepLabel::kUnknown;
+    }
+    if (k < implicit.size()) rewards.steps[k].implicit = implicit[k];
+  }
+  return rewards;
+}
+
+// Implicit process rewards (log-ratio to the reference summed per step, beta 1) of a scored
+// trajectory.
+Result<std::vector<double>> ImplicitRewards(const PreparedTrajectory& prepared,
+                                            const TrajectoryScores& scores) {
+  const size_t length = static_cast<size_t>(prepared.length());
+  std::vector<float> policy(length, 0.0f), reference(length, 0.0f);
+  for (size_t i = 0; i < scores.positions.size(); ++i) {
+    policy[scores.positions[i]] = scores.logprobs[i];
+    reference[scores.positions[i]] = scores.reference_logprobs[i];
+  }
+  std::vector<uint64_t> ends;
+  for (const reward::StoredStep& step : prepared.joined.steps) ends.push_back(step.end);
+  return reward::ImplicitProcessRewards(policy, reference, prepared.joined.roles, ends, 1.0);
+}
+
+// The advantage estimator's view of one trajectory.
+TrajectoryInput EstimatorInput(const TrainingTrajectory& t, const reward::ShapedRewards& shaped,
+                               const std::vector<double>& implicit, double implicit_beta) {
+  const reward::StoredTrajectory& joined = t.prepared.joined;
+  TrajectoryInput input;
+  input.token_begin = 0;
+  input.action.resize(joined.roles.size());
+  for (size_t i = 0; i < joined.roles.size(); ++i) {
+    input.action[i] = i > 0 && schema::IsAction(joined.roles[i]) ? 1 : 0;
+  }
+  for (size_t k = 0; k < joined.steps.size(); ++k) {
+    StepInput step;
+    step.begin = static_cast<int64_t>(joined.steps[k].begin);
+    step.end = static_cast<int64_t>(joined.steps[k].end);
+    step.reward = shaped.process_rewards[k];
+    step.implicit_reward = k < implicit.size() ? implicit_beta * implicit[k] : 0.0;
+    step.value = k < t.scores.step_values.size() ? t.scores.step_values[k] : 0.0;
+    input.steps.push_back(step);
+  }
+  input.outcome = shaped.outcome_term;
+  input.end = shaped.bootstrap ? TrajectoryEnd::kTruncated : TrajectoryEnd::kFinished;
+  input.bootstrap_value = t.scores.final_value;
+  return input;
+}
+
+}  // namespace
+
+std::vector<SampledGroup> SplitBatch(std::vector<schema::SegmentData> segments) {
+  std::vector<SampledGroup> groups;
+  std::map<std::string, size_t> group_of;                        // group id -> index
+  std::map<std::string, std::pair<size_t, size_t>> trajectory_of;  // id -> (group, member)
+  for (schema::SegmentData& segment : segments) {
+    const std::string id = IdString(segment.trajectory_id);
+    auto known = trajectory_of.find(id);
+    if (known != trajectory_of.end()) {
+      groups[known->second.first].members[known->second.second].push_back(std::move(segment));
+      continue;
+    }
+    const bool grouped = segment.group_size > 0;
+    const std::string group = grouped ? IdString(segment.group_id) : id;
+    auto g = group_of.find(group);
+    if (g == group_of.end()) {
+      g = group_of.emplace(group, groups.size()).first;
+      SampledGroup fresh;
+      fresh.group_id = grouped ? segment.group_id : segment.trajectory_id;
+      groups.push_back(std::move(fresh));
+    }
+    SampledGroup& target = groups[g->second];
+    trajectory_of[id] = {g->second, target.members.size()};
+    target.members.emplace_back();
+    target.members.back().push_back(std::move(segment));
+  }
+  for (SampledGroup& group : groups) {
+    for (auto& member : group.members) {
+      std::sort(member.begin(), member.end(), [](const auto& a, const auto& b) {
+        return a.segment_index < b.segment_index;
+      });
+    }
+  }
+  return groups;
+}
+
+Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
+                                   const std::vector<SampledGroup>& groups,
+                                   const StepSettings& settings) {
+  PreparedBatch batch;
+  const bool implicit = settings.reward.implicit_weight != 0 ||
+                        settings.objective.advantages.estimator == "implicit_process";
+  if (implicit && reference == nullptr) {
+    return Status::InvalidArgument("implicit process rewards need a reference policy");
+  }
+  const bool wants_reference =
+      reference != nullptr && (implicit || settings.objective.loss.kl_coef > 0);
+  ScoringOptions scoring = settings.scoring;
+  scoring.chunk_tokens = settings.chunk_tokens;
+  scoring.values = true;
+  for (const SampledGroup& group : groups) {
+    ++batch.groups;
+    const size_t first = batch.trajectories.size();
+    std::vector<reward::ShapedRewards> shaped;
+    std::vector<std::vector<double>> implicit_rewards;
+    for (const std::vector<schema::SegmentData>& segments : group.members) {
+      TrainingTrajectory t;
+      STRIDER_ASSIGN_OR_RETURN(t.prepared, PrepareTrajectory(segments, scoring.replay_routing,
+                                                             model.config().vocabulary));
+      const auto started = Clock::now();
+      STRIDER_ASSIGN_OR_RETURN(
+          t.scores,
+          ScorePrepared(model, t.prepared, scoring, wants_reference ? reference : nullptr));
+      batch.score_seconds += Seconds(started);
+      batch.tokens += t.prepared.length();
+      t.outcome = t.prepared.joined.outcome;
+      t.min_version = segments.front().MinPolicyVersion();
+      t.max_version = segments.front().MaxPolicyVersion();
+      for (const schema::SegmentData& s : segments) {
+        t.min_version = std::min(t.min_version, s.MinPolicyVersion());
+        t.max_version = std::max(t.max_version, s.MaxPolicyVersion());
+      }
+      if (!settings.weights_version.has_value() || t.min_version != t.max_version ||
+          t.min_version != *settings.weights_version) {
+        t.scores.mismatch = MismatchStats();  // another policy's log-probs: not comparable
+      }
+      const MismatchStats& mismatch = t.scores.mismatch;
+      if (mismatch.verdict != MismatchVerdict::kNotMeasured) {
+        ++batch.mismatch_measured;
+        batch.mismatch_max = std::max(batch.mismatch_max, mismatch.max);
+        batch.mismatch_p99 = std::max(batch.mismatch_p99, mismatch.p99);
+      }
+      if (mismatch.verdict == MismatchVerdict::kAboveThreshold) {
+        ++batch.mismatch_excluded;
+        t.excluded = true;
+        t.excluded_reason = "log-prob mismatch " + std::to_string(mismatch.max) + " above " +
+                            std::to_string(scoring.mismatch_threshold) + " on " +
+                            std::to_string(mismatch.above) + " of " +
+                            std::to_string(mismatch.tokens) + " action tokens";
+      }
+      std::vector<double> implicit_steps;
+      if (implicit) {
+        STRIDER_ASSIGN_OR_RETURN(implicit_steps, ImplicitRewards(t.prepared, t.scores));
+      }
+      const reward::TrajectoryRewards rewards = RewardsOf(segments, t.prepared.joined, implicit_steps);
+      t.finished = rewards.end == reward::TrajectoryEnd::kFinished;
+      t.truncated = rewards.end == reward::TrajectoryEnd::kTruncated;
+      Result<reward::ShapedRewards> shape = reward::Shape(rewards, settings.reward);
+      if (!shape.ok()) {
+        if (!t.excluded) {
+          t.excluded = true;
+          t.excluded_reason = "rewards: " + shape.status().message();
+        }
+        shaped.emplace_back();
+      } else {
+        shaped.push_back(*shape);
+      }
+      implicit_rewards.push_back(std::move(implicit_steps));
+      batch.trajectories.push_back(std::move(t));
+    }
+    // The group's baseline is over the members kept.
+    GroupInput input;
+    std::vector<size_t> kept;
+    const double beta = settings.reward.implicit_weight != 0 ? settings.reward.implicit_weight : 1;
+    for (size_t m = first; m < batch.trajectories.size(); ++m) {
+      const TrainingTrajectory& t = batch.trajectories[m];
+      if (t.excluded) continue;
+      kept.push_back(m);
+      input.members.push_back(
+          EstimatorInput(t, shaped[m - first], implicit_rewards[m - first], beta));
+    }
+    if (kept.empty()) continue;
+    STRIDER_ASSIGN_OR_RETURN(GroupAdvantages advantages,
+                             ComputeAdvantages(input, settings.objective.advantages));
+    if (advantages.filtered) ++batch.filtered_groups;
+    for (size_t i = 0; i < kept.size(); ++i) {
+      TrainingTrajectory& t = batch.trajectories[kept[i]];
+      if (advantages.filtered) {
+        t.excluded = true;
+        t.excluded_reason = "group filtered: every member got the same outcome";
+        continue;
+      }
+      const TrajectoryAdvantages& a = advantages.members[i];
+      for (int64_t position : t.prepared.positions) {
+        t.advantages.push_back(a.advantages[position]);
+        t.returns.push_back(a.returns[position]);
+      }
+      batch.action_tokens += static_cast<int64_t>(t.prepared.positions.size());
+    }
+  }
+  return batch;
+}
+
+Result<UpdateMetrics> AccumulateGradients(const Model& model,
+                                          std::span<const TrainingTrajectory* const> trajectories,
+                                          const StepSettings& settings, RoutingRecord* routing) {
+  UpdateMetrics result;
+  const PolicyLossOptions& loss_options = settings.objective.loss;
+  std::vector<int64_t> counts;
+  for (const TrainingTrajectory* t : trajectories) {
+    counts.push_back(static_cast<int64_t>(t->prepared.positions.size()));
+  }
+  STRIDER_ASSIGN_OR_RETURN(
+      std::vector<double> weights,
+      SequenceLossWeights(loss_options.aggregation, counts, loss_options.loss_constant));
+  const bool values = loss_options.value_coef > 0;
+  // Entropy is always measured (a metric); it is in the graph only when it has a weight.
+  const bool entropy_bonus = loss_options.entropy_coef > 0;
+  const bool kl = loss_options.kl_coef > 0;
+  try {
+    for (size_t i = 0; i < trajectories.size(); ++i) {
+      const TrainingTrajectory& t = *trajectories[i];
+      if (t.prepared.positions.empty()) continue;
+      const at::Tensor behaviour = at::tensor(t.prepared.behaviour_logprobs, at::kFloat);
+      const at::Tensor proximal = at::tensor(t.scores.logprobs, at::kFloat);
+      const at::Tensor advantages = at::tensor(t.advantages, at::kFloat);
+      const at::Tensor returns = at::tensor(t.returns, at::kFloat);
+      const at::Tensor old_values =
+          values ? at::tensor(t.scores.action_values, at::kFloat) : at::Tensor();
+      const at::Tensor reference =
+          kl ? at::tensor(t.scores.reference_logprobs, at::kFloat) : at::Tensor();
+      const at::Tensor row_weight = at::full({1}, weights[i], at::kFloat);
+      ChunkedPassOptions pass;
+      pass.path = TrainingPath::kInference;
+      pass.chunk_tokens = settings.chunk_tokens;
+      pass.backward = true;
+      pass.truncated = settings.truncated_backprop;
+      pass.values = values;
+      pass.record_routing = routing != nullptr;
+      pass.replay_routing = t.prepared.replaying && settings.scoring.replay_routing
+                                ? &t.prepared.replay
+                                : nullptr;
+      auto objective = [&](const ChunkView& chunk) -> Result<at::Tensor> {
+        std::vector<int64_t> slots;
+        at::Tensor chunk_entropy;
+        const at::Tensor lp =
+            ChunkActionLogProbs(chunk.logits, chunk.begin, t.prepared, &slots, &chunk_entropy);
+        if (slots.empty()) return at::Tensor();
+        const at::Tensor index = at::tensor(slots, at::kLong);
+        PolicyLossInputs in;
+        in.logprobs = lp.to(at::kFloat).unsqueeze(0);
+        in.behaviour_logprobs = behaviour.index_select(0, index).unsqueeze(0);
+        in.proximal_logprobs = proximal.index_select(0, index).unsqueeze(0);
+        if (kl) in.reference_logprobs = reference.index_select(0, index).unsqueeze(0);
+        in.advantages = advantages.index_select(0, index).unsqueeze(0);
+        in.action_mask = at::ones_like(in.advantages);
+        in.entropy = (entropy_bonus ? chunk_entropy : chunk_entropy.detach())
+                         .to(at::kFloat)
+                         .unsqueeze(0);
+        if (values) {
+          std::vector<int64_t> rows;
+          for (int64_t slot : slots) rows.push_back(t.prepared.positions[slot] - 1 - chunk.begin);
+          in.values = chunk.values[0].index_select(0, at::tensor(rows, at::kLong)).unsqueeze(0);
+          in.old_values = old_values.index_select(0, index).unsqueeze(0);
+          in.returns = returns.index_select(0, index).unsqueeze(0);
+        }
+        in.row_weight = row_weight;
+        STRIDER_ASSIGN_OR_RETURN(PolicyLossResult loss, PolicyLoss(in, loss_options));
+        result.loss += loss.loss.item<double>();
+        result.policy_loss += loss.policy_loss;
+        result.kl_loss += loss.kl_loss;
+        result.entropy_loss += loss.entropy;
+        result.value_loss += loss.value_loss;
+        result.metrics.Add(loss.metrics);
+        return loss.loss;
+      };
+      STRIDER_ASSIGN_OR_RETURN(ChunkedPassResult pass_result,
+                               RunChunkedPass(model, t.prepared.input, pass, objective));
+      if (routing != nullptr && !pass_result.routing.layers.empty()) {
+        *routing = routing->layers.empty()
+                       ? std::move(pass_result.routing)
+                       : RoutingRecord::Concatenate({std::move(*routing),
+                                                     std::move(pass_result.routing)});
+      }
+      result.tokens += t.prepared.length();
+    }
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("update pass: ") + error.what_without_backtrace());
+  }
+  return result;
+}
+
+}  // namespace strider::rl

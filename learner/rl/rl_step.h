@@ -1,0 +1,116 @@
+// One RL learner step on a sampled batch, in the order the learner runs it:
+//
+//   SplitBatch        the sampled units' segments as groups of whole trajectories
+//   PrepareBatch      per trajectory: join and check (PrepareTrajectory), score without gradient
+//                     along the inference path (current policy with routing replay, reference,
+//                     values), the mismatch check (above threshold: excluded, with the reason),
+//                     rewards shaped per step (reward/shaping), then advantages per group
+//                     (learner/rl/advantages) over the members kept
+//   AccumulateGradients
+//                     the update pass of a mini-batch: per trajectory one RunChunkedPass with
+//                     backward, each chunk's policy, KL, entropy and value losses (PolicyLoss)
+//                     weighted so the mini-batch's chunks add up to its aggregated loss
+//
+// The learner service (rl_learner.h) adds sampling, PPO epochs and mini-batches, the optimiser
+// step, routing balance, publishing and checkpoints; bench/learner_bench times the pieces.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/model/model.h"
+#include "common/schema/messages.h"
+#include "common/status.h"
+#include "learner/rl/losses.h"
+#include "learner/rl/objective_config.h"
+#include "learner/rl/scoring.h"
+#include "reward/shaping.h"
+
+namespace strider::rl {
+
+// A group's trajectories, each as all of its segments in order.
+struct SampledGroup {
+  schema::TrajectoryId group_id;  // the trajectory's own id for an ungrouped one
+  std::vector<std::vector<schema::SegmentData>> members;
+};
+
+// Splits a batch's segments (a trajectory or group table's units: every segment of each
+// trajectory, in order) into groups of trajectories, in the order they first appear.
+std::vector<SampledGroup> SplitBatch(std::vector<schema::SegmentData> segments);
+
+struct StepSettings {
+  ScoringOptions scoring;
+  ObjectiveConfig objective;
+  reward::ShapingConfig reward;
+  int64_t chunk_tokens = 512;
+  bool truncated_backprop = true;  // backward per chunk, the state detached between chunks
+  // The policy version the model's weights are (the last one published, when no update came
+  // after it); absent when they are no published version. The mismatch check compares two
+  // evaluations of one policy, so it runs only on trajectories sampled entirely under this
+  // version; older ones are corrected by the loss's truncated importance weights instead.
+  std::optional<uint64_t> weights_version;
+};
+
+// A trajectory of the batch as the update sees it.
+struct TrainingTrajectory {
+  PreparedTrajectory prepared;
+  TrajectoryScores scores;
+  // Per action token (in prepared.positions order).
+  std::vector<float> advantages;
+  std::vector<float> returns;
+  double outcome = 0;  // the stored outcome reward
+  bool finished = false;
+  bool truncated = false;
+  uint64_t min_version = 0;
+  uint64_t max_version = 0;
+  // Not trained on: the mismatch check failed, its rewards could not be shaped, or its group
+  // was filtered (all outcomes equal under filter_constant_groups).
+  bool excluded = false;
+  std::string excluded_reason;
+};
+
+struct PreparedBatch {
+  std::vector<TrainingTrajectory> trajectories;
+  int64_t groups = 0;
+  int64_t filtered_groups = 0;
+  int64_t tokens = 0;         // all tokens of all trajectories
+  int64_t action_tokens = 0;  // of the trajectories kept
+  // Mismatch over single-version trajectories (measured ones): the largest max and p99.
+  double mismatch_max = 0;
+  double mismatch_p99 = 0;
+  int64_t mismatch_measured = 0;
+  int64_t mismatch_excluded = 0;
+  double score_seconds = 0;  // scoring passes (policy, reference, values)
+};
+
+// Scores and computes advantages for every group. Errors are those of a malformed trajectory
+// the learner cannot read at all (segments that do not join) or of the model; a trajectory that
+// only fails the mismatch check or shaping is excluded and reported, not an error.
+Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
+                                   const std::vector<SampledGroup>& groups,
+                                   const StepSettings& settings);
+
+struct UpdateMetrics {
+  double loss = 0;  // the aggregated loss of the mini-batch
+  double policy_loss = 0;
+  double kl_loss = 0;
+  double entropy_loss = 0;
+  double value_loss = 0;
+  PolicyLossMetrics metrics;
+  int64_t tokens = 0;  // all positions passed
+};
+
+// Runs the update pass over `trajectories` (kept ones of a PreparedBatch), accumulating
+// gradients into the model's parameters; the caller zeroes them before and steps after.
+// The loss is aggregated over the given trajectories as objective.loss.aggregation says.
+// With `routing` not null, the router's choices and scores of every position are appended to
+// it (one row, positions concatenated), for routing balance.
+Result<UpdateMetrics> AccumulateGradients(const Model& model,
+                                          std::span<const TrainingTrajectory* const> trajectories,
+                                          const StepSettings& settings,
+                                          RoutingRecord* routing = nullptr);
+
+}  // namespace strider::rl
