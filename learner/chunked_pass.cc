@@ -136,11 +136,14 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
       view.values = std::move(out.values);
       view.hidden = std::move(out.hidden);
       STRIDER_ASSIGN_OR_RETURN(at::Tensor loss, objective(view));
-      if (!options.backward || !loss.defined()) continue;
+      if (!options.backward) continue;
       if (chunked && options.truncated) {
-        loss.backward();
+        if (loss.defined()) loss.backward();
+        // Also after a chunk without a loss (an RL trajectory's context): otherwise the next
+        // chunk's backward runs through it, and a long context before the first action keeps
+        // its whole graph alive.
         state.DetachGraph();
-      } else {
+      } else if (loss.defined()) {
         total = total.defined() ? total + loss : loss;
       }
     }

@@ -541,6 +541,68 @@ TEST(ChunkedPass, ContinuesFromAnInitialStateAsOnePassWould) {
   EXPECT_FALSE(PassLogits(model, tokens, options, &rest).ok());
 }
 
+// Truncation cuts the graph after every chunk, those whose objective returns no loss (context
+// before an RL trajectory's first action) included: the gradients of a loss in the last chunk
+// are those of a pass over that chunk alone from the earlier chunks' state, taken as a constant.
+TEST(ChunkedPass, TruncationCutsAfterChunksWithoutALoss) {
+  ConfigureRuntime(1);
+  Result<std::unique_ptr<Model>> created = Model::Create(TinyConfig(), 41);
+  ASSERT_TRUE(created.ok());
+  Model& model = **created;
+  ASSERT_TRUE(model.ConvertTo(at::kDouble).ok());
+  model.SetRequiresGrad(true);
+  const at::Tensor tokens = RandomTokens(96, 42);
+  auto last_chunk_gradients = [&](const ModelInput& input, const ChunkedPassOptions& options,
+                                  int64_t loss_from) {
+    for (const at::Tensor& p : model.TrainableParameters()) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+    auto objective = [&](const ChunkView& chunk) -> Result<at::Tensor> {
+      if (chunk.begin < loss_from) return at::Tensor();
+      return chunk.logits.pow(2).mean();
+    };
+    Result<ChunkedPassResult> pass = RunChunkedPass(model, input, options, objective);
+    EXPECT_TRUE(pass.ok()) << pass.status().ToString();
+    std::vector<at::Tensor> gradients;
+    for (const at::Tensor& p : model.TrainableParameters()) {
+      gradients.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+    }
+    return gradients;
+  };
+  auto max_difference = [](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    double most = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      most = std::max(most, (a[i] - b[i]).abs().max().item<double>());
+    }
+    return most;
+  };
+  ChunkedPassOptions options;
+  options.chunk_tokens = 32;
+  options.truncated = true;
+  ModelInput whole;
+  whole.tokens = tokens;
+  const std::vector<at::Tensor> truncated = last_chunk_gradients(whole, options, 64);
+
+  // The last chunk alone, from the state after the first 64 tokens.
+  ChunkedPassOptions prefix_options;
+  prefix_options.backward = false;
+  prefix_options.chunk_tokens = 32;
+  prefix_options.keep_final_state = true;
+  ChunkedPassResult prefix;
+  ASSERT_TRUE(PassLogits(model, tokens.narrow(1, 0, 64), prefix_options, &prefix).ok());
+  ChunkedPassOptions tail_options = options;
+  tail_options.initial_state = &prefix.final_state;
+  ModelInput tail;
+  tail.tokens = tokens.narrow(1, 64, 32);
+  const std::vector<at::Tensor> alone = last_chunk_gradients(tail, tail_options, 0);
+  EXPECT_LT(max_difference(truncated, alone), 1e-12);
+
+  // Full backpropagation reaches the earlier chunks through the state, so the two differ there.
+  options.truncated = false;
+  const std::vector<at::Tensor> full = last_chunk_gradients(whole, options, 64);
+  EXPECT_GT(max_difference(full, alone), 1e-8);
+}
+
 TEST(ChunkedPass, RoutingReplayForcesTheRecordedExpertsInEveryChunk) {
   ConfigureRuntime(1);
   Result<std::unique_ptr<Model>> created = Model::Create(TinyConfig(), 41);
