@@ -20,7 +20,8 @@
 //      the learner holds of the trajectory (linear in its length by nature: tokens, the
 //      routing record) and what the passes add on top (bounded by the chunk and the state).
 //   4. The busy fraction of the RL learner service (rl_learner.h) stepping over a replay group
-//      table filled before it starts: compute time over wall time (target >= 90%).
+//      table filled before it starts with the group of part 1: time outside the sample wait
+//      over wall time, as the learner's metrics.jsonl reports it (target >= 90%).
 //
 //   learner_bench [--quick] [--model NAME|PATH] [--members N] [--turn-tokens N] [--repeats N]
 //                 [--long] [--no-long] [--long-tokens N] [--long-chunk N] [--busy-steps N]
@@ -59,7 +60,10 @@
 #include "envs/retrieval/retrieval.h"
 #include "learner/language_model_loss.h"
 #include "learner/learner.h"
+#include "learner/rl/rl_learner.h"
 #include "learner/rl/rl_step.h"
+#include "replay/client.h"
+#include "replay/replay.h"
 
 namespace strider {
 namespace {
@@ -277,7 +281,9 @@ double PassFlops(const ModelConfig& m, int64_t length, bool backward) {
   return static_cast<double>(length) * (2 * factor * active + attention);
 }
 
-int RunStepBench(const StepBenchOptions& o, const bench::Ceiling& ceiling) {
+// `played` gets the group the step ran on (the busy-fraction run fills a table with it).
+int RunStepBench(const StepBenchOptions& o, const bench::Ceiling& ceiling,
+                 std::vector<rl::SampledGroup>* played_groups) {
   const ModelConfig config = bench::Unwrap(LoadModelConfig(ModelPath(o.model)), "model config");
   const std::string bench = "learner_" + config.name;
   const double peak = ceiling.value * 1e9;
@@ -440,6 +446,7 @@ int RunStepBench(const StepBenchOptions& o, const bench::Ceiling& ceiling) {
             {"update_fraction", bench::JsonNumber(update_seconds / step)},
             {"logprob_mismatch_max", bench::JsonNumber(mismatch_max)},
             {"clip_fraction", bench::JsonNumber(last_update.metrics.clip_fraction())}}));
+  *played_groups = groups;
   return 0;
 }
 
@@ -700,6 +707,86 @@ int RunLong(const std::string& model_name, int64_t length, int64_t chunk) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// 4. The learner service's busy fraction on a pre-filled table
+// ---------------------------------------------------------------------------------------------
+
+// A replay server with one group table holding `groups`, then the RL learner service for
+// `steps` steps over it (one group per step, weights published every step). The busy fraction is
+// the learner's own (metrics.jsonl): time outside the sample wait over the step's wall time,
+// summed over the steps.
+int RunBusyBench(const std::string& model_name, const std::vector<rl::SampledGroup>& groups,
+                 int64_t steps) {
+  const ModelConfig config = bench::Unwrap(LoadModelConfig(ModelPath(model_name)), "model config");
+  const std::string bench = "learner_" + config.name;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("strider-learner-bench-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  replay::ServerOptions server_options;
+  server_options.db_path = (dir / "replay").string();
+  server_options.actor_endpoint = "tcp://127.0.0.1:0";
+  server_options.stats_interval_s = 0;
+  replay::TableConfig table;
+  table.name = "groups";
+  table.unit = replay::SampleUnit::kGroup;
+  server_options.tables.push_back(table);
+  std::unique_ptr<replay::ReplayServer> server =
+      bench::Unwrap(replay::ReplayServer::Start(server_options), "replay server");
+  {
+    replay::ActorClientOptions client;
+    client.endpoint = server->actor_endpoint();
+    std::unique_ptr<replay::ActorClient> actor =
+        bench::Unwrap(replay::ActorClient::Connect(client), "actor client");
+    for (const rl::SampledGroup& group : groups) {
+      for (const auto& member : group.members) {
+        for (const schema::SegmentData& segment : member) {
+          bench::Check(actor->Send(segment), "sending a segment");
+        }
+      }
+    }
+    bench::Check(actor->Flush(std::chrono::milliseconds(60000)), "flushing the segments");
+  }
+
+  rl::RlLearnerConfig learner;
+  learner.model = config;
+  learner.init_seed = 1;  // the weights that played the episodes
+  learner.replay.endpoint = server->learner_endpoint();
+  learner.replay.table = "groups";
+  learner.replay.units_per_step = 1;
+  learner.replay.sample_timeout_s = 60;
+  learner.publish.endpoint = "tcp://127.0.0.1:0";
+  learner.train.steps = steps;
+  learner.train.chunk_tokens = 512;
+  learner.objective = BenchStepSettings(512).objective;
+  rl::RlRunOptions run;
+  run.run_dir = (dir / "run").string();
+  const rl::RlRunSummary summary = bench::Unwrap(rl::RunRlLearner(learner, run), "RL learner");
+
+  double compute = 0, wall = 0;
+  std::ifstream metrics(run.run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto field = [&](const std::string& key) {
+      const size_t at = line.find("\"" + key + "\":");
+      return at == std::string::npos ? 0.0 : std::atof(line.c_str() + at + key.size() + 3);
+    };
+    const double step = field("step_seconds");
+    wall += step;
+    compute += field("busy_fraction") * step;
+  }
+  server.reset();
+  std::filesystem::remove_all(dir);
+  if (wall <= 0) {
+    std::fprintf(stderr, "learner_bench: the learner wrote no step metrics\n");
+    return 1;
+  }
+  bench::PrintResult(bench, "busy_fraction_prefilled", compute / wall, "fraction", 0.9,
+                     {{"steps", bench::JsonNumber(static_cast<double>(summary.steps))},
+                      {"step_seconds_total", bench::JsonNumber(wall)},
+                      {"run_seconds", bench::JsonNumber(summary.seconds)},
+                      {"baseline_is", bench::JsonString("target")}});
+  return 0;
+}
+
 struct Arguments {
   bool quick = false;
   std::optional<bool> long_run;
@@ -729,8 +816,11 @@ int Run(const Arguments& a) {
   const bench::Ceiling ceiling = bench::Unwrap(bench::MeasureCeiling(spec), "matmul peak");
   bench::PrintResult("learner_" + config.name, "matmul_peak_fp32", ceiling.value, "GFLOP/s",
                      std::nullopt, bench::CeilingFields(ceiling));
-  if (int rc = RunStepBench(step, ceiling); rc != 0) return rc;
+  std::vector<rl::SampledGroup> played;
+  if (int rc = RunStepBench(step, ceiling, &played); rc != 0) return rc;
   if (int rc = RunPublishBench(step.model); rc != 0) return rc;
+  const int64_t busy_steps = a.busy_steps > 0 ? a.busy_steps : a.quick ? 2 : 4;
+  if (int rc = RunBusyBench(step.model, played, busy_steps); rc != 0) return rc;
   if (a.long_run.value_or(!a.quick)) {
     if (int rc = RunLong(a.long_model, a.long_tokens, a.long_chunk); rc != 0) return rc;
   }
