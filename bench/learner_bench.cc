@@ -722,6 +722,7 @@ int RunBusyBench(const std::string& model_name, const std::vector<rl::SampledGro
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("strider-learner-bench-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
   replay::ServerOptions server_options;
   server_options.db_path = (dir / "replay").string();
   server_options.actor_endpoint = "tcp://127.0.0.1:0";
@@ -729,6 +730,7 @@ int RunBusyBench(const std::string& model_name, const std::vector<rl::SampledGro
   replay::TableConfig table;
   table.name = "groups";
   table.unit = replay::SampleUnit::kGroup;
+  table.sampler.kind = replay::SamplerKind::kUniform;  // with replacement: every step finds one
   server_options.tables.push_back(table);
   std::unique_ptr<replay::ReplayServer> server =
       bench::Unwrap(replay::ReplayServer::Start(server_options), "replay server");
