@@ -29,6 +29,7 @@
 // A model NAME is configs/model/NAME.yaml. --quick: the tiny config, 2 members, no long run
 // unless --long asks for it.
 #include <ATen/ATen.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -835,6 +836,7 @@ int Run(const Arguments& a) {
 int main(int argc, char** argv) {
   if (std::optional<int> child = strider::bench::RunCeilingChild(argc, argv)) return *child;
   strider::bench::EveryLineFields() = strider::bench::RunPolicyFields();
+  spdlog::set_level(spdlog::level::warn);  // the replay server's and learner's progress lines
   strider::Arguments a;
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
