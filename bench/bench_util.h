@@ -3,9 +3,11 @@
 #pragma once
 
 #include <errno.h>  // program_invocation_short_name
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -33,6 +35,23 @@ inline void Check(const Status& status, const std::string& what) {
                  status.ToString().c_str());
     std::exit(1);
   }
+}
+
+// Runs this program again with `arguments` (a shell word list, quoted by the caller), hands
+// each line it prints on stdout to `on_line` as it comes, and returns its exit status (-1 when
+// it cannot be started). Benchmarks run a measurement in a fresh process this way when memory
+// one measurement freed would stay in the heap and read as the next one's.
+inline int RunSelf(const std::string& arguments,
+                   const std::function<void(const std::string& line)>& on_line) {
+  char self[4096];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length <= 0) return -1;
+  self[length] = '\0';
+  FILE* child = popen((std::string("'") + self + "' " + arguments).c_str(), "r");
+  if (child == nullptr) return -1;
+  char buffer[8192];
+  while (std::fgets(buffer, sizeof(buffer), child) != nullptr) on_line(buffer);
+  return pclose(child);
 }
 
 }  // namespace strider::bench

@@ -668,32 +668,21 @@ int RunLongChild(const std::string& model_name, int64_t length, int64_t chunk) {
 // by one stays in the heap and would read as the next one's), passes their lines through and
 // prints how the passes' memory changed from a quarter of the length to all of it.
 int RunLong(const std::string& model_name, int64_t length, int64_t chunk) {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return 1;
-  self[n] = '\0';
+  const ModelConfig config = bench::Unwrap(LoadModelConfig(ModelPath(model_name)), "model config");
   std::vector<std::pair<int64_t, double>> pass_memory;
-  std::string bench_name;
   for (const int64_t part : {length / 4, length / 2, length}) {
-    const std::string command = std::string("'") + self + "' --long-model '" + model_name +
-                                "' --long-chunk " + std::to_string(chunk) + " --long-child " +
-                                std::to_string(part);
-    FILE* child = popen(command.c_str(), "r");
-    if (child == nullptr) return 1;
-    char buffer[8192];
-    while (std::fgets(buffer, sizeof(buffer), child) != nullptr) {
-      std::fputs(buffer, stdout);
-      const std::string line = buffer;
-      if (line.find("\"metric\":\"long_pass_memory_") != std::string::npos) {
-        pass_memory.emplace_back(part, std::atof(line.c_str() + line.find("\"value\":") + 8));
-      }
-      const size_t name = line.find("\"bench\":\"");
-      if (bench_name.empty() && name != std::string::npos) {
-        bench_name = line.substr(name + 9, line.find('"', name + 9) - name - 9);
-      }
-    }
+    const int status = bench::RunSelf(
+        "--long-model '" + model_name + "' --long-chunk " + std::to_string(chunk) +
+            " --long-child " + std::to_string(part),
+        [&](const std::string& line) {
+          std::fputs(line.c_str(), stdout);
+          if (line.find("\"metric\":\"long_pass_memory_") != std::string::npos) {
+            pass_memory.emplace_back(part,
+                                     std::atof(line.c_str() + line.find("\"value\":") + 8));
+          }
+        });
     std::fflush(stdout);
-    if (pclose(child) != 0) {
+    if (status != 0) {
       std::fprintf(stderr, "learner_bench: the long step at %lld tokens failed\n",
                    static_cast<long long>(part));
       return 1;
@@ -701,7 +690,7 @@ int RunLong(const std::string& model_name, int64_t length, int64_t chunk) {
   }
   if (pass_memory.size() == 3 && pass_memory.front().second > 0) {
     // 1 would mean the passes' memory does not grow with the length; 4 that it is linear.
-    bench::PrintResult(bench_name, "long_pass_memory_ratio_full_to_quarter",
+    bench::PrintResult("learner_" + config.name, "long_pass_memory_ratio_full_to_quarter",
                        pass_memory.back().second / pass_memory.front().second, "ratio", 1.0,
                        {{"linear_would_be", bench::JsonNumber(4.0)}});
   }
@@ -799,7 +788,7 @@ struct Arguments {
   int64_t turn_tokens = 0;
   int64_t repeats = 1;
   int64_t long_tokens = 1 << 20;
-  int64_t long_chunk = 2048;
+  int64_t long_chunk = 512;  // configs/rl chunk_tokens
   int64_t long_child = 0;
   int64_t busy_steps = 0;
 };
