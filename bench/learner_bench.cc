@@ -386,9 +386,12 @@ int RunStepBench(const StepBenchOptions& o, const bench::Ceiling& ceiling,
     if (timed) prepare_seconds += Seconds(started);
     if (!timed) mismatch_max = batch.mismatch_max;
     const std::vector<const rl::TrainingTrajectory*> kept = Kept(batch);
-    if (kept.size() != batch.trajectories.size()) {
-      std::fprintf(stderr, "learner_bench: %s\n",
-                   batch.trajectories.front().excluded_reason.c_str());
+    // The rates count every played token, so a step that drops one would misreport them; and
+    // an exclusion of a trajectory the same weights just played is itself the finding.
+    for (const rl::TrainingTrajectory& t : batch.trajectories) {
+      if (!t.excluded) continue;
+      std::fprintf(stderr, "learner_bench: a played trajectory was excluded: %s\n",
+                   t.excluded_reason.c_str());
       return 1;
     }
 
