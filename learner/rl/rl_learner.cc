@@ -221,8 +221,14 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       batch = client->Sample(static_cast<uint64_t>(step + 1),
                              static_cast<uint32_t>(config.replay.units_per_step), version,
                              std::chrono::milliseconds(1000));
-      if (batch.ok() || batch.status().code() != StatusCode::kResourceExhausted) break;
+      if (batch.ok()) break;
+      // Not ready yet, or the server busy or restarting: both pass, up to the step's deadline.
+      const StatusCode code = batch.status().code();
+      if (code != StatusCode::kResourceExhausted && code != StatusCode::kUnavailable) break;
       if (Clock::now() >= deadline || (options.stop != nullptr && options.stop->load())) break;
+      if (code == StatusCode::kUnavailable) {
+        spdlog::warn("learner step {}: {}; retrying", step + 1, batch.status().ToString());
+      }
     }
     if (!batch.ok()) {
       if (options.stop != nullptr && options.stop->load()) break;
@@ -309,7 +315,12 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
 
     // 5. Publish.
     publish_seconds = 0;
-    if (step % config.publish.every_steps == 0) STRIDER_RETURN_IF_ERROR(publish());
+    // Weights no update changed are the version already out: nothing new to publish, except in
+    // sync mode, where the actors wait for a new version before their next round.
+    if (step % config.publish.every_steps == 0 &&
+        (!settings.weights_version.has_value() || config.train.sync)) {
+      STRIDER_RETURN_IF_ERROR(publish());
+    }
     const double compute_seconds = Seconds(compute_started);
     const double step_seconds = Seconds(step_started);
 

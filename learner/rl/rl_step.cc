@@ -76,7 +76,7 @@ reward::TrajectoryRewards RewardsOf(const std::vector<schema::SegmentData>& segm
 // trajectory.
 Result<std::vector<double>> ImplicitRewards(const PreparedTrajectory& prepared,
                                             const TrajectoryScores& scores) {
-  const size_t length = static_cast<size_t>(prepared.length());
+  const size_t length = prepared.joined.tokens.size();
   std::vector<float> policy(length, 0.0f), reference(length, 0.0f);
   for (size_t i = 0; i < scores.positions.size(); ++i) {
     policy[scores.positions[i]] = scores.logprobs[i];
