@@ -22,5 +22,6 @@ void AddPretrainCommands(CLI::App& app, int& exit_code);
 void AddActorCommands(CLI::App& app, int& exit_code);
 void AddEnvCommands(CLI::App& app, int& exit_code);
 void AddReportCommands(CLI::App& app, int& exit_code);
+void AddRewardCommands(CLI::App& app, int& exit_code);
 
 }  // namespace strider::cli
