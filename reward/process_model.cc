@@ -446,7 +446,10 @@ Result<ProcessModelReport> TrainProcessModel(const ProcessModelOptions& options)
   }
   if (report.train_labels.correct == 0 || report.train_labels.incorrect == 0) {
     return Status::InvalidArgument(
-        "process model: the training steps are all of one label; nothing to learn");
+        "process model: the training steps are all of one label (" +
+        std::to_string(report.train_labels.correct) + " correct, " +
+        std::to_string(report.train_labels.incorrect) + " incorrect, " +
+        std::to_string(report.train_labels.unknown) + " unknown); nothing to learn");
   }
 
   const Clock::time_point train_start = Clock::now();
