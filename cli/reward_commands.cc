@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
+#include "envs/environment.h"
 #include "reward/process_model.h"
 
 namespace strider::cli {
@@ -17,9 +18,24 @@ using Json = nlohmann::ordered_json;
 struct TrainFlags {
   reward::ProcessModelOptions options;
   int64_t threads = -1;  // -1: the model config's
+  std::string relabel_env;
+  std::vector<std::string> relabel_options;
 };
 
-int TrainPrm(const TrainFlags& flags) {
+int TrainPrm(TrainFlags flags) {
+  if (!flags.relabel_env.empty() || !flags.relabel_options.empty()) {
+    envs::EnvironmentConfig env;
+    env.name = flags.relabel_env;
+    for (const std::string& option : flags.relabel_options) {
+      const size_t eq = option.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        return ReportError(Status::InvalidArgument(
+            "--relabel-option: expected key=value, got '" + option + "'"));
+      }
+      env.options[option.substr(0, eq)] = option.substr(eq + 1);
+    }
+    flags.options.relabel = std::move(env);
+  }
   if (flags.threads >= 0) {
     ConfigureRuntime(flags.threads);
   } else {
@@ -125,6 +141,12 @@ void AddRewardCommands(CLI::App& app, int& exit_code) {
   train_prm->add_option("--chunk-tokens", o.chunk_tokens,
                         "Positions per inference-path chunk when reading hidden states")
       ->capture_default_str();
+  train_prm->add_option("--relabel-env", train->relabel_env,
+                        "Label steps by replaying each trajectory against this environment "
+                        "instead of the stored labels");
+  train_prm->add_option("--relabel-option", train->relabel_options,
+                        "KEY=VALUE option of the replaying environment (repeatable; the stored "
+                        "env_option.* metadata wins)");
   train_prm->add_flag("--shuffle-labels", o.shuffle_labels,
                       "Control run: permute the training labels (held-out ones stay true)");
   train_prm->add_option("--threads", train->threads,

@@ -20,6 +20,7 @@
 #include "common/safetensors.h"
 #include "learner/learner.h"
 #include "learner/optimizer.h"
+#include "reward/verifiers.h"
 
 namespace strider::reward {
 namespace {
@@ -251,9 +252,23 @@ Result<LabelledTrajectory> ReadLabelledTrajectory(std::span<const schema::Segmen
   return out;
 }
 
+Result<std::vector<schema::StepLabel>> ReplayedLabels(const StoredTrajectory& trajectory,
+                                                      const envs::EnvironmentConfig& env) {
+  STRIDER_ASSIGN_OR_RETURN(Rescored rescored, Rescore(trajectory, env));
+  std::vector<schema::StepLabel> labels(trajectory.steps.size(), schema::StepLabel::kUnknown);
+  for (size_t k = 0; k < rescored.steps.size() && k < labels.size(); ++k) {
+    const StepVerdict& verdict = rescored.steps[k];
+    if (!verdict.error.empty()) break;
+    if (verdict.label == envs::StepLabel::kCorrect) labels[k] = schema::StepLabel::kCorrect;
+    if (verdict.label == envs::StepLabel::kIncorrect) labels[k] = schema::StepLabel::kIncorrect;
+  }
+  return labels;
+}
+
 Result<LabelledStore> ReadLabelledStore(const std::string& store_path,
                                         const replay::ListFilter& filter,
-                                        int64_t max_trajectories) {
+                                        int64_t max_trajectories,
+                                        const envs::EnvironmentConfig* relabel) {
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::Inspector> inspector,
                            replay::Inspector::Open(store_path));
   STRIDER_ASSIGN_OR_RETURN(std::vector<schema::TrajectorySummary> summaries,
@@ -274,6 +289,16 @@ Result<LabelledStore> ReadLabelledStore(const std::string& store_path,
     for (replay::StoredSegment& s : stored) segments.push_back(std::move(s.segment));
     Result<LabelledTrajectory> labelled = ReadLabelledTrajectory(segments);
     if (!labelled.ok()) return labelled.status().WithContext(store_path);
+    if (relabel != nullptr) {
+      Result<std::vector<schema::StepLabel>> replayed =
+          ReplayedLabels(labelled->trajectory, *relabel);
+      if (replayed.status().code() == StatusCode::kFailedPrecondition) {
+        ++out.unreplayed;  // another episode than the environment plays now: no verdicts
+        continue;
+      }
+      if (!replayed.ok()) return replayed.status().WithContext(store_path);
+      labelled->labels = std::move(*replayed);
+    }
     out.trajectories.push_back(std::move(*labelled));
   }
   return out;
@@ -360,6 +385,7 @@ Json ReportObject(const ProcessModelReport& r) {
           {"train_trajectories", r.train_trajectories},
           {"heldout_trajectories", r.heldout_trajectories},
           {"incomplete_trajectories", r.incomplete_trajectories},
+          {"unreplayed_trajectories", r.unreplayed_trajectories},
           {"train_labels", CountsJson(r.train_labels)},
           {"heldout_labels", CountsJson(r.heldout_labels)},
           {"feature_dim", r.feature_dim},
@@ -410,11 +436,13 @@ Result<ProcessModelReport> TrainProcessModel(const ProcessModelOptions& options)
                            LoadPolicy(options.model_config, options.model_weights));
   STRIDER_ASSIGN_OR_RETURN(
       LabelledStore store,
-      ReadLabelledStore(options.store_path, options.filter, options.max_trajectories));
+      ReadLabelledStore(options.store_path, options.filter, options.max_trajectories,
+                        options.relabel ? &*options.relabel : nullptr));
 
   ProcessModelReport report;
   report.trajectories = static_cast<int64_t>(store.trajectories.size());
   report.incomplete_trajectories = store.incomplete;
+  report.unreplayed_trajectories = store.unreplayed;
   report.feature_dim = 2 * model->config().width;
   Split train, heldout;
   for (const LabelledTrajectory& t : store.trajectories) {

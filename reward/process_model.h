@@ -29,7 +29,9 @@
 // command run beside a fleet, it needs every complete trajectory rather than a sample, must not
 // count as sampling (the rate limiter, times sampled) and must work on stores whose tables are
 // not trajectory tables. Labels are those the actor stored (schema 1.2 step labels, the
-// environment's verdict); `unknown` steps are not training data and are only counted.
+// environment's verdict), or, with `relabel`, the verdicts of replaying each trajectory against
+// its environment (reward/verifiers.h: stores written before schema 1.2, or a check of the
+// stored labels); `unknown` steps are not training data and are only counted.
 //
 // Split: by trajectory, so no held-out step shares a trajectory with a training step; a
 // trajectory is held out when a hash of its id and `split_seed` falls below `heldout_fraction`,
@@ -50,12 +52,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "common/schema/messages.h"
 #include "common/status.h"
+#include "envs/environment.h"
 #include "replay/inspect.h"
 #include "reward/trajectory.h"
 
@@ -87,17 +91,26 @@ struct LabelCounts {
 // (any order). Segments of schema 1.1 read as unknown. Errors as JoinSegments.
 Result<LabelledTrajectory> ReadLabelledTrajectory(std::span<const schema::SegmentData> segments);
 
+// The labels of replaying a trajectory against `env` (reward::Rescore): the environment's label
+// of each step it answered; unknown for a step whose Step failed and for steps after it.
+// Errors: those of Rescore (a trajectory that does not replay is FailedPrecondition).
+Result<std::vector<schema::StepLabel>> ReplayedLabels(const StoredTrajectory& trajectory,
+                                                      const envs::EnvironmentConfig& env);
+
 struct LabelledStore {
   std::vector<LabelledTrajectory> trajectories;  // complete ones, in the store's listing order
   int64_t incomplete = 0;  // listed but not complete (still written, or abandoned): skipped
+  int64_t unreplayed = 0;  // with `relabel`: trajectories that did not replay, skipped
 };
 
 // Every complete trajectory `filter` selects in the store directory `store_path`, with its
-// labels; at most `max_trajectories` (0: all). Errors: the store cannot be opened or read, a
-// trajectory's segments do not join.
+// labels (the stored ones, or ReplayedLabels against `relabel` when it is not null); at most
+// `max_trajectories` (0: all). Errors: the store cannot be opened or read, a trajectory's
+// segments do not join, the environment cannot be made.
 Result<LabelledStore> ReadLabelledStore(const std::string& store_path,
                                         const replay::ListFilter& filter = {},
-                                        int64_t max_trajectories = 0);
+                                        int64_t max_trajectories = 0,
+                                        const envs::EnvironmentConfig* relabel = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Training
@@ -108,6 +121,9 @@ struct ProcessModelOptions {
   std::string store_path;  // a replay store directory
   replay::ListFilter filter;
   int64_t max_trajectories = 0;  // 0: every complete trajectory
+  // Labels from replaying each trajectory against this environment instead of the stored ones
+  // (ReplayedLabels); an empty name takes the stored environment's. Unset: the stored labels.
+  std::optional<envs::EnvironmentConfig> relabel;
   double heldout_fraction = 0.2;  // of trajectories, in (0, 1)
   uint64_t split_seed = 0;
   // A control, not a way to train: training labels permuted among the training steps (the
@@ -137,6 +153,7 @@ struct ProcessModelReport {
   int64_t train_trajectories = 0;
   int64_t heldout_trajectories = 0;
   int64_t incomplete_trajectories = 0;  // skipped
+  int64_t unreplayed_trajectories = 0;  // with relabel: did not replay, skipped
   LabelCounts train_labels;
   LabelCounts heldout_labels;
   // On held-out labelled steps: the head thresholded at 0.5, and always answering the

@@ -234,6 +234,25 @@ TEST_F(ProcessModelTest, ReadsTheLabelsTheEnvironmentGaveFromTheStore) {
   EXPECT_EQ(capped->trajectories.size(), 5u);
 }
 
+TEST_F(ProcessModelTest, LabelsFromReplayingTheEnvironmentAreTheStoredOnes) {
+  Result<LabelledStore> stored = ReadLabelledStore(dir_->Sub("store"));
+  ASSERT_TRUE(stored.ok());
+  envs::EnvironmentConfig env{.name = "calculator", .options = {{"difficulty", "1"}}};
+  Result<LabelledStore> replayed = ReadLabelledStore(dir_->Sub("store"), {}, 0, &env);
+  ASSERT_TRUE(replayed.ok()) << replayed.status().ToString();
+  EXPECT_EQ(replayed->unreplayed, 0);
+  ASSERT_EQ(replayed->trajectories.size(), stored->trajectories.size());
+  for (size_t i = 0; i < stored->trajectories.size(); ++i) {
+    EXPECT_EQ(replayed->trajectories[i].labels, stored->trajectories[i].labels) << i;
+  }
+  // Other options give other problems: no trajectory replays, none is labelled.
+  env.options["difficulty"] = "2";
+  Result<LabelledStore> other = ReadLabelledStore(dir_->Sub("store"), {}, 0, &env);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_EQ(other->unreplayed, kEpisodes);
+  EXPECT_TRUE(other->trajectories.empty());
+}
+
 TEST_F(ProcessModelTest, BeatsTheMajorityBaselineOnHeldOutTrajectoriesAndScoresFromItsCheckpoint) {
   ProcessModelOptions options = Options();
   options.output_dir = dir_->Sub("prm");
