@@ -79,7 +79,10 @@ Result<at::Tensor> StepFeatures(const Model& model, const StoredTrajectory& traj
     std::vector<int64_t> actions(steps, 0);
     size_t k = 0;  // the step the next position belongs to; steps are contiguous and in order
     ChunkedPassOptions pass;
-    pass.path = TrainingPath::kInference;
+    // An image's patches may not straddle a chunk, and image trajectories are short (the
+    // vision grid bounds each image): they go through in one Forward, equal to the chunked
+    // inference path by the model's two-path contract.
+    pass.path = trajectory.images.empty() ? TrainingPath::kInference : TrainingPath::kTraining;
     pass.chunk_tokens = chunk_tokens;
     pass.backward = false;
     pass.hidden = true;

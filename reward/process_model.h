@@ -22,7 +22,9 @@
 // reads what the policy understood.
 //
 // The hidden states come from the inference path chunk by chunk (RunChunkedPass), so memory is
-// bounded by the chunk, not by the trajectory's length.
+// bounded by the chunk, not by the trajectory's length; a trajectory with images goes through
+// the training path in one Forward instead (an image may not straddle a chunk; the two paths
+// agree by the model's contract).
 //
 // Data: labelled steps are read from a replay store directory offline (replay/inspect.h,
 // read-only, safe while the server runs), not through the learner endpoint: training is a

@@ -12,6 +12,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "actors/segmenter.h"
@@ -36,14 +38,16 @@ using strider::testing::TempDir;
 constexpr int kEpisodes = 120;
 constexpr double kRandomTurnRate = 0.35;
 
-// The calculator's scripted policy with some turns replaced by random ones
+// An environment's scripted policy with some turns replaced by random ones
 // (envs::MakeRandomPolicy). The solver is shown only the observations that answered its own
 // turns, so after a random turn it goes on where it was.
 class Distracted : public envs::ScriptedPolicy {
  public:
-  Distracted(uint64_t seed, std::vector<envs::ToolSpec> tools)
-      : solver_(envs::MakeScriptedPolicy({.name = "calculator"}).value()),
+  Distracted(const envs::EnvironmentConfig& env, double rate, uint64_t seed,
+             std::vector<envs::ToolSpec> tools)
+      : solver_(envs::MakeScriptedPolicy(env).value()),
         random_(envs::MakeRandomPolicy(seed, std::move(tools))),
+        rate_(rate),
         rng_(seed) {}
 
   Result<std::string> NextTurn(const std::vector<envs::Observation>& observations) override {
@@ -52,7 +56,7 @@ class Distracted : public envs::ScriptedPolicy {
     for (size_t i = 1; i < observations.size(); ++i) {
       if (!random_turn_[i - 1]) seen.push_back(observations[i]);
     }
-    const bool random = std::uniform_real_distribution<double>(0, 1)(rng_) < kRandomTurnRate;
+    const bool random = std::uniform_real_distribution<double>(0, 1)(rng_) < rate_;
     random_turn_.push_back(random);
     Result<std::string> turn = random ? random_->NextTurn(observations) : solver_->NextTurn(seen);
     if (turn.ok()) turns.push_back(*turn);
@@ -64,6 +68,7 @@ class Distracted : public envs::ScriptedPolicy {
  private:
   std::unique_ptr<envs::ScriptedPolicy> solver_;
   std::unique_ptr<envs::ScriptedPolicy> random_;
+  double rate_;
   std::mt19937_64 rng_;
   std::vector<bool> random_turn_;
 };
@@ -77,12 +82,18 @@ schema::StepLabel SchemaLabel(envs::StepLabel label) {
   return schema::StepLabel::kUnknown;
 }
 
-// Plays one episode and cuts it into segments as the actor does.
-std::vector<schema::SegmentData> PlayAndSegment(uint64_t seed, LabelCounts* counts) {
-  std::unique_ptr<envs::Environment> env =
-      envs::MakeEnvironment({.name = "calculator", .options = {{"difficulty", "1"}}}).value();
+const envs::EnvironmentConfig kCalculator{.name = "calculator", .options = {{"difficulty", "1"}}};
+
+// Plays one episode and cuts it into segments as the actor does. Images get as many patch
+// placeholders as a model with `patch_size` gives them.
+std::vector<schema::SegmentData> PlayAndSegment(uint64_t seed, LabelCounts* counts,
+                                                const envs::EnvironmentConfig& env_config =
+                                                    kCalculator,
+                                                double random_turn_rate = kRandomTurnRate,
+                                                int64_t patch_size = 4) {
+  std::unique_ptr<envs::Environment> env = envs::MakeEnvironment(env_config).value();
   const envs::EnvironmentSpec spec = env->Describe();
-  Distracted policy(seed, spec.tools);
+  Distracted policy(env_config, random_turn_rate, seed, spec.tools);
   std::vector<envs::StepResult> results;
   const envs::EpisodeReport report = envs::PlayEpisode(
       *env, policy, seed, 10, {}, [&](const envs::StepResult& r) { results.push_back(r); });
@@ -93,16 +104,34 @@ std::vector<schema::SegmentData> PlayAndSegment(uint64_t seed, LabelCounts* coun
 
   actors::SegmenterOptions options;
   options.segment_tokens = 96;  // a few turns each: steps span cuts
-  options.env = "calculator";
+  options.env = env_config.name;
   schema::TrajectoryId id;
   std::mt19937_64 id_rng(seed * 7919 + 1);
   for (uint8_t& b : id.bytes) b = static_cast<uint8_t>(id_rng());
   actors::Segmenter segmenter(options, id);
   std::vector<schema::SegmentData> segments;
   transcript::Transcript t;
+  std::vector<const envs::Image*> shown;  // images added and not yet fed, in stream order
+  auto patches = [&](const envs::Observation& o) {
+    std::vector<int64_t> counts;
+    for (const envs::Image& image : o.images) {
+      counts.push_back((image.height / patch_size) * (image.width / patch_size));
+      shown.push_back(&image);
+    }
+    return counts;
+  };
   auto feed = [&] {
+    size_t image = 0;
     for (const transcript::Run& run : t.Take()) {
       const auto role = static_cast<schema::Role>(run.role);
+      if (role == schema::Role::kImage) {
+        const envs::Image& picture = *shown.at(image++);
+        EXPECT_TRUE(segmenter
+                        .AddImage({0, static_cast<uint32_t>(picture.width),
+                                   static_cast<uint32_t>(picture.height),
+                                   static_cast<uint8_t>(picture.channels), picture.pixels})
+                        .ok());
+      }
       if (schema::IsAction(role)) {
         for (int32_t token : run.tokens) {
           EXPECT_TRUE(segmenter.AddAction(token, role, -1.0f, 1, {}).ok());
@@ -111,11 +140,12 @@ std::vector<schema::SegmentData> PlayAndSegment(uint64_t seed, LabelCounts* coun
         EXPECT_TRUE(segmenter.AddContext(run.tokens, role).ok());
       }
     }
+    shown.clear();
     for (schema::SegmentData& s : segmenter.TakeReady()) segments.push_back(std::move(s));
   };
   t.AddSystem(spec.description, envs::RenderToolList(spec.tools));
   const envs::Observation& first = report.observations.front();
-  t.AddObservation(envs::TranscriptRole(first.role), first.text);
+  t.AddObservation(envs::TranscriptRole(first.role), first.text, patches(first));
   t.BeginModelTurn();
   feed();
   for (size_t k = 0; k < results.size(); ++k) {
@@ -126,7 +156,8 @@ std::vector<schema::SegmentData> PlayAndSegment(uint64_t seed, LabelCounts* coun
     if (r.reward) reward = static_cast<float>(*r.reward);
     EXPECT_TRUE(segmenter.EndStep(reward, SchemaLabel(r.label)).ok());
     if (k + 1 == results.size() && !r.done) break;  // cut: the actor writes nothing more
-    t.AddStepResult(envs::TranscriptRole(r.observation.role), r.observation.text, {}, r.done);
+    t.AddStepResult(envs::TranscriptRole(r.observation.role), r.observation.text,
+                    patches(r.observation), r.done);
     feed();
     segmenter.MarkTurnBoundary(std::nullopt);
   }
@@ -298,6 +329,47 @@ TEST_F(ProcessModelTest, BeatsTheMajorityBaselineOnHeldOutTrajectoriesAndScoresF
               (report->train_accuracy * n_train + report->heldout_accuracy * n_held) /
                   (n_train + n_held),
               1.5 / labelled);  // a score within rounding of 0.5 may fall either side
+}
+
+// The scores do not depend on how the trajectory is cut into chunks, and a trajectory with
+// images (which may not straddle a chunk) is scored too.
+TEST_F(ProcessModelTest, ScoresDoNotDependOnTheChunkLengthAndTrajectoriesWithImagesScore) {
+  ProcessModelOptions options = Options();
+  options.max_trajectories = 30;
+  options.steps = 20;
+  options.output_dir = dir_->Sub("prm-512");
+  ASSERT_TRUE(TrainProcessModel(options).ok());
+  const std::string short_chunks = dir_->Sub("prm-16");
+  std::filesystem::create_directories(short_chunks);
+  std::filesystem::copy_file(options.output_dir + "/head.safetensors",
+                             short_chunks + "/head.safetensors");
+  nlohmann::json info = nlohmann::json::parse(std::ifstream(options.output_dir +
+                                                            "/process_model.json"));
+  info["chunk_tokens"] = 16;
+  std::ofstream(short_chunks + "/process_model.json") << info.dump();
+  Result<std::unique_ptr<ProcessRewardModel>> whole = ProcessRewardModel::Load(options.output_dir);
+  Result<std::unique_ptr<ProcessRewardModel>> chunked = ProcessRewardModel::Load(short_chunks);
+  ASSERT_TRUE(whole.ok() && chunked.ok());
+
+  std::vector<StoredTrajectory> trajectories;
+  Result<LabelledStore> store = ReadLabelledStore(dir_->Sub("store"), {}, 5);
+  ASSERT_TRUE(store.ok());
+  for (LabelledTrajectory& t : store->trajectories) trajectories.push_back(t.trajectory);
+  LabelCounts ignored;
+  const envs::EnvironmentConfig vision{.name = "vision_count"};
+  Result<StoredTrajectory> pictured = JoinSegments(PlayAndSegment(7, &ignored, vision, 0.0));
+  ASSERT_TRUE(pictured.ok()) << pictured.status().ToString();
+  ASSERT_FALSE(pictured->images.empty());
+  trajectories.push_back(*pictured);
+  for (const StoredTrajectory& t : trajectories) {
+    Result<std::vector<double>> a = (*whole)->ScoreSteps(t);
+    Result<std::vector<double>> b = (*chunked)->ScoreSteps(t);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_EQ(a->size(), t.steps.size());
+    ASSERT_EQ(b->size(), t.steps.size());
+    for (size_t k = 0; k < a->size(); ++k) EXPECT_NEAR((*a)[k], (*b)[k], 1e-4) << k;
+  }
 }
 
 TEST_F(ProcessModelTest, ShuffledTrainingLabelsDoNotBeatTheBaseline) {
