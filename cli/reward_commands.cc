@@ -29,8 +29,8 @@ int TrainPrm(TrainFlags flags) {
     for (const std::string& option : flags.relabel_options) {
       const size_t eq = option.find('=');
       if (eq == std::string::npos || eq == 0) {
-        return ReportError(Status::InvalidArgument(
-            "--relabel-option: expected key=value, got '" + option + "'"));
+        return ReportError(
+            Status::InvalidArgument("--relabel-option: expected key=value, got '" + option + "'"));
       }
       env.options[option.substr(0, eq)] = option.substr(eq + 1);
     }
@@ -88,12 +88,12 @@ int ScorePrm(const ScoreFlags& flags) {
                      .dump()
               << "\n";
   }
-  Json summary = {{"summary", "score-prm"},
-                  {"trajectories", store->trajectories.size()},
-                  {"steps", steps},
-                  {"labelled_steps", labelled},
-                  {"accuracy", labelled > 0 ? Json(static_cast<double>(right) / labelled)
-                                            : Json(nullptr)}};
+  Json summary = {
+      {"summary", "score-prm"},
+      {"trajectories", store->trajectories.size()},
+      {"steps", steps},
+      {"labelled_steps", labelled},
+      {"accuracy", labelled > 0 ? Json(static_cast<double>(right) / labelled) : Json(nullptr)}};
   std::cout << summary.dump() << std::endl;
   return kExitOk;
 }
@@ -124,8 +124,9 @@ void AddRewardCommands(CLI::App& app, int& exit_code) {
   train_prm->add_option("--env", o.filter.env, "Only trajectories of this environment");
   train_prm->add_option("--max-trajectories", o.max_trajectories,
                         "Read at most N complete trajectories (0: all)");
-  train_prm->add_option("--heldout-fraction", o.heldout_fraction,
-                        "Fraction of trajectories held out for the accuracy")
+  train_prm
+      ->add_option("--heldout-fraction", o.heldout_fraction,
+                   "Fraction of trajectories held out for the accuracy")
       ->capture_default_str();
   train_prm->add_option("--split-seed", o.split_seed, "Seed of the train / held-out split");
   train_prm->add_option("--hidden-units", o.hidden_units, "Hidden layer width (0: linear head)")
@@ -138,8 +139,9 @@ void AddRewardCommands(CLI::App& app, int& exit_code) {
   train_prm->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")
       ->capture_default_str();
   train_prm->add_option("--seed", o.seed, "Seed of the head's initialisation and batches");
-  train_prm->add_option("--chunk-tokens", o.chunk_tokens,
-                        "Positions per inference-path chunk when reading hidden states")
+  train_prm
+      ->add_option("--chunk-tokens", o.chunk_tokens,
+                   "Positions per inference-path chunk when reading hidden states")
       ->capture_default_str();
   train_prm->add_option("--relabel-env", train->relabel_env,
                         "Label steps by replaying each trajectory against this environment "

@@ -51,9 +51,15 @@ bool HeldOut(const schema::TrajectoryId& id, uint64_t split_seed, double fractio
 
 void Count(schema::StepLabel label, LabelCounts* counts) {
   switch (label) {
-    case schema::StepLabel::kCorrect: ++counts->correct; break;
-    case schema::StepLabel::kIncorrect: ++counts->incorrect; break;
-    case schema::StepLabel::kUnknown: ++counts->unknown; break;
+    case schema::StepLabel::kCorrect:
+      ++counts->correct;
+      break;
+    case schema::StepLabel::kIncorrect:
+      ++counts->incorrect;
+      break;
+    case schema::StepLabel::kUnknown:
+      ++counts->unknown;
+      break;
   }
 }
 
@@ -151,7 +157,8 @@ struct ProcessModelHead {
 
   // Random layers, N(0, 1/fan_in), the last bias at the log-odds of `positive_rate` so the
   // first step starts from the base rate rather than from 0.5.
-  static ProcessModelHead Init(int64_t features, int64_t hidden, double positive_rate, uint64_t seed) {
+  static ProcessModelHead Init(int64_t features, int64_t hidden, double positive_rate,
+                               uint64_t seed) {
     std::mt19937_64 rng(seed);
     auto normal = [&](std::vector<int64_t> shape, int64_t fan_in) {
       std::normal_distribution<float> dist(0.0f, 1.0f / std::sqrt(static_cast<float>(fan_in)));
@@ -209,12 +216,12 @@ struct ProcessModelHead {
     STRIDER_ASSIGN_OR_RETURN(head.scale, take("feature_scale", 1));
     const bool hidden = contents.tensors.count("layer1.weight") > 0;
     const std::vector<std::pair<std::string, size_t>> names =
-        hidden ? std::vector<std::pair<std::string, size_t>>{{"layer0.weight", 2},
-                                                             {"layer0.bias", 1},
-                                                             {"layer1.weight", 2},
-                                                             {"layer1.bias", 1}}
-               : std::vector<std::pair<std::string, size_t>>{{"layer0.weight", 2},
-                                                             {"layer0.bias", 1}};
+        hidden
+            ? std::vector<std::pair<std::string, size_t>>{{"layer0.weight", 2},
+                                                          {"layer0.bias", 1},
+                                                          {"layer1.weight", 2},
+                                                          {"layer1.bias", 1}}
+            : std::vector<std::pair<std::string, size_t>>{{"layer0.weight", 2}, {"layer0.bias", 1}};
     for (const auto& [name, dims] : names) {
       STRIDER_ASSIGN_OR_RETURN(at::Tensor t, take(name, dims));
       head.layers.push_back({name, t});
@@ -269,8 +276,7 @@ Result<std::vector<schema::StepLabel>> ReplayedLabels(const StoredTrajectory& tr
 }
 
 Result<LabelledStore> ReadLabelledStore(const std::string& store_path,
-                                        const replay::ListFilter& filter,
-                                        int64_t max_trajectories,
+                                        const replay::ListFilter& filter, int64_t max_trajectories,
                                         const envs::EnvironmentConfig* relabel) {
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::Inspector> inspector,
                            replay::Inspector::Open(store_path));
@@ -326,8 +332,7 @@ struct Evaluation {
   double loss = 0;
 };
 
-Evaluation Evaluate(const ProcessModelHead& head, const at::Tensor& x,
-                    const at::Tensor& y) {
+Evaluation Evaluate(const ProcessModelHead& head, const at::Tensor& x, const at::Tensor& y) {
   at::NoGradGuard no_grad;
   const at::Tensor logits = head.Logits(x);
   Evaluation e;
@@ -402,8 +407,8 @@ Status WriteCheckpoint(const ProcessModelOptions& options, const ProcessModelHea
   std::error_code error;
   std::filesystem::create_directories(options.output_dir, error);
   if (error) {
-    return Status::IoError(options.output_dir + ": cannot create the directory: " +
-                           error.message());
+    return Status::IoError(options.output_dir +
+                           ": cannot create the directory: " + error.message());
   }
   const std::filesystem::path dir(options.output_dir);
   STRIDER_RETURN_IF_ERROR(head.Save((dir / kHeadFile).string()));
@@ -476,11 +481,11 @@ Result<ProcessModelReport> TrainProcessModel(const ProcessModelOptions& options)
         " complete trajectories; both splits need labelled steps");
   }
   if (report.train_labels.correct == 0 || report.train_labels.incorrect == 0) {
-    return Status::InvalidArgument(
-        "process model: the training steps are all of one label (" +
-        std::to_string(report.train_labels.correct) + " correct, " +
-        std::to_string(report.train_labels.incorrect) + " incorrect, " +
-        std::to_string(report.train_labels.unknown) + " unknown); nothing to learn");
+    return Status::InvalidArgument("process model: the training steps are all of one label (" +
+                                   std::to_string(report.train_labels.correct) + " correct, " +
+                                   std::to_string(report.train_labels.incorrect) + " incorrect, " +
+                                   std::to_string(report.train_labels.unknown) +
+                                   " unknown); nothing to learn");
   }
 
   const Clock::time_point train_start = Clock::now();
@@ -589,7 +594,8 @@ Result<std::unique_ptr<ProcessRewardModel>> ProcessRewardModel::Load(const std::
   if (info.contains("chunk_tokens") && info["chunk_tokens"].is_number_integer()) {
     prm->chunk_tokens_ = std::max<int64_t>(1, info["chunk_tokens"].get<int64_t>());
   }
-  STRIDER_ASSIGN_OR_RETURN(ProcessModelHead head, ProcessModelHead::Load((root / kHeadFile).string()));
+  STRIDER_ASSIGN_OR_RETURN(ProcessModelHead head,
+                           ProcessModelHead::Load((root / kHeadFile).string()));
   prm->head_ = std::make_unique<ProcessModelHead>(std::move(head));
   Result<std::unique_ptr<Model>> model = LoadPolicy(prm->model_config_, prm->model_weights_);
   if (!model.ok()) return model.status().WithContext(info_path);
@@ -604,8 +610,7 @@ Result<std::unique_ptr<ProcessRewardModel>> ProcessRewardModel::Load(const std::
 
 Result<std::vector<double>> ProcessRewardModel::ScoreSteps(
     const StoredTrajectory& trajectory) const {
-  STRIDER_ASSIGN_OR_RETURN(at::Tensor features,
-                           StepFeatures(*model_, trajectory, chunk_tokens_));
+  STRIDER_ASSIGN_OR_RETURN(at::Tensor features, StepFeatures(*model_, trajectory, chunk_tokens_));
   return model::Guarded("process model scoring", [&]() -> Result<std::vector<double>> {
     at::NoGradGuard no_grad;
     const at::Tensor p = at::sigmoid(head_->Logits(features)).to(at::kDouble).contiguous();

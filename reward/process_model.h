@@ -134,8 +134,8 @@ struct ProcessModelOptions {
   bool shuffle_labels = false;
 
   // --- The frozen policy model the features come from ---
-  std::string model_config;   // YAML (configs/model/*.yaml)
-  std::string model_weights;  // safetensors written by Model::Save
+  std::string model_config;    // YAML (configs/model/*.yaml)
+  std::string model_weights;   // safetensors written by Model::Save
   int64_t chunk_tokens = 512;  // positions per Model::Append; memory grows with it
 
   // --- The head ---
@@ -167,7 +167,7 @@ struct ProcessModelReport {
   double initial_train_loss = 0;  // before the first step, on all training steps
   double final_train_loss = 0;    // after the last
   int64_t steps = 0;
-  int64_t feature_dim = 0;  // 2 x the model's width
+  int64_t feature_dim = 0;     // 2 x the model's width
   double feature_seconds = 0;  // reading the store and running the policy model
   double train_seconds = 0;
   std::string checkpoint_dir;  // empty when none was written

@@ -8,6 +8,8 @@
 // The mistakes are random turns (a malformed or unknown call, a wrong result, a guessed answer):
 // what a random model's states can tell apart from the solver's turns. A wrong operand in the
 // solver's own format needs arithmetic no random model does, so it is not what this measures.
+#include "reward/process_model.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,7 +26,6 @@
 #include "envs/tools.h"
 #include "replay/client.h"
 #include "replay/replay.h"
-#include "reward/process_model.h"
 #include "tests/integration/child_process.h"
 #include "tests/replay/temp_dir.h"
 
@@ -75,9 +76,12 @@ class Distracted : public envs::ScriptedPolicy {
 
 schema::StepLabel SchemaLabel(envs::StepLabel label) {
   switch (label) {
-    case envs::StepLabel::kCorrect: return schema::StepLabel::kCorrect;
-    case envs::StepLabel::kIncorrect: return schema::StepLabel::kIncorrect;
-    case envs::StepLabel::kUnknown: break;
+    case envs::StepLabel::kCorrect:
+      return schema::StepLabel::kCorrect;
+    case envs::StepLabel::kIncorrect:
+      return schema::StepLabel::kIncorrect;
+    case envs::StepLabel::kUnknown:
+      break;
   }
   return schema::StepLabel::kUnknown;
 }
@@ -86,11 +90,9 @@ const envs::EnvironmentConfig kCalculator{.name = "calculator", .options = {{"di
 
 // Plays one episode and cuts it into segments as the actor does. Images get as many patch
 // placeholders as a model with `patch_size` gives them.
-std::vector<schema::SegmentData> PlayAndSegment(uint64_t seed, LabelCounts* counts,
-                                                const envs::EnvironmentConfig& env_config =
-                                                    kCalculator,
-                                                double random_turn_rate = kRandomTurnRate,
-                                                int64_t patch_size = 4) {
+std::vector<schema::SegmentData> PlayAndSegment(
+    uint64_t seed, LabelCounts* counts, const envs::EnvironmentConfig& env_config = kCalculator,
+    double random_turn_rate = kRandomTurnRate, int64_t patch_size = 4) {
   std::unique_ptr<envs::Environment> env = envs::MakeEnvironment(env_config).value();
   const envs::EnvironmentSpec spec = env->Describe();
   Distracted policy(env_config, random_turn_rate, seed, spec.tools);
@@ -162,10 +164,10 @@ std::vector<schema::SegmentData> PlayAndSegment(uint64_t seed, LabelCounts* coun
     segmenter.MarkTurnBoundary(std::nullopt);
   }
   const bool done = !results.empty() && results.back().done;
-  Result<std::vector<schema::SegmentData>> rest = segmenter.Finish(
-      static_cast<float>(report.outcome.value_or(0.0)),
-      done ? schema::EndReason::kFinished : schema::EndReason::kTruncatedTurns,
-      {{"status", done ? "done" : "max_turns"}, {"seed", std::to_string(seed)}});
+  Result<std::vector<schema::SegmentData>> rest =
+      segmenter.Finish(static_cast<float>(report.outcome.value_or(0.0)),
+                       done ? schema::EndReason::kFinished : schema::EndReason::kTruncatedTurns,
+                       {{"status", done ? "done" : "max_turns"}, {"seed", std::to_string(seed)}});
   EXPECT_TRUE(rest.ok()) << rest.status().ToString();
   if (rest.ok()) {
     for (schema::SegmentData& s : *rest) segments.push_back(std::move(s));
@@ -294,8 +296,7 @@ TEST_F(ProcessModelTest, BeatsTheMajorityBaselineOnHeldOutTrajectoriesAndScoresF
   EXPECT_EQ(report->train_trajectories + report->heldout_trajectories, kEpisodes);
   EXPECT_GT(report->heldout_trajectories, kEpisodes / 6);
   EXPECT_EQ(report->train_labels.correct + report->heldout_labels.correct, played_->correct);
-  EXPECT_EQ(report->train_labels.incorrect + report->heldout_labels.incorrect,
-            played_->incorrect);
+  EXPECT_EQ(report->train_labels.incorrect + report->heldout_labels.incorrect, played_->incorrect);
   EXPECT_EQ(report->train_labels.unknown + report->heldout_labels.unknown, played_->unknown);
   EXPECT_EQ(report->steps, options.steps);
   EXPECT_LT(report->final_train_loss, report->initial_train_loss);
@@ -325,10 +326,10 @@ TEST_F(ProcessModelTest, BeatsTheMajorityBaselineOnHeldOutTrajectoriesAndScoresF
   const double n_train = static_cast<double>(report->train_labels.labelled());
   const double n_held = static_cast<double>(report->heldout_labels.labelled());
   EXPECT_EQ(labelled, report->train_labels.labelled() + report->heldout_labels.labelled());
-  EXPECT_NEAR(static_cast<double>(right) / labelled,
-              (report->train_accuracy * n_train + report->heldout_accuracy * n_held) /
-                  (n_train + n_held),
-              1.5 / labelled);  // a score within rounding of 0.5 may fall either side
+  EXPECT_NEAR(
+      static_cast<double>(right) / labelled,
+      (report->train_accuracy * n_train + report->heldout_accuracy * n_held) / (n_train + n_held),
+      1.5 / labelled);  // a score within rounding of 0.5 may fall either side
 }
 
 // The scores do not depend on how the trajectory is cut into chunks, and a trajectory with
@@ -343,8 +344,8 @@ TEST_F(ProcessModelTest, ScoresDoNotDependOnTheChunkLengthAndTrajectoriesWithIma
   std::filesystem::create_directories(short_chunks);
   std::filesystem::copy_file(options.output_dir + "/head.safetensors",
                              short_chunks + "/head.safetensors");
-  nlohmann::json info = nlohmann::json::parse(std::ifstream(options.output_dir +
-                                                            "/process_model.json"));
+  nlohmann::json info =
+      nlohmann::json::parse(std::ifstream(options.output_dir + "/process_model.json"));
   info["chunk_tokens"] = 16;
   std::ofstream(short_chunks + "/process_model.json") << info.dump();
   Result<std::unique_ptr<ProcessRewardModel>> whole = ProcessRewardModel::Load(options.output_dir);
