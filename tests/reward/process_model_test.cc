@@ -362,6 +362,11 @@ TEST_F(ProcessModelTest, ScoresDoNotDependOnTheChunkLengthAndTrajectoriesWithIma
   ASSERT_TRUE(pictured.ok()) << pictured.status().ToString();
   ASSERT_FALSE(pictured->images.empty());
   trajectories.push_back(*pictured);
+  StoredTrajectory stepless = trajectories.front();
+  stepless.steps.clear();
+  Result<std::vector<double>> none = (*whole)->ScoreSteps(stepless);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->empty());
   for (const StoredTrajectory& t : trajectories) {
     Result<std::vector<double>> a = (*whole)->ScoreSteps(t);
     Result<std::vector<double>> b = (*chunked)->ScoreSteps(t);
