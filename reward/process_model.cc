@@ -36,18 +36,6 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Held out when the id's hash lands below the fraction: a fixed function of the id, so the
-// split does not move when the store lists trajectories in another order or grows.
-bool HeldOut(const schema::TrajectoryId& id, uint64_t split_seed, double fraction) {
-  uint64_t h = 1469598103934665603ull ^ (split_seed * 0x9E3779B97F4A7C15ull);
-  for (uint8_t byte : id.bytes) h = (h ^ byte) * 1099511628211ull;
-  // A final mix so ids that differ in their last byte do not land side by side.
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  return static_cast<double>(h >> 11) * 0x1.0p-53 < fraction;
-}
-
 void Count(schema::StepLabel label, LabelCounts* counts) {
   switch (label) {
     case schema::StepLabel::kCorrect:
@@ -246,6 +234,16 @@ struct ProcessModelHead {
 // ---------------------------------------------------------------------------------------------
 // Labelled steps from the store
 // ---------------------------------------------------------------------------------------------
+
+bool HeldOut(const schema::TrajectoryId& id, uint64_t split_seed, double fraction) {
+  uint64_t h = 1469598103934665603ull ^ (split_seed * 0x9E3779B97F4A7C15ull);
+  for (uint8_t byte : id.bytes) h = (h ^ byte) * 1099511628211ull;
+  // A final mix so ids that differ in their last byte do not land side by side.
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return static_cast<double>(h >> 11) * 0x1.0p-53 < fraction;
+}
 
 Result<LabelledTrajectory> ReadLabelledTrajectory(std::span<const schema::SegmentData> segments) {
   LabelledTrajectory out;

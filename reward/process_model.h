@@ -105,6 +105,11 @@ struct LabelledStore {
   int64_t unreplayed = 0;  // with `relabel`: trajectories that did not replay, skipped
 };
 
+// Whether the split of TrainProcessModel holds `id` out: a hash of the id and `split_seed`
+// below `fraction`, a fixed function of the id (the split does not move when the store lists
+// trajectories in another order or grows). For evaluating on the held-out trajectories only.
+bool HeldOut(const schema::TrajectoryId& id, uint64_t split_seed, double fraction);
+
 // Every complete trajectory `filter` selects in the store directory `store_path`, with its
 // labels (the stored ones, or ReplayedLabels against `relabel` when it is not null); at most
 // `max_trajectories` (0: all). Errors: the store cannot be opened or read, a trajectory's
