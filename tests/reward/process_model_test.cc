@@ -1,179 +1,31 @@
-// The learned process reward model on steps a real replay server stored: calculator episodes
-// whose turns are the scripted solver's with some replaced by random ones, rendered through
-// common/transcript.h and cut by the actor's own segmenter (steps span segment cuts), labelled
-// by the environment as the actor labels them, sent through an ActorClient. The head, on a
-// frozen tiny model with random weights, must beat the majority baseline on held-out
-// trajectories; with the training labels shuffled it must not.
-//
-// The mistakes are random turns (a malformed or unknown call, a wrong result, a guessed answer):
-// what a random model's states can tell apart from the solver's turns. A wrong operand in the
-// solver's own format needs arithmetic no random model does, so it is not what this measures.
+// The learned process reward model on steps a real replay server stored (labelled_episodes.h:
+// calculator episodes with random turns among the solver's, labelled by the environment, sent
+// through an ActorClient). The head, on a frozen tiny model with random weights, must beat the
+// majority baseline on held-out trajectories; with the training labels shuffled it must not.
 #include "reward/process_model.h"
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 
-#include "actors/segmenter.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
-#include "common/transcript.h"
-#include "envs/episode.h"
-#include "envs/tools.h"
-#include "replay/client.h"
 #include "replay/replay.h"
 #include "tests/integration/child_process.h"
 #include "tests/replay/temp_dir.h"
+#include "tests/reward/labelled_episodes.h"
 
 namespace strider::reward {
 namespace {
 
-using std::chrono::milliseconds;
+using strider::testing::PlayAndSegment;
 using strider::testing::SourceDir;
+using strider::testing::StoreEpisodes;
 using strider::testing::TempDir;
 
 constexpr int kEpisodes = 120;
-constexpr double kRandomTurnRate = 0.35;
-
-// An environment's scripted policy with some turns replaced by random ones
-// (envs::MakeRandomPolicy). The solver is shown only the observations that answered its own
-// turns, so after a random turn it goes on where it was.
-class Distracted : public envs::ScriptedPolicy {
- public:
-  Distracted(const envs::EnvironmentConfig& env, double rate, uint64_t seed,
-             std::vector<envs::ToolSpec> tools)
-      : solver_(envs::MakeScriptedPolicy(env).value()),
-        random_(envs::MakeRandomPolicy(seed, std::move(tools))),
-        rate_(rate),
-        rng_(seed) {}
-
-  Result<std::string> NextTurn(const std::vector<envs::Observation>& observations) override {
-    // observations[0] is the task; observations[i] answered turn i - 1.
-    std::vector<envs::Observation> seen = {observations.front()};
-    for (size_t i = 1; i < observations.size(); ++i) {
-      if (!random_turn_[i - 1]) seen.push_back(observations[i]);
-    }
-    const bool random = std::uniform_real_distribution<double>(0, 1)(rng_) < rate_;
-    random_turn_.push_back(random);
-    Result<std::string> turn = random ? random_->NextTurn(observations) : solver_->NextTurn(seen);
-    if (turn.ok()) turns.push_back(*turn);
-    return turn;
-  }
-
-  std::vector<std::string> turns;
-
- private:
-  std::unique_ptr<envs::ScriptedPolicy> solver_;
-  std::unique_ptr<envs::ScriptedPolicy> random_;
-  double rate_;
-  std::mt19937_64 rng_;
-  std::vector<bool> random_turn_;
-};
-
-schema::StepLabel SchemaLabel(envs::StepLabel label) {
-  switch (label) {
-    case envs::StepLabel::kCorrect:
-      return schema::StepLabel::kCorrect;
-    case envs::StepLabel::kIncorrect:
-      return schema::StepLabel::kIncorrect;
-    case envs::StepLabel::kUnknown:
-      break;
-  }
-  return schema::StepLabel::kUnknown;
-}
-
-const envs::EnvironmentConfig kCalculator{.name = "calculator", .options = {{"difficulty", "1"}}};
-
-// Plays one episode and cuts it into segments as the actor does. Images get as many patch
-// placeholders as a model with `patch_size` gives them.
-std::vector<schema::SegmentData> PlayAndSegment(
-    uint64_t seed, LabelCounts* counts, const envs::EnvironmentConfig& env_config = kCalculator,
-    double random_turn_rate = kRandomTurnRate, int64_t patch_size = 4) {
-  std::unique_ptr<envs::Environment> env = envs::MakeEnvironment(env_config).value();
-  const envs::EnvironmentSpec spec = env->Describe();
-  Distracted policy(env_config, random_turn_rate, seed, spec.tools);
-  std::vector<envs::StepResult> results;
-  const envs::EpisodeReport report = envs::PlayEpisode(
-      *env, policy, seed, 10, {}, [&](const envs::StepResult& r) { results.push_back(r); });
-  EXPECT_FALSE(report.error) << report.end;
-  counts->correct += report.correct;
-  counts->incorrect += report.incorrect;
-  counts->unknown += report.unknown;
-
-  actors::SegmenterOptions options;
-  options.segment_tokens = 96;  // a few turns each: steps span cuts
-  options.env = env_config.name;
-  schema::TrajectoryId id;
-  std::mt19937_64 id_rng(seed * 7919 + 1);
-  for (uint8_t& b : id.bytes) b = static_cast<uint8_t>(id_rng());
-  actors::Segmenter segmenter(options, id);
-  std::vector<schema::SegmentData> segments;
-  transcript::Transcript t;
-  std::vector<const envs::Image*> shown;  // images added and not yet fed, in stream order
-  auto patches = [&](const envs::Observation& o) {
-    std::vector<int64_t> counts;
-    for (const envs::Image& image : o.images) {
-      counts.push_back((image.height / patch_size) * (image.width / patch_size));
-      shown.push_back(&image);
-    }
-    return counts;
-  };
-  auto feed = [&] {
-    size_t image = 0;
-    for (const transcript::Run& run : t.Take()) {
-      const auto role = static_cast<schema::Role>(run.role);
-      if (role == schema::Role::kImage) {
-        const envs::Image& picture = *shown.at(image++);
-        EXPECT_TRUE(segmenter
-                        .AddImage({0, static_cast<uint32_t>(picture.width),
-                                   static_cast<uint32_t>(picture.height),
-                                   static_cast<uint8_t>(picture.channels), picture.pixels})
-                        .ok());
-      }
-      if (schema::IsAction(role)) {
-        for (int32_t token : run.tokens) {
-          EXPECT_TRUE(segmenter.AddAction(token, role, -1.0f, 1, {}).ok());
-        }
-      } else {
-        EXPECT_TRUE(segmenter.AddContext(run.tokens, role).ok());
-      }
-    }
-    shown.clear();
-    for (schema::SegmentData& s : segmenter.TakeReady()) segments.push_back(std::move(s));
-  };
-  t.AddSystem(spec.description, envs::RenderToolList(spec.tools));
-  const envs::Observation& first = report.observations.front();
-  t.AddObservation(envs::TranscriptRole(first.role), first.text, patches(first));
-  t.BeginModelTurn();
-  feed();
-  for (size_t k = 0; k < results.size(); ++k) {
-    const envs::StepResult& r = results[k];
-    t.AddModelTurn(policy.turns[k]);
-    feed();
-    std::optional<float> reward;
-    if (r.reward) reward = static_cast<float>(*r.reward);
-    EXPECT_TRUE(segmenter.EndStep(reward, SchemaLabel(r.label)).ok());
-    if (k + 1 == results.size() && !r.done) break;  // cut: the actor writes nothing more
-    t.AddStepResult(envs::TranscriptRole(r.observation.role), r.observation.text,
-                    patches(r.observation), r.done);
-    feed();
-    segmenter.MarkTurnBoundary(std::nullopt);
-  }
-  const bool done = !results.empty() && results.back().done;
-  Result<std::vector<schema::SegmentData>> rest =
-      segmenter.Finish(static_cast<float>(report.outcome.value_or(0.0)),
-                       done ? schema::EndReason::kFinished : schema::EndReason::kTruncatedTurns,
-                       {{"status", done ? "done" : "max_turns"}, {"seed", std::to_string(seed)}});
-  EXPECT_TRUE(rest.ok()) << rest.status().ToString();
-  if (rest.ok()) {
-    for (schema::SegmentData& s : *rest) segments.push_back(std::move(s));
-  }
-  return segments;
-}
 
 // One store and one frozen model for every test: playing, storing and the model take seconds.
 class ProcessModelTest : public ::testing::Test {
@@ -189,20 +41,9 @@ class ProcessModelTest : public ::testing::Test {
         replay::ReplayServer::Start(server_options);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = server->release();
-    replay::ActorClientOptions client_options;
-    client_options.endpoint = server_->actor_endpoint();
-    Result<std::unique_ptr<replay::ActorClient>> client =
-        replay::ActorClient::Connect(client_options);
-    ASSERT_TRUE(client.ok()) << client.status().ToString();
     played_ = new LabelCounts();
-    for (int e = 0; e < kEpisodes; ++e) {
-      for (const schema::SegmentData& s : PlayAndSegment(1000 + e, played_)) {
-        ASSERT_TRUE((*client)->Send(s).ok());
-        ++segments_;
-      }
-    }
-    ASSERT_TRUE((*client)->Flush(milliseconds(20000)).ok());
-    ASSERT_TRUE((*client)->TakeErrors().empty());
+    segments_ = StoreEpisodes(server_->actor_endpoint(), 1000, kEpisodes, played_);
+    ASSERT_GT(segments_, 0);
 
     Result<ModelConfig> config = LoadModelConfig(ModelConfigPath());
     ASSERT_TRUE(config.ok()) << config.status().ToString();
@@ -304,14 +145,16 @@ TEST_F(ProcessModelTest, BeatsTheMajorityBaselineOnHeldOutTrajectoriesAndScoresF
   EXPECT_GT(report->heldout_accuracy, report->majority_baseline);
   EXPECT_LE(1 - report->heldout_accuracy, 0.5 * (1 - report->majority_baseline));
 
-  // The checkpoint scores every step as the trained head did: over all labelled steps its
-  // accuracy is the train and held-out accuracies weighted by their counts.
+  // The checkpoint scores the held-out steps as the trained head did: the same accuracy on
+  // the trajectories HeldOut names.
   Result<std::unique_ptr<ProcessRewardModel>> prm = ProcessRewardModel::Load(options.output_dir);
   ASSERT_TRUE(prm.ok()) << prm.status().ToString();
   Result<LabelledStore> store = ReadLabelledStore(dir_->Sub("store"));
   ASSERT_TRUE(store.ok());
-  int64_t right = 0, labelled = 0;
+  int64_t right = 0, labelled = 0, held = 0;
   for (const LabelledTrajectory& t : store->trajectories) {
+    if (!HeldOut(t.trajectory.id, options.split_seed, options.heldout_fraction)) continue;
+    ++held;
     Result<std::vector<double>> scores = (*prm)->ScoreSteps(t.trajectory);
     ASSERT_TRUE(scores.ok()) << scores.status().ToString();
     ASSERT_EQ(scores->size(), t.trajectory.steps.size());
@@ -323,13 +166,10 @@ TEST_F(ProcessModelTest, BeatsTheMajorityBaselineOnHeldOutTrajectoriesAndScoresF
       right += (p > 0.5) == (t.labels[k] == schema::StepLabel::kCorrect);
     }
   }
-  const double n_train = static_cast<double>(report->train_labels.labelled());
-  const double n_held = static_cast<double>(report->heldout_labels.labelled());
-  EXPECT_EQ(labelled, report->train_labels.labelled() + report->heldout_labels.labelled());
-  EXPECT_NEAR(
-      static_cast<double>(right) / labelled,
-      (report->train_accuracy * n_train + report->heldout_accuracy * n_held) / (n_train + n_held),
-      1.5 / labelled);  // a score within rounding of 0.5 may fall either side
+  EXPECT_EQ(held, report->heldout_trajectories);
+  ASSERT_EQ(labelled, report->heldout_labels.labelled());
+  // A score within rounding of 0.5 may fall either side.
+  EXPECT_NEAR(static_cast<double>(right) / labelled, report->heldout_accuracy, 1.5 / labelled);
 }
 
 // The scores do not depend on how the trajectory is cut into chunks, and a trajectory with
