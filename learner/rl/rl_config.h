@@ -78,6 +78,9 @@ struct RlLearnerConfig {
   RlScoringConfig scoring;
   ObjectiveConfig objective;
   reward::ShapingConfig reward;
+  // reward.process_model: a checkpoint directory of `strider reward train-prm`, whose step
+  // scores are the learned process rewards (required when reward.process_model_weight != 0).
+  std::string process_model;
   int64_t checkpoint_every_steps = 0;  // 0: only at exit
 };
 

@@ -21,6 +21,7 @@
 #include "learner/progress.h"
 #include "learner/rl/rl_step.h"
 #include "replay/client.h"
+#include "reward/process_model.h"
 
 namespace strider::rl {
 namespace {
@@ -133,7 +134,12 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
   Model& model = trainer->model();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> reference, LoadReference(config));
 
+  std::unique_ptr<reward::ProcessRewardModel> process_model;
+  if (config.reward.process_model_weight != 0) {
+    STRIDER_ASSIGN_OR_RETURN(process_model, reward::ProcessRewardModel::Load(config.process_model));
+  }
   StepSettings settings;
+  settings.process_model = process_model.get();
   settings.scoring.replay_routing = config.scoring.replay_routing;
   settings.scoring.mismatch_threshold = config.scoring.mismatch_threshold;
   settings.objective = config.objective;

@@ -12,6 +12,7 @@
 #include "learner/rl/advantages.h"
 #include "learner/rl/losses.h"
 #include "reward/implicit.h"
+#include "reward/process_model.h"
 #include "reward/trajectory.h"
 
 namespace strider::rl {
@@ -207,7 +208,14 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
       if (implicit) {
         STRIDER_ASSIGN_OR_RETURN(implicit_steps, ImplicitRewards(t.prepared, t.scores));
       }
-      const reward::TrajectoryRewards rewards = RewardsOf(segments, t.prepared.joined, implicit_steps);
+      reward::TrajectoryRewards rewards = RewardsOf(segments, t.prepared.joined, implicit_steps);
+      if (settings.process_model != nullptr && settings.reward.process_model_weight != 0) {
+        STRIDER_ASSIGN_OR_RETURN(std::vector<double> judged,
+                                 settings.process_model->ScoreSteps(t.prepared.joined));
+        for (size_t k = 0; k < rewards.steps.size() && k < judged.size(); ++k) {
+          rewards.steps[k].learned = 2 * judged[k] - 1;
+        }
+      }
       t.finished = rewards.end == reward::TrajectoryEnd::kFinished;
       t.truncated = rewards.end == reward::TrajectoryEnd::kTruncated;
       Result<reward::ShapedRewards> shape = reward::Shape(rewards, settings.reward);
