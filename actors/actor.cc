@@ -637,6 +637,7 @@ void ActorImpl::PollGroups() {
       segmenter_options.temperature = static_cast<float>(options_.sampling.temperature);
       segmenter_options.top_p = static_cast<float>(options_.sampling.top_p);
       segmenter_options.top_k = static_cast<uint32_t>(options_.sampling.top_k);
+      segmenter_options.policy_version = engine_->policy_version();  // the prompt's
       e.segmenter = std::make_unique<Segmenter>(segmenter_options, NewTrajectoryId());
       e.transcript = group.after_prompt;
       metrics_.context_tokens += AddPieces(*e.segmenter, group.prompt);
