@@ -244,9 +244,8 @@ class ActorImpl final : public Actor {
     routing_k_ = moe ? config_.feed_forward.experts_per_token : 0;
     metrics_.policy_version = options_.policy_version;
     if (options_.weights_sync) {
-      round_groups_ = options_.round_groups > 0
-                          ? options_.round_groups
-                          : options_.episodes_in_flight / options_.group_size;
+      round_groups_ = options_.round_groups > 0 ? options_.round_groups
+                                                : options_.episodes_in_flight / options_.group_size;
       round_version_ = options_.policy_version;
       metrics_.sync = true;
       metrics_.round = 1;  // the first round plays the initial weights
@@ -418,8 +417,8 @@ void ActorImpl::AdvanceRound() {
   if (options_.episodes > 0 && next_episode_ >= options_.episodes) return;  // the run is over
   if (!waiting_since_) {
     waiting_since_ = Clock::now();
-    spdlog::info("round {} ended (weights version {}): waiting for a newer version",
-                 metrics_.round, round_version_);
+    spdlog::info("round {} ended (weights version {}): waiting for a newer version", metrics_.round,
+                 round_version_);
   }
   ApplyWeights();
   if (metrics_.policy_version == round_version_) return;  // none yet, or the engine refused it

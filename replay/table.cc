@@ -363,8 +363,8 @@ Table::Draw Table::Sample(size_t count, uint64_t after, uint64_t policy_version)
     // On-policy (max_staleness 0): every token of the item is of the request's version. An item
     // with a newer token than the request stays in the sampler: all of it may be of the version
     // a later request carries, and a mixed one goes as too stale then.
-    const uint64_t newest = per_unit() ? units_.at(item).max_policy_version
-                                       : stored_.at(item).max_policy_version;
+    const uint64_t newest =
+        per_unit() ? units_.at(item).max_policy_version : stored_.at(item).max_policy_version;
     if (config_.max_staleness == 0 && newest > policy_version) {
       ++ahead;
       return false;

@@ -326,7 +326,9 @@ TEST(Segmenter, ContextBeforeTheFirstActionCarriesTheVersionInForce) {
   ASSERT_EQ(segments[0].policy_runs.size(), 1u);
   EXPECT_EQ(segments[0].policy_runs[0].version, 6u) << "the prompt alone";
   std::vector<std::pair<uint32_t, uint64_t>> runs;
-  for (const schema::PolicyRun& run : segments[1].policy_runs) runs.emplace_back(run.begin, run.version);
+  for (const schema::PolicyRun& run : segments[1].policy_runs) {
+    runs.emplace_back(run.begin, run.version);
+  }
   // Positions 16..27 of 28: the rest of the prompt, 3 actions and the result at 6, then 7.
   EXPECT_EQ(runs, (std::vector<std::pair<uint32_t, uint64_t>>{{0, 6}, {11, 7}}));
 }

@@ -87,8 +87,8 @@ std::map<int64_t, Stored> ReadStore(const std::string& db) {
 }
 
 // The versions of every token a learner of `version` is handed from the group table.
-std::set<uint64_t> VersionsSampled(replay::LearnerClient& learner, uint64_t step,
-                                   uint64_t version, size_t* trajectories) {
+std::set<uint64_t> VersionsSampled(replay::LearnerClient& learner, uint64_t step, uint64_t version,
+                                   size_t* trajectories) {
   std::set<uint64_t> versions;
   Result<replay::SampleBatch> batch = learner.Sample(step, 8, version, milliseconds(5000));
   EXPECT_TRUE(batch.ok()) << batch.status().ToString();
@@ -104,6 +104,28 @@ std::set<uint64_t> VersionsSampled(replay::LearnerClient& learner, uint64_t step
 
 // The keys as docs/actors.md spells them, and the checks that keep a synchronous actor from
 // waiting for weights that can never come.
+// A replay server with `tables` (empty: the default one) and a weight publisher, in this
+// process; null members when either failed to start.
+struct Services {
+  std::unique_ptr<replay::ReplayServer> replay;
+  std::unique_ptr<transport::WeightPublisher> weights;
+};
+
+Services StartServices(const TempDir& dir, std::vector<replay::TableConfig> tables) {
+  Services services;
+  replay::ServerOptions options;
+  options.db_path = dir.Sub("db");
+  options.stats_interval_s = 0;
+  options.tables = std::move(tables);
+  auto server = replay::ReplayServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status().ToString();
+  if (server.ok()) services.replay = std::move(*server);
+  auto publisher = transport::WeightPublisher::Start({});
+  EXPECT_TRUE(publisher.ok()) << publisher.status().ToString();
+  if (publisher.ok()) services.weights = std::move(*publisher);
+  return services;
+}
+
 TEST(ActorSync, ConfigKeysAreReadAndNeedAWeightEndpoint) {
   TempDir dir;
   const std::string path = dir.Sub("sync.yaml");
@@ -135,19 +157,14 @@ TEST(ActorSync, ConfigKeysAreReadAndNeedAWeightEndpoint) {
 
 TEST(ActorSync, RoundsWaitForNewWeightsAndNeverMixVersions) {
   TempDir dir;
-  replay::ServerOptions server_options;
-  server_options.db_path = dir.Sub("db");
-  server_options.stats_interval_s = 0;
-  replay::TableConfig table;
+  replay::TableConfig table;  // what a synchronous learner samples
   table.name = "rl";
   table.unit = replay::SampleUnit::kGroup;
   table.max_staleness = 0;
   table.sampler.kind = replay::SamplerKind::kUniform;
-  server_options.tables = {table};
-  auto server = replay::ReplayServer::Start(server_options);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  auto publisher = transport::WeightPublisher::Start({});
-  ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
+  Services services = StartServices(dir, {table});
+  ASSERT_TRUE(services.replay && services.weights);
+  replay::ReplayServer& server = *services.replay;
 
   // Rounds of 2 groups of 2; 8 episodes are two rounds, then the actor stops by itself.
   const std::string config = dir.Sub("actor.yaml");
@@ -159,8 +176,8 @@ TEST(ActorSync, RoundsWaitForNewWeightsAndNeverMixVersions) {
         << "  group_size: 2\n  max_turns: 2\n  max_episode_tokens: 1024\n  seed: 5\n"
         << "  segment_tokens: 64\n  sampling: {temperature: 1.0, max_new_tokens: 24}\n"
         << "  engine: {cache_budget_mb: 64}\n"
-        << "  replay: {endpoint: " << (*server)->actor_endpoint() << ", table: rl}\n"
-        << "  weight_stream: {endpoint: " << (*publisher)->endpoint()
+        << "  replay: {endpoint: " << server.actor_endpoint() << ", table: rl}\n"
+        << "  weight_stream: {endpoint: " << services.weights->endpoint()
         << ", poll_ms: 50, sync: true, round_groups: 2}\n"
         << "  metrics: {interval_s: 0.2, progress: false}\n"
         << "env:\n  name: calculator\n  options: {difficulty: 1}\n";
@@ -172,10 +189,10 @@ TEST(ActorSync, RoundsWaitForNewWeightsAndNeverMixVersions) {
   ASSERT_TRUE(WaitEvent(actor, "ready", 30000).is_object());
 
   // Round 1 ends and is stored; the actor then waits.
-  nlohmann::json waiting = WaitMetrics(metrics, std::chrono::seconds(40), [](const nlohmann::json& m) {
-    return m["waiting_for_weights"].get<bool>() &&
-           m["acked_segments"] == m["segments"];
-  });
+  nlohmann::json waiting =
+      WaitMetrics(metrics, std::chrono::seconds(40), [](const nlohmann::json& m) {
+        return m["waiting_for_weights"].get<bool>() && m["acked_segments"] == m["segments"];
+      });
   ASSERT_FALSE(waiting.is_null()) << "round 1 did not end: " << LastMetrics(metrics).dump();
   EXPECT_EQ(waiting["round"], 1);
   EXPECT_EQ(waiting["episodes"], 4);
@@ -202,7 +219,7 @@ TEST(ActorSync, RoundsWaitForNewWeightsAndNeverMixVersions) {
 
   // A learner of version 0 gets round 1, all of version 0.
   replay::LearnerClientOptions learner_options;
-  learner_options.endpoint = (*server)->learner_endpoint();
+  learner_options.endpoint = server.learner_endpoint();
   learner_options.learner_id = "learner";
   learner_options.table = "rl";
   auto learner = replay::LearnerClient::Connect(learner_options);
@@ -218,7 +235,7 @@ TEST(ActorSync, RoundsWaitForNewWeightsAndNeverMixVersions) {
   ASSERT_TRUE(model.ok());
   Result<std::string> bytes = (*model)->SaveToBytes();
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
-  ASSERT_TRUE((*publisher)->Publish(1, *bytes, "tiny").ok());
+  ASSERT_TRUE(services.weights->Publish(1, *bytes, "tiny").ok());
   nlohmann::json finished = WaitEvent(actor, "finished", 40000);
   ASSERT_EQ(actor.Wait(), 0);
   ASSERT_TRUE(finished.is_object());
@@ -242,27 +259,22 @@ TEST(ActorSync, RoundsWaitForNewWeightsAndNeverMixVersions) {
   // A learner of version 1 gets round 2 only; round 1 is too stale for it now.
   EXPECT_EQ(VersionsSampled(**learner, 2, 1, &sampled), (std::set<uint64_t>{1}));
   EXPECT_EQ(sampled, 4u);
-  (*server)->Stop();
+  server.Stop();
 }
 
 // Waiting for weights that do not come, the actor still stops when asked, at once and cleanly.
 TEST(ActorSync, AStopEndsTheWaitPromptly) {
   TempDir dir;
-  replay::ServerOptions server_options;
-  server_options.db_path = dir.Sub("db");
-  server_options.stats_interval_s = 0;
-  auto server = replay::ReplayServer::Start(server_options);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  auto publisher = transport::WeightPublisher::Start({});
-  ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
+  Services services = StartServices(dir, {});
+  ASSERT_TRUE(services.replay && services.weights);
   const std::string config = dir.Sub("actor.yaml");
   {
     std::ofstream out(config);
     out << "actor:\n  model: " << SourceDir() << "/configs/model/tiny.yaml\n"
         << "  threads: 2\n  episodes: 0\n  episodes_in_flight: 1\n  max_turns: 1\n"
         << "  sampling: {max_new_tokens: 8}\n  engine: {cache_budget_mb: 64}\n"
-        << "  replay: {endpoint: " << (*server)->actor_endpoint() << "}\n"
-        << "  weight_stream: {endpoint: " << (*publisher)->endpoint() << ", sync: true}\n"
+        << "  replay: {endpoint: " << services.replay->actor_endpoint() << "}\n"
+        << "  weight_stream: {endpoint: " << services.weights->endpoint() << ", sync: true}\n"
         << "  metrics: {interval_s: 0.2, progress: false}\n"
         << "env:\n  name: calculator\n";
   }
@@ -284,7 +296,6 @@ TEST(ActorSync, AStopEndsTheWaitPromptly) {
   EXPECT_EQ(finished["metrics"]["episodes"], 1);
   EXPECT_EQ(finished["metrics"]["round"], 1);
   EXPECT_EQ(finished["metrics"]["acked_segments"], finished["metrics"]["segments"]);
-  (*server)->Stop();
 }
 
 }  // namespace
