@@ -284,6 +284,13 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
     for (size_t i = 0; i < trajectories.size(); ++i) {
       const TrainingTrajectory& t = *trajectories[i];
       if (t.prepared.positions.empty()) continue;
+      if (t.excluded || t.advantages.size() != t.prepared.positions.size() ||
+          t.returns.size() != t.prepared.positions.size()) {
+        return Status::InvalidArgument(
+            "update pass: trajectory " + t.prepared.joined.id.Hex() +
+            (t.excluded ? " is excluded (" + t.excluded_reason + ")"
+                        : " has no advantages for its action tokens"));
+      }
       const at::Tensor behaviour = at::tensor(t.prepared.behaviour_logprobs, at::kFloat);
       const at::Tensor proximal = at::tensor(t.scores.logprobs, at::kFloat);
       const at::Tensor advantages = at::tensor(t.advantages, at::kFloat);

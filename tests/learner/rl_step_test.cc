@@ -53,15 +53,15 @@ StepSettings Settings(int64_t chunk, bool truncated) {
 // Every parameter's gradient, concatenated.
 at::Tensor Gradient(const Model& model) {
   std::vector<at::Tensor> parts;
-  for (const auto& [name, tensor] : model.NamedTensors()) {
+  for (const auto& [name, tensor] : model.tensors()) {
     if (tensor.grad().defined()) parts.push_back(tensor.grad().reshape({-1}).clone());
   }
   return at::cat(parts);
 }
 
 void ZeroGradients(Model& model) {
-  for (const auto& [name, tensor] : model.NamedTensors()) {
-    if (tensor.grad().defined()) tensor.mutable_grad().zero_();
+  for (const auto& [name, tensor] : model.tensors()) {
+    if (tensor.grad().defined()) const_cast<at::Tensor&>(tensor).mutable_grad().zero_();
   }
 }
 
@@ -93,10 +93,10 @@ class UpdatePass : public ::testing::Test {
     model_ = TinyModel();
     ASSERT_NE(model_, nullptr);
     model_->SetRequiresGrad(true);
-    // A group of two trajectories of 3 x 40 tokens; their behaviour log-probs are replaced by
+    // A group of two trajectories of 3 x 130 tokens (a step each); their behaviour log-probs are replaced by
     // the model's own (scored here), as an actor with these weights would have stored.
     SampledGroup group;
-    for (uint64_t seed : {0, 1}) group.members.push_back(Trajectory(seed, 3, 40));
+    for (uint64_t seed : {0, 1}) group.members.push_back(Trajectory(seed, 3, 130));
     StepSettings settings = Settings(512, true);
     Result<PreparedBatch> scored = PrepareBatch(*model_, nullptr, {group}, settings);
     ASSERT_TRUE(scored.ok()) << scored.status().ToString();
@@ -133,6 +133,10 @@ TEST_F(UpdatePass, OwnLogProbsPassTheMismatchCheckAndTheGroupGetsOppositeAdvanta
   EXPECT_EQ(batch_.mismatch_excluded, 0);
   EXPECT_LE(batch_.mismatch_max, 1e-6);
   ASSERT_EQ(batch_.trajectories.size(), 2u);
+  for (const TrainingTrajectory& t : batch_.trajectories) {
+    ASSERT_FALSE(t.excluded) << t.excluded_reason;
+    ASSERT_FALSE(t.advantages.empty());
+  }
   // Outcomes 1 and 2 (test_segments.h): outcome_group gives -s and +s to the two members.
   const float low = batch_.trajectories[0].advantages.front();
   const float high = batch_.trajectories[1].advantages.front();
@@ -203,7 +207,7 @@ TEST(PrepareBatch, OtherWeightsAreExcludedOnlyWhenTheyClaimTheTrajectorysVersion
   auto model = TinyModel();
   ASSERT_NE(model, nullptr);
   SampledGroup group;
-  for (uint64_t seed : {0, 1}) group.members.push_back(Trajectory(seed, 2, 40));
+  for (uint64_t seed : {0, 1}) group.members.push_back(Trajectory(seed, 2, 130));
   StepSettings settings = Settings(64, true);
   // The stored log-probs are the builder's, not this model's.
   settings.weights_version = 3;
@@ -228,7 +232,7 @@ TEST(PrepareBatch, SegmentsThatDoNotJoinAreAnError) {
   auto model = TinyModel();
   ASSERT_NE(model, nullptr);
   SampledGroup group;
-  std::vector<schema::SegmentData> broken = Trajectory(0, 3, 40);
+  std::vector<schema::SegmentData> broken = Trajectory(0, 3, 130);
   broken.erase(broken.begin() + 1);  // a gap
   group.members.push_back(broken);
   Result<PreparedBatch> batch = PrepareBatch(*model, nullptr, {group}, Settings(64, true));
