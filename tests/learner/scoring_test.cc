@@ -123,14 +123,17 @@ struct Sampling {
 
 // One episode of three model turns with observations between them, sampled by the engine and
 // cut into segments of at most `segment_tokens` by the actor's segmenter, with the engine's
-// experts for every position (context too) and its log-prob of every sampled token.
+// experts for every position (context too) and its log-prob of every sampled token. With
+// `done`, the environment ends the episode after the last turn with a verdict the actor stores
+// as context but never feeds to the model, so its positions have no experts (as the actor
+// does).
 struct Episode {
   std::vector<schema::SegmentData> segments;
   std::map<int64_t, float> engine_log_probs;  // by position, as the actor stores them
 };
 
 Episode Sample(std::shared_ptr<const Model> model, const Sampling& sampling, uint64_t seed,
-               int64_t segment_tokens) {
+               int64_t segment_tokens, bool done = false) {
   Episode episode;
   rollout::EngineOptions engine_options;
   engine_options.threads = 2;
@@ -230,9 +233,13 @@ Episode Sample(std::shared_ptr<const Model> model, const Sampling& sampling, uin
       EXPECT_TRUE(segmenter.EndStep(0.5f, schema::StepLabel::kCorrect).ok());
     }
   }
+  if (done) {
+    const std::vector<int32_t> verdict = Tokenizer::Encode("Correct: the answer is 42.");
+    EXPECT_TRUE(segmenter.AddContext(verdict, schema::Role::kUser).ok());
+  }
   episode.segments = segmenter.TakeReady();
-  Result<std::vector<schema::SegmentData>> last =
-      segmenter.Finish(1.0f, schema::EndReason::kTruncatedTurns, {});
+  Result<std::vector<schema::SegmentData>> last = segmenter.Finish(
+      1.0f, done ? schema::EndReason::kFinished : schema::EndReason::kTruncatedTurns, {});
   EXPECT_TRUE(last.ok()) << last.status().ToString();
   if (last.ok()) episode.segments.insert(episode.segments.end(), last->begin(), last->end());
   return episode;
@@ -314,6 +321,42 @@ TEST(ScoreTrajectory, SeveralPolicyVersionsAreNotMeasuredButStillScored) {
             static_cast<int64_t>(scores->versions.size()));
   EXPECT_GT(std::count(scores->versions.begin(), scores->versions.end(), 4u), 0);
   EXPECT_LE(MaxGapToTheEngine(*scores, episode), 1e-5);
+}
+
+TEST(ScoreTrajectory, AFinishedEpisodesUnfedVerdictNeedsNoExperts) {
+  std::shared_ptr<const Model> model = TinyModel(5);
+  const Episode episode = Sample(model, {}, 43, 40, /*done=*/true);
+  ASSERT_GE(episode.segments.size(), 2u);
+  const schema::SegmentData& last = episode.segments.back();
+  ASSERT_EQ(last.routing.coverage, schema::RoutingCoverage::kMasked)
+      << "the verdict's positions have no record";
+  // Nothing scored depends on the positions after the last action token, and the actor never
+  // fed them: the pass stops before them instead of asking for their experts (refusing would
+  // refuse every episode an environment ended, the ones carrying an outcome).
+  Result<TrajectoryScores> scores = ScoreTrajectory(*model, episode.segments, {});
+  ASSERT_TRUE(scores.ok()) << scores.status().ToString();
+  EXPECT_EQ(scores->length, static_cast<int64_t>(last.token_begin + last.tokens.size()));
+  EXPECT_LE(MaxGapToTheEngine(*scores, episode), 1e-5);
+  EXPECT_EQ(scores->mismatch.verdict, MismatchVerdict::kWithinThreshold);
+  EXPECT_EQ(scores->step_values.size(), 3u);
+}
+
+TEST(ScoreTrajectory, ReplayedExpertsAreTheStoredOnes) {
+  std::shared_ptr<const Model> model = TinyModel(5);
+  Episode episode = Sample(model, {}, 47, 40);
+  ASSERT_FALSE(episode.segments.empty());
+  // Every stored choice moved to the next expert: a pass that forced the stored experts now
+  // computes another function and the check refuses the trajectory; one that ignored them
+  // would still agree with the engine.
+  const int64_t experts = testing::ShippedModelConfig("tiny").feed_forward.routed_experts;
+  for (schema::SegmentData& s : episode.segments) {
+    for (uint16_t& e : s.routing.experts) e = static_cast<uint16_t>((e + 1) % experts);
+    for (uint16_t& e : s.routing.context_experts) e = static_cast<uint16_t>((e + 1) % experts);
+  }
+  Result<TrajectoryScores> scores = ScoreTrajectory(*model, episode.segments, {});
+  ASSERT_TRUE(scores.ok()) << scores.status().ToString();
+  EXPECT_GT(scores->mismatch.max, 1e-3);
+  EXPECT_EQ(scores->mismatch.verdict, MismatchVerdict::kAboveThreshold);
 }
 
 TEST(ScoreTrajectory, RefusesSegmentsThatDoNotJoin) {
