@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/model/model.h"
+#include "learner/learner.h"
 #include "learner/rl/scoring.h"
 #include "replay/client.h"
 #include "tests/integration/child_process.h"
@@ -55,6 +56,48 @@ struct Figures {
   double max = 0;  // largest |learner - behaviour| of any action token
   double p99 = 0;  // nearest rank over all action tokens of the run
 };
+
+// How many (position, sparse layer) expert sets the learner's own routing on the scoring path
+// chooses differently from the actor's stored ones, and out of how many.
+std::pair<int64_t, int64_t> RoutingDisagreements(const Model& model,
+                                                 const std::vector<schema::SegmentData>& segments) {
+  std::vector<int64_t> ids;
+  std::vector<uint16_t> stored;
+  std::vector<bool> covered;
+  for (const schema::SegmentData& s : segments) {
+    ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
+    std::vector<bool> has_record;
+    const std::vector<uint16_t> rows = schema::ExpertsByPosition(s, &has_record);
+    stored.insert(stored.end(), rows.begin(), rows.end());
+    covered.insert(covered.end(), has_record.begin(), has_record.end());
+  }
+  ChunkedPassOptions options;
+  options.chunk_tokens = 128;
+  options.backward = false;
+  options.record_routing = true;
+  Result<ChunkedPassResult> pass =
+      RunChunkedPass(model, {at::tensor(ids, at::kLong).view({1, -1}), {}}, options,
+                     [](const ChunkView&) -> Result<at::Tensor> { return at::Tensor(); });
+  EXPECT_TRUE(pass.ok()) << pass.status().ToString();
+  if (!pass.ok()) return {0, 0};
+  const int64_t layers = static_cast<int64_t>(pass->routing.layers.size());
+  const int64_t k = segments.front().routing.top_k;
+  int64_t differ = 0, decisions = 0;
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const at::Tensor own =
+        std::get<0>(pass->routing.layers[layer].experts[0].sort(-1)).contiguous();
+    const int64_t* o = own.data_ptr<int64_t>();
+    for (size_t p = 0; p < ids.size(); ++p) {
+      if (!covered[p]) continue;
+      std::vector<int64_t> chosen(k);
+      for (int64_t j = 0; j < k; ++j) chosen[j] = stored[(p * layers + layer) * k + j];
+      std::sort(chosen.begin(), chosen.end());
+      differ += std::equal(chosen.begin(), chosen.end(), o + p * k) ? 0 : 1;
+      ++decisions;
+    }
+  }
+  return {differ, decisions};
+}
 
 class LearnerLogProbs : public ::testing::Test {
  protected:
@@ -147,6 +190,7 @@ class LearnerLogProbs : public ::testing::Test {
   Figures Score(const std::vector<std::vector<schema::SegmentData>>& trajectories,
                 Figures* own_routing) {
     Figures figures;
+    routing_differ_ = routing_decisions_ = 0;
     std::vector<float> learner, behaviour, learner_own;
     rl::ScoringOptions options;
     options.chunk_tokens = 128;  // several chunks per trajectory, cut apart from the segments
@@ -170,6 +214,9 @@ class LearnerLogProbs : public ::testing::Test {
       Result<rl::TrajectoryScores> own = rl::ScoreTrajectory(*model_, segments, unreplayed);
       EXPECT_TRUE(own.ok()) << own.status().ToString();
       if (own.ok()) learner_own.insert(learner_own.end(), own->logprobs.begin(), own->logprobs.end());
+      const auto [differ, decisions] = RoutingDisagreements(*model_, segments);
+      routing_differ_ += differ;
+      routing_decisions_ += decisions;
       ++figures.trajectories;
     }
     const rl::MismatchStats all = rl::MeasureMismatch(learner, behaviour, 1e-4);
@@ -183,14 +230,16 @@ class LearnerLogProbs : public ::testing::Test {
     return figures;
   }
 
-  static void Print(const std::string& setting, const Figures& replayed, const Figures& own) {
+  void Print(const std::string& setting, const Figures& replayed, const Figures& own) const {
     const nlohmann::json line = {{"setting", setting},
                                  {"trajectories", replayed.trajectories},
                                  {"action_tokens", replayed.tokens},
                                  {"max", replayed.max},
                                  {"p99", replayed.p99},
                                  {"own_routing_max", own.max},
-                                 {"own_routing_p99", own.p99}};
+                                 {"own_routing_p99", own.p99},
+                                 {"routing_decisions", routing_decisions_},
+                                 {"routing_disagreements", routing_differ_}};
     std::printf("%s\n", line.dump().c_str());
   }
 
@@ -202,6 +251,8 @@ class LearnerLogProbs : public ::testing::Test {
   std::string actor_endpoint_;
   std::unique_ptr<replay::LearnerClient> learner_;
   uint64_t step_ = 0;
+  int64_t routing_differ_ = 0;  // of the last Score call
+  int64_t routing_decisions_ = 0;
 };
 
 TEST_F(LearnerLogProbs, CalculatorAtBothSettingsEqualsTheBehaviourLogProbs) {
