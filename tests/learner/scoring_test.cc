@@ -126,14 +126,15 @@ struct Sampling {
 // experts for every position (context too) and its log-prob of every sampled token. With
 // `done`, the environment ends the episode after the last turn with a verdict the actor stores
 // as context but never feeds to the model, so its positions have no experts (as the actor
-// does).
+// does). With `images`, the prompt and each observation open with a 32x32 picture (64 patch
+// placeholders, an image-start and an image-end token).
 struct Episode {
   std::vector<schema::SegmentData> segments;
   std::map<int64_t, float> engine_log_probs;  // by position, as the actor stores them
 };
 
 Episode Sample(std::shared_ptr<const Model> model, const Sampling& sampling, uint64_t seed,
-               int64_t segment_tokens, bool done = false) {
+               int64_t segment_tokens, bool done = false, bool images = false) {
   Episode episode;
   rollout::EngineOptions engine_options;
   engine_options.threads = 2;
@@ -148,14 +149,40 @@ Episode Sample(std::shared_ptr<const Model> model, const Sampling& sampling, uin
   std::vector<schema::Role> roles;
   std::map<int64_t, std::vector<uint16_t>> experts;  // by position
   int64_t layers = 0, k = 0;
-  auto context = [&](const std::string& text, schema::Role role) {
+  std::vector<std::pair<int64_t, schema::Image>> stored_images;  // by position
+  // Context tokens of one request, and its images (their pixels as the actor stores them).
+  auto context = [&](const std::string& text, schema::Role role,
+                     std::vector<at::Tensor>* pixels) {
     std::vector<int64_t> ids;
-    if (tokens.empty()) ids.push_back(token::kBeginOfText);
+    if (tokens.empty()) {
+      ids.push_back(token::kBeginOfText);
+      tokens.push_back(token::kBeginOfText);
+      roles.push_back(role);
+    }
+    if (images) {
+      schema::Image image;
+      image.width = image.height = 32;
+      image.channels = 3;
+      for (int i = 0; i < 32 * 32 * 3; ++i) {
+        image.pixels.push_back(static_cast<char>((i * 37 + seed) % 256));
+      }
+      const std::vector<uint8_t> bytes(image.pixels.begin(), image.pixels.end());
+      pixels->push_back(at::tensor(bytes, at::kByte).view({32, 32, 3}).to(at::kFloat).div_(255.0));
+      stored_images.push_back({static_cast<int64_t>(tokens.size()), image});
+      ids.push_back(token::kImageStart);
+      ids.insert(ids.end(), 64, token::kImagePatch);
+      ids.push_back(token::kImageEnd);
+      for (size_t i = ids.size() - 66; i < ids.size(); ++i) {
+        tokens.push_back(static_cast<int32_t>(ids[i]));
+        roles.push_back(schema::Role::kImage);
+      }
+    }
+    const size_t text_begin = ids.size();
     for (int32_t id : Tokenizer::Encode(text)) ids.push_back(id);
     ids.push_back(token::kEndOfTurn);
     ids.push_back(token::kModel);
-    for (int64_t id : ids) {
-      tokens.push_back(static_cast<int32_t>(id));
+    for (size_t i = text_begin; i < ids.size(); ++i) {
+      tokens.push_back(static_cast<int32_t>(ids[i]));
       roles.push_back(role);
     }
     return ids;
@@ -167,7 +194,8 @@ Episode Sample(std::shared_ptr<const Model> model, const Sampling& sampling, uin
   params.max_new_tokens = 30;
   params.seed = seed;
   rollout::Request request;
-  request.tokens = context("Compute 12 + 30 and answer with the number.", schema::Role::kUser);
+  request.tokens = context("Compute 12 + 30 and answer with the number.", schema::Role::kUser,
+                           &request.images);
   request.sampling = params;
   Result<rollout::SequenceId> id = (*engine)->Submit(request);
   EXPECT_TRUE(id.ok()) << id.status().ToString();
@@ -200,7 +228,8 @@ Episode Sample(std::shared_ptr<const Model> model, const Sampling& sampling, uin
     turn_ends.push_back(static_cast<int64_t>(tokens.size()));
     if (turn == 2) break;
     rollout::Request observation;
-    observation.tokens = context("The tool says: 42. Now explain it.", schema::Role::kToolResult);
+    observation.tokens = context("The tool says: 42. Now explain it.", schema::Role::kToolResult,
+                                 &observation.images);
     observation.sampling = params;
     EXPECT_TRUE((*engine)->Append(*id, observation).ok());
   }
@@ -225,6 +254,9 @@ Episode Sample(std::shared_ptr<const Model> model, const Sampling& sampling, uin
                                  /*policy_version=*/3, e)
                       .ok());
     } else {
+      for (const auto& [position, image] : stored_images) {
+        if (position == p) EXPECT_TRUE(segmenter.AddImage(image).ok());
+      }
       EXPECT_TRUE(segmenter.AddContext(std::span<const int32_t>(&tokens[p], 1), roles[p]).ok());
       EXPECT_TRUE(segmenter.AddRouting(p, e).ok());
     }
@@ -321,6 +353,25 @@ TEST(ScoreTrajectory, SeveralPolicyVersionsAreNotMeasuredButStillScored) {
             static_cast<int64_t>(scores->versions.size()));
   EXPECT_GT(std::count(scores->versions.begin(), scores->versions.end(), 4u), 0);
   EXPECT_LE(MaxGapToTheEngine(*scores, episode), 1e-5);
+}
+
+TEST(ScoreTrajectory, ImagesAreNeverCutByAChunkBoundary) {
+  std::shared_ptr<const Model> model = TinyModel(5);
+  const Episode episode = Sample(model, {}, 53, 64, /*done=*/false, /*images=*/true);
+  int64_t images = 0;
+  for (const schema::SegmentData& s : episode.segments) images += s.images.size();
+  ASSERT_EQ(images, 3);
+  // 13: every image is longer than a chunk; 50 and 100: boundaries fall inside images, which
+  // the pass moves to the image's start; 4096: one chunk.
+  for (int64_t chunk : {int64_t{13}, int64_t{50}, int64_t{100}, int64_t{4096}}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    ScoringOptions options;
+    options.chunk_tokens = chunk;
+    Result<TrajectoryScores> scores = ScoreTrajectory(*model, episode.segments, options);
+    ASSERT_TRUE(scores.ok()) << scores.status().ToString();
+    EXPECT_LE(MaxGapToTheEngine(*scores, episode), 1e-5);
+    EXPECT_EQ(scores->step_values.size(), 3u);
+  }
 }
 
 TEST(ScoreTrajectory, AFinishedEpisodesUnfedVerdictNeedsNoExperts) {
