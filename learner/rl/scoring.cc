@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/model/sampling_distribution.h"
+#include "common/tokenizer.h"
 #include "learner/learner.h"
 #include "reward/trajectory.h"
 
@@ -205,6 +206,21 @@ Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData
             " positions only");
       }
       prepared.input.tokens = prepared.input.tokens.narrow(1, 0, covered).contiguous();
+      // The images of the unfed tail (an observation's) go with it.
+      size_t runs = 0;
+      for (int64_t i = 0; i < covered; ++i) {
+        if (joined.tokens[i] == token::kImagePatch &&
+            (i == 0 || joined.tokens[i - 1] != token::kImagePatch)) {
+          ++runs;
+        }
+      }
+      if (covered < static_cast<int64_t>(joined.tokens.size()) &&
+          joined.tokens[covered] == token::kImagePatch && covered > 0 &&
+          joined.tokens[covered - 1] == token::kImagePatch) {
+        return Status::FailedPrecondition("scoring: " + joined.id.Hex() +
+                                          ": the routing record ends inside an image");
+      }
+      prepared.input.images.resize(std::min(runs, prepared.input.images.size()));
     }
   }
   return prepared;
