@@ -243,6 +243,13 @@ class ActorImpl final : public Actor {
     routing_layers_ = moe ? config_.layers - config_.feed_forward.dense_layers : 0;
     routing_k_ = moe ? config_.feed_forward.experts_per_token : 0;
     metrics_.policy_version = options_.policy_version;
+    if (options_.weights_sync) {
+      round_groups_ = options_.round_groups > 0 ? options_.round_groups
+                                                : options_.episodes_in_flight / options_.group_size;
+      round_version_ = options_.policy_version;
+      metrics_.sync = true;
+      metrics_.round = 1;  // the first round plays the initial weights
+    }
   }
 
   ~ActorImpl() override {
@@ -266,6 +273,7 @@ class ActorImpl final : public Actor {
  private:
   void WeightLoop(std::stop_token stop);
   void ApplyWeights();
+  void AdvanceRound();
   void StartGroups();
   void LaunchReset(Episode& episode);
   void LaunchStep(Episode& episode, envs::Action action);
@@ -306,6 +314,13 @@ class ActorImpl final : public Actor {
   std::shared_ptr<const Model> pending_model_;
   uint64_t pending_version_ = 0;
   std::atomic<int64_t> weight_errors_{0};
+
+  // Synchronous rounds (options_.weights_sync); main thread.
+  int64_t round_groups_ = 0;          // groups per round
+  int64_t round_groups_started_ = 0;  // in the current round
+  uint64_t round_version_ = 0;        // the version every episode of the current round plays
+  std::optional<Clock::time_point> waiting_since_;  // the round ended, no newer version yet
+  double weights_waited_s_ = 0;                     // in earlier waits
 
   ActorMetrics metrics_;  // main thread
   mutable std::mutex metrics_mutex_;
@@ -361,6 +376,7 @@ void ActorImpl::WeightLoop(std::stop_token stop) {
           have = pending_version_;
           spdlog::info("weights: version {} received ({} bytes)", have, (*update)->bytes.size());
         }
+        wake_->Notify();  // an idle loop (a synchronous round waiting for it) takes it now
       }
     }
     const auto until = Clock::now() + milliseconds(options_.weights_poll_ms);
@@ -392,11 +408,37 @@ void ActorImpl::ApplyWeights() {
   ++metrics_.weight_updates;
 }
 
+// A round ends when its groups have all been started and every episode of them has ended, its
+// segments handed to the sender. The next one starts once a version newer than the round's has
+// been loaded; that is the only place a synchronous actor swaps weights, so the learner that
+// takes turns with it gets trajectories of one version each round.
+void ActorImpl::AdvanceRound() {
+  if (round_groups_started_ < round_groups_ || !episodes_.empty()) return;
+  if (options_.episodes > 0 && next_episode_ >= options_.episodes) return;  // the run is over
+  if (!waiting_since_) {
+    waiting_since_ = Clock::now();
+    spdlog::info("round {} ended (weights version {}): waiting for a newer version", metrics_.round,
+                 round_version_);
+  }
+  ApplyWeights();
+  if (metrics_.policy_version == round_version_) return;  // none yet, or the engine refused it
+  const double waited = std::chrono::duration<double>(Clock::now() - *waiting_since_).count();
+  weights_waited_s_ += waited;
+  waiting_since_.reset();
+  round_version_ = metrics_.policy_version;
+  round_groups_started_ = 0;
+  ++metrics_.round;
+  spdlog::info("round {} starts with weights version {} (waited {:.2f} s)", metrics_.round,
+               round_version_, waited);
+}
+
 void ActorImpl::StartGroups() {
   const int64_t g = options_.group_size;
   while (static_cast<int64_t>(episodes_.size()) + g <= options_.episodes_in_flight &&
          (options_.episodes == 0 || next_episode_ + g <= options_.episodes) &&
+         (!options_.weights_sync || round_groups_started_ < round_groups_) &&
          !sender_->Backlogged()) {
+    ++round_groups_started_;
     Group group;
     group.id = next_group_++;
     group.seed = Mix(options_.seed, static_cast<uint64_t>(group.id));
@@ -637,6 +679,7 @@ void ActorImpl::PollGroups() {
       segmenter_options.temperature = static_cast<float>(options_.sampling.temperature);
       segmenter_options.top_p = static_cast<float>(options_.sampling.top_p);
       segmenter_options.top_k = static_cast<uint32_t>(options_.sampling.top_k);
+      segmenter_options.policy_version = engine_->policy_version();  // the prompt's
       e.segmenter = std::make_unique<Segmenter>(segmenter_options, NewTrajectoryId());
       e.transcript = group.after_prompt;
       metrics_.context_tokens += AddPieces(*e.segmenter, group.prompt);
@@ -926,6 +969,10 @@ void ActorImpl::Snapshot() {
   metrics_.spill_bytes = sent.spill_bytes;
   metrics_.replay_connected = sent.connected;
   if (weight_errors_ > 0) metrics_.errors["weights"] = weight_errors_;
+  metrics_.waiting_for_weights = waiting_since_.has_value();
+  metrics_.weights_wait_s =
+      weights_waited_s_ +
+      (waiting_since_ ? std::chrono::duration<double>(Clock::now() - *waiting_since_).count() : 0);
   std::lock_guard<std::mutex> lock(metrics_mutex_);
   snapshot_ = metrics_;
 }
@@ -937,9 +984,16 @@ void ActorImpl::Report(bool final_report) {
     int64_t errors = 0;
     for (const auto& [kind, n] : metrics_.errors) errors += n;
     const double elapsed = std::max(1e-9, metrics_.elapsed_s);
+    char round[96] = "";
+    if (metrics_.sync) {
+      std::snprintf(round, sizeof(round), "  round %lld%s (waited %.1f s)",
+                    static_cast<long long>(metrics_.round),
+                    metrics_.waiting_for_weights ? " waiting for weights" : "",
+                    metrics_.weights_wait_s);
+    }
     std::fprintf(stderr,
                  "\r[%s] episodes %lld%s  tokens/s %.0f  tool calls %lld  errors %lld  "
-                 "segments %lld (acked %llu, spilled %llu)  v%llu   %s",
+                 "segments %lld (acked %llu, spilled %llu)  v%llu%s   %s",
                  options_.actor_id.c_str(), static_cast<long long>(metrics_.episodes_finished),
                  options_.episodes > 0 ? ("/" + std::to_string(options_.episodes)).c_str() : "",
                  (metrics_.generated_tokens + metrics_.context_tokens) / elapsed,
@@ -947,7 +1001,7 @@ void ActorImpl::Report(bool final_report) {
                  static_cast<long long>(metrics_.segments),
                  static_cast<unsigned long long>(metrics_.acked_segments),
                  static_cast<unsigned long long>(metrics_.spill_files),
-                 static_cast<unsigned long long>(metrics_.policy_version),
+                 static_cast<unsigned long long>(metrics_.policy_version), round,
                  final_report ? "\n" : "");
     std::fflush(stderr);
   }
@@ -981,7 +1035,11 @@ Status ActorImpl::Run(std::stop_token stop) {
       for (const auto& [index, e] : episodes_) live.push_back(index);
       for (int64_t index : live) FinishEpisode(index, "stopped", "the actor was stopped");
     }
-    ApplyWeights();
+    if (!options_.weights_sync) {
+      ApplyWeights();
+    } else if (!stopped) {
+      AdvanceRound();
+    }
     if (!stopped) StartGroups();
     PollCalls();
     PollGroups();
@@ -1004,7 +1062,8 @@ Status ActorImpl::Run(std::stop_token stop) {
                (stopped || (options_.episodes > 0 && next_episode_ >= options_.episodes))) {
       break;
     } else {
-      wake_->WaitFor(milliseconds(sender_->Backlogged() ? 50 : 2));
+      // Waiting for weights, the subscriber's Notify ends the wait as soon as they are loaded.
+      wake_->WaitFor(milliseconds(sender_->Backlogged() || waiting_since_ ? 50 : 2));
     }
     Snapshot();
     Report(false);

@@ -11,6 +11,7 @@
 //     Append it, generate the next turn
 //   episode over: last segment, release            ──> sender: replay server / spill directory
 //   new weights arrived: SwapWeights between steps <──  weight subscriber: fetch, check, load
+//     (synchronous rounds: only once a round's episodes have all ended)
 //
 // Token in, token out: the trajectory is exactly the ids the engine was fed and sampled; the
 // actor appends tokenized environment text and never re-renders the conversation.
@@ -77,6 +78,13 @@ struct ActorOptions {
   // --- Weights ---
   std::string weights_endpoint;  // a WeightPublisher; empty: keep the initial weights
   int64_t weights_poll_ms = 1000;
+  // Synchronous on-policy rounds (a learner with max_staleness 0 takes turns with the actors):
+  // a round is `round_groups` groups started under one policy version; once all of them have
+  // ended the actor starts nothing until a newer version has arrived, and it swaps weights only
+  // there, so no episode of a round sees two versions. Needs weights_endpoint. Off: weights are
+  // swapped in between engine steps as they come (the asynchronous default).
+  bool weights_sync = false;
+  int64_t round_groups = 0;  // with weights_sync; 0: episodes_in_flight / group_size
 
   // --- Metrics ---
   std::string metrics_path;  // JSON lines; empty: log only
@@ -111,6 +119,12 @@ struct ActorMetrics {
   int64_t segments = 0;                   // handed to the sender
   uint64_t policy_version = 0;
   int64_t weight_updates = 0;
+  // Synchronous rounds only (shown when `sync`): the round playing or last played (from 1), and
+  // the time spent with every episode of a round ended, waiting for newer weights.
+  bool sync = false;
+  int64_t round = 0;
+  double weights_wait_s = 0;
+  bool waiting_for_weights = false;
   int64_t engine_steps = 0;           // Engine::Step calls
   double engine_step_seconds = 0;     // time inside them (the rest is the actor's own)
   // Queue depths now.

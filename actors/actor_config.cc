@@ -35,6 +35,14 @@ Status ValidateActorOptions(const ActorOptions& o) {
   if (o.spill_max_bytes <= 0) return bad("replay.spill_max_mb", "must be > 0");
   if (o.spill_after_ms < 100) return bad("replay.spill_after_ms", "must be >= 100");
   if (o.weights_poll_ms < 10) return bad("weight_stream.poll_ms", "must be >= 10");
+  if (o.weights_sync && o.weights_endpoint.empty()) {
+    // Without a publisher the first round would wait for ever.
+    return bad("weight_stream.sync", "needs weight_stream.endpoint (or --weights-endpoint)");
+  }
+  if (o.round_groups < 0) return bad("weight_stream.round_groups", "must be >= 0");
+  if (o.round_groups > 0 && !o.weights_sync) {
+    return bad("weight_stream.round_groups", "applies only with sync: true");
+  }
   if (o.metrics_interval_s <= 0) return bad("metrics.interval_s", "must be > 0");
   if (o.env.name.empty() && o.env.library.empty() && o.env.command.empty()) {
     return Status::InvalidArgument("env: name, library or command is required");
@@ -98,6 +106,8 @@ Result<ActorOptions> LoadActorConfig(const std::string& path) {
   ConfigReader weights = actor.Section("weight_stream");
   weights.Optional("endpoint", &o.weights_endpoint);
   weights.Optional("poll_ms", &o.weights_poll_ms);
+  weights.Optional("sync", &o.weights_sync);
+  weights.Optional("round_groups", &o.round_groups);
 
   ConfigReader metrics = actor.Section("metrics");
   metrics.Optional("path", &o.metrics_path);
@@ -146,6 +156,11 @@ std::string ActorMetrics::ToJson() const {
         {"in_flight_segments", in_flight_segments}}},
       {"spill", {{"files", spill_files}, {"bytes", spill_bytes}}},
   };
+  if (sync) {
+    j["round"] = round;
+    j["weights_wait_s"] = weights_wait_s;
+    j["waiting_for_weights"] = waiting_for_weights;
+  }
   return j.dump();
 }
 

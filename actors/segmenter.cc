@@ -7,7 +7,7 @@
 namespace strider::actors {
 
 Segmenter::Segmenter(SegmenterOptions options, schema::TrajectoryId id)
-    : options_(std::move(options)), id_(id) {
+    : options_(std::move(options)), id_(id), last_version_(options_.policy_version) {
   // Segment 0 starts from the empty state: nothing to compare, so no digest.
   route_context_ = options_.route_context && options_.routing_layers * options_.routing_top_k > 0;
 }

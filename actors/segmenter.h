@@ -55,6 +55,9 @@ struct SegmenterOptions {
   float temperature = 1.0f;
   float top_p = 1.0f;
   uint32_t top_k = 0;
+  // The policy version in force when the trajectory starts: context before its first action
+  // (the prompt) carries it, so a trajectory begun after a weight swap is not counted as stale.
+  uint64_t policy_version = 0;
 };
 
 class Segmenter {
@@ -112,6 +115,7 @@ class Segmenter {
   std::vector<schema::Role> roles_;
   std::vector<float> log_probs_;
   std::vector<uint64_t> versions_;  // per token; context tokens repeat the last action's
+                                    // (or options_.policy_version before the first)
   std::vector<uint16_t> experts_;   // per waiting token (zeros until its record arrives)
   std::vector<uint8_t> has_record_;  // per waiting token
   bool route_context_ = false;

@@ -22,6 +22,7 @@ void AddPretrainCommands(CLI::App& app, int& exit_code);
 void AddActorCommands(CLI::App& app, int& exit_code);
 void AddEnvCommands(CLI::App& app, int& exit_code);
 void AddReportCommands(CLI::App& app, int& exit_code);
+void AddRewardCommands(CLI::App& app, int& exit_code);
 
 // `strider learner` with mode: rl (rl_commands.cc), called by the learner subcommand once the
 // config's mode is known.

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,38 @@ Result<std::vector<ImageInput>> ImagesInChunk(const ModelInput& input, int64_t b
     }
   }
   return chosen;
+}
+
+// The placeholder runs [first, end) of every row, by first position.
+std::vector<std::pair<int64_t, int64_t>> PlaceholderRuns(const at::Tensor& tokens) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  at::Tensor cpu = tokens.cpu().to(at::kLong).contiguous();
+  const int64_t* t = cpu.data_ptr<int64_t>();
+  const int64_t length = tokens.size(1);
+  for (int64_t b = 0; b < tokens.size(0); ++b) {
+    for (int64_t i = 0; i < length; ++i) {
+      if (t[b * length + i] != token::kImagePatch) continue;
+      int64_t j = i;
+      while (j < length && t[b * length + j] == token::kImagePatch) ++j;
+      runs.emplace_back(i, j);
+      i = j - 1;
+    }
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs;
+}
+
+// Tokens in the chunk from `begin`: `chunk`, or fewer so that an image the boundary would cut
+// starts the next chunk (the model embeds an image in one call), or more when that image starts
+// at `begin` and is longer than a chunk. Images of several rows that no boundary clears are left
+// to ImagesInChunk to refuse.
+int64_t ChunkCount(const std::vector<std::pair<int64_t, int64_t>>& runs, int64_t begin,
+                   int64_t chunk, int64_t length) {
+  int64_t end = std::min(begin + chunk, length);
+  for (const auto& [first, last] : runs) {
+    if (first < end && last > end) end = first > begin ? first : last;
+  }
+  return end - begin;
 }
 
 // The replay record's positions [begin, begin + count).
@@ -112,8 +145,11 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
     }
     std::vector<RoutingRecord> records;
     at::Tensor total;  // summed loss of chunks not yet backpropagated
-    for (int64_t begin = 0; begin < length; begin += chunk) {
-      const int64_t count = std::min(chunk, length - begin);
+    const std::vector<std::pair<int64_t, int64_t>> image_runs =
+        chunked && !input.images.empty() ? PlaceholderRuns(input.tokens)
+                                         : std::vector<std::pair<int64_t, int64_t>>();
+    for (int64_t begin = 0, count = 0; begin < length; begin += count) {
+      count = ChunkCount(image_runs, begin, chunk, length);
       ModelInput part;
       part.tokens = chunked ? input.tokens.narrow(1, begin, count) : input.tokens;
       STRIDER_ASSIGN_OR_RETURN(part.images, ImagesInChunk(input, begin, begin + count));

@@ -203,8 +203,10 @@ struct ChunkedPassResult {
   InferenceState final_state;  // when kept
 };
 
-// Runs the model over `input` (tokens (B, L) and their images; an image's patches may not
-// straddle a chunk boundary) and calls `objective` once per chunk, in order.
+// Runs the model over `input` (tokens (B, L) and their images) and calls `objective` once per
+// chunk, in order. The model embeds an image in one call, so a chunk boundary that would cut an
+// image's placeholders moves to the image's start (or, for an image longer than a chunk, to its
+// end); images of several rows that no boundary clears are refused.
 Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& input,
                                          const ChunkedPassOptions& options,
                                          const ChunkObjective& objective);

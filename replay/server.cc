@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -21,6 +22,16 @@ Status ServerImpl::Init() {
   StoreOptions store_options;
   store_options.sync_wal = options_.sync_wal;
   store_options.compression = options_.compression;
+  // RocksDB creates the store's own directory, not its parents (runs/NAME/replay).
+  if (const std::filesystem::path parent = std::filesystem::path(options_.db_path).parent_path();
+      !parent.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(parent, error);
+    if (error) {
+      return Status::IoError("cannot create " + parent.string() + " for the replay store: " +
+                             error.message());
+    }
+  }
   STRIDER_ASSIGN_OR_RETURN(store_, Store::Open(options_.db_path, store_options));
   STRIDER_RETURN_IF_ERROR(Recover());
 

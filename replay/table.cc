@@ -223,6 +223,7 @@ std::optional<std::vector<uint64_t>> Table::Track(uint64_t item,
   for (uint64_t segment : unit.items) {
     const ItemInfo& info = stored_.at(segment);
     unit.min_policy_version = std::min(unit.min_policy_version, info.min_policy_version);
+    unit.max_policy_version = std::max(unit.max_policy_version, info.max_policy_version);
     unit.tokens += info.tokens;
   }
   for (const std::string& member : unit.trajectories) unit_of_[member] = item;
@@ -349,6 +350,7 @@ Table::Draw Table::Sample(size_t count, uint64_t after, uint64_t policy_version)
       limiter_.Allowed(count, sampler_->size(), inserts_, samples_, &draw.not_ready_reason);
   if (allowed == 0) return draw;
   std::vector<uint64_t> stale;
+  size_t ahead = 0;
   auto eligible = [&](uint64_t item) {
     const uint64_t oldest = per_unit() ? units_.at(item).min_policy_version
                                        : stored_.at(item).min_policy_version;
@@ -356,6 +358,15 @@ Table::Draw Table::Sample(size_t count, uint64_t after, uint64_t policy_version)
     if (config_.max_staleness >= 0 &&
         policy_version > oldest + static_cast<uint64_t>(config_.max_staleness)) {
       stale.push_back(item);
+      return false;
+    }
+    // On-policy (max_staleness 0): every token of the item is of the request's version. An item
+    // with a newer token than the request stays in the sampler: all of it may be of the version
+    // a later request carries, and a mixed one goes as too stale then.
+    const uint64_t newest =
+        per_unit() ? units_.at(item).max_policy_version : stored_.at(item).max_policy_version;
+    if (config_.max_staleness == 0 && newest > policy_version) {
+      ++ahead;
       return false;
     }
     return true;
@@ -387,7 +398,8 @@ Table::Draw Table::Sample(size_t count, uint64_t after, uint64_t policy_version)
     draw.not_ready_reason = "no eligible items: " + std::to_string(sampler_->size()) +
                             " sampleable, " + std::to_string(stale.size()) +
                             " found too stale for policy version " +
-                            std::to_string(policy_version);
+                            std::to_string(policy_version) +
+                            (ahead > 0 ? ", " + std::to_string(ahead) + " ahead of it" : "");
   }
   return draw;
 }

@@ -138,6 +138,7 @@ class Table {
     std::vector<uint64_t> items;  // in order
     std::vector<std::string> trajectories;
     uint64_t min_policy_version = 0;
+    uint64_t max_policy_version = 0;
     uint64_t tokens = 0;
   };
 

@@ -9,7 +9,9 @@
 //   verifiers.h   Rescore, RescoreStore: replay stored episodes against their environment for
 //                 step labels, step rewards and outcomes
 //
-// No LibTorch: log-probs and scores arrive as plain arrays.
+// No LibTorch: log-probs and scores arrive as plain arrays. The learned process reward model
+// (process_model.h: TrainProcessModel, ProcessRewardModel::ScoreSteps) runs a model, so it is a
+// library of its own, strider_reward_model, and not included here.
 #pragma once
 
 #include "reward/implicit.h"

@@ -98,8 +98,10 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
     ConfigReader reward = root.Section("reward");
     Result<reward::ShapingConfig> shaping = reward::ReadShapingConfig(reward);
     if (shaping.ok()) config.reward = *shaping;
-    reward.Check(config.reward.process_model_weight == 0, "process_model_weight",
-                 "a learned process reward model is not wired into this learner; use 0");
+    reward.Optional("process_model", &config.process_model);
+    reward.Check(config.reward.process_model_weight == 0 || !config.process_model.empty(),
+                 "process_model",
+                 "is required with process_model_weight: a directory of strider reward train-prm");
   }
   {
     ConfigReader checkpoint = root.Section("checkpoint");
@@ -121,6 +123,7 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
   config.model_config_path = ResolveConfigPath(model_config, path);
   STRIDER_ASSIGN_OR_RETURN(config.model, LoadModelConfig(config.model_config_path));
   config.init = ResolveConfigPath(config.init, path);
+  config.process_model = ResolveConfigPath(config.process_model, path);
   if (config.scoring.reference != "initial" && config.scoring.reference != "none") {
     config.scoring.reference = ResolveConfigPath(config.scoring.reference, path);
   }

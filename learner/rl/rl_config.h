@@ -45,7 +45,7 @@ struct RlTrainConfig {
   std::string backprop = "truncated";
   // Rollout and training take turns: the learner asks for trajectories of its newest published
   // version only, and publishes after every update. Needs a table with max_staleness: 0 and
-  // actors with weights.sync (docs/rl_learner.md).
+  // actors with weight_stream.sync (docs/rl_learner.md).
   bool sync = false;
   int64_t warmup_steps = 0;          // optimiser updates of linear warm-up
   double min_learning_rate_ratio = 1.0;  // cosine decay to this ratio over the run (1: constant)
@@ -78,6 +78,9 @@ struct RlLearnerConfig {
   RlScoringConfig scoring;
   ObjectiveConfig objective;
   reward::ShapingConfig reward;
+  // reward.process_model: a checkpoint directory of `strider reward train-prm`, whose step
+  // scores are the learned process rewards (required when reward.process_model_weight != 0).
+  std::string process_model;
   int64_t checkpoint_every_steps = 0;  // 0: only at exit
 };
 

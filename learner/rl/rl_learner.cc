@@ -21,6 +21,7 @@
 #include "learner/progress.h"
 #include "learner/rl/rl_step.h"
 #include "replay/client.h"
+#include "reward/process_model.h"
 
 namespace strider::rl {
 namespace {
@@ -133,7 +134,12 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
   Model& model = trainer->model();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> reference, LoadReference(config));
 
+  std::unique_ptr<reward::ProcessRewardModel> process_model;
+  if (config.reward.process_model_weight != 0) {
+    STRIDER_ASSIGN_OR_RETURN(process_model, reward::ProcessRewardModel::Load(config.process_model));
+  }
   StepSettings settings;
+  settings.process_model = process_model.get();
   settings.scoring.replay_routing = config.scoring.replay_routing;
   settings.scoring.mismatch_threshold = config.scoring.mismatch_threshold;
   settings.objective = config.objective;
@@ -221,8 +227,14 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       batch = client->Sample(static_cast<uint64_t>(step + 1),
                              static_cast<uint32_t>(config.replay.units_per_step), version,
                              std::chrono::milliseconds(1000));
-      if (batch.ok() || batch.status().code() != StatusCode::kResourceExhausted) break;
+      if (batch.ok()) break;
+      // Not ready yet, or the server busy or restarting: both pass, up to the step's deadline.
+      const StatusCode code = batch.status().code();
+      if (code != StatusCode::kResourceExhausted && code != StatusCode::kUnavailable) break;
       if (Clock::now() >= deadline || (options.stop != nullptr && options.stop->load())) break;
+      if (code == StatusCode::kUnavailable) {
+        spdlog::warn("learner step {}: {}; retrying", step + 1, batch.status().ToString());
+      }
     }
     if (!batch.ok()) {
       if (options.stop != nullptr && options.stop->load()) break;
@@ -309,7 +321,12 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
 
     // 5. Publish.
     publish_seconds = 0;
-    if (step % config.publish.every_steps == 0) STRIDER_RETURN_IF_ERROR(publish());
+    // Weights no update changed are the version already out: nothing new to publish, except in
+    // sync mode, where the actors wait for a new version before their next round.
+    if (step % config.publish.every_steps == 0 &&
+        (!settings.weights_version.has_value() || config.train.sync)) {
+      STRIDER_RETURN_IF_ERROR(publish());
+    }
     const double compute_seconds = Seconds(compute_started);
     const double step_seconds = Seconds(step_started);
 

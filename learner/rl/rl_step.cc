@@ -12,6 +12,7 @@
 #include "learner/rl/advantages.h"
 #include "learner/rl/losses.h"
 #include "reward/implicit.h"
+#include "reward/process_model.h"
 #include "reward/trajectory.h"
 
 namespace strider::rl {
@@ -76,7 +77,7 @@ reward::TrajectoryRewards RewardsOf(const std::vector<schema::SegmentData>& segm
 // trajectory.
 Result<std::vector<double>> ImplicitRewards(const PreparedTrajectory& prepared,
                                             const TrajectoryScores& scores) {
-  const size_t length = static_cast<size_t>(prepared.length());
+  const size_t length = prepared.joined.tokens.size();
   std::vector<float> policy(length, 0.0f), reference(length, 0.0f);
   for (size_t i = 0; i < scores.positions.size(); ++i) {
     policy[scores.positions[i]] = scores.logprobs[i];
@@ -207,7 +208,14 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
       if (implicit) {
         STRIDER_ASSIGN_OR_RETURN(implicit_steps, ImplicitRewards(t.prepared, t.scores));
       }
-      const reward::TrajectoryRewards rewards = RewardsOf(segments, t.prepared.joined, implicit_steps);
+      reward::TrajectoryRewards rewards = RewardsOf(segments, t.prepared.joined, implicit_steps);
+      if (settings.process_model != nullptr && settings.reward.process_model_weight != 0) {
+        STRIDER_ASSIGN_OR_RETURN(std::vector<double> judged,
+                                 settings.process_model->ScoreSteps(t.prepared.joined));
+        for (size_t k = 0; k < rewards.steps.size() && k < judged.size(); ++k) {
+          rewards.steps[k].learned = 2 * judged[k] - 1;
+        }
+      }
       t.finished = rewards.end == reward::TrajectoryEnd::kFinished;
       t.truncated = rewards.end == reward::TrajectoryEnd::kTruncated;
       Result<reward::ShapedRewards> shape = reward::Shape(rewards, settings.reward);
@@ -276,6 +284,13 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
     for (size_t i = 0; i < trajectories.size(); ++i) {
       const TrainingTrajectory& t = *trajectories[i];
       if (t.prepared.positions.empty()) continue;
+      if (t.excluded || t.advantages.size() != t.prepared.positions.size() ||
+          t.returns.size() != t.prepared.positions.size()) {
+        return Status::InvalidArgument(
+            "update pass: trajectory " + t.prepared.joined.id.Hex() +
+            (t.excluded ? " is excluded (" + t.excluded_reason + ")"
+                        : " has no advantages for its action tokens"));
+      }
       const at::Tensor behaviour = at::tensor(t.prepared.behaviour_logprobs, at::kFloat);
       const at::Tensor proximal = at::tensor(t.scores.logprobs, at::kFloat);
       const at::Tensor advantages = at::tensor(t.advantages, at::kFloat);

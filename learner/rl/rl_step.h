@@ -29,6 +29,10 @@
 #include "learner/rl/scoring.h"
 #include "reward/shaping.h"
 
+namespace strider::reward {
+class ProcessRewardModel;
+}
+
 namespace strider::rl {
 
 // A group's trajectories, each as all of its segments in order.
@@ -52,6 +56,10 @@ struct StepSettings {
   // evaluations of one policy, so it runs only on trajectories sampled entirely under this
   // version; older ones are corrected by the loss's truncated importance weights instead.
   std::optional<uint64_t> weights_version;
+  // The learned process reward model (reward/process_model.h) when reward.process_model_weight
+  // is not 0: step k's learned reward is 2 P(step k correct) - 1, so a step it judges wrong
+  // costs what a step it judges right earns. Borrowed.
+  const reward::ProcessRewardModel* process_model = nullptr;
 };
 
 // A trajectory of the batch as the update sees it.

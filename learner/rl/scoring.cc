@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/model/sampling_distribution.h"
+#include "common/tokenizer.h"
 #include "learner/learner.h"
 #include "reward/trajectory.h"
 
@@ -28,13 +29,20 @@ std::vector<const schema::SegmentData*> Ordered(std::span<const schema::SegmentD
 }
 
 // The stored experts of every position as a replay record (1, L, k) per sparse layer.
+// The stored experts of every position as a replay record (1, N, k) per sparse layer. N is the
+// trajectory's length, or less when its last positions have no record: the actor records a
+// position's experts when it feeds the token through the model, and the token sampled last is
+// never fed. Those positions predict nothing the learner scores, so the passes stop before
+// them; a position without a record anywhere else is an error.
 Result<RoutingRecord> ReplayRecord(const std::vector<const schema::SegmentData*>& ordered,
-                                   int64_t length) {
+                                   int64_t length, int64_t* covered) {
   const schema::RoutingRecord& first = ordered.front()->routing;
   const int64_t layers = first.layers;
   const int64_t k = first.top_k;
   std::vector<int64_t> experts;
   experts.reserve(length * layers * k);
+  int64_t first_missing = -1;  // trajectory position
+  std::string missing_in;
   for (const schema::SegmentData* s : ordered) {
     if (s->routing.layers != layers || s->routing.top_k != k) {
       return Status::InvalidArgument("scoring: " + s->key().ToString() +
@@ -42,17 +50,27 @@ Result<RoutingRecord> ReplayRecord(const std::vector<const schema::SegmentData*>
     }
     std::vector<bool> has_record;
     const std::vector<uint16_t> rows = schema::ExpertsByPosition(*s, &has_record);
-    const auto missing = std::find(has_record.begin(), has_record.end(), false);
-    if (missing != has_record.end()) {
-      return Status::FailedPrecondition(
-          "scoring: routing replay needs experts for every position; " + s->key().ToString() +
-          " has none at offset " + std::to_string(missing - has_record.begin()) + " (coverage " +
-          std::string(schema::RoutingCoverageName(s->routing.coverage)) + ")");
+    for (size_t offset = 0; offset < has_record.size(); ++offset) {
+      const int64_t position = static_cast<int64_t>(s->token_begin + offset);
+      if (!has_record[offset] && first_missing < 0) {
+        first_missing = position;
+        missing_in = s->key().ToString() + " has none at offset " + std::to_string(offset) +
+                     " (coverage " + std::string(schema::RoutingCoverageName(s->routing.coverage)) +
+                     ")";
+      } else if (has_record[offset] && first_missing >= 0) {
+        return Status::FailedPrecondition(
+            "scoring: routing replay needs experts for every position; " + missing_in);
+      }
     }
     experts.insert(experts.end(), rows.begin(), rows.end());
   }
-  // (L, layers, k) -> one (1, L, k) tensor per layer.
-  at::Tensor all = at::tensor(experts, at::kLong).view({length, layers, k});
+  *covered = first_missing < 0 ? length : first_missing;
+  if (*covered < 2) {
+    return Status::FailedPrecondition(
+        "scoring: routing replay needs experts for every position; " + missing_in);
+  }
+  // (L, layers, k) -> one (1, N, k) tensor per layer.
+  at::Tensor all = at::tensor(experts, at::kLong).view({length, layers, k}).narrow(0, 0, *covered);
   RoutingRecord record;
   for (int64_t layer = 0; layer < layers; ++layer) {
     record.layers.push_back({all.select(1, layer).unsqueeze(0).contiguous(), at::Tensor()});
@@ -176,8 +194,34 @@ Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData
   }
   prepared.replaying = replay_routing && ordered.front()->routing.layers > 0;
   if (prepared.replaying) {
-    STRIDER_ASSIGN_OR_RETURN(prepared.replay,
-                             ReplayRecord(ordered, static_cast<int64_t>(joined.tokens.size())));
+    int64_t covered = 0;
+    STRIDER_ASSIGN_OR_RETURN(
+        prepared.replay,
+        ReplayRecord(ordered, static_cast<int64_t>(joined.tokens.size()), &covered));
+    if (covered < prepared.length()) {
+      if (!prepared.positions.empty() && prepared.positions.back() > covered) {
+        return Status::FailedPrecondition(
+            "scoring: routing replay needs experts for every position before the last action; " +
+            joined.id.Hex() + " has records for its first " + std::to_string(covered) +
+            " positions only");
+      }
+      prepared.input.tokens = prepared.input.tokens.narrow(1, 0, covered).contiguous();
+      // The images of the unfed tail (an observation's) go with it.
+      size_t runs = 0;
+      for (int64_t i = 0; i < covered; ++i) {
+        if (joined.tokens[i] == token::kImagePatch &&
+            (i == 0 || joined.tokens[i - 1] != token::kImagePatch)) {
+          ++runs;
+        }
+      }
+      if (covered < static_cast<int64_t>(joined.tokens.size()) &&
+          joined.tokens[covered] == token::kImagePatch && covered > 0 &&
+          joined.tokens[covered - 1] == token::kImagePatch) {
+        return Status::FailedPrecondition("scoring: " + joined.id.Hex() +
+                                          ": the routing record ends inside an image");
+      }
+      prepared.input.images.resize(std::min(runs, prepared.input.images.size()));
+    }
   }
   return prepared;
 }
@@ -224,7 +268,7 @@ Result<TrajectoryScores> ScorePrepared(const Model& model, const PreparedTraject
   const reward::StoredTrajectory& joined = trajectory.joined;
   TrajectoryScores scores;
   scores.id = joined.id;
-  scores.length = trajectory.length();
+  scores.length = static_cast<int64_t>(joined.tokens.size());
   scores.positions = trajectory.positions;
   scores.behaviour_logprobs = trajectory.behaviour_logprobs;
   scores.versions = trajectory.versions;
@@ -238,14 +282,15 @@ Result<TrajectoryScores> ScorePrepared(const Model& model, const PreparedTraject
   }
   if (options.values) {
     const float* v = own.values.data_ptr<float>();
+    const uint64_t passed = static_cast<uint64_t>(trajectory.length());  // values computed
     for (const reward::StoredStep& step : joined.steps) {
       uint64_t first = step.begin;
       while (first < step.end && !schema::IsAction(joined.roles[first])) ++first;
       const uint64_t at = first < step.end ? std::max<uint64_t>(first, 1) - 1 : step.end - 1;
-      scores.step_values.push_back(v[at]);
+      scores.step_values.push_back(v[std::min(at, passed - 1)]);
     }
     for (int64_t position : trajectory.positions) scores.action_values.push_back(v[position - 1]);
-    scores.final_value = scores.length > 0 ? v[scores.length - 1] : 0.0f;
+    scores.final_value = passed > 0 ? v[passed - 1] : 0.0f;
   }
   const bool single_version =
       !scores.versions.empty() &&

@@ -62,7 +62,10 @@ struct MismatchStats {
 // the routing record that replays the stored experts.
 struct PreparedTrajectory {
   reward::StoredTrajectory joined;
-  ModelInput input;       // tokens (1, L) and the images
+  // Tokens (1, N) and the images. N is the trajectory's length, or one less under routing
+  // replay when the actor never fed the last token (so it has no experts recorded): its logits
+  // would predict nothing.
+  ModelInput input;
   RoutingRecord replay;   // (1, L, k) per sparse layer when `replaying`
   bool replaying = false;
   // One entry per action token, in order. Token 0 has no prediction and is never an action.

@@ -304,6 +304,35 @@ TEST(Segmenter, EverySegmentCarriesGroupAndSamplingAndTheLastItsEndReason) {
   }
 }
 
+// A trajectory begun after a weight swap: its prompt is of the version in force, not of 0, so
+// a learner's staleness bound (the oldest version in a unit) sees it as fresh. Here the prompt
+// fills one segment of its own before any action.
+TEST(Segmenter, ContextBeforeTheFirstActionCarriesTheVersionInForce) {
+  SegmenterOptions options{16, "calculator", "", 0, 0};
+  options.policy_version = 6;
+  Segmenter segmenter(options, NewTrajectoryId());
+  std::vector<int32_t> prompt(20, 'p'), result(4, 'r');
+  ASSERT_TRUE(segmenter.AddContext(prompt, Role::kUser).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(segmenter.AddAction('a', Role::kModel, -1, 6, {}).ok());
+  ASSERT_TRUE(segmenter.EndStep(0).ok());
+  ASSERT_TRUE(segmenter.AddContext(result, Role::kToolResult).ok());
+  ASSERT_TRUE(segmenter.AddAction('b', Role::kModel, -1, 7, {}).ok());
+  ASSERT_TRUE(segmenter.EndStep(0).ok());
+  std::vector<schema::SegmentData> segments = segmenter.TakeReady();
+  auto rest = segmenter.Finish(0, schema::EndReason::kFinished, {});
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  segments.insert(segments.end(), rest->begin(), rest->end());
+  ASSERT_EQ(segments.size(), 2u);
+  ASSERT_EQ(segments[0].policy_runs.size(), 1u);
+  EXPECT_EQ(segments[0].policy_runs[0].version, 6u) << "the prompt alone";
+  std::vector<std::pair<uint32_t, uint64_t>> runs;
+  for (const schema::PolicyRun& run : segments[1].policy_runs) {
+    runs.emplace_back(run.begin, run.version);
+  }
+  // Positions 16..27 of 28: the rest of the prompt, 3 actions and the result at 6, then 7.
+  EXPECT_EQ(runs, (std::vector<std::pair<uint32_t, uint64_t>>{{0, 6}, {11, 7}}));
+}
+
 TEST(Segmenter, RejectsMisuse) {
   SegmenterOptions options{64, "calculator", "", 2, 1};
   Segmenter segmenter(options, NewTrajectoryId());

@@ -17,6 +17,7 @@
 #include "common/model/config.h"
 #include "envs/registry.h"
 #include "learner/pretrain/pretrain_config.h"
+#include "learner/rl/rl_config.h"
 #include "replay/replay.h"
 
 namespace strider {
@@ -38,6 +39,7 @@ const std::map<std::string, Loader>& Loaders() {
       {"model", [](const std::string& path) { return LoadModelConfig(path).status(); }},
       {"pretrain", [](const std::string& path) { return LoadPretrainConfig(path).status(); }},
       {"replay", [](const std::string& path) { return replay::LoadServerConfig(path).status(); }},
+      {"rl", [](const std::string& path) { return rl::LoadRlLearnerConfig(path).status(); }},
       {"actor",
        [](const std::string& path) -> Status {
          STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions options, actors::LoadActorConfig(path));
@@ -82,7 +84,7 @@ TEST(ConfigFiles, EveryFileUnderConfigsLoadsWithItsKindsLoader) {
     ++loaded;
   }
   // The walk itself can fail: every kind of config the repository ships was seen.
-  EXPECT_EQ(kinds_seen, (std::set<std::string>{"actor", "envs", "model", "pretrain", "replay"}));
+  EXPECT_EQ(kinds_seen, (std::set<std::string>{"actor", "envs", "model", "pretrain", "replay", "rl"}));
   EXPECT_GE(loaded, 10);
 }
 

@@ -326,6 +326,63 @@ TEST(GroupTable, SegmentsWithoutAGroupAreGroupsOfTheirOwn) {
   EXPECT_EQ(Units(*batch), (std::set<std::vector<std::string>>{{"40/0", "40/1"}, {"41/0", "41/1"}}));
 }
 
+// What a synchronous learner takes turns with the actors on: with max_staleness 0 a request of
+// version v gets only units whose every token is of version v. Seeds 4g..4g+3 are group g:
+// group 10 all of version 3; group 11 version 3 but for seed 44, whose second segment is of
+// version 4; group 12 all of version 4 (ahead of a request of 3); group 13 version 2 (older).
+TEST(TrajectoryTable, MaxStalenessZeroReturnsOnlyUnitsOfTheRequestsVersion) {
+  auto version_of = [](uint64_t seed, uint32_t segment) -> uint64_t {
+    if (seed == 44) return 3 + segment;
+    return seed < 48 ? 3 : seed < 52 ? 4 : 2;
+  };
+  for (SampleUnit unit : {SampleUnit::kTrajectory, SampleUnit::kGroup}) {
+    SCOPED_TRACE(SampleUnitName(unit));
+    TempDir dir;
+    ServerOptions options = Options(dir, unit);
+    options.tables[0].max_staleness = 0;
+    options.tables[0].sampler.kind = SamplerKind::kUniform;
+    auto server = StartServer(options);
+    ASSERT_NE(server, nullptr);
+    auto actor = Actor(*server);
+    for (uint64_t seed = 40; seed < 56; ++seed) {
+      for (uint32_t i = 0; i < 2; ++i) {
+        schema::SegmentData s = MakeSegment(seed, i, 40, 0, i == 1);
+        s.policy_runs = {{0, version_of(seed, i)}};  // one version per segment
+        ASSERT_TRUE(actor->Send(s).ok());
+      }
+    }
+    ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+    auto learner = Learner(*server);
+    // Which trajectories each request version may be handed, and is handed over a few draws.
+    auto drawn = [&](uint64_t first_step, uint64_t version) {
+      std::set<uint64_t> seeds;
+      for (uint64_t step = first_step; step < first_step + 8; ++step) {
+        Result<SampleBatch> batch = learner->Sample(step, 16, version, milliseconds(2000));
+        EXPECT_TRUE(batch.ok()) << batch.status().ToString();
+        if (!batch.ok()) break;
+        for (const SampledItem& item : batch->items) {
+          for (const schema::PolicyRun& run : item.segment.policy_runs) {
+            EXPECT_EQ(run.version, version) << item.segment.key().ToString();
+          }
+        }
+        for (const std::string& key : Keys(*batch)) seeds.insert(std::stoull(key));
+      }
+      return seeds;
+    };
+    if (unit == SampleUnit::kTrajectory) {
+      EXPECT_EQ(drawn(1, 3), (std::set<uint64_t>{40, 41, 42, 43, 45, 46, 47}));
+      EXPECT_EQ(drawn(9, 4), (std::set<uint64_t>{48, 49, 50, 51}))
+          << "ahead of the earlier request, not dropped";
+    } else {
+      EXPECT_EQ(drawn(1, 3), (std::set<uint64_t>{40, 41, 42, 43}));
+      EXPECT_EQ(drawn(9, 4), (std::set<uint64_t>{48, 49, 50, 51}));
+    }
+    // Version 5: everything stored is older now.
+    Result<SampleBatch> none = learner->Sample(17, 16, 5, milliseconds(200));
+    EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted) << none.status().ToString();
+  }
+}
+
 // A learner built against schema 1.1 (no fetch fields) samples a trajectory table as a current one.
 TEST(TrajectoryTable, ALearnerOf11SamplesWholeTrajectories) {
   TempDir dir;

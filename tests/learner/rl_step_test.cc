@@ -1,0 +1,244 @@
+// The RL step's pieces on the tiny model: batches split into groups of whole trajectories, the
+// update pass's chunks adding up to the aggregated loss and to the gradient of one pass over the
+// whole trajectory, truncation cutting exactly the cross-chunk gradient, and exclusion by the
+// mismatch check only where the weights are the trajectory's version.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "common/model/model.h"
+#include "learner/rl/rl_step.h"
+#include "tests/replay/test_segments.h"
+#include "tests/shipped_config.h"
+
+namespace strider::rl {
+namespace {
+
+using strider::testing::MakeSegment;
+using strider::testing::MakeTrajectoryId;
+
+// Trajectory `seed` in `segments` segments of `tokens` tokens, at temperature 1 without cuts.
+std::vector<schema::SegmentData> Trajectory(uint64_t seed, uint32_t segments, size_t tokens) {
+  std::vector<schema::SegmentData> out;
+  for (uint32_t i = 0; i < segments; ++i) {
+    schema::SegmentData s = MakeSegment(seed, i, tokens, /*policy_version=*/3, i + 1 == segments);
+    s.temperature = 1.0f;
+    s.top_p = 1.0f;
+    s.top_k = 0;
+    s.policy_runs = {{0, 3}};
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::unique_ptr<Model> TinyModel() {
+  auto model = Model::Create(strider::testing::ShippedModelConfig("tiny"), 0);
+  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+StepSettings Settings(int64_t chunk, bool truncated) {
+  StepSettings settings;
+  settings.scoring.replay_routing = false;  // the synthetic experts are not the model's
+  settings.chunk_tokens = chunk;
+  settings.truncated_backprop = truncated;
+  settings.objective.loss.value_coef = 0.5;
+  return settings;
+}
+
+// Every parameter's gradient, concatenated.
+at::Tensor Gradient(const Model& model) {
+  std::vector<at::Tensor> parts;
+  for (const auto& [name, tensor] : model.tensors()) {
+    if (tensor.grad().defined()) parts.push_back(tensor.grad().reshape({-1}).clone());
+  }
+  return at::cat(parts);
+}
+
+void ZeroGradients(Model& model) {
+  for (const auto& [name, tensor] : model.tensors()) {
+    if (tensor.grad().defined()) const_cast<at::Tensor&>(tensor).mutable_grad().zero_();
+  }
+}
+
+TEST(SplitBatch, GroupsWholeTrajectoriesInSegmentOrder) {
+  std::vector<schema::SegmentData> segments;
+  // Seeds 0-2 share a group (groups of 4 consecutive seeds); 5 is in the next one.
+  for (uint64_t seed : {0, 5, 1, 2}) {
+    for (schema::SegmentData& s : Trajectory(seed, 3, 32)) segments.push_back(std::move(s));
+  }
+  std::swap(segments[0], segments[2]);  // out of order within trajectory 0
+  schema::SegmentData alone = MakeSegment(9, 0, 32, 3, true);
+  alone.group_size = 0;  // a 1.1 segment: a group of its own
+  segments.push_back(alone);
+  const std::vector<SampledGroup> groups = SplitBatch(std::move(segments));
+  ASSERT_EQ(groups.size(), 3u);
+  ASSERT_EQ(groups[0].members.size(), 3u);
+  EXPECT_EQ(groups[0].members[1].front().trajectory_id, MakeTrajectoryId(1));
+  for (const auto& member : groups[0].members) {
+    ASSERT_EQ(member.size(), 3u);
+    for (uint32_t i = 0; i < 3; ++i) EXPECT_EQ(member[i].segment_index, i);
+  }
+  EXPECT_EQ(groups[1].members.size(), 1u);
+  EXPECT_EQ(groups[2].group_id, MakeTrajectoryId(9));
+}
+
+class UpdatePass : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = TinyModel();
+    ASSERT_NE(model_, nullptr);
+    model_->SetRequiresGrad(true);
+    // A group of two trajectories of 3 x 130 tokens (a step each); their behaviour log-probs are replaced by
+    // the model's own (scored here), as an actor with these weights would have stored.
+    SampledGroup group;
+    for (uint64_t seed : {0, 1}) group.members.push_back(Trajectory(seed, 3, 130));
+    StepSettings settings = Settings(512, true);
+    Result<PreparedBatch> scored = PrepareBatch(*model_, nullptr, {group}, settings);
+    ASSERT_TRUE(scored.ok()) << scored.status().ToString();
+    for (size_t m = 0; m < 2; ++m) {
+      const TrainingTrajectory& t = scored->trajectories[m];
+      size_t next = 0;
+      for (schema::SegmentData& s : group.members[m]) {
+        for (size_t offset = 0; offset < s.tokens.size(); ++offset) {
+          const int64_t position = static_cast<int64_t>(s.token_begin + offset);
+          if (next < t.prepared.positions.size() && t.prepared.positions[next] == position) {
+            s.behaviour_logprobs[offset] = t.scores.logprobs[next++];
+          }
+        }
+      }
+    }
+    settings.weights_version = 3;
+    Result<PreparedBatch> batch = PrepareBatch(*model_, nullptr, {group}, settings);
+    ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+    batch_ = std::move(*batch);
+  }
+
+  std::vector<const TrainingTrajectory*> Kept() const {
+    std::vector<const TrainingTrajectory*> kept;
+    for (const TrainingTrajectory& t : batch_.trajectories) kept.push_back(&t);
+    return kept;
+  }
+
+  std::unique_ptr<Model> model_;
+  PreparedBatch batch_;
+};
+
+TEST_F(UpdatePass, OwnLogProbsPassTheMismatchCheckAndTheGroupGetsOppositeAdvantages) {
+  EXPECT_EQ(batch_.mismatch_measured, 2);
+  EXPECT_EQ(batch_.mismatch_excluded, 0);
+  EXPECT_LE(batch_.mismatch_max, 1e-6);
+  ASSERT_EQ(batch_.trajectories.size(), 2u);
+  for (const TrainingTrajectory& t : batch_.trajectories) {
+    ASSERT_FALSE(t.excluded) << t.excluded_reason;
+    ASSERT_FALSE(t.advantages.empty());
+  }
+  // Outcomes 1 and 2 (test_segments.h): outcome_group gives -s and +s to the two members.
+  const float low = batch_.trajectories[0].advantages.front();
+  const float high = batch_.trajectories[1].advantages.front();
+  EXPECT_LT(low, 0);
+  EXPECT_NEAR(low, -high, 1e-6);
+  for (const TrainingTrajectory& t : batch_.trajectories) {
+    EXPECT_FALSE(t.excluded) << t.excluded_reason;
+    for (float a : t.advantages) EXPECT_FLOAT_EQ(a, t.advantages.front());
+  }
+}
+
+TEST_F(UpdatePass, ChunksAddUpToOnePassOverTheWholeTrajectory) {
+  const std::vector<const TrainingTrajectory*> kept = Kept();
+  ZeroGradients(*model_);
+  Result<UpdateMetrics> whole = AccumulateGradients(*model_, kept, Settings(4096, false));
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  const at::Tensor reference = Gradient(*model_);
+  ZeroGradients(*model_);
+  Result<UpdateMetrics> chunked = AccumulateGradients(*model_, kept, Settings(17, false));
+  ASSERT_TRUE(chunked.ok()) << chunked.status().ToString();
+  const at::Tensor gradient = Gradient(*model_);
+  EXPECT_NEAR(chunked->loss, whole->loss, 1e-5);
+  EXPECT_EQ(chunked->metrics.tokens, whole->metrics.tokens);
+  EXPECT_GT(reference.abs().max().item<double>(), 1e-4);
+  EXPECT_LE((gradient - reference).abs().max().item<double>(),
+            1e-5 * std::max(1.0, reference.abs().max().item<double>()));
+
+  // At ratio 1 nothing is clipped and the policy term is -(token mean of the advantages).
+  double sum = 0, count = 0;
+  for (const TrainingTrajectory* t : kept) {
+    for (float a : t->advantages) sum += a, ++count;
+  }
+  EXPECT_EQ(whole->metrics.clipped, 0);
+  EXPECT_NEAR(whole->policy_loss, -sum / count, 1e-5);
+}
+
+TEST_F(UpdatePass, TruncationCutsOnlyTheGradientAcrossChunks) {
+  const std::vector<const TrainingTrajectory*> kept = Kept();
+  ZeroGradients(*model_);
+  ASSERT_TRUE(AccumulateGradients(*model_, kept, Settings(17, false)).ok());
+  const at::Tensor full = Gradient(*model_);
+  ZeroGradients(*model_);
+  Result<UpdateMetrics> truncated = AccumulateGradients(*model_, kept, Settings(17, true));
+  ASSERT_TRUE(truncated.ok());
+  const at::Tensor cut = Gradient(*model_);
+  // Same forward values (the loss), a different gradient: the state carries no graph.
+  EXPECT_GT((cut - full).abs().max().item<double>(), 1e-6);
+  ZeroGradients(*model_);
+  ASSERT_TRUE(AccumulateGradients(*model_, kept, Settings(4096, true)).ok());
+  // One chunk: nothing to cut.
+  EXPECT_LE((Gradient(*model_) - full).abs().max().item<double>(),
+            1e-5 * std::max(1.0, full.abs().max().item<double>()));
+}
+
+TEST_F(UpdatePass, ZeroAdvantagesGiveNoPolicyGradient) {
+  std::vector<TrainingTrajectory> zeroed = batch_.trajectories;
+  for (TrainingTrajectory& t : zeroed) std::fill(t.advantages.begin(), t.advantages.end(), 0.0f);
+  std::vector<const TrainingTrajectory*> kept;
+  for (const TrainingTrajectory& t : zeroed) kept.push_back(&t);
+  StepSettings settings = Settings(17, true);
+  settings.objective.loss.value_coef = 0;
+  ZeroGradients(*model_);
+  ASSERT_TRUE(AccumulateGradients(*model_, kept, settings).ok());
+  EXPECT_EQ(Gradient(*model_).abs().max().item<double>(), 0.0);
+}
+
+TEST(PrepareBatch, OtherWeightsAreExcludedOnlyWhenTheyClaimTheTrajectorysVersion) {
+  auto model = TinyModel();
+  ASSERT_NE(model, nullptr);
+  SampledGroup group;
+  for (uint64_t seed : {0, 1}) group.members.push_back(Trajectory(seed, 2, 130));
+  StepSettings settings = Settings(64, true);
+  // The stored log-probs are the builder's, not this model's.
+  settings.weights_version = 3;
+  Result<PreparedBatch> same = PrepareBatch(*model, nullptr, {group}, settings);
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_EQ(same->mismatch_excluded, 2);
+  for (const TrainingTrajectory& t : same->trajectories) {
+    EXPECT_TRUE(t.excluded);
+    EXPECT_NE(t.excluded_reason.find("mismatch"), std::string::npos) << t.excluded_reason;
+  }
+  EXPECT_EQ(same->action_tokens, 0);
+  // Weights of version 4 scoring version-3 trajectories: not comparable, not excluded.
+  settings.weights_version = 4;
+  Result<PreparedBatch> newer = PrepareBatch(*model, nullptr, {group}, settings);
+  ASSERT_TRUE(newer.ok());
+  EXPECT_EQ(newer->mismatch_measured, 0);
+  EXPECT_EQ(newer->mismatch_excluded, 0);
+  EXPECT_GT(newer->action_tokens, 0);
+}
+
+TEST(PrepareBatch, SegmentsThatDoNotJoinAreAnError) {
+  auto model = TinyModel();
+  ASSERT_NE(model, nullptr);
+  SampledGroup group;
+  std::vector<schema::SegmentData> broken = Trajectory(0, 3, 130);
+  broken.erase(broken.begin() + 1);  // a gap
+  group.members.push_back(broken);
+  Result<PreparedBatch> batch = PrepareBatch(*model, nullptr, {group}, Settings(64, true));
+  ASSERT_FALSE(batch.ok());
+  EXPECT_EQ(batch.status().code(), StatusCode::kInvalidArgument) << batch.status().ToString();
+}
+
+}  // namespace
+}  // namespace strider::rl
