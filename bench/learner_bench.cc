@@ -794,6 +794,7 @@ struct Arguments {
   int64_t long_chunk = 512;  // configs/rl chunk_tokens
   int64_t long_child = 0;
   int64_t busy_steps = 0;
+  std::string only;  // step | publish | busy | long; empty: all of them
 };
 
 int Run(const Arguments& a) {
@@ -811,12 +812,20 @@ int Run(const Arguments& a) {
   const bench::Ceiling ceiling = bench::Unwrap(bench::MeasureCeiling(spec), "matmul peak");
   bench::PrintResult("learner_" + config.name, "matmul_peak_fp32", ceiling.value, "GFLOP/s",
                      std::nullopt, bench::CeilingFields(ceiling));
+  auto wanted = [&](const char* part) { return a.only.empty() || a.only == part; };
   std::vector<rl::SampledGroup> played;
-  if (int rc = RunStepBench(step, ceiling, &played); rc != 0) return rc;
-  if (int rc = RunPublishBench(step.model); rc != 0) return rc;
+  // The busy run trains on the step's played group.
+  if (wanted("step") || wanted("busy")) {
+    if (int rc = RunStepBench(step, ceiling, &played); rc != 0) return rc;
+  }
+  if (wanted("publish")) {
+    if (int rc = RunPublishBench(step.model); rc != 0) return rc;
+  }
   const int64_t busy_steps = a.busy_steps > 0 ? a.busy_steps : a.quick ? 2 : 4;
-  if (int rc = RunBusyBench(step.model, played, busy_steps); rc != 0) return rc;
-  if (a.long_run.value_or(!a.quick)) {
+  if (wanted("busy")) {
+    if (int rc = RunBusyBench(step.model, played, busy_steps); rc != 0) return rc;
+  }
+  if (a.only == "long" || (a.only.empty() && a.long_run.value_or(!a.quick))) {
     if (int rc = RunLong(a.long_model, a.long_tokens, a.long_chunk); rc != 0) return rc;
   }
   return 0;
@@ -856,11 +865,14 @@ int main(int argc, char** argv) {
       a.long_child = std::stoll(argv[++i]);
     } else if (!std::strcmp(argv[i], "--busy-steps") && has_value) {
       a.busy_steps = std::stoll(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--only") && has_value) {
+      a.only = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: learner_bench [--quick] [--model NAME|PATH] [--members N] "
                    "[--turn-tokens N] [--repeats N] [--long] [--no-long] [--long-tokens N] "
-                   "[--long-chunk N] [--long-model NAME|PATH] [--busy-steps N]\n");
+                   "[--long-chunk N] [--long-model NAME|PATH] [--busy-steps N] "
+                   "[--only step|publish|busy|long]\n");
       return 2;
     }
   }

@@ -82,7 +82,28 @@ struct Version {
   std::shared_ptr<const std::string> bytes;
   std::string metadata;
   uint32_t crc = 0;
+  // Each chunk's CRC32C, computed once at Publish rather than once per request: every
+  // subscriber asks for every chunk.
+  std::vector<uint32_t> chunk_crcs;
 };
+
+// A reply frame built in place: one copy of a chunk's bytes, straight into the message ZeroMQ
+// sends, instead of a string that is then copied again.
+zmq::message_t ChunkFrame(uint64_t version, uint32_t index, uint32_t crc, std::string_view chunk) {
+  std::string header = Writer(kChunk)
+                           .Put(version)
+                           .Put(index)
+                           .Put(crc)
+                           .Put(static_cast<uint32_t>(chunk.size()))
+                           .Take();
+  zmq::message_t frame(header.size() + chunk.size());
+  char* out = static_cast<char*>(frame.data());
+  std::memcpy(out, header.data(), header.size());
+  if (!chunk.empty()) std::memcpy(out + header.size(), chunk.data(), chunk.size());
+  return frame;
+}
+
+zmq::message_t Frame(const std::string& bytes) { return zmq::message_t(bytes.data(), bytes.size()); }
 
 }  // namespace
 
@@ -99,18 +120,19 @@ struct WeightPublisher::Impl {
   std::atomic<uint64_t> chunks_served{0};
   std::thread thread;
 
-  std::string Answer(std::string_view request) {
+  // The reply to one request; an empty message for none.
+  zmq::message_t Answer(std::string_view request) {
     Reader reader(request);
     const uint8_t kind = reader.Header();
     std::lock_guard<std::mutex> lock(mutex);
     if (kind == kQuery) {
       uint64_t have = 0;
-      if (!reader.Get(&have)) return "";
+      if (!reader.Get(&have)) return zmq::message_t();
       Writer writer(kManifest);
       if (versions.empty() || versions.back().version <= have) {
         writer.Put(uint64_t{0}).Put(uint64_t{0}).Put(uint32_t{0}).Put(uint32_t{0}).Put(uint32_t{0});
         writer.PutBytes("");
-        return writer.Take();
+        return Frame(writer.Take());
       }
       const Version& newest = versions.back();
       const uint64_t total = newest.bytes->size();
@@ -118,12 +140,12 @@ struct WeightPublisher::Impl {
           static_cast<uint32_t>((total + options.chunk_bytes - 1) / options.chunk_bytes);
       writer.Put(newest.version).Put(total).Put(options.chunk_bytes).Put(chunks).Put(newest.crc);
       writer.PutBytes(newest.metadata);
-      return writer.Take();
+      return Frame(writer.Take());
     }
     if (kind == kChunkRequest) {
       uint64_t version = 0;
       uint32_t index = 0;
-      if (!reader.Get(&version) || !reader.Get(&index)) return "";
+      if (!reader.Get(&version) || !reader.Get(&index)) return zmq::message_t();
       for (const Version& held : versions) {
         if (held.version != version) continue;
         const uint64_t begin = uint64_t{index} * options.chunk_bytes;
@@ -131,16 +153,11 @@ struct WeightPublisher::Impl {
         const std::string_view chunk =
             std::string_view(*held.bytes).substr(begin, options.chunk_bytes);
         ++chunks_served;
-        return Writer(kChunk)
-            .Put(version)
-            .Put(index)
-            .Put(schema::Crc32c(chunk))
-            .PutBytes(chunk)
-            .Take();
+        return ChunkFrame(version, index, held.chunk_crcs[index], chunk);
       }
-      return Writer(kGone).Put(version).Take();
+      return Frame(Writer(kGone).Put(version).Take());
     }
-    return "";  // not ours: ignored, the peer times out
+    return zmq::message_t();  // not ours: ignored, the peer times out
   }
 
   void Loop() {
@@ -150,11 +167,17 @@ struct WeightPublisher::Impl {
       while (true) {
         Result<std::vector<zmq::message_t>> parts = ReceiveParts(socket);
         if (!parts.ok() || parts->size() < 2) break;
-        const std::string reply = Answer(View(parts->back()));
-        if (reply.empty()) continue;
+        zmq::message_t reply = Answer(View(parts->back()));
+        if (reply.size() == 0) continue;
         // ROUTER: the peer's identity first. dont_wait: a peer that stopped reading loses its
         // reply and asks again after its timeout, instead of stalling everyone else.
-        (void)SendParts(socket, {View((*parts)[0]), reply}, /*dont_wait=*/true);
+        try {
+          if (socket.send((*parts)[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+            (void)socket.send(reply, zmq::send_flags::dontwait);
+          }
+        } catch (const zmq::error_t&) {
+          // A peer gone mid-reply: it reconnects and asks again.
+        }
       }
     }
   }
@@ -192,6 +215,12 @@ Status WeightPublisher::Publish(uint64_t version, std::string bytes, std::string
   Version published;
   published.version = version;
   published.crc = schema::Crc32c(bytes);
+  for (size_t begin = 0; begin < bytes.size() || (begin == 0 && bytes.empty());
+       begin += impl_->options.chunk_bytes) {
+    const std::string_view chunk = std::string_view(bytes).substr(begin, impl_->options.chunk_bytes);
+    published.chunk_crcs.push_back(schema::Crc32c(chunk));
+    if (bytes.empty()) break;
+  }
   published.bytes = std::make_shared<const std::string>(std::move(bytes));
   published.metadata = std::move(metadata);
   std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -230,11 +259,11 @@ struct WeightSubscriber::Impl {
 
   // The next reply, or Unavailable after the timeout (the socket is then dropped, so late
   // replies of this exchange never mix into the next one).
-  Result<std::string> Receive() {
+  Result<zmq::message_t> Receive() {
     STRIDER_ASSIGN_OR_RETURN(bool readable, WaitReadable(socket, options.reply_timeout));
     if (readable) {
       STRIDER_ASSIGN_OR_RETURN(std::vector<zmq::message_t> parts, ReceiveParts(socket));
-      if (!parts.empty()) return std::string(View(parts.back()));
+      if (!parts.empty()) return std::move(parts.back());
     }
     connected = false;
     return Status::Unavailable("weight publisher at " + options.endpoint + " did not answer in " +
@@ -244,8 +273,8 @@ struct WeightSubscriber::Impl {
   Result<std::optional<WeightUpdate>> Fetch(uint64_t have) {
     if (!connected) STRIDER_RETURN_IF_ERROR(Reconnect());
     STRIDER_RETURN_IF_ERROR(SendParts(socket, {Writer(kQuery).Put(have).Take()}));
-    STRIDER_ASSIGN_OR_RETURN(std::string manifest, Receive());
-    Reader reader(manifest);
+    STRIDER_ASSIGN_OR_RETURN(zmq::message_t manifest, Receive());
+    Reader reader(View(manifest));
     uint64_t version = 0, total = 0;
     uint32_t chunk_bytes = 0, chunks = 0, crc = 0;
     std::string_view metadata;
@@ -270,6 +299,8 @@ struct WeightSubscriber::Impl {
     update.bytes.resize(total);
     std::vector<bool> have_chunk(chunks, false);
     uint32_t next = 0, received = 0, in_flight = 0;
+    uint32_t running = 0;
+    bool in_order = true;
     while (received < chunks) {
       while (next < chunks && in_flight < static_cast<uint32_t>(options.window)) {
         STRIDER_RETURN_IF_ERROR(
@@ -277,8 +308,8 @@ struct WeightSubscriber::Impl {
         ++next;
         ++in_flight;
       }
-      STRIDER_ASSIGN_OR_RETURN(std::string reply, Receive());
-      Reader chunk_reader(reply);
+      STRIDER_ASSIGN_OR_RETURN(zmq::message_t reply, Receive());
+      Reader chunk_reader(View(reply));
       const uint8_t kind = chunk_reader.Header();
       if (kind == kGone) {
         connected = false;  // drop replies still in flight for the old version
@@ -306,10 +337,19 @@ struct WeightSubscriber::Impl {
         std::memcpy(update.bytes.data() + begin, bytes.data(), bytes.size());
         have_chunk[index] = true;
         ++received;
+        // Replies come in request order on one socket: the whole's CRC runs along with them,
+        // and is computed over the assembled bytes only when they came otherwise.
+        if (in_order && index == received - 1) {
+          running = schema::Crc32c(bytes.data(), bytes.size(), running);
+        } else {
+          in_order = false;
+        }
       }
       --in_flight;
     }
-    if (schema::Crc32c(update.bytes) != crc) {
+    const uint32_t whole =
+        in_order ? running : schema::Crc32c(update.bytes.data(), update.bytes.size());
+    if (whole != crc) {
       return Status::Corruption("weight stream: version " + std::to_string(version) +
                                 " fails the checksum of the whole");
     }
