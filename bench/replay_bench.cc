@@ -329,24 +329,65 @@ double RawZmqRate(const std::vector<Frame>& frames, const std::string& bind) {
   return MegabytesPerSecond(TotalBytes(frames), elapsed);
 }
 
+// kActors stand-in actors sending `load` round robin, each from its own thread, until all of it is
+// sent or Stop.
+class StandInActors {
+ public:
+  StandInActors(const std::string& endpoint, const std::vector<Frame>& load,
+                const std::string& name) {
+    for (int a = 0; a < kActors; ++a) {
+      threads_.emplace_back([this, endpoint, &load, name, a] {
+        auto actor = ConnectStandInActor(endpoint, name + "-" + std::to_string(a));
+        for (size_t i = a; i < load.size() && !stop_; i += kActors) {
+          (void)actor->SendFrame(load[i].key, load[i].bytes);
+        }
+        (void)actor->Flush(milliseconds(60000));
+      });
+    }
+  }
+  ~StandInActors() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
 struct Latency {
   double p50_ms = 0;
   double p99_ms = 0;
   size_t samples = 0;
   std::string server_side;  // the server's own latency figures (request received to reply sent)
+  void SetFrom(std::vector<double> latencies) {
+    samples = latencies.size();
+    if (latencies.empty()) return;
+    std::sort(latencies.begin(), latencies.end());
+    p50_ms = latencies[latencies.size() / 2];
+    p99_ms = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
+  }
 };
 
-// A uniform table prefilled with 64 KiB segments; 4 actors keep ingesting while one learner
-// samples one segment per request.
-Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
-                                 const std::vector<Frame>& load, size_t requests,
-                                 const std::string& dir, const std::string& endpoint) {
+// A server on a fresh store in `dir` for the latency runs, its tables left to the caller.
+replay::ServerOptions FreshServerOptions(const std::string& dir, const std::string& endpoint) {
   std::filesystem::remove_all(dir);
   replay::ServerOptions options;
   options.db_path = dir;
   options.actor_endpoint = endpoint;
   options.stats_interval_s = 0;
   options.intake_nice = intake_nice;
+  return options;
+}
+
+// A uniform table prefilled with 64 KiB segments; 4 actors keep ingesting while one learner
+// samples one segment per request.
+Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
+                                 const std::vector<Frame>& load, size_t requests,
+                                 const std::string& dir, const std::string& endpoint) {
+  replay::ServerOptions options = FreshServerOptions(dir, endpoint);
   replay::TableConfig table;
   table.sampler.kind = replay::SamplerKind::kUniform;
   table.retention.max_bytes = 0;
@@ -359,17 +400,7 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
     for (const Frame& f : prefill) (void)actor->SendFrame(f.key, f.bytes);
     (void)actor->Flush(milliseconds(60000));
   }
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> ingest;
-  for (int a = 0; a < kActors; ++a) {
-    ingest.emplace_back([&, a] {
-      auto actor = ConnectStandInActor(server->actor_endpoint(), "load-" + std::to_string(a));
-      for (size_t i = a; i < load.size() && !stop; i += kActors) {
-        (void)actor->SendFrame(load[i].key, load[i].bytes);
-      }
-      (void)actor->Flush(milliseconds(60000));
-    });
-  }
+  StandInActors ingest(server->actor_endpoint(), load, "load");
   replay::LearnerClientOptions learner_options;
   learner_options.endpoint = server->learner_endpoint();
   auto learner = replay::LearnerClient::Connect(learner_options).value();
@@ -387,17 +418,12 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
     result.server_side = "server-side p50 " + stats["sample"]["latency_ms_p50"].dump() +
                          " ms, p99 " + stats["sample"]["latency_ms_p99"].dump() + " ms";
   }
-  stop = true;
-  for (auto& t : ingest) t.join();
+  ingest.Stop();
   learner.reset();
   server->Stop();
   server.reset();
   std::filesystem::remove_all(dir);
-  result.samples = latencies.size();
-  if (latencies.empty()) return result;
-  std::sort(latencies.begin(), latencies.end());
-  result.p50_ms = latencies[latencies.size() / 2];
-  result.p99_ms = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
+  result.SetFrom(std::move(latencies));
   return result;
 }
 
@@ -413,12 +439,7 @@ struct GroupLatency {
 // one request per ask (no waiting for data), so each figure is one round trip under ingest.
 GroupLatency GroupSampleLatencyUnderFlood(const std::vector<Frame>& load, size_t requests,
                                           const std::string& dir, const std::string& endpoint) {
-  std::filesystem::remove_all(dir);
-  replay::ServerOptions options;
-  options.db_path = dir;
-  options.actor_endpoint = endpoint;
-  options.stats_interval_s = 0;
-  options.intake_nice = intake_nice;
+  replay::ServerOptions options = FreshServerOptions(dir, endpoint);
   replay::TableConfig table;
   table.name = "groups";
   table.unit = replay::SampleUnit::kGroup;
@@ -429,17 +450,7 @@ GroupLatency GroupSampleLatencyUnderFlood(const std::vector<Frame>& load, size_t
   table.rate_limiter.max_times_sampled = 1;
   options.tables.push_back(table);
   auto server = replay::ReplayServer::Start(options).value();
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> ingest;
-  for (int a = 0; a < kActors; ++a) {
-    ingest.emplace_back([&, a] {
-      auto actor = ConnectStandInActor(server->actor_endpoint(), "flood-" + std::to_string(a));
-      for (size_t i = a; i < load.size() && !stop; i += kActors) {
-        (void)actor->SendFrame(load[i].key, load[i].bytes);
-      }
-      (void)actor->Flush(milliseconds(60000));
-    });
-  }
+  StandInActors ingest(server->actor_endpoint(), load, "flood");
   replay::LearnerClientOptions learner_options;
   learner_options.endpoint = server->learner_endpoint();
   learner_options.table = "groups";
@@ -472,17 +483,12 @@ GroupLatency GroupSampleLatencyUnderFlood(const std::vector<Frame>& load, size_t
                                   " ms, p99 " + stats["sample"]["latency_ms_p99"].dump() +
                                   " ms (replies with data)";
   }
-  stop = true;
-  for (auto& t : ingest) t.join();
+  ingest.Stop();
   learner.reset();
   server->Stop();
   server.reset();
   std::filesystem::remove_all(dir);
-  result.answered.samples = latencies.size();
-  if (latencies.empty()) return result;
-  std::sort(latencies.begin(), latencies.end());
-  result.answered.p50_ms = latencies[latencies.size() / 2];
-  result.answered.p99_ms = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
+  result.answered.SetFrom(std::move(latencies));
   return result;
 }
 
