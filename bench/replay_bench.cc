@@ -3,6 +3,9 @@
 //               vs. a raw RocksDB put loop (4 threads, same values, same options, WAL on)
 //   stream      the same ingest vs. a raw ZeroMQ PUSH/PULL loop of the same frames (loopback)
 //   sample      p50/p99 latency of 64 KiB samples while 4 actors ingest, vs. the 5 ms target
+//   group       p50/p99 latency of every learner request (data or "not ready") to a fifo group
+//               table while 4 actors flood it with small one-segment trajectories, vs. the same
+//               target, and how many requests went unanswered
 // Segment contents are random (incompressible), as PLATFORM.md advises for RocksDB figures.
 //
 // Ingest, stream and latency are measured over tcp loopback and, as `*_ipc`, over ipc:// (unix
@@ -116,6 +119,38 @@ std::vector<Frame> MakeFrames(size_t target_bytes, size_t count, uint64_t seed) 
       std::exit(1);
     }
     frames.push_back({s.key(), std::make_shared<const std::string>(std::move(*frame))});
+  }
+  return frames;
+}
+
+// Small one-segment trajectories in groups of 4 consecutive frames, as an actor playing short
+// episodes stores them: what a group table completes units on.
+std::vector<Frame> MakeGroupFrames(size_t target_bytes, size_t count, uint64_t seed) {
+  std::vector<Frame> frames = MakeFrames(target_bytes, count, seed);
+  std::mt19937_64 rng(seed + 1);
+  schema::TrajectoryId group;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    Result<schema::Message> decoded = schema::Decode(*frames[i].bytes, schema::DecodeLimits());
+    if (!decoded.ok()) {
+      std::fprintf(stderr, "replay_bench: %s\n", decoded.status().ToString().c_str());
+      std::exit(1);
+    }
+    schema::SegmentData& s = decoded->segment;
+    if (i % 4 == 0) {
+      for (auto& b : group.bytes) b = static_cast<uint8_t>(rng());
+    }
+    s.segment_index = 0;
+    s.is_last = true;
+    s.end_reason = schema::EndReason::kFinished;
+    s.group_id = group;
+    s.group_index = static_cast<uint32_t>(i % 4);
+    s.group_size = 4;
+    Result<std::string> frame = schema::EncodeSegment(s);
+    if (!frame.ok()) {
+      std::fprintf(stderr, "replay_bench: %s\n", frame.status().ToString().c_str());
+      std::exit(1);
+    }
+    frames[i] = {s.key(), std::make_shared<const std::string>(std::move(*frame))};
   }
   return frames;
 }
@@ -294,24 +329,65 @@ double RawZmqRate(const std::vector<Frame>& frames, const std::string& bind) {
   return MegabytesPerSecond(TotalBytes(frames), elapsed);
 }
 
+// kActors stand-in actors sending `load` round robin, each from its own thread, until all of it is
+// sent or Stop.
+class StandInActors {
+ public:
+  StandInActors(const std::string& endpoint, const std::vector<Frame>& load,
+                const std::string& name) {
+    for (int a = 0; a < kActors; ++a) {
+      threads_.emplace_back([this, endpoint, &load, name, a] {
+        auto actor = ConnectStandInActor(endpoint, name + "-" + std::to_string(a));
+        for (size_t i = a; i < load.size() && !stop_; i += kActors) {
+          (void)actor->SendFrame(load[i].key, load[i].bytes);
+        }
+        (void)actor->Flush(milliseconds(60000));
+      });
+    }
+  }
+  ~StandInActors() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
 struct Latency {
   double p50_ms = 0;
   double p99_ms = 0;
   size_t samples = 0;
   std::string server_side;  // the server's own latency figures (request received to reply sent)
+  void SetFrom(std::vector<double> latencies) {
+    samples = latencies.size();
+    if (latencies.empty()) return;
+    std::sort(latencies.begin(), latencies.end());
+    p50_ms = latencies[latencies.size() / 2];
+    p99_ms = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
+  }
 };
 
-// A uniform table prefilled with 64 KiB segments; 4 actors keep ingesting while one learner
-// samples one segment per request.
-Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
-                                 const std::vector<Frame>& load, size_t requests,
-                                 const std::string& dir, const std::string& endpoint) {
+// A server on a fresh store in `dir` for the latency runs, its tables left to the caller.
+replay::ServerOptions FreshServerOptions(const std::string& dir, const std::string& endpoint) {
   std::filesystem::remove_all(dir);
   replay::ServerOptions options;
   options.db_path = dir;
   options.actor_endpoint = endpoint;
   options.stats_interval_s = 0;
   options.intake_nice = intake_nice;
+  return options;
+}
+
+// A uniform table prefilled with 64 KiB segments; 4 actors keep ingesting while one learner
+// samples one segment per request.
+Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
+                                 const std::vector<Frame>& load, size_t requests,
+                                 const std::string& dir, const std::string& endpoint) {
+  replay::ServerOptions options = FreshServerOptions(dir, endpoint);
   replay::TableConfig table;
   table.sampler.kind = replay::SamplerKind::kUniform;
   table.retention.max_bytes = 0;
@@ -324,17 +400,7 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
     for (const Frame& f : prefill) (void)actor->SendFrame(f.key, f.bytes);
     (void)actor->Flush(milliseconds(60000));
   }
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> ingest;
-  for (int a = 0; a < kActors; ++a) {
-    ingest.emplace_back([&, a] {
-      auto actor = ConnectStandInActor(server->actor_endpoint(), "load-" + std::to_string(a));
-      for (size_t i = a; i < load.size() && !stop; i += kActors) {
-        (void)actor->SendFrame(load[i].key, load[i].bytes);
-      }
-      (void)actor->Flush(milliseconds(60000));
-    });
-  }
+  StandInActors ingest(server->actor_endpoint(), load, "load");
   replay::LearnerClientOptions learner_options;
   learner_options.endpoint = server->learner_endpoint();
   auto learner = replay::LearnerClient::Connect(learner_options).value();
@@ -352,17 +418,77 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
     result.server_side = "server-side p50 " + stats["sample"]["latency_ms_p50"].dump() +
                          " ms, p99 " + stats["sample"]["latency_ms_p99"].dump() + " ms";
   }
-  stop = true;
-  for (auto& t : ingest) t.join();
+  ingest.Stop();
   learner.reset();
   server->Stop();
   server.reset();
   std::filesystem::remove_all(dir);
-  result.samples = latencies.size();
-  if (latencies.empty()) return result;
-  std::sort(latencies.begin(), latencies.end());
-  result.p50_ms = latencies[latencies.size() / 2];
-  result.p99_ms = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
+  result.SetFrom(std::move(latencies));
+  return result;
+}
+
+struct GroupLatency {
+  Latency answered;       // every answered request, data or "not ready"
+  size_t with_data = 0;   // requests answered with a group
+  size_t unanswered = 0;  // requests the client gave up on (Unavailable)
+  uint64_t ingested = 0;  // segments stored while the learner sampled
+};
+
+// A fifo group table as an RL learner uses it (each group once, a staleness bound, a capacity)
+// while 4 actors flood it with small trajectories: one learner asks for 4 groups at a time,
+// one request per ask (no waiting for data), so each figure is one round trip under ingest.
+GroupLatency GroupSampleLatencyUnderFlood(const std::vector<Frame>& load, size_t requests,
+                                          const std::string& dir, const std::string& endpoint) {
+  replay::ServerOptions options = FreshServerOptions(dir, endpoint);
+  replay::TableConfig table;
+  table.name = "groups";
+  table.unit = replay::SampleUnit::kGroup;
+  table.sampler.kind = replay::SamplerKind::kFifo;
+  table.max_staleness = 2;
+  table.capacity = 1000;
+  table.rate_limiter.min_fill = 1;
+  table.rate_limiter.max_times_sampled = 1;
+  options.tables.push_back(table);
+  auto server = replay::ReplayServer::Start(options).value();
+  StandInActors ingest(server->actor_endpoint(), load, "flood");
+  replay::LearnerClientOptions learner_options;
+  learner_options.endpoint = server->learner_endpoint();
+  learner_options.table = "groups";
+  auto learner = replay::LearnerClient::Connect(learner_options).value();
+  std::this_thread::sleep_for(milliseconds(100));  // let the flood reach a steady state
+  GroupLatency result;
+  const uint64_t stored_before =
+      nlohmann::json::parse(server->StatsJson())["ingest"]["segments"].get<uint64_t>();
+  std::vector<double> latencies;
+  uint64_t step = 1;
+  for (size_t request = 0; request < requests; ++request) {
+    const auto start = Clock::now();
+    Result<replay::SampleBatch> batch = learner->Sample(step, 4, 1, milliseconds(0));
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (batch.ok()) {
+      ++result.with_data;
+      ++step;
+    }
+    if (batch.ok() || batch.status().code() == StatusCode::kResourceExhausted) {
+      latencies.push_back(ms);
+    } else {
+      ++result.unanswered;
+    }
+    std::this_thread::sleep_for(milliseconds(1));  // the learner's own work between asks
+  }
+  {
+    const nlohmann::json stats = nlohmann::json::parse(server->StatsJson());
+    result.ingested = stats["ingest"]["segments"].get<uint64_t>() - stored_before;
+    result.answered.server_side = "server-side p50 " + stats["sample"]["latency_ms_p50"].dump() +
+                                  " ms, p99 " + stats["sample"]["latency_ms_p99"].dump() +
+                                  " ms (replies with data)";
+  }
+  ingest.Stop();
+  learner.reset();
+  server->Stop();
+  server.reset();
+  std::filesystem::remove_all(dir);
+  result.answered.SetFrom(std::move(latencies));
   return result;
 }
 
@@ -487,6 +613,21 @@ int main(int argc, char** argv) {
       PrintWithBaseline("sample_latency_p99_64KiB_under_ingest" + suffix, latency.p99_ms, "ms",
                         5.0, target);
     }
+    const std::vector<Frame> flood = MakeGroupFrames(4 << 10, quick ? 16384 : 131072, 3);
+    GroupLatency group = GroupSampleLatencyUnderFlood(flood, quick ? 500 : 5000,
+                                                      dir + "_group", tcp);
+    const std::string target =
+        "the 5 ms target; measured at the client over " +
+        std::to_string(group.answered.samples) + " answered requests for 4 groups (" +
+        std::to_string(group.with_data) + " with data, the rest not ready), " +
+        std::to_string(group.unanswered) + " unanswered, while " +
+        std::to_string(group.ingested) +
+        " 4 KiB one-segment trajectories were stored; fifo group table, max_times_sampled 1; "
+        "over tcp; " + PrioritiesText() + "; " + group.answered.server_side;
+    PrintWithBaseline("group_sample_latency_p50_under_flood", group.answered.p50_ms, "ms", 5.0,
+                      target);
+    PrintWithBaseline("group_sample_latency_p99_under_flood", group.answered.p99_ms, "ms", 5.0,
+                      target);
   }
   return 0;
 }

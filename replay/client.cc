@@ -419,10 +419,14 @@ Result<SampleBatch> LearnerClient::Sample(uint64_t step, uint32_t count, uint64_
       {options_.table, options_.learner_id, step, count, policy_version});
   const auto deadline = Clock::now() + timeout;
   while (true) {
+    // `timeout` bounds the wait for data, not the server's answer: the last poll before the
+    // deadline may have a millisecond left, and a busy server (an actor flooding it) takes
+    // longer than that to answer "not ready". Only a request unanswered for request_timeout
+    // means the server is gone.
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-    STRIDER_ASSIGN_OR_RETURN(
-        schema::Message reply,
-        Call(request, schema::MessageKind::kSampleReply, step, std::max(left, milliseconds(1))));
+    STRIDER_ASSIGN_OR_RETURN(schema::Message reply,
+                             Call(request, schema::MessageKind::kSampleReply, step,
+                                  std::max(left, options_.request_timeout)));
     if (!reply.sample_reply.segments.empty() || reply.sample_reply.replayed) {
       return ToBatch(reply.sample_reply, options_.limits);
     }

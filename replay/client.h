@@ -142,7 +142,8 @@ class LearnerClient {
   // Up to `count` segments for `step` (from 1); in a trajectory or group table, `count` units,
   // each as all its segments in order, every one carrying the unit's handle. Waits (retrying every few ms) while the table
   // is not ready (rate limiter, too few items) up to `timeout`, then ResourceExhausted naming
-  // the server's reason.
+  // the server's reason. Unavailable only when a request went unanswered for request_timeout,
+  // however short `timeout` is.
   Result<SampleBatch> Sample(uint64_t step, uint32_t count, uint64_t policy_version,
                              std::chrono::milliseconds timeout);
   Status UpdatePriorities(const std::vector<uint64_t>& sequences,

@@ -300,9 +300,14 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
     // Publish in ticket order, so the tables see sequence numbers in increasing order.
     std::unique_lock<std::mutex> publish(publish_mutex_);
     published_.wait(publish, [&] { return next_publish_ == ticket; });
-    if (error.empty()) {
+    for (size_t begin = 0; error.empty() && begin < stored.size(); begin += kPublishChunk) {
+      // A learner request that waited for the previous chunk goes first: the lock is not fair,
+      // and this thread would otherwise take it straight back.
+      while (begin > 0 && learners_waiting_.load() > 0 && !stopping_) std::this_thread::yield();
       std::lock_guard<std::mutex> lock(state_mutex_);
-      for (const Stored& st : stored) {
+      const size_t end = std::min(stored.size(), begin + kPublishChunk);
+      for (size_t i = begin; i < end; ++i) {
+        const Stored& st = stored[i];
         Table* table = FindTable(st.segment->facts.table);
         if (table == nullptr) continue;
         ItemInfo info;

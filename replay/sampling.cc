@@ -44,7 +44,7 @@ schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Sta
   // every segment of a unit carries the unit's handle.
   std::vector<std::tuple<uint64_t, uint64_t, uint32_t>> parts;
   {
-    std::lock_guard<std::mutex> lock(state_mutex_);
+    std::unique_lock<std::mutex> lock = LockStateForLearner();
     Table* table = FindTable(request.table);
     if (table == nullptr) {
       *error = NoTable(request.table);
@@ -140,7 +140,7 @@ schema::SampleReply ServerImpl::Fetch(const schema::SampleRequest& request, Stat
   reply.step = request.step;
   std::vector<uint64_t> items;
   {
-    std::lock_guard<std::mutex> lock(state_mutex_);
+    std::unique_lock<std::mutex> lock = LockStateForLearner();
     Table* table = FindTable(request.table);
     if (table == nullptr) {
       *error = NoTable(request.table);
@@ -166,7 +166,7 @@ schema::SampleReply ServerImpl::Fetch(const schema::SampleRequest& request, Stat
 }
 
 Status ServerImpl::UpdatePriorities(const schema::PriorityUpdate& update) {
-  std::lock_guard<std::mutex> lock(state_mutex_);
+  std::unique_lock<std::mutex> lock = LockStateForLearner();
   Table* table = FindTable(update.table);
   if (table == nullptr) {
     return NoTable(update.table);

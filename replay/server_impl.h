@@ -24,6 +24,10 @@
 // under state_mutex_. A sample's durable record is written while holding it, so retention can
 // never delete a segment between a draw being chosen and the draw being recorded; it goes to
 // the sampling store's own log (replay/storage.h), so it never queues behind segment batches.
+// A writer publishes a batch in chunks of kPublishChunk segments and lets a waiting learner
+// request in between (LockStateForLearner): a batch of hundreds of small segments takes
+// milliseconds to insert, which a sample must not wait out. The tables still see every batch
+// whole before the next, in ticket order, and only segments already durable.
 #pragma once
 
 #include <atomic>
@@ -182,6 +186,13 @@ class ServerImpl : public ReplayServer {
   void ReadInto(uint64_t handle, uint64_t item, uint32_t times, schema::SampleReply* reply);
   Status UpdatePriorities(const schema::PriorityUpdate& update);
   Table* FindTable(const std::string& name);  // empty: the first table; requires state_mutex_
+  // state_mutex_ for a learner request: a publishing writer steps aside for it between chunks.
+  std::unique_lock<std::mutex> LockStateForLearner() {
+    learners_waiting_.fetch_add(1);
+    std::unique_lock<std::mutex> lock(state_mutex_);
+    learners_waiting_.fetch_sub(1);
+    return lock;
+  }
   Result<LearnerState> LoadLearnerState(const std::string& table, const std::string& learner);
 
   void CountReject(std::string_view reason) {
@@ -242,6 +253,8 @@ class ServerImpl : public ReplayServer {
 
   // Shared by writer and learner threads.
   std::mutex state_mutex_;
+  std::atomic<int> learners_waiting_{0};  // learner requests waiting for state_mutex_
+  static constexpr size_t kPublishChunk = 32;  // well under a millisecond of table inserts
   std::vector<std::unique_ptr<Table>> tables_;
   std::map<std::pair<std::string, std::string>, LearnerState> learners_;
 

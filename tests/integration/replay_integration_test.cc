@@ -1,9 +1,11 @@
 // The replay server as a real process (`strider replay serve`), real clients, real crashes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -35,9 +37,11 @@ struct Endpoints {
 
 // Starts `strider replay serve` and returns the endpoints from its "ready" line.
 Endpoints StartServer(ChildProcess& server, const std::string& db, const std::string& bind,
-                      const std::string& sample_bind) {
-  EXPECT_TRUE(server.Start({StriderBinary(), "replay", "serve", "--db", db, "--bind", bind,
-                            "--sample-bind", sample_bind}));
+                      const std::string& sample_bind, const std::string& config = "") {
+  std::vector<std::string> argv = {StriderBinary(), "replay", "serve", "--db", db, "--bind",
+                                   bind, "--sample-bind", sample_bind};
+  if (!config.empty()) argv.insert(argv.end(), {"--config", config});
+  EXPECT_TRUE(server.Start(argv));
   Endpoints endpoints;
   nlohmann::json ready;
   const auto deadline = std::chrono::steady_clock::now() + milliseconds(30000);
@@ -272,6 +276,84 @@ TEST(ReplayProcess, BadBindIsAUsageErrorAndCreatesNoStore) {
                             "garbage://"}));
   EXPECT_EQ(server.Wait(), 2);
   EXPECT_FALSE(std::filesystem::exists(dir.Sub("db")));
+}
+
+// A learner keeps getting answers while a real actor floods a group table with short episodes
+// as fast as it can play them (fifo, a staleness bound the learner's rising version crosses,
+// each group sampled once): sampling is never starved by ingest.
+TEST(ReplayProcess, LearnerIsAnsweredPromptlyWhileAnActorFloods) {
+  TempDir dir;
+  const std::string config = dir.Sub("replay.yaml");
+  std::ofstream(config) << "server: {stats_interval_s: 0}\n"
+                           "tables:\n"
+                           "  - name: groups\n"
+                           "    unit: group\n"
+                           "    sampler: fifo\n"
+                           "    max_staleness: 2\n"
+                           "    capacity: 1000\n"
+                           "    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n";
+  ChildProcess server;
+  Endpoints endpoints =
+      StartServer(server, dir.Sub("db"), "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", config);
+  ASSERT_FALSE(endpoints.learner.empty());
+
+  const std::string actor_config = dir.Sub("actor.yaml");
+  std::ofstream(actor_config)
+      << "actor:\n"
+      << "  model: " << strider::testing::SourceDir() << "/configs/model/tiny.yaml\n"
+      << "  model_seed: 0\n  threads: 2\n  episodes: 0\n  episodes_in_flight: 4\n"
+      << "  group_size: 4\n  max_turns: 1\n  max_episode_tokens: 512\n  seed: 3\n"
+      << "  segment_tokens: 256\n"
+      << "  sampling: {temperature: 1.0, max_new_tokens: 24}\n"
+      << "  replay: {endpoint: " << endpoints.actor << ", spill_after_ms: 10000}\n"
+      << "  metrics: {interval_s: 1000, progress: false}\n"
+      << "env:\n  name: calculator\n  options: {difficulty: 1}\n";
+  ChildProcess actor;
+  ASSERT_TRUE(actor.Start({StriderBinary(), "actor", "--config", actor_config, "--replay",
+                           endpoints.actor, "--spill-dir", dir.Sub("spill")}));
+  ASSERT_TRUE(strider::testing::WaitEvent(actor, "ready", 30000).is_object());
+
+  LearnerClientOptions options;
+  options.endpoint = endpoints.learner;
+  options.table = "groups";
+  auto learner = LearnerClient::Connect(options);
+  ASSERT_TRUE(learner.ok()) << learner.status().ToString();
+  // The learner's version rises every second, as if it trained on what it got; the actor's
+  // never does, so after two seconds everything it stores is too stale and the table answers
+  // "not ready" to requests that wait 10 ms for data each. Every request is still answered,
+  // promptly, or the server has stopped serving learners.
+  std::vector<double> latencies_ms;
+  int sampled = 0;
+  int not_ready = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (uint64_t step = 1; std::chrono::steady_clock::now() < start + milliseconds(20000); ++step) {
+    const auto begin = std::chrono::steady_clock::now();
+    const uint64_t version =
+        1 + std::chrono::duration_cast<std::chrono::seconds>(begin - start).count();
+    Result<SampleBatch> batch = (*learner)->Sample(step, 4, version, milliseconds(10));
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin)
+            .count();
+    latencies_ms.push_back(ms);
+    ASSERT_TRUE(batch.ok() || batch.status().code() == StatusCode::kResourceExhausted)
+        << "step " << step << " (version " << version << ") after " << ms
+        << " ms: " << batch.status().ToString();
+    batch.ok() ? ++sampled : ++not_ready;
+  }
+  auto stats = (*learner)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  const nlohmann::json j = nlohmann::json::parse(*stats);
+  EXPECT_GT(j["ingest"]["segments"].get<uint64_t>(), 50u) << "the actor did not flood: " << *stats;
+  EXPECT_GT(sampled, 0) << *stats;
+  EXPECT_GT(not_ready, 0) << *stats;
+  std::sort(latencies_ms.begin(), latencies_ms.end());
+  std::cout << "sample latency ms: p50 " << latencies_ms[latencies_ms.size() / 2] << " p99 "
+            << latencies_ms[latencies_ms.size() * 99 / 100] << " max " << latencies_ms.back()
+            << " over " << latencies_ms.size() << " requests (" << sampled << " sampled)\n";
+  // 10 ms of waiting for data at most, plus a generous allowance for a loaded machine.
+  EXPECT_LT(latencies_ms.back(), 1500.0) << latencies_ms.size() << " requests, " << *stats;
+  actor.Signal(SIGTERM);
+  EXPECT_EQ(actor.Wait(), 0);
 }
 
 }  // namespace
