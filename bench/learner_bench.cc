@@ -605,9 +605,11 @@ int RunLongChild(const std::string& model_name, int64_t length, int64_t chunk) {
   const Model& model = trainer->model();
 
   EpisodeSpec spec;
-  spec.document_tokens = length;
   spec.parts = 4;
   spec.turn_tokens = 32;
+  // The whole episode fits the model's context: the document, plus per part the environment's
+  // framing and a turn (a generous 4096 tokens in all).
+  spec.document_tokens = std::min<int64_t>(length, config.context - 4096);
   auto started = Clock::now();
   const std::vector<rl::SampledGroup> groups =
       bench::Unwrap(PlayGroup(model, spec, 1), "playing the long episode");

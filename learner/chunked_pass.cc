@@ -164,7 +164,22 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
       } else {
         STRIDER_ASSIGN_OR_RETURN(out, model.Forward(part, forward));
       }
-      if (options.record_routing) records.push_back(std::move(out.routing));
+      if (options.record_routing) {
+        // Records feed the routing balance, never a gradient. Kept in the graph, each chunk's
+        // would hold its autograd nodes alive after backward, memory growing with the length.
+        const int64_t stride = std::max<int64_t>(1, options.record_routing_stride);
+        const int64_t first = (stride - begin % stride) % stride;  // chunk offset of p % n == 0
+        for (RoutingRecord::Layer& layer : out.routing.layers) {
+          auto keep = [&](const at::Tensor& t) {
+            if (stride == 1) return t.detach();
+            return first < count ? t.detach().slice(1, first, count, stride).contiguous()
+                                 : t.detach().narrow(1, 0, 0).contiguous();
+          };
+          layer.experts = keep(layer.experts);
+          if (layer.scores.defined()) layer.scores = keep(layer.scores);
+        }
+        records.push_back(std::move(out.routing));
+      }
       ChunkView view;
       view.begin = begin;
       view.count = count;

@@ -172,6 +172,10 @@ struct ChunkedPassOptions {
   // chunks' losses are summed and backpropagated once through the whole carried state.
   bool truncated = false;
   bool record_routing = false;  // ChunkedPassResult::routing, with router scores
+  // Record every n-th position only (positions p with p % n == 0): a routing balance over a
+  // long trajectory needs a sample of its positions, not all of them, and a record of every
+  // position would grow with the length.
+  int64_t record_routing_stride = 1;
   bool values = false;          // ChunkView::values (the model's value head)
   bool hidden = false;          // ChunkView::hidden (final normed hidden states)
   // Experts to force at every position, a record over the whole sequences (B, L, k) per sparse

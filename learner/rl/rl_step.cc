@@ -20,6 +20,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Positions of one trajectory whose routing the update records for the routing balance: enough
+// for the quantile update's estimate, bounded so a long trajectory's record does not grow.
+constexpr int64_t kBalancePositions = 16384;
+
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
@@ -307,6 +311,9 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
       pass.truncated = settings.truncated_backprop;
       pass.values = values;
       pass.record_routing = routing != nullptr;
+      // The balance needs a sample of positions: at most kBalancePositions per trajectory.
+      pass.record_routing_stride =
+          std::max<int64_t>(1, (t.prepared.length() + kBalancePositions - 1) / kBalancePositions);
       pass.replay_routing = t.prepared.replaying && settings.scoring.replay_routing
                                 ? &t.prepared.replay
                                 : nullptr;

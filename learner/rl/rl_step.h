@@ -114,7 +114,8 @@ struct UpdateMetrics {
 // Runs the update pass over `trajectories` (kept ones of a PreparedBatch), accumulating
 // gradients into the model's parameters; the caller zeroes them before and steps after.
 // The loss is aggregated over the given trajectories as objective.loss.aggregation says.
-// With `routing` not null, the router's choices and scores of every position are appended to
+// With `routing` not null, the router's choices and scores of a strided sample of each
+// trajectory's positions (at most 16,384 of them) are appended to
 // it (one row, positions concatenated), for routing balance.
 Result<UpdateMetrics> AccumulateGradients(const Model& model,
                                           std::span<const TrainingTrajectory* const> trajectories,
