@@ -79,28 +79,34 @@ class Reader {
 
 struct Version {
   uint64_t version = 0;
-  std::shared_ptr<const std::string> bytes;
+  uint64_t total_bytes = 0;
   std::string metadata;
   uint32_t crc = 0;
-  // Each chunk's CRC32C, computed once at Publish rather than once per request: every
-  // subscriber asks for every chunk.
-  std::vector<uint32_t> chunk_crcs;
+  // Every chunk's reply frame (header, CRC32C and bytes), built once at Publish: every
+  // subscriber asks for every chunk, and each reply is then sent without copying (ZeroMQ holds a
+  // reference while it sends). The frames are the version's only copy of its bytes.
+  std::vector<std::shared_ptr<const std::string>> frames;
 };
 
-// A reply frame built in place: one copy of a chunk's bytes, straight into the message ZeroMQ
-// sends, instead of a string that is then copied again.
-zmq::message_t ChunkFrame(uint64_t version, uint32_t index, uint32_t crc, std::string_view chunk) {
-  std::string header = Writer(kChunk)
-                           .Put(version)
-                           .Put(index)
-                           .Put(crc)
-                           .Put(static_cast<uint32_t>(chunk.size()))
-                           .Take();
-  zmq::message_t frame(header.size() + chunk.size());
-  char* out = static_cast<char*>(frame.data());
-  std::memcpy(out, header.data(), header.size());
-  if (!chunk.empty()) std::memcpy(out + header.size(), chunk.data(), chunk.size());
-  return frame;
+std::shared_ptr<const std::string> ChunkFrame(uint64_t version, uint32_t index,
+                                              std::string_view chunk) {
+  return std::make_shared<const std::string>(Writer(kChunk)
+                                                 .Put(version)
+                                                 .Put(index)
+                                                 .Put(schema::Crc32c(chunk))
+                                                 .PutBytes(chunk)
+                                                 .Take());
+}
+
+// A message that sends `frame` in place, keeping it alive until ZeroMQ is done with it (its I/O
+// thread may outlive the version's place among the held ones).
+zmq::message_t SharedFrame(std::shared_ptr<const std::string> frame) {
+  auto* owner = new std::shared_ptr<const std::string>(std::move(frame));
+  const std::string& data = **owner;
+  return zmq::message_t(
+      const_cast<char*>(data.data()), data.size(),
+      [](void*, void* hint) { delete static_cast<std::shared_ptr<const std::string>*>(hint); },
+      owner);
 }
 
 zmq::message_t Frame(const std::string& bytes) { return zmq::message_t(bytes.data(), bytes.size()); }
@@ -135,7 +141,7 @@ struct WeightPublisher::Impl {
         return Frame(writer.Take());
       }
       const Version& newest = versions.back();
-      const uint64_t total = newest.bytes->size();
+      const uint64_t total = newest.total_bytes;
       const uint32_t chunks =
           static_cast<uint32_t>((total + options.chunk_bytes - 1) / options.chunk_bytes);
       writer.Put(newest.version).Put(total).Put(options.chunk_bytes).Put(chunks).Put(newest.crc);
@@ -148,12 +154,9 @@ struct WeightPublisher::Impl {
       if (!reader.Get(&version) || !reader.Get(&index)) return zmq::message_t();
       for (const Version& held : versions) {
         if (held.version != version) continue;
-        const uint64_t begin = uint64_t{index} * options.chunk_bytes;
-        if (begin >= held.bytes->size() && !(begin == 0 && held.bytes->empty())) break;
-        const std::string_view chunk =
-            std::string_view(*held.bytes).substr(begin, options.chunk_bytes);
+        if (index >= held.frames.size()) break;
         ++chunks_served;
-        return ChunkFrame(version, index, held.chunk_crcs[index], chunk);
+        return SharedFrame(held.frames[index]);
       }
       return Frame(Writer(kGone).Put(version).Take());
     }
@@ -215,13 +218,15 @@ Status WeightPublisher::Publish(uint64_t version, std::string bytes, std::string
   Version published;
   published.version = version;
   published.crc = schema::Crc32c(bytes);
-  for (size_t begin = 0; begin < bytes.size() || (begin == 0 && bytes.empty());
-       begin += impl_->options.chunk_bytes) {
-    const std::string_view chunk = std::string_view(bytes).substr(begin, impl_->options.chunk_bytes);
-    published.chunk_crcs.push_back(schema::Crc32c(chunk));
+  published.total_bytes = bytes.size();
+  const uint64_t chunk_bytes = impl_->options.chunk_bytes;
+  for (uint64_t begin = 0; begin < bytes.size() || (begin == 0 && bytes.empty());
+       begin += chunk_bytes) {
+    published.frames.push_back(ChunkFrame(version, static_cast<uint32_t>(begin / chunk_bytes),
+                                          std::string_view(bytes).substr(begin, chunk_bytes)));
     if (bytes.empty()) break;
   }
-  published.bytes = std::make_shared<const std::string>(std::move(bytes));
+  std::string().swap(bytes);  // the frames hold the bytes now
   published.metadata = std::move(metadata);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   if (version == 0 || (!impl_->versions.empty() && impl_->versions.back().version >= version)) {
