@@ -237,9 +237,16 @@ at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
   std::vector<at::Tensor> parts, entropies;
   for (const PreparedTrajectory::Distribution& d : trajectory.distributions) {
     std::vector<int64_t> rows, targets;
-    for (int64_t action : d.actions) {
+    // A distribution's actions are in position order: only those the chunk predicts are
+    // visited, so a long trajectory's passes stay linear in its actions, not actions x chunks.
+    auto first = std::lower_bound(d.actions.begin(), d.actions.end(), chunk_begin,
+                                  [&](int64_t action, int64_t begin) {
+                                    return trajectory.positions[action] - 1 < begin;
+                                  });
+    for (auto it = first; it != d.actions.end(); ++it) {
+      const int64_t action = *it;
       const int64_t predicted_at = trajectory.positions[action] - 1;
-      if (predicted_at < chunk_begin || predicted_at >= end) continue;
+      if (predicted_at >= end) break;
       rows.push_back(predicted_at - chunk_begin);
       targets.push_back(trajectory.positions[action]);
       slots->push_back(action);
