@@ -40,6 +40,12 @@ Result<StoredTrajectory> JoinSegments(std::span<const schema::SegmentData> segme
       stored.begin = out.steps.empty() ? 0 : out.steps.back().end;
       stored.end = s.token_begin + step.end;
       stored.stored_reward = step.process_reward;
+      if (s.schema_minor >= 2) {
+        stored.has_reward = step.has_reward;
+        stored.label = step.label == schema::StepLabel::kCorrect     ? envs::StepLabel::kCorrect
+                       : step.label == schema::StepLabel::kIncorrect ? envs::StepLabel::kIncorrect
+                                                                     : envs::StepLabel::kUnknown;
+      }
       out.steps.push_back(stored);
     }
     for (schema::Image image : s.images) {
@@ -50,6 +56,7 @@ Result<StoredTrajectory> JoinSegments(std::span<const schema::SegmentData> segme
     out.roles.insert(out.roles.end(), s.roles.begin(), s.roles.end());
     if (s.is_last) {
       out.outcome = s.outcome_reward;
+      out.end_reason = s.end_reason;
       for (const auto& [key, value] : s.metadata) out.metadata[key] = value;
     }
   }
@@ -80,11 +87,26 @@ Result<StoredTrajectory> JoinSegments(std::span<const schema::SegmentData> segme
 
 TrajectoryRewards StoredRewards(const StoredTrajectory& trajectory) {
   TrajectoryRewards rewards;
-  rewards.end = TrajectoryEndFromStatus(trajectory.status);
+  switch (trajectory.end_reason) {
+    case schema::EndReason::kFinished:
+      rewards.end = TrajectoryEnd::kFinished;
+      break;
+    case schema::EndReason::kTruncatedTurns:
+    case schema::EndReason::kTruncatedLength:
+    case schema::EndReason::kAbandoned:
+      rewards.end = TrajectoryEnd::kTruncated;
+      break;
+    case schema::EndReason::kFailed:
+      rewards.end = TrajectoryEnd::kFailed;
+      break;
+    default:
+      rewards.end = TrajectoryEndFromStatus(trajectory.status);
+  }
   if (rewards.end == TrajectoryEnd::kFinished) rewards.outcome = trajectory.outcome;
   for (const StoredStep& step : trajectory.steps) {
     StepRewards shaped;
-    shaped.env_reward = step.stored_reward;
+    if (step.has_reward) shaped.env_reward = step.stored_reward;
+    shaped.label = step.label;
     shaped.key = StepKey(step.turn_text);
     rewards.steps.push_back(std::move(shaped));
   }

@@ -24,6 +24,10 @@ struct StoredStep {
   uint64_t begin = 0;  // trajectory positions
   uint64_t end = 0;
   float stored_reward = 0;  // as stored (schema 1.1 stores a missing reward as 0)
+  // Since schema 1.2: whether the environment gave a reward, and its label (1.1 segments read
+  // as rewarded, unknown).
+  bool has_reward = true;
+  envs::StepLabel label = envs::StepLabel::kUnknown;
   // The model's turn as the environment got it: the step's action tokens decoded, without a
   // closing end-of-turn or end-of-text.
   std::string turn_text;
@@ -42,6 +46,8 @@ struct StoredTrajectory {
   float outcome = 0;
   std::map<std::string, std::string> metadata;  // of the last segment
   std::string status;                           // metadata `status` ("done", "max_turns", ...)
+  // The last segment's end reason (schema 1.2; kNone on 1.1 segments, whose end is `status`).
+  schema::EndReason end_reason = schema::EndReason::kNone;
 };
 
 // Joins the segments of one trajectory, given in any order. Errors (InvalidArgument): no
@@ -49,9 +55,10 @@ struct StoredTrajectory {
 // do not follow each other, no last segment or one that is not the highest index.
 Result<StoredTrajectory> JoinSegments(std::span<const schema::SegmentData> segments);
 
-// The shaping input of a stored trajectory: stored step rewards (all present, labels unknown:
-// schema 1.1 stores neither flag nor label), step keys from the turns, the end from the status,
-// the stored outcome when finished.
+// The shaping input of a stored trajectory: stored step rewards with their 1.2 has-reward flags
+// and labels (1.1 segments: all rewarded, labels unknown), step keys from the turns, the end
+// from the 1.2 end reason (an abandoned trajectory is a cut, as "stopped" is) or else the
+// status, the stored outcome when finished.
 TrajectoryRewards StoredRewards(const StoredTrajectory& trajectory);
 
 }  // namespace strider::reward

@@ -30,53 +30,6 @@ double Seconds(Clock::time_point since) {
 
 std::string IdString(const schema::TrajectoryId& id) { return std::string(id.View()); }
 
-// The end the shaping rules use, from the 1.2 end reason (the status metadata of 1.1 segments
-// otherwise).
-reward::TrajectoryEnd EndOf(const schema::SegmentData& last,
-                            const reward::StoredTrajectory& joined) {
-  switch (last.end_reason) {
-    case schema::EndReason::kFinished:
-      return reward::TrajectoryEnd::kFinished;
-    case schema::EndReason::kTruncatedTurns:
-    case schema::EndReason::kTruncatedLength:
-      return reward::TrajectoryEnd::kTruncated;
-    case schema::EndReason::kAbandoned:  // the actor stopped it: a cut, like status "stopped"
-      return reward::TrajectoryEnd::kTruncated;
-    case schema::EndReason::kFailed:
-      return reward::TrajectoryEnd::kFailed;
-    default:
-      return reward::TrajectoryEndFromStatus(joined.status);
-  }
-}
-
-// Per-step rewards of a stored trajectory as shaping takes them: the stored step rewards with
-// their 1.2 flag and label, implicit rewards when asked for.
-reward::TrajectoryRewards RewardsOf(const std::vector<schema::SegmentData>& segments,
-                                    const reward::StoredTrajectory& joined,
-                                    const std::vector<double>& implicit) {
-  reward::TrajectoryRewards rewards = reward::StoredRewards(joined);
-  rewards.end = EndOf(segments.back(), joined);
-  rewards.outcome.reset();
-  if (rewards.end == reward::TrajectoryEnd::kFinished) rewards.outcome = joined.outcome;
-  // The stored steps in trajectory order, with their 1.2 fields.
-  std::vector<const schema::Step*> stored;
-  for (const schema::SegmentData& s : segments) {
-    for (const schema::Step& step : s.steps) stored.push_back(&step);
-  }
-  for (size_t k = 0; k < rewards.steps.size(); ++k) {
-    if (k < stored.size() && segments.front().schema_minor >= 2) {
-      if (!stored[k]->has_reward) rewards.steps[k].env_reward.reset();
-      rewards.steps[k].label = stored[k]->label == schema::StepLabel::kCorrect
-                                   ? envs::StepLabel::kCorrect
-                               : stored[k]->label == schema::StepLabel::kIncorrect
-                                   ? envs::StepLabel::kIncorrect
-                                   : envs::StepLabel::kUnknown;
-    }
-    if (k < implicit.size()) rewards.steps[k].implicit = implicit[k];
-  }
-  return rewards;
-}
-
 // Implicit process rewards (log-ratio to the reference summed per step, beta 1) of a scored
 // trajectory.
 Result<std::vector<double>> ImplicitRewards(const PreparedTrajectory& prepared,
@@ -212,7 +165,10 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
       if (implicit) {
         STRIDER_ASSIGN_OR_RETURN(implicit_steps, ImplicitRewards(t.prepared, t.scores));
       }
-      reward::TrajectoryRewards rewards = RewardsOf(segments, t.prepared.joined, implicit_steps);
+      reward::TrajectoryRewards rewards = reward::StoredRewards(t.prepared.joined);
+      for (size_t k = 0; k < rewards.steps.size() && k < implicit_steps.size(); ++k) {
+        rewards.steps[k].implicit = implicit_steps[k];
+      }
       if (settings.process_model != nullptr && settings.reward.process_model_weight != 0) {
         STRIDER_ASSIGN_OR_RETURN(std::vector<double> judged,
                                  settings.process_model->ScoreSteps(t.prepared.joined));
