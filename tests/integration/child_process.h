@@ -8,8 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -147,6 +150,27 @@ inline nlohmann::json WaitEvent(ChildProcess& child, const std::string& event, i
     if (j.is_object() && j.value("event", "") == event) return j;
   }
   return nlohmann::json();
+}
+
+// `strider replay serve` on free ports with the tables of `config_yaml` (written to
+// `config_path`), once it has printed its ready line. Empty endpoints when it did not start
+// (the calling test has failed then).
+struct ReplayEndpoints {
+  std::string actor;
+  std::string learner;
+};
+
+inline ReplayEndpoints StartReplayServer(ChildProcess& server, const std::string& db,
+                                         const std::string& config_path,
+                                         const std::string& config_yaml) {
+  std::ofstream(config_path) << config_yaml;
+  EXPECT_TRUE(server.Start({StriderBinary(), "replay", "serve", "--db", db, "--config",
+                            config_path, "--bind", "tcp://127.0.0.1:0", "--sample-bind",
+                            "tcp://127.0.0.1:0"}));
+  const nlohmann::json ready = WaitEvent(server, "ready", 30000);
+  EXPECT_TRUE(ready.is_object()) << "no ready line from the replay server";
+  if (!ready.is_object()) return {};
+  return {ready["actor_endpoint"].get<std::string>(), ready["learner_endpoint"].get<std::string>()};
 }
 
 }  // namespace strider::testing

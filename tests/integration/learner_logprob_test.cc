@@ -118,16 +118,12 @@ class LearnerLogProbs : public ::testing::Test {
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     model_ = std::move(*model);
 
-    const std::string replay_config = dir_.Sub("replay.yaml");
-    std::ofstream(replay_config) << kReplayConfig;
-    ASSERT_TRUE(server_.Start({StriderBinary(), "replay", "serve", "--db", dir_.Sub("db"),
-                               "--config", replay_config, "--bind", "tcp://127.0.0.1:0",
-                               "--sample-bind", "tcp://127.0.0.1:0"}));
-    const nlohmann::json ready = WaitEvent(server_, "ready", 30000);
-    ASSERT_TRUE(ready.is_object()) << "no ready line from the replay server";
-    actor_endpoint_ = ready["actor_endpoint"].get<std::string>();
+    const strider::testing::ReplayEndpoints replay = strider::testing::StartReplayServer(
+        server_, dir_.Sub("db"), dir_.Sub("replay.yaml"), kReplayConfig);
+    ASSERT_FALSE(replay.actor.empty());
+    actor_endpoint_ = replay.actor;
     replay::LearnerClientOptions options;
-    options.endpoint = ready["learner_endpoint"].get<std::string>();
+    options.endpoint = replay.learner;
     options.learner_id = "logprob-test";
     auto client = replay::LearnerClient::Connect(options);
     ASSERT_TRUE(client.ok()) << client.status().ToString();

@@ -30,17 +30,14 @@ double MeanOf(const std::vector<nlohmann::json>& lines, size_t begin, size_t end
 
 TEST(RlRun, RewardRisesOnAnEasyEnvironmentInSyncRounds) {
   TempDir dir;
-  const std::string replay_config = dir.Sub("replay.yaml");
-  std::ofstream(replay_config) << "server: {stats_interval_s: 0}\n"
-                               << "tables:\n  - name: groups\n    unit: group\n"
-                               << "    sampler: fifo\n    max_staleness: 0\n    capacity: 1000\n"
-                               << "    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n";
   ChildProcess server;
-  ASSERT_TRUE(server.Start({StriderBinary(), "replay", "serve", "--db", dir.Sub("db"), "--config",
-                            replay_config, "--bind", "tcp://127.0.0.1:0", "--sample-bind",
-                            "tcp://127.0.0.1:0"}));
-  nlohmann::json replay = WaitEvent(server, "ready", 30000);
-  ASSERT_TRUE(replay.is_object());
+  const strider::testing::ReplayEndpoints replay = strider::testing::StartReplayServer(
+      server, dir.Sub("db"), dir.Sub("replay.yaml"),
+      "server: {stats_interval_s: 0}\n"
+      "tables:\n  - name: groups\n    unit: group\n"
+      "    sampler: fifo\n    max_staleness: 0\n    capacity: 1000\n"
+      "    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n");
+  ASSERT_FALSE(replay.learner.empty());
 
   const std::string learner_config = dir.Sub("learner.yaml");
   std::ofstream(learner_config)
@@ -54,7 +51,7 @@ TEST(RlRun, RewardRisesOnAnEasyEnvironmentInSyncRounds) {
       << "  policy: {eps_low: 0.2, eps_high: 0.28}\n  value: {coef: 0.0}\n";
   ChildProcess learner;
   ASSERT_TRUE(learner.Start({StriderBinary(), "learner", "--config", learner_config, "--run-dir",
-                             dir.Sub("run"), "--replay", replay["learner_endpoint"], "--publish",
+                             dir.Sub("run"), "--replay", replay.learner, "--publish",
                              "tcp://127.0.0.1:0"}));
   nlohmann::json ready = WaitEvent(learner, "ready", 60000);
   ASSERT_TRUE(ready.is_object());
@@ -72,7 +69,7 @@ TEST(RlRun, RewardRisesOnAnEasyEnvironmentInSyncRounds) {
       << "env:\n  library: " << STRIDER_LETTER_ENV_PATH << "\n";
   ChildProcess actor;
   ASSERT_TRUE(actor.Start({StriderBinary(), "actor", "--config", actor_config, "--replay",
-                           replay["actor_endpoint"], "--spill-dir", dir.Sub("spill")}));
+                           replay.actor, "--spill-dir", dir.Sub("spill")}));
 
   nlohmann::json finished = WaitEvent(learner, "finished", 600000);
   EXPECT_EQ(learner.Wait(), 0);

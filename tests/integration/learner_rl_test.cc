@@ -27,26 +27,12 @@ using strider::testing::StriderBinary;
 using strider::testing::TempDir;
 using strider::testing::WaitEvent;
 
-struct Endpoints {
-  std::string actor;
-  std::string learner;
-};
-
-// A replay server with one group table that keeps everything sampleable (no staleness bound):
-// these tests replay a fixed set of version-0 trajectories.
-Endpoints StartServer(ChildProcess& server, const TempDir& dir) {
-  const std::string config = dir.Sub("replay.yaml");
-  std::ofstream(config) << "server: {stats_interval_s: 0}\n"
-                        << "tables:\n  - name: groups\n    unit: group\n    sampler: fifo\n"
-                        << "    capacity: 1000\n    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n";
-  EXPECT_TRUE(server.Start({StriderBinary(), "replay", "serve", "--db", dir.Sub("db"), "--config",
-                            config, "--bind", "tcp://127.0.0.1:0", "--sample-bind",
-                            "tcp://127.0.0.1:0"}));
-  nlohmann::json ready = WaitEvent(server, "ready", 30000);
-  EXPECT_TRUE(ready.is_object()) << "no ready line from the replay server";
-  if (!ready.is_object()) return {};
-  return {ready["actor_endpoint"], ready["learner_endpoint"]};
-}
+// A group table that keeps everything sampleable (no staleness bound): these tests replay a
+// fixed set of version-0 trajectories.
+constexpr char kReplayConfig[] =
+    "server: {stats_interval_s: 0}\n"
+    "tables:\n  - name: groups\n    unit: group\n    sampler: fifo\n"
+    "    capacity: 1000\n    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n";
 
 // `episodes` calculator episodes in groups of 4 from the tiny model's seed-0 weights.
 void PlayEpisodes(const TempDir& dir, const std::string& endpoint, int episodes) {
@@ -151,7 +137,9 @@ std::string ReadFile(const std::string& path) {
 class LearnerProcess : public ::testing::Test {
  protected:
   void SetUp() override {
-    endpoints_ = StartServer(server_, dir_);
+    endpoints_ =
+        strider::testing::StartReplayServer(server_, dir_.Sub("db"), dir_.Sub("replay.yaml"),
+                                            kReplayConfig);
     ASSERT_FALSE(endpoints_.actor.empty());
     ASSERT_NO_FATAL_FAILURE(PlayEpisodes(dir_, endpoints_.actor, 48));
   }
@@ -162,7 +150,7 @@ class LearnerProcess : public ::testing::Test {
 
   TempDir dir_;
   ChildProcess server_;
-  Endpoints endpoints_;
+  strider::testing::ReplayEndpoints endpoints_;
 };
 
 TEST_F(LearnerProcess, TrainsPublishesAndResumesToTheSameWeights) {
