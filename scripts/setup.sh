@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs Strider's system packages (Debian 12) when missing, then configures and builds.
-#   scripts/setup.sh [BUILD_DIR]     default BUILD_DIR: build
+#   scripts/setup.sh [BUILD_DIR [TARGET...]]     default BUILD_DIR: build, TARGET: everything
 # Environment: STRIDER_BUILD_TYPE (RelWithDebInfo), STRIDER_JOBS (nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +26,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 build_dir="${1:-build}"
+shift $(( $# > 0 ? 1 : 0 ))
+targets=()
+for target in "$@"; do targets+=(--target "$target"); done
 export CCACHE_DIR="${CCACHE_DIR:-$PWD/.ccache}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${STRIDER_BUILD_TYPE:-RelWithDebInfo}" >/dev/null
 # LibTorch translation units need about 1.1 GB of compiler memory each; two jobs fit easily.
-cmake --build "$build_dir" -j "${STRIDER_JOBS:-$(nproc)}"
+cmake --build "$build_dir" -j "${STRIDER_JOBS:-$(nproc)}" "${targets[@]}"

@@ -19,6 +19,7 @@
 #include "learner/learner.h"
 #include "learner/report.h"
 #include "common/tokenizer.h"
+#include "common/transcript.h"
 
 namespace strider {
 namespace {
@@ -155,18 +156,33 @@ Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& con
   return sources;
 }
 
-// Sets the batch's loss weights: `weight` for every scored retrieval answer token, else the mask.
-void WeightRetrievalAnswers(TokenBatch* batch, double weight) {
-  if (weight == 1.0) return;
+// Sets the batch's loss weights: the mask, times `answer_weight` at every scored retrieval
+// answer token and `action_weight` at every action token of a transcript.
+void WeightLoss(TokenBatch* batch, double answer_weight, double action_weight) {
+  if (answer_weight == 1.0 && action_weight == 1.0) return;
   at::Tensor tokens = batch->tokens.to(at::kInt).contiguous();
   const int64_t rows = tokens.size(0), length = tokens.size(1);
   const int32_t* t = tokens.data_ptr<int32_t>();
   batch->loss_weight = batch->loss_mask.clone().contiguous();
   float* mask = batch->loss_weight.data_ptr<float>();  // (B, L-1): target t+1 at index t
   for (int64_t b = 0; b < rows; ++b) {
-    for (const auto& [begin, end] : data::FindRetrievalAnswers(t + b * length, length)) {
-      for (int64_t position = begin; position < end; ++position) {
-        mask[b * (length - 1) + position - 1] *= static_cast<float>(weight);
+    const int32_t* row = t + b * length;
+    if (answer_weight != 1.0) {
+      for (const auto& [begin, end] : data::FindRetrievalAnswers(row, length)) {
+        for (int64_t position = begin; position < end; ++position) {
+          mask[b * (length - 1) + position - 1] *= static_cast<float>(answer_weight);
+        }
+      }
+    }
+    if (action_weight != 1.0) {
+      // A packed row may start inside a transcript: its first turn's roles are read as context
+      // until the next marker, which only leaves those few tokens unweighted.
+      const std::vector<transcript::Role> roles =
+          transcript::ReadRoles(std::span<const int32_t>(row, static_cast<size_t>(length)));
+      for (int64_t position = 1; position < length; ++position) {
+        if (transcript::IsAction(roles[position])) {
+          mask[b * (length - 1) + position - 1] *= static_cast<float>(action_weight);
+        }
       }
     }
   }
@@ -360,7 +376,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       std::vector<std::vector<int32_t>> sequences;
       for (int64_t r = 0; r < rows; ++r) sequences.push_back(packer->Next());
       STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, MakeTokenBatch(sequences, config.model));
-      WeightRetrievalAnswers(&batch, config.retrieval_answer_weight);
+      WeightLoss(&batch, config.retrieval_answer_weight, config.tool_use_action_weight);
       if (config.balance && config.balance_prepass) {
         LossOptions prepass = loss_options;
         prepass.backward = false;

@@ -128,6 +128,11 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
     retrieval.Check(config.retrieval_answer_weight > 0, "answer_weight", "must be positive");
   }
   {
+    ConfigReader tool_use = root.Section("tool_use");
+    tool_use.Optional("action_weight", &config.tool_use_action_weight);
+    tool_use.Check(config.tool_use_action_weight > 0, "action_weight", "must be positive");
+  }
+  {
     ConfigReader evaluation = root.Section("evaluation");
     evaluation.Optional("documents", &config.eval_documents);
     evaluation.Optional("batch", &config.eval_batch);

@@ -93,6 +93,11 @@ struct PretrainConfig {
   // to every other scored token. The answers are a few tokens among thousands of filler ones,
   // so without extra weight the look-up is a small share of the gradient.
   double retrieval_answer_weight = 1.0;
+  // Training loss weight of the action tokens of tool_use transcripts (what a model turn
+  // samples: its text and tool calls, found by transcript::ReadRoles), relative to the context
+  // around them. A calculator episode is about 470 tokens of which some 40 are the policy's;
+  // the numbers it must copy are a handful, so unweighted the fixed system prompt dominates.
+  double tool_use_action_weight = 1.0;
   // Evaluation after each stage.
   int64_t eval_documents = 32;
   int64_t eval_batch = 8;
