@@ -153,6 +153,14 @@ TEST_F(EvalCommand, EvaluatesTheNewestVersionOfAWeightPublisher) {
   const nlohmann::json from_file =
       Line(Eval({"--weights", weights_, "--episodes", "8", "--seed", "5", "--json"}));
   ExpectSameOutcome(fetched, from_file);
+
+  // Published bytes that are not weights for the config: a runtime failure (1), not usage.
+  auto bad = transport::WeightPublisher::Start({});
+  ASSERT_TRUE(bad.ok()) << bad.status().ToString();
+  ASSERT_TRUE((*bad)->Publish(1, "not a safetensors file", "tiny").ok());
+  RunResult refused = Eval({"--weights-endpoint", (*bad)->endpoint(), "--episodes", "2"});
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("weights version 1"), std::string::npos) << refused.output;
 }
 
 TEST_F(EvalCommand, SamplesReportPassAtK) {
