@@ -1,11 +1,11 @@
 // Evaluation as an in-process actor run (actors/evaluate.h).
 #include "actors/evaluate.h"
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
@@ -134,8 +134,8 @@ Result<EvalResult> Evaluate(const EvaluateOptions& options) {
   if (options.weights.empty() == options.weights_endpoint.empty()) {
     return Status::InvalidArgument("exactly one of --weights and --weights-endpoint is required");
   }
-  const double temperature = options.temperature.value_or(
-      options.samples > 1 ? options.actor.sampling.temperature : 0.0);
+  const double temperature =
+      options.temperature.value_or(options.samples > 1 ? options.actor.sampling.temperature : 0.0);
   if (!(temperature >= 0) || !std::isfinite(temperature)) {
     return Status::InvalidArgument("--temperature must be finite and >= 0");
   }

@@ -51,14 +51,14 @@ struct Interval {
 struct EvalResult {
   std::string env;
   uint64_t policy_version = 0;
-  std::string weights;  // the file or the endpoint
+  std::string weights;   // the file or the endpoint
   int64_t episodes = 0;  // problems
   int64_t samples = 1;   // per problem
   uint64_t seed = 0;
-  int64_t successes = 0;        // of episodes * samples
-  double success_rate = 0;      // successes / (episodes * samples)
-  Interval ci;                  // 95% Wilson interval on successes
-  double reward_mean = 0;       // outcome reward, per episode
+  int64_t successes = 0;            // of episodes * samples
+  double success_rate = 0;          // successes / (episodes * samples)
+  Interval ci;                      // 95% Wilson interval on successes
+  double reward_mean = 0;           // outcome reward, per episode
   std::optional<double> pass_at_k;  // samples > 1: mean over problems of PassAtK(K, c, K)
   double mean_turns = 0;
   double seconds = 0;  // playing time (the actor's Run), not model loading

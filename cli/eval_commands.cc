@@ -62,9 +62,9 @@ Status RunEval(const EvalArgs& args) {
   } else {
     const actors::EvalResult& r = *result;
     std::printf("%s, policy version %llu (%s): %lld problems x %lld samples, seed %llu\n",
-                r.env.c_str(), static_cast<unsigned long long>(r.policy_version),
-                r.weights.c_str(), static_cast<long long>(r.episodes),
-                static_cast<long long>(r.samples), static_cast<unsigned long long>(r.seed));
+                r.env.c_str(), static_cast<unsigned long long>(r.policy_version), r.weights.c_str(),
+                static_cast<long long>(r.episodes), static_cast<long long>(r.samples),
+                static_cast<unsigned long long>(r.seed));
     std::printf("  success %.3f (%lld), 95%% CI [%.3f, %.3f]\n", r.success_rate,
                 static_cast<long long>(r.successes), r.ci.low, r.ci.high);
     if (r.pass_at_k) {
@@ -92,9 +92,9 @@ void AddEvalCommands(CLI::App& app, int& exit_code) {
   eval->add_option("--config", args->config, "Actor config (YAML: actor: and env:)")->required();
   CLI::Option* weights =
       eval->add_option("--weights", args->weights, "Weights to evaluate (safetensors)");
-  CLI::Option* endpoint = eval->add_option(
-      "--weights-endpoint", args->weights_endpoint,
-      "Evaluate the newest version a learner's weight publisher holds");
+  CLI::Option* endpoint =
+      eval->add_option("--weights-endpoint", args->weights_endpoint,
+                       "Evaluate the newest version a learner's weight publisher holds");
   weights->excludes(endpoint);
   endpoint->excludes(weights);
   eval->add_option("--env", args->env,

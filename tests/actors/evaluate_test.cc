@@ -44,13 +44,13 @@ TEST(WilsonInterval, NarrowsWithMoreTrials) {
 
 TEST(PassAtK, MatchesTheCombinatorialFormula) {
   // 1 - C(n - c, k) / C(n, k)
-  EXPECT_NEAR(*PassAtK(5, 2, 1), 0.4, 1e-12);                 // k = 1 is c / n
-  EXPECT_NEAR(*PassAtK(5, 2, 2), 1.0 - 3.0 / 10.0, 1e-12);    // C(3,2) / C(5,2)
-  EXPECT_NEAR(*PassAtK(10, 3, 5), 1.0 - 21.0 / 252.0, 1e-12); // C(7,5) / C(10,5)
-  EXPECT_NEAR(*PassAtK(200, 10, 100), 1.0 - 0.000771, 1e-6);  // C(190,100) / C(200,100)
+  EXPECT_NEAR(*PassAtK(5, 2, 1), 0.4, 1e-12);                  // k = 1 is c / n
+  EXPECT_NEAR(*PassAtK(5, 2, 2), 1.0 - 3.0 / 10.0, 1e-12);     // C(3,2) / C(5,2)
+  EXPECT_NEAR(*PassAtK(10, 3, 5), 1.0 - 21.0 / 252.0, 1e-12);  // C(7,5) / C(10,5)
+  EXPECT_NEAR(*PassAtK(200, 10, 100), 1.0 - 0.000771, 1e-6);   // C(190,100) / C(200,100)
   EXPECT_EQ(*PassAtK(4, 0, 4), 0.0);
-  EXPECT_EQ(*PassAtK(4, 1, 4), 1.0);  // k = n: any correct sample
-  EXPECT_EQ(*PassAtK(10, 8, 3), 1.0); // fewer than k wrong ones
+  EXPECT_EQ(*PassAtK(4, 1, 4), 1.0);   // k = n: any correct sample
+  EXPECT_EQ(*PassAtK(10, 8, 3), 1.0);  // fewer than k wrong ones
 }
 
 TEST(PassAtK, RefusesImpossibleCounts) {

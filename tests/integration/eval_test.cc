@@ -31,9 +31,9 @@ class EvalCommand : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     weights_ = dir_->Sub("tiny.safetensors");
-    RunResult init = RunCommand({StriderBinary(), "model", "init", "--config",
-                                 SourceDir() + "/configs/model/tiny.yaml", "--out", weights_,
-                                 "--seed", "3"});
+    RunResult init =
+        RunCommand({StriderBinary(), "model", "init", "--config",
+                    SourceDir() + "/configs/model/tiny.yaml", "--out", weights_, "--seed", "3"});
     ASSERT_EQ(init.exit_code, 0) << init.output;
     // The actor config as training would use it, replay section included: eval ignores it.
     config_ = dir_->Sub("actor.yaml");
@@ -89,8 +89,8 @@ std::string EvalCommand::config_;
 TEST_F(EvalCommand, GreedyRunReportsTheContractLineAndRepeatsExactly) {
   const std::string out = dir_->Sub("eval.jsonl");
   const auto started = std::chrono::steady_clock::now();
-  RunResult first = Eval({"--weights", weights_, "--episodes", std::to_string(kEpisodes),
-                          "--seed", "5", "--json", "--out", out});
+  RunResult first = Eval({"--weights", weights_, "--episodes", std::to_string(kEpisodes), "--seed",
+                          "5", "--json", "--out", out});
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const nlohmann::json j = Line(first);
@@ -130,8 +130,8 @@ TEST_F(EvalCommand, GreedyRunReportsTheContractLineAndRepeatsExactly) {
   EXPECT_EQ(nlohmann::json::parse(stored), j);
 
   // Greedy decoding on the same problems: the same episodes again.
-  const nlohmann::json again = Line(Eval({"--weights", weights_, "--episodes",
-                                          std::to_string(kEpisodes), "--seed", "5", "--json"}));
+  const nlohmann::json again = Line(Eval(
+      {"--weights", weights_, "--episodes", std::to_string(kEpisodes), "--seed", "5", "--json"}));
   ExpectSameOutcome(j, again);
 }
 
