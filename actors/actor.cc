@@ -97,6 +97,7 @@ struct Episode {
   int64_t malformed_tool_calls = 0;
   int64_t max_turns = 0;
   int64_t generated_tokens = 0;
+  uint64_t action_digest = 0;  // the sampled tokens, chained in order
   float outcome = 0;
   double step_reward_sum = 0;
   std::map<std::string, std::string> info;
@@ -773,6 +774,7 @@ Status ActorImpl::ProcessStep(const rollout::StepResult& step) {
     }
     e.turn_tokens.push_back(static_cast<int32_t>(s.token));
     ++e.generated_tokens;
+    e.action_digest = Mix(e.action_digest, static_cast<uint64_t>(s.token));
     ++metrics_.generated_tokens;
     PushReady(e);
     if (s.finish != rollout::FinishReason::kNone) OnTurnEnd(e);
@@ -908,6 +910,7 @@ void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
     summary.turns = e.turns;
     summary.tokens = e.segmenter ? e.segmenter->length() : 0;
     summary.generated_tokens = e.generated_tokens;
+    summary.action_digest = e.action_digest;
     summary.tool_calls = e.tool_calls;
     summary.malformed_tool_calls = e.malformed_tool_calls;
     summary.policy_version = engine_->policy_version();

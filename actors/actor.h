@@ -73,6 +73,9 @@ struct EpisodeSummary {
   int64_t turns = 0;           // model turns
   int64_t tokens = 0;          // trajectory length: context and sampled tokens
   int64_t generated_tokens = 0;
+  // The sampled tokens chained in order (DeriveSeed): equal digests mean, short of a 64-bit
+  // collision, the same actions, so two runs can be compared without their trajectories.
+  uint64_t action_digest = 0;
   int64_t tool_calls = 0;
   int64_t malformed_tool_calls = 0;
   uint64_t policy_version = 0;  // the engine's version when the episode ended

@@ -3,8 +3,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
-#include <mutex>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "common/model/model.h"
 #include "common/transport/weight_stream.h"
 #include "envs/environment.h"
+#include "rollout_engine/sampling.h"
 
 namespace strider::actors {
 namespace {
@@ -105,6 +107,52 @@ Result<double> PassAtK(int64_t n, int64_t correct, int64_t k) {
   return 1.0 - all_wrong;
 }
 
+Status SummariseEpisodes(std::vector<EpisodeSummary> ended, int64_t problems, int64_t samples,
+                         EvalResult* result) {
+  if (problems < 1 || samples < 1 || static_cast<int64_t>(ended.size()) != problems * samples) {
+    return Status::Internal("evaluation: " + std::to_string(ended.size()) + " episodes reported, " +
+                            std::to_string(problems) + " x " + std::to_string(samples) +
+                            " expected");
+  }
+  // The sink sees episodes in the order they end, which depends on timing; the digest must not.
+  std::sort(ended.begin(), ended.end(),
+            [](const EpisodeSummary& a, const EpisodeSummary& b) { return a.index < b.index; });
+  std::map<int64_t, int64_t> correct_by_problem;
+  double reward = 0, turns = 0;
+  uint64_t digest = 0;
+  result->successes = 0;
+  result->endings.clear();
+  for (const EpisodeSummary& e : ended) {
+    const bool success = IsSuccess(e);
+    result->successes += success ? 1 : 0;
+    correct_by_problem[e.group] += success ? 1 : 0;
+    reward += e.outcome_reward;
+    turns += static_cast<double>(e.turns);
+    ++result->endings[e.status];
+    digest = rollout::DeriveSeed(rollout::DeriveSeed(digest, e.seed), e.action_digest);
+  }
+  if (static_cast<int64_t>(correct_by_problem.size()) != problems) {
+    return Status::Internal("evaluation: episodes of " + std::to_string(correct_by_problem.size()) +
+                            " problems reported, " + std::to_string(problems) + " expected");
+  }
+  const double n = static_cast<double>(ended.size());
+  result->success_rate = static_cast<double>(result->successes) / n;
+  result->ci = WilsonInterval(result->successes, static_cast<int64_t>(ended.size()));
+  result->reward_mean = reward / n;
+  result->mean_turns = turns / n;
+  result->digest = digest;
+  result->pass_at_k.reset();
+  if (samples > 1) {
+    double pass = 0;
+    for (const auto& [problem, correct] : correct_by_problem) {
+      STRIDER_ASSIGN_OR_RETURN(double p, PassAtK(samples, correct, samples));
+      pass += p;
+    }
+    result->pass_at_k = pass / static_cast<double>(problems);
+  }
+  return Status::Ok();
+}
+
 std::string EvalResult::ToJson() const {
   // In the contract's order (docs/actors.md), for people reading the file.
   nlohmann::ordered_json j = {
@@ -125,6 +173,9 @@ std::string EvalResult::ToJson() const {
   j["seed"] = seed;
   j["temperature"] = temperature;
   j["endings"] = endings;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
+  j["digest"] = hex;
   return j.dump();
 }
 
@@ -200,35 +251,10 @@ Result<EvalResult> Evaluate(const EvaluateOptions& options) {
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Actor> runner, Actor::Create(actor));
   const auto started = Clock::now();
   STRIDER_RETURN_IF_ERROR(runner->Run(std::stop_token{}));
-  result.seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  if (static_cast<int64_t>(ended.size()) != actor.episodes) {
-    return Status::Internal("evaluation: " + std::to_string(ended.size()) + " of " +
-                            std::to_string(actor.episodes) + " episodes reported");
-  }
-
-  std::map<int64_t, int64_t> correct_by_problem;
-  double reward = 0, turns = 0;
-  for (const EpisodeSummary& e : ended) {
-    const bool success = IsSuccess(e);
-    result.successes += success ? 1 : 0;
-    correct_by_problem[e.group] += success ? 1 : 0;
-    reward += e.outcome_reward;
-    turns += static_cast<double>(e.turns);
-    ++result.endings[e.status];
-  }
-  const double n = static_cast<double>(ended.size());
-  result.success_rate = static_cast<double>(result.successes) / n;
-  result.ci = WilsonInterval(result.successes, actor.episodes);
-  result.reward_mean = reward / n;
-  result.mean_turns = turns / n;
-  if (options.samples > 1) {
-    double pass = 0;
-    for (const auto& [problem, correct] : correct_by_problem) {
-      STRIDER_ASSIGN_OR_RETURN(double p, PassAtK(options.samples, correct, options.samples));
-      pass += p;
-    }
-    result.pass_at_k = pass / static_cast<double>(correct_by_problem.size());
-  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  STRIDER_RETURN_IF_ERROR(
+      SummariseEpisodes(std::move(ended), options.episodes, options.samples, &result));
+  result.seconds = seconds;
   return result;
 }
 

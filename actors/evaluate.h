@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "actors/actor.h"
 #include "common/status.h"
@@ -64,6 +65,9 @@ struct EvalResult {
   double seconds = 0;  // playing time (the actor's Run), not model loading
   double temperature = 0;
   std::map<std::string, int64_t> endings;  // episode statuses (docs/actors.md) and counts
+  // The episodes' seeds and sampled tokens chained in episode order: equal digests mean the
+  // same episodes were played (a greedy rerun, the same weights from a file and a publisher).
+  uint64_t digest = 0;
 
   // The `{"event":"eval",...}` line of the CLI contract (docs/actors.md), without a newline.
   std::string ToJson() const;
@@ -83,6 +87,13 @@ Interval WilsonInterval(int64_t successes, int64_t trials, double z = 1.95996398
 // samples correct: 1 - C(n - c, k) / C(n, k), computed as a product so it does not overflow.
 // Requires 0 <= correct <= n and 1 <= k <= n (InvalidArgument otherwise).
 Result<double> PassAtK(int64_t n, int64_t correct, int64_t k);
+
+// The statistics of `problems` x `samples` finished episodes (any order; members of a problem
+// share EpisodeSummary::group) into `result`: successes, success rate and its Wilson interval,
+// reward and turn means, endings, digest, and pass@K when samples > 1. Internal when the
+// episodes are not exactly that many, in that many groups.
+Status SummariseEpisodes(std::vector<EpisodeSummary> episodes, int64_t problems, int64_t samples,
+                         EvalResult* result);
 
 // Checks the options, resolves the environment and weights, plays episodes * samples episodes
 // and summarises them. InvalidArgument / NotFound for bad options (usage); other errors are

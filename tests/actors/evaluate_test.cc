@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 namespace strider::actors {
 namespace {
@@ -80,6 +83,63 @@ TEST(SeedStreams, EvaluationNeverPlaysATrainingSeed) {
   for (int64_t i = 0; i < 1000; ++i) problems.insert(EvaluationSeed(3, i));
   EXPECT_EQ(problems.size(), 1000u);
   EXPECT_NE(EvaluationSeed(3, 0), EvaluationSeed(4, 0));
+}
+
+EpisodeSummary Ended(int64_t index, int64_t group, const std::string& status, double outcome,
+                     int64_t turns) {
+  EpisodeSummary e;
+  e.index = index;
+  e.group = group;
+  e.seed = EvaluationSeed(0, group);
+  e.status = status;
+  e.outcome_reward = outcome;
+  e.turns = turns;
+  e.action_digest = static_cast<uint64_t>(index) * 977;
+  return e;
+}
+
+TEST(SummariseEpisodes, CountsSuccessesPerEpisodeAndPassAtKPerProblem) {
+  // Problem 0: one of four right; problem 1: none (a wrong answer, truncations, a done episode
+  // paying less than 1 is not a success).
+  std::vector<EpisodeSummary> ended = {
+      Ended(0, 0, "done", 1.0, 2),       Ended(1, 0, "done", 0.0, 1),
+      Ended(2, 0, "max_turns", 0.0, 3),  Ended(3, 0, "done", 0.0, 2),
+      Ended(4, 1, "done", 0.5, 1),       Ended(5, 1, "max_turns", 0.0, 3),
+      Ended(6, 1, "max_tokens", 0.0, 2), Ended(7, 1, "env_error", 0.0, 1),
+  };
+  EvalResult r;
+  ASSERT_TRUE(SummariseEpisodes(ended, 2, 4, &r).ok());
+  EXPECT_EQ(r.successes, 1);
+  EXPECT_DOUBLE_EQ(r.success_rate, 1.0 / 8);
+  const Interval ci = WilsonInterval(1, 8);
+  EXPECT_DOUBLE_EQ(r.ci.low, ci.low);
+  EXPECT_DOUBLE_EQ(r.ci.high, ci.high);
+  EXPECT_DOUBLE_EQ(r.reward_mean, 1.5 / 8);
+  EXPECT_DOUBLE_EQ(r.mean_turns, 15.0 / 8);
+  ASSERT_TRUE(r.pass_at_k.has_value());
+  EXPECT_DOUBLE_EQ(*r.pass_at_k, 0.5);  // (1 + 0) / 2 problems
+  EXPECT_GE(*r.pass_at_k, r.success_rate);
+  EXPECT_EQ(r.endings, (std::map<std::string, int64_t>{
+                           {"done", 4}, {"max_turns", 2}, {"max_tokens", 1}, {"env_error", 1}}));
+
+  // The order episodes ended in does not change the digest; another action does.
+  EvalResult reversed;
+  ASSERT_TRUE(
+      SummariseEpisodes(std::vector<EpisodeSummary>(ended.rbegin(), ended.rend()), 2, 4, &reversed)
+          .ok());
+  EXPECT_EQ(reversed.digest, r.digest);
+  ended[5].action_digest += 1;
+  EvalResult changed;
+  ASSERT_TRUE(SummariseEpisodes(ended, 2, 4, &changed).ok());
+  EXPECT_NE(changed.digest, r.digest);
+
+  // One sample per problem: no pass@k.
+  EvalResult single;
+  EXPECT_FALSE(SummariseEpisodes(ended, 8, 1, &single).ok()) << "8 problems need 8 groups";
+  for (size_t i = 0; i < ended.size(); ++i) ended[i].group = static_cast<int64_t>(i);
+  ASSERT_TRUE(SummariseEpisodes(ended, 8, 1, &single).ok());
+  EXPECT_FALSE(single.pass_at_k.has_value());
+  EXPECT_FALSE(SummariseEpisodes(ended, 4, 1, &single).ok()) << "8 episodes are not 4 x 1";
 }
 
 ActorOptions Minimal() {

@@ -72,7 +72,7 @@ class EvalCommand : public ::testing::Test {
   // What two runs of the same policy on the same problems must share exactly.
   static void ExpectSameOutcome(const nlohmann::json& a, const nlohmann::json& b) {
     for (const char* key : {"episodes", "samples", "success_rate", "ci_low", "ci_high",
-                            "reward_mean", "mean_turns", "seed", "endings"}) {
+                            "reward_mean", "mean_turns", "seed", "endings", "digest"}) {
       EXPECT_EQ(a[key], b[key]) << key << ": " << a.dump() << " vs " << b.dump();
     }
   }
@@ -117,6 +117,7 @@ TEST_F(EvalCommand, GreedyRunReportsTheContractLineAndRepeatsExactly) {
   EXPECT_GE(j["mean_turns"].get<double>(), 1.0);  // every episode plays at least one turn
   EXPECT_LE(j["mean_turns"].get<double>(), 2.0);  // max_turns
   EXPECT_GT(j["seconds"].get<double>(), 0.0);
+  EXPECT_EQ(j["digest"].get<std::string>().size(), 16u);
   int64_t ended = 0;
   for (const auto& [status, count] : j["endings"].items()) ended += count.get<int64_t>();
   EXPECT_EQ(ended, kEpisodes);
@@ -133,6 +134,10 @@ TEST_F(EvalCommand, GreedyRunReportsTheContractLineAndRepeatsExactly) {
   const nlohmann::json again = Line(Eval(
       {"--weights", weights_, "--episodes", std::to_string(kEpisodes), "--seed", "5", "--json"}));
   ExpectSameOutcome(j, again);
+  // The digest tells runs apart: other problems, other episodes.
+  const nlohmann::json other = Line(Eval(
+      {"--weights", weights_, "--episodes", std::to_string(kEpisodes), "--seed", "6", "--json"}));
+  EXPECT_NE(other["digest"], j["digest"]);
 }
 
 TEST_F(EvalCommand, EvaluatesTheNewestVersionOfAWeightPublisher) {
