@@ -96,7 +96,10 @@ struct Episode {
   int64_t tool_calls = 0;
   int64_t malformed_tool_calls = 0;
   int64_t max_turns = 0;
+  int64_t generated_tokens = 0;
+  uint64_t action_digest = 0;  // the sampled tokens, chained in order
   float outcome = 0;
+  double step_reward_sum = 0;
   std::map<std::string, std::string> info;
 };
 
@@ -121,6 +124,8 @@ struct Group {
 };
 
 uint64_t Mix(uint64_t a, uint64_t b) { return rollout::DeriveSeed(a, b); }
+
+constexpr uint64_t kEvaluationBit = uint64_t{1} << 63;
 
 // The replay schema stores the transcript's roles by value.
 constexpr bool SameValue(Role stored, transcript::Role role) {
@@ -437,11 +442,13 @@ void ActorImpl::StartGroups() {
   while (static_cast<int64_t>(episodes_.size()) + g <= options_.episodes_in_flight &&
          (options_.episodes == 0 || next_episode_ + g <= options_.episodes) &&
          (!options_.weights_sync || round_groups_started_ < round_groups_) &&
-         !sender_->Backlogged()) {
+         !(sender_ && sender_->Backlogged())) {
     ++round_groups_started_;
     Group group;
     group.id = next_group_++;
-    group.seed = Mix(options_.seed, static_cast<uint64_t>(group.id));
+    group.seed = options_.seed_stream == SeedStream::kEvaluation
+                     ? EvaluationSeed(options_.seed, group.id)
+                     : TrainingSeed(options_.seed, group.id);
     group.group_id = NewTrajectoryId();
     for (int64_t member = 0; member < g; ++member) {
       auto episode = std::make_unique<Episode>();
@@ -766,6 +773,8 @@ Status ActorImpl::ProcessStep(const rollout::StepResult& step) {
       continue;
     }
     e.turn_tokens.push_back(static_cast<int32_t>(s.token));
+    ++e.generated_tokens;
+    e.action_digest = Mix(e.action_digest, static_cast<uint64_t>(s.token));
     ++metrics_.generated_tokens;
     PushReady(e);
     if (s.finish != rollout::FinishReason::kNone) OnTurnEnd(e);
@@ -809,6 +818,7 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   envs::StepResult& r = *result;
   std::optional<float> reward;
   if (r.reward) reward = static_cast<float>(*r.reward);
+  e.step_reward_sum += r.reward.value_or(0.0);
   (void)e.segmenter->EndStep(reward, SchemaLabel(r.label));
   for (const auto& [key, value] : r.info) e.info[key] = value;
   // What the actor writes: a closing marker when the turn hit max_new_tokens, the observation
@@ -857,7 +867,11 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
 }
 
 void ActorImpl::PushReady(Episode& e) {
-  for (schema::SegmentData& segment : e.segmenter->TakeReady()) {
+  // With an episode sink nothing is streamed: cut segments are dropped as they come, so an
+  // evaluation holds no more than a streaming actor does.
+  std::vector<schema::SegmentData> ready = e.segmenter->TakeReady();
+  if (!sender_) return;
+  for (schema::SegmentData& segment : ready) {
     Status pushed = sender_->Push(segment);
     if (!pushed.ok()) {
       ++metrics_.errors["segment"];
@@ -883,7 +897,25 @@ void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
     ++metrics_.errors[status];
     spdlog::debug("episode {} ended: {}: {}", e.index, status, message);
   }
-  if (e.segmenter && e.segmenter->length() > 0) {
+  if (options_.episode_sink) {
+    EpisodeSummary summary;
+    summary.index = e.index;
+    summary.group = e.group;
+    summary.member = e.member;
+    summary.seed = e.seed;
+    summary.status = status;
+    summary.error = message;
+    summary.outcome_reward = status == "done" ? e.outcome : 0.0;
+    summary.step_reward_sum = e.step_reward_sum;
+    summary.turns = e.turns;
+    summary.tokens = e.segmenter ? e.segmenter->length() : 0;
+    summary.generated_tokens = e.generated_tokens;
+    summary.action_digest = e.action_digest;
+    summary.tool_calls = e.tool_calls;
+    summary.malformed_tool_calls = e.malformed_tool_calls;
+    summary.policy_version = engine_->policy_version();
+    options_.episode_sink(summary);
+  } else if (e.segmenter && e.segmenter->length() > 0) {
     const Group& group = groups_[e.group];
     std::vector<std::pair<std::string, std::string>> metadata = {
         {"status", status},
@@ -956,7 +988,7 @@ int64_t ActorImpl::EngineActive() const {
 }
 
 void ActorImpl::Snapshot() {
-  const SenderStats sent = sender_->stats();
+  const SenderStats sent = sender_ ? sender_->stats() : SenderStats{};
   metrics_.elapsed_s = std::chrono::duration<double>(Clock::now() - started_).count();
   metrics_.live_episodes = static_cast<int64_t>(episodes_.size());
   metrics_.env_calls_running = *calls_running_;
@@ -1063,15 +1095,18 @@ Status ActorImpl::Run(std::stop_token stop) {
       break;
     } else {
       // Waiting for weights, the subscriber's Notify ends the wait as soon as they are loaded.
-      wake_->WaitFor(milliseconds(sender_->Backlogged() || waiting_since_ ? 50 : 2));
+      wake_->WaitFor(
+          milliseconds((sender_ && sender_->Backlogged()) || waiting_since_ ? 50 : 2));
     }
     Snapshot();
     Report(false);
   }
   // Every segment handed over: wait for the server, spill what it does not take in time.
-  Status closed =
-      sender_->Close(milliseconds(std::max<int64_t>(10000, 4 * options_.spill_after_ms)));
-  if (!closed.ok()) spdlog::error("{}", closed.ToString());
+  Status closed;
+  if (sender_) {
+    closed = sender_->Close(milliseconds(std::max<int64_t>(10000, 4 * options_.spill_after_ms)));
+    if (!closed.ok()) spdlog::error("{}", closed.ToString());
+  }
   // Environment threads still closing get a moment, so they do not outlive the process state.
   const auto deadline = Clock::now() + milliseconds(2000);
   while (*calls_running_ > 0 && Clock::now() < deadline)
@@ -1091,26 +1126,40 @@ Status ActorImpl::Run(std::stop_token stop) {
 Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
   STRIDER_RETURN_IF_ERROR(ValidateActorOptions(options));
   STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_config));
-  std::unique_ptr<Model> model;
-  if (options.weights.empty()) {
-    STRIDER_ASSIGN_OR_RETURN(model, Model::Create(config, options.model_seed));
-  } else {
-    STRIDER_ASSIGN_OR_RETURN(model, Model::Load(config, options.weights));
+  std::shared_ptr<const Model> shared = options.model;
+  if (!shared) {
+    std::unique_ptr<Model> model;
+    if (options.weights.empty()) {
+      STRIDER_ASSIGN_OR_RETURN(model, Model::Create(config, options.model_seed));
+    } else {
+      STRIDER_ASSIGN_OR_RETURN(model, Model::Load(config, options.weights));
+    }
+    shared = std::move(model);
   }
-  std::shared_ptr<const Model> shared(std::move(model));
   STRIDER_ASSIGN_OR_RETURN(
       std::unique_ptr<rollout::Engine> engine,
       rollout::Engine::Create(EngineOptionsFor(options), shared, options.policy_version));
-  SenderOptions sender_options;
-  sender_options.endpoint = options.replay_endpoint;
-  sender_options.client_id = options.actor_id;
-  sender_options.spill_dir = options.spill_dir;
-  sender_options.spill_max_bytes = static_cast<uint64_t>(options.spill_max_bytes);
-  sender_options.queue_max_bytes = static_cast<uint64_t>(options.send_queue_max_bytes);
-  sender_options.spill_after = milliseconds(options.spill_after_ms);
-  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Sender> sender, Sender::Start(sender_options));
+  std::unique_ptr<Sender> sender;
+  if (!options.episode_sink) {
+    SenderOptions sender_options;
+    sender_options.endpoint = options.replay_endpoint;
+    sender_options.client_id = options.actor_id;
+    sender_options.spill_dir = options.spill_dir;
+    sender_options.spill_max_bytes = static_cast<uint64_t>(options.spill_max_bytes);
+    sender_options.queue_max_bytes = static_cast<uint64_t>(options.send_queue_max_bytes);
+    sender_options.spill_after = milliseconds(options.spill_after_ms);
+    STRIDER_ASSIGN_OR_RETURN(sender, Sender::Start(sender_options));
+  }
   return std::unique_ptr<Actor>(new ActorImpl(options, std::move(config), std::move(shared),
                                               std::move(engine), std::move(sender)));
+}
+
+uint64_t TrainingSeed(uint64_t seed, int64_t group) {
+  return Mix(seed, static_cast<uint64_t>(group)) & ~kEvaluationBit;
+}
+
+uint64_t EvaluationSeed(uint64_t seed, int64_t problem) {
+  return Mix(Mix(kEvalSeedDomain, seed), static_cast<uint64_t>(problem)) | kEvaluationBit;
 }
 
 rollout::EngineOptions EngineOptionsFor(const ActorOptions& options) {

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stop_token>
@@ -34,11 +35,53 @@
 #include "envs/environment.h"
 #include "rollout_engine/sampling.h"
 
+namespace strider {
+class Model;  // common/model/model.h
+}  // namespace strider
+
 namespace strider::rollout {
 struct EngineOptions;  // rollout_engine/engine.h
 }  // namespace strider::rollout
 
 namespace strider::actors {
+
+// Which stream of environment seeds an actor's groups reset with. The two never share a seed:
+// training seeds have the top bit clear, evaluation seeds have it set (TrainingSeed,
+// EvaluationSeed), so a held-out evaluation never plays a seed an actor trains on, whatever
+// seeds either was given.
+enum class SeedStream { kTraining, kEvaluation };
+
+inline constexpr uint64_t kEvalSeedDomain = 0x6576616c2d686f6cull;  // "eval-hol"
+// Group g of an actor with `seed` resets its environments with DeriveSeed(seed, g), top bit clear.
+uint64_t TrainingSeed(uint64_t seed, int64_t group);
+// Problem i of an evaluation with `seed`: DeriveSeed(DeriveSeed(kEvalSeedDomain, seed), i), top
+// bit set.
+uint64_t EvaluationSeed(uint64_t seed, int64_t problem);
+
+// One finished episode, as an in-process episode sink sees it (ActorOptions::episode_sink).
+struct EpisodeSummary {
+  int64_t index = 0;   // episode index in the run, from 0
+  int64_t group = 0;   // group index in the run, from 0 (the problem: members share its seed)
+  int64_t member = 0;  // index within the group
+  uint64_t seed = 0;   // the environment's reset seed
+  // How it ended: "done" (by the environment), "max_turns", "max_tokens", "env_timeout",
+  // "env_error", "env_reset", "engine", "bad_image", "stopped", ... (docs/actors.md).
+  std::string status;
+  std::string error;           // the message of a status other than done
+  double outcome_reward = 0;   // the environment's outcome reward when done, else 0
+  double step_reward_sum = 0;  // the environment's per-turn rewards, summed
+  int64_t turns = 0;           // model turns
+  int64_t tokens = 0;          // trajectory length: context and sampled tokens
+  int64_t generated_tokens = 0;
+  // The sampled tokens chained in order (DeriveSeed): equal digests mean, short of a 64-bit
+  // collision, the same actions, so two runs can be compared without their trajectories.
+  uint64_t action_digest = 0;
+  int64_t tool_calls = 0;
+  int64_t malformed_tool_calls = 0;
+  uint64_t policy_version = 0;  // the engine's version when the episode ended
+};
+// Called on the thread running Actor::Run once per finished episode; must not call the actor.
+using EpisodeSink = std::function<void(const EpisodeSummary&)>;
 
 struct ActorOptions {
   std::string actor_id = "actor";  // replay client id, metrics and episode metadata
@@ -47,6 +90,9 @@ struct ActorOptions {
   std::string model_config;     // path of a model config (configs/model/tiny.yaml); required
   std::string weights;          // safetensors from `strider model init` or a learner; empty:
   uint64_t model_seed = 0;      //   random initialisation with this seed
+  // Weights already loaded for model_config (fetched from a publisher); when set, wins over
+  // weights and model_seed.
+  std::shared_ptr<const Model> model;
   uint64_t policy_version = 0;  // version of the initial weights
   int64_t threads = 0;          // LibTorch intra-op threads (0: all cores)
 
@@ -57,7 +103,8 @@ struct ActorOptions {
   int64_t episodes = 0;               // episodes to run, then stop; 0: until stopped
   int64_t max_turns = 0;              // model turns per episode; 0: the environment's limit
   int64_t max_episode_tokens = 8192;  // an episode that would grow past this ends (truncated)
-  uint64_t seed = 0;                  // episode i resets its environment with a seed from (seed, i)
+  uint64_t seed = 0;                  // group g resets its environments with a seed from (seed, g)
+  SeedStream seed_stream = SeedStream::kTraining;
   rollout::SamplingParams sampling;   // per turn; stop tokens are set by the actor
 
   // --- Engine ---
@@ -67,10 +114,15 @@ struct ActorOptions {
   int64_t prefill_chunk_tokens = 4096;
 
   // --- Segments and streaming ---
+  // Exactly one of replay_endpoint and episode_sink. With a sink the actor plays in-process
+  // (evaluation): each finished episode is summarised to the sink and no segment leaves the
+  // process, so the replay and spill fields are unused.
+  EpisodeSink episode_sink;
   int64_t segment_tokens = 4096;
-  std::string replay_endpoint;  // required
+  std::string replay_endpoint;  // required unless episode_sink
   std::string table;            // empty: the server's first table
-  std::string spill_dir;        // required: segments wait here while the server is away
+  std::string spill_dir;        // required with replay_endpoint: segments wait here while the
+                                // server is away
   int64_t spill_max_bytes = int64_t{1} << 30;
   int64_t spill_after_ms = 3000;                     // no progress from the server this long: spill
   int64_t send_queue_max_bytes = int64_t{64} << 20;  // over this, no new episodes start
@@ -144,8 +196,8 @@ struct ActorMetrics {
 
 class Actor {
  public:
-  // Loads the model and environment config, starts the sender (and the weight subscriber).
-  // Nothing is played until Run.
+  // Loads the model and environment config, starts the sender (none with an episode sink) and
+  // the weight subscriber. Nothing is played until Run.
   static Result<std::unique_ptr<Actor>> Create(const ActorOptions& options);
   virtual ~Actor() = default;
   // Plays episodes until `episodes` have finished or `stop` is requested (live episodes then end

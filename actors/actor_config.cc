@@ -30,10 +30,17 @@ Status ValidateActorOptions(const ActorOptions& o) {
     return bad("sampling.max_new_tokens", "must be below max_episode_tokens");
   }
   if (o.cache_budget_bytes <= 0) return bad("engine.cache_budget_mb", "must be > 0");
-  if (o.replay_endpoint.empty()) return bad("replay.endpoint", "is required");
-  if (o.spill_dir.empty()) return bad("replay.spill_dir", "is required");
-  if (o.spill_max_bytes <= 0) return bad("replay.spill_max_mb", "must be > 0");
-  if (o.spill_after_ms < 100) return bad("replay.spill_after_ms", "must be >= 100");
+  // Where episodes go: the replay server, or an in-process sink (evaluation); never both, so a
+  // run cannot look like training while nothing reaches the server.
+  if (o.episode_sink && !o.replay_endpoint.empty()) {
+    return bad("replay.endpoint", "must be empty for an actor with an episode sink");
+  }
+  if (!o.episode_sink) {
+    if (o.replay_endpoint.empty()) return bad("replay.endpoint", "is required");
+    if (o.spill_dir.empty()) return bad("replay.spill_dir", "is required");
+    if (o.spill_max_bytes <= 0) return bad("replay.spill_max_mb", "must be > 0");
+    if (o.spill_after_ms < 100) return bad("replay.spill_after_ms", "must be >= 100");
+  }
   if (o.weights_poll_ms < 10) return bad("weight_stream.poll_ms", "must be >= 10");
   if (o.weights_sync && o.weights_endpoint.empty()) {
     // Without a publisher the first round would wait for ever.
@@ -114,8 +121,13 @@ Result<ActorOptions> LoadActorConfig(const std::string& path) {
   metrics.Optional("interval_s", &o.metrics_interval_s);
   metrics.Optional("progress", &o.progress);
 
-  ConfigReader env = root.Section("env");
-  Result<envs::EnvironmentConfig> env_config = envs::ReadEnvironmentConfig(env);
+  // A file without `env:` loads with no environment: ValidateActorOptions refuses it unless a
+  // flag names one (`strider eval --env`).
+  Result<envs::EnvironmentConfig> env_config = envs::EnvironmentConfig{};
+  if (root.Has("env")) {
+    ConfigReader env = root.Section("env");
+    env_config = envs::ReadEnvironmentConfig(env);
+  }
   STRIDER_RETURN_IF_ERROR(root.Finish());
   if (!env_config.ok()) return env_config.status();
   o.env = *env_config;

@@ -20,6 +20,7 @@ void AddModelCommands(CLI::App& app, int& exit_code);
 void AddReplayCommands(CLI::App& app, int& exit_code);
 void AddPretrainCommands(CLI::App& app, int& exit_code);
 void AddActorCommands(CLI::App& app, int& exit_code);
+void AddEvalCommands(CLI::App& app, int& exit_code);
 void AddEnvCommands(CLI::App& app, int& exit_code);
 void AddReportCommands(CLI::App& app, int& exit_code);
 void AddRewardCommands(CLI::App& app, int& exit_code);

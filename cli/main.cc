@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   strider::cli::AddReplayCommands(app, exit_code);
   strider::cli::AddPretrainCommands(app, exit_code);
   strider::cli::AddActorCommands(app, exit_code);
+  strider::cli::AddEvalCommands(app, exit_code);
   strider::cli::AddEnvCommands(app, exit_code);
   strider::cli::AddReportCommands(app, exit_code);
   strider::cli::AddRewardCommands(app, exit_code);
