@@ -322,6 +322,11 @@ std::vector<std::string> Supervisor::Arguments(const Child& child) const {
       if (options_.resume || child.restarts > 0) {
         const std::string checkpoint = NewestCheckpoint();
         if (!checkpoint.empty()) args.insert(args.end(), {"--resume", checkpoint});
+      } else if (fleet_.stop.learner_steps > 0) {
+        // A fresh learner counts from 0, so it can stop exactly at the rule instead of a tick
+        // later. A resumed one continues from a checkpoint step the launcher does not know; the
+        // tick enforces the rule then.
+        args.insert(args.end(), {"--max-steps", std::to_string(fleet_.stop.learner_steps)});
       }
       return args;
     }
@@ -496,8 +501,9 @@ void Supervisor::OnReady(Child& child, const json& ready) {
           {"replay_sample", sample_endpoint_},
           {"weights", weights_endpoint_},
           {"actors", actors_.size()}});
-    StartTick();
-    MaybeStartEval();
+    // A resumed run may be past a stop rule already: the first tick is now, not in tick_s.
+    Tick();
+    if (phase_ == Phase::kRunning) StartTick();
   }
 }
 
@@ -567,8 +573,12 @@ void Supervisor::OnExit(Child& child, int status) {
     return;
   }
   if (child.role == Role::kLearner && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    Log("the learner finished its steps");
-    BeginStop("learner_finished");
+    ReadMetrics();
+    CheckStopRules();  // it stopped at the learner_steps rule (--max-steps)
+    if (phase_ == Phase::kRunning) {
+      Log("the learner finished its steps");
+      BeginStop("learner_finished");
+    }
     return;
   }
   if (!child.ever_ready) {
@@ -864,7 +874,14 @@ Result<LaunchSummary> Supervisor::Run() {
 
   WaitSignals();
   WaitChildSignals();
-  Spawn(*replay_);
+  // A resumed run already past a stop rule has nothing to start.
+  ReadMetrics();
+  CheckStopRules();
+  if (phase_ == Phase::kRunning) {
+    Spawn(*replay_);
+  } else {
+    Log("the run in " + run_dir_.string() + " already met its stop rule (" + reason_ + ")");
+  }
   io_.run();
 
   ReadMetrics();
