@@ -86,7 +86,8 @@ TEST(ConfigFiles, EveryFileUnderConfigsLoadsWithItsKindsLoader) {
     ++loaded;
   }
   // The walk itself can fail: every kind of config the repository ships was seen.
-  EXPECT_EQ(kinds_seen, (std::set<std::string>{"actor", "envs", "model", "pretrain", "replay", "rl"}));
+  EXPECT_EQ(kinds_seen, (std::set<std::string>{"actor", "envs", "fleet", "model", "pretrain",
+                                               "replay", "rl"}));
   EXPECT_GE(loaded, 10);
 }
 
