@@ -5,10 +5,13 @@
 // stream_descriptor on its pipe, readiness timeouts, restart backoff, the stop deadline and the
 // progress tick through steady_timers.
 //
-// Children stay in the launcher's process group, so a Ctrl-C on the terminal reaches every one
-// of them at once (each stops itself) as well as the launcher, which then runs the same ordered
-// stop as for SIGTERM. Each child also asks the kernel for SIGTERM when the launcher dies
-// (PR_SET_PDEATHSIG), so even a SIGKILLed launcher leaves nothing running.
+// Each child leads a process group of its own. A Ctrl-C on the terminal then reaches only the
+// launcher, which stops the children in order: were the replay server to get it at the same
+// moment as the actors, it would be gone before they delivered their last segments, and they
+// would wait out their delivery deadline. SIGKILL goes to a child's whole group, so whatever it
+// started (tool sandboxes, environment processes) goes with it. Each child also asks the kernel
+// for SIGTERM when the launcher dies (PR_SET_PDEATHSIG), so even a SIGKILLed launcher leaves
+// nothing running.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -216,6 +219,7 @@ class Supervisor {
   bool announced_ = false;  // the fleet's ready event is out
 
   Phase phase_ = Phase::kRunning;
+  std::optional<Clock::time_point> first_signal_;
   std::string reason_;
   Status failure_;
 
@@ -386,6 +390,7 @@ void Supervisor::Spawn(Child& child) {
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
+    ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl took effect
     sigset_t none;
@@ -404,6 +409,7 @@ void Supervisor::Spawn(Child& child) {
     Fail(child, "cannot fork");
     return;
   }
+  ::setpgid(pid, pid);  // also here, so a signal to the group cannot precede the child's own call
   child.pid = pid;
   child.ready = false;
   child.result_line.clear();
@@ -427,7 +433,7 @@ void Supervisor::Spawn(Child& child) {
       } else {
         Log(child.name + " printed no ready line after its restart; killing it");
       }
-      ::kill(child.pid, SIGKILL);  // reaped through SIGCHLD; a restarted one is retried
+      ::kill(-child.pid, SIGKILL);  // reaped through SIGCHLD; a restarted one is retried
     });
   }
 }
@@ -530,7 +536,11 @@ void Supervisor::WaitSignals() {
     if (phase_ == Phase::kRunning) {
       Log(std::string("received ") + (signal == SIGINT ? "SIGINT" : "SIGTERM") +
           ": stopping (again to kill at once)");
+      first_signal_ = Clock::now();
       BeginStop("signal");
+    } else if (first_signal_ && Clock::now() - *first_signal_ < std::chrono::seconds(1)) {
+      // One signal sent twice (`timeout` signals the process and then its group) is no
+      // request to hurry.
     } else {
       Log("received another signal: killing every child");
       SignalRunning(SIGKILL, true);
@@ -659,7 +669,8 @@ void Supervisor::SignalRunning(int signal, bool replay_too) {
   for (auto& child : children_) {
     if (!child->running()) continue;
     if (child->role == Role::kReplay && !replay_too) continue;
-    ::kill(child->pid, signal);
+    // SIGTERM to the child, which stops what it started; SIGKILL to its whole group.
+    ::kill(signal == SIGKILL ? -child->pid : child->pid, signal);
   }
 }
 

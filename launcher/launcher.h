@@ -12,7 +12,8 @@
 // stderr to RUN_DIR/logs/<role>.log. A child that dies is restarted with backoff until its role
 // exceeds restart.max_restarts. Stop (a stop rule, SIGINT or SIGTERM): SIGTERM to the actors and
 // the learner (which checkpoints), then the replay server; SIGKILL for whatever is left after
-// 10 s. docs/launcher.md describes the fleet file, the run directory and the events.
+// 10 s. Each child leads its own process group, so a terminal's Ctrl-C reaches the launcher
+// only, and that ordered stop runs for it too. docs/launcher.md describes the fleet file, the run directory and the events.
 #pragma once
 
 #include <cstdint>
