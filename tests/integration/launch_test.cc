@@ -58,7 +58,8 @@ void WriteChildConfigs(const TempDir& dir) {
 
 // A fleet file over the configs above; `stop` and `extra` are YAML lines.
 std::string WriteFleet(const TempDir& dir, const std::string& name, const std::string& stop,
-                       int actors = 1, const std::string& extra = "") {
+                       int actors = 1, const std::string& extra = "",
+                       const std::string& restart = "  max_restarts: 3\n  backoff_s: [1]\n") {
   WriteChildConfigs(dir);
   const std::string path = dir.Sub(name);
   std::ofstream(path) << "run_dir: " << dir.Sub("run") << "\n"
@@ -66,16 +67,17 @@ std::string WriteFleet(const TempDir& dir, const std::string& name, const std::s
                       << "learner:\n  config: " << dir.Sub("learner.yaml") << "\n"
                       << "actors:\n  config: " << dir.Sub("actor.yaml") << "\n  count: " << actors
                       << "\n"
-                      << "stop:\n" << stop << "restart:\n  max_restarts: 3\n  backoff_s: [1]\n"
-                      << extra;
+                      << "stop:\n" << stop << "restart:\n" << restart << extra;
   return path;
 }
 
 // The launcher's stdout events, read as they come; every child pid it reported is kept.
 class Launcher {
  public:
-  bool Start(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {StriderBinary(), "launch"};
+  // `strider launch ARGS`, or with `raw` ARGS as the whole command line.
+  bool Start(const std::vector<std::string>& args, bool raw = false) {
+    std::vector<std::string> argv;
+    if (!raw) argv = {StriderBinary(), "launch"};
     argv.insert(argv.end(), args.begin(), args.end());
     return process_.Start(argv);
   }
@@ -289,6 +291,102 @@ TEST(Launch, AKilledActorIsRestartedAndTheRunFinishes) {
   // Both starts on the one spill directory, so segments the first left there are delivered.
   const std::string log = ReadFile(run + "/logs/actor-0.log");
   EXPECT_EQ(Count(log, "--spill-dir " + run + "/actors/actor-0/spill"), 2u) << log;
+}
+
+// The learner's newest metrics row, null before its first step.
+nlohmann::json LastStep(const std::string& run) {
+  const std::vector<nlohmann::json> rows = ReadLines(run + "/learner/metrics.jsonl");
+  return rows.empty() ? nlohmann::json() : rows.back();
+}
+
+bool WaitForStep(const std::string& run, int64_t step) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const nlohmann::json last = LastStep(run);
+    if (last.is_object() && last["step"].get<int64_t>() >= step) return true;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  return false;
+}
+
+// The value after `flag` in each "--- launch: starting ..." line of a child's log.
+std::vector<std::string> StartFlags(const std::string& log_path, const std::string& flag) {
+  std::vector<std::string> values;
+  std::ifstream in(log_path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("--- launch: starting", 0) != 0) continue;
+    std::istringstream words(line);
+    std::string word, value;
+    while (words >> word) {
+      if (word == flag && (words >> value)) break;
+    }
+    values.push_back(value);
+  }
+  return values;
+}
+
+TEST(Launch, TheReplayServerAndTheLearnerAreRestartedWhereTheOthersFindThem) {
+  TempDir dir;
+  const std::string fleet = WriteFleet(dir, "fleet.yaml", "  learner_steps: 5\n");
+  const std::string run = dir.Sub("run");
+  Launcher launcher;
+  ASSERT_TRUE(launcher.Start({fleet}));
+  ASSERT_TRUE(launcher.Wait("ready", 120000).is_object());
+  ASSERT_TRUE(WaitForStep(run, 1));
+  ASSERT_EQ(::kill(launcher.pids().at("replay").at(0), SIGKILL), 0);
+  const auto restarted = [&](const std::string& role) {
+    return launcher.Wait("started", 30000,
+                         [&](const nlohmann::json& e) { return e["role"] == role; });
+  };
+  ASSERT_TRUE(restarted("replay").is_object()) << "the replay server was not restarted";
+  ASSERT_TRUE(WaitForStep(run, 2)) << "no step after the replay server's restart";
+  ASSERT_EQ(::kill(launcher.pids().at("learner").at(0), SIGKILL), 0);
+  ASSERT_TRUE(restarted("learner").is_object()) << "the learner was not restarted";
+  const nlohmann::json finished = launcher.Wait("finished", 150000);
+  ASSERT_TRUE(finished.is_object());
+  EXPECT_EQ(finished["reason"], "learner_steps");
+  EXPECT_GE(finished["learner_step"].get<int64_t>(), 5);
+  EXPECT_EQ(launcher.process().Wait(), 0);
+  EXPECT_EQ(Running(launcher), std::vector<std::string>{});
+  const nlohmann::json restarts = ReadLines(run + "/metrics.jsonl").back()["restarts"];
+  EXPECT_EQ(restarts, nlohmann::json({{"replay", 1}, {"learner", 1}, {"actor-0", 0}}));
+
+  // Same ports for the restarted server, same publish port and a checkpoint for the learner.
+  const std::vector<std::string> binds = StartFlags(run + "/logs/replay.log", "--bind");
+  ASSERT_EQ(binds.size(), 2u);
+  EXPECT_EQ(binds[0], "tcp://127.0.0.1:0");
+  EXPECT_NE(binds[1], "tcp://127.0.0.1:0");
+  EXPECT_EQ(StartFlags(run + "/logs/replay.log", "--sample-bind")[1],
+            StartFlags(run + "/logs/learner.log", "--replay")[0]);
+  const std::vector<std::string> publish = StartFlags(run + "/logs/learner.log", "--publish");
+  ASSERT_EQ(publish.size(), 2u);
+  EXPECT_EQ(publish[1], StartFlags(run + "/logs/actor-0.log", "--weights-endpoint")[0]);
+  const std::vector<std::string> resume = StartFlags(run + "/logs/learner.log", "--resume");
+  EXPECT_EQ(resume[0], "");
+  EXPECT_EQ(resume[1], run + "/learner/checkpoints/latest");
+}
+
+TEST(Launch, ARoleOverItsRestartsFailsTheRunQuotingItsLog) {
+  TempDir dir;
+  const std::string fleet = WriteFleet(dir, "fleet.yaml", "  wall_time_s: 600\n", 1, "",
+                                       "  max_restarts: 0\n");
+  Launcher launcher;
+  ASSERT_TRUE(launcher.Start({"/bin/sh", "-c",
+                              "exec " + StriderBinary() + " launch " + fleet + " 2>" +
+                                  dir.Sub("stderr.txt")},
+                             /*raw=*/true));
+  ASSERT_TRUE(launcher.Wait("ready", 120000).is_object());
+  ASSERT_EQ(::kill(launcher.pids().at("actor-0").at(0), SIGKILL), 0);
+  const nlohmann::json finished = launcher.Wait("finished", 30000);
+  ASSERT_TRUE(finished.is_object());
+  EXPECT_EQ(finished["reason"], "failed");
+  EXPECT_EQ(launcher.process().Wait(), 1);
+  EXPECT_EQ(Running(launcher), std::vector<std::string>{});
+  const std::string stderr_text = ReadFile(dir.Sub("stderr.txt"));
+  EXPECT_NE(stderr_text.find("actor-0 ended (signal 9"), std::string::npos) << stderr_text;
+  EXPECT_NE(stderr_text.find("restart.max_restarts is 0"), std::string::npos) << stderr_text;
+  EXPECT_NE(stderr_text.find("  | {\"event\":\"ready\""), std::string::npos)
+      << "the end of the actor's log is quoted: " << stderr_text;
 }
 
 TEST(Launch, ABrokenFleetFileIsRefusedBeforeAnythingStarts) {
