@@ -389,6 +389,64 @@ TEST(Launch, ARoleOverItsRestartsFailsTheRunQuotingItsLog) {
       << "the end of the actor's log is quoted: " << stderr_text;
 }
 
+size_t SpilledFiles(const std::string& dir) {
+  size_t n = 0;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    if (entry.path().extension() == ".seg") ++n;
+  }
+  return n;
+}
+
+// What a restart on the same spill directory relies on: an actor killed while its server was
+// away left segments there, and the next actor started on that directory delivers them.
+TEST(Launch, AnActorStartedOnASpillDirectoryDeliversWhatAnEarlierOneLeftThere) {
+  TempDir dir;
+  WriteChildConfigs(dir);
+  std::string config = ReadFile(dir.Sub("actor.yaml"));
+  const std::string replay_line = "  replay: {endpoint: tcp://127.0.0.1:1}";
+  config.replace(config.find(replay_line), replay_line.size(),
+                 "  replay: {endpoint: tcp://127.0.0.1:1, spill_after_ms: 300}");
+  std::ofstream(dir.Sub("spilling.yaml")) << config;
+  const std::string spill = dir.Sub("spill");
+  {
+    // Nothing listens on port 1: every segment ends in the spill directory.
+    ChildProcess first;
+    ASSERT_TRUE(first.Start({StriderBinary(), "actor", "--config", dir.Sub("spilling.yaml"),
+                             "--spill-dir", spill, "--episodes", "0"}));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (SpilledFiles(spill) < 4 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+    first.Signal(SIGKILL);
+    first.Wait();
+  }
+  const size_t left = SpilledFiles(spill);
+  ASSERT_GE(left, 4u);
+
+  ChildProcess server;
+  const strider::testing::ReplayEndpoints endpoints = strider::testing::StartReplayServer(
+      server, dir.Sub("db"), dir.Sub("replay.yaml"), ReadFile(dir.Sub("replay.yaml")));
+  ASSERT_FALSE(endpoints.actor.empty());
+  ChildProcess second;
+  ASSERT_TRUE(second.Start({StriderBinary(), "actor", "--config", dir.Sub("spilling.yaml"),
+                            "--spill-dir", spill, "--episodes", "4", "--replay",
+                            endpoints.actor}));
+  const nlohmann::json finished = strider::testing::WaitEvent(second, "finished", 120000);
+  ASSERT_EQ(second.Wait(), 0);
+  ASSERT_TRUE(finished.is_object());
+  server.Signal(SIGTERM);
+  ASSERT_EQ(server.Wait(), 0);
+  EXPECT_EQ(SpilledFiles(spill), 0u);
+  const strider::testing::RunResult stats = strider::testing::RunCommand(
+      {StriderBinary(), "replay", "inspect", dir.Sub("db"), "stats", "--json"});
+  ASSERT_EQ(stats.exit_code, 0);
+  const nlohmann::json store = nlohmann::json::parse(stats.output);
+  EXPECT_EQ(store["segments"].get<int64_t>(),
+            finished["metrics"]["segments"].get<int64_t>() + static_cast<int64_t>(left))
+      << "the store holds the second actor's segments and every one the first left";
+}
+
 TEST(Launch, ABrokenFleetFileIsRefusedBeforeAnythingStarts) {
   TempDir dir;
   const auto run = [&](const std::string& fleet) {
