@@ -85,11 +85,13 @@ Result<FleetConfig> LoadFleetConfig(const std::string& path) {
   if (root.status().ok() && fleet.stop.learner_steps == 0 && fleet.stop.samples == 0 &&
       fleet.stop.wall_time_s == 0 && fleet.stop.success_rate == 0) {
     if (root.Has("stop")) {
-      root.Fail("stop", "needs at least one rule above 0 (learner_steps, samples, wall_time_s, "
-                        "success_rate)");
+      root.Fail("stop",
+                "needs at least one rule above 0 (learner_steps, samples, wall_time_s, "
+                "success_rate)");
     } else {
-      root.Fail("stop", "is required: at least one rule (learner_steps, samples, wall_time_s, "
-                        "success_rate)");
+      root.Fail("stop",
+                "is required: at least one rule (learner_steps, samples, wall_time_s, "
+                "success_rate)");
     }
   }
 
@@ -125,8 +127,9 @@ Result<FleetConfig> LoadFleetForLaunch(const std::string& fleet_path, const std:
   const std::string recorded = (fs::path(dir) / "fleet.yaml").string();
   std::error_code error;
   if (!fs::is_regular_file(recorded, error)) {
-    return Status::NotFound(recorded + ": no fleet file recorded there; --resume continues a run "
-                                       "directory an earlier launch wrote");
+    return Status::NotFound(recorded +
+                            ": no fleet file recorded there; --resume continues a run "
+                            "directory an earlier launch wrote");
   }
   STRIDER_ASSIGN_OR_RETURN(FleetConfig fleet, LoadFleetConfig(recorded));
   fleet.run_dir = dir;

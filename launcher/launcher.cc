@@ -12,15 +12,20 @@
 // started (tool sandboxes, environment processes) goes with it. Each child also asks the kernel
 // for SIGTERM when the launcher dies (PR_SET_PDEATHSIG), so even a SIGKILLed launcher leaves
 // nothing running.
+#include "launcher/launcher.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+// clang-format off
+#include <utility>  // before Boost.Asio: its awaitable.hpp uses std::exchange without including it
+// clang-format on
+
 #include <algorithm>
 #include <array>
-#include <utility>  // before Boost.Asio: its awaitable.hpp uses std::exchange without it
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -35,8 +40,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
-
-#include "launcher/launcher.h"
 
 namespace strider::launcher {
 namespace {
@@ -104,15 +107,14 @@ std::string DescribeStatus(int status) {
   if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
     const char* name = ::strsignal(WTERMSIG(status));
-    return "signal " + std::to_string(WTERMSIG(status)) + (name ? std::string(" (") + name + ")" : "");
+    return "signal " + std::to_string(WTERMSIG(status)) +
+           (name ? std::string(" (") + name + ")" : "");
   }
   return "status " + std::to_string(status);
 }
 
 // Number or null.
-json Optional(const std::optional<double>& value) {
-  return value ? json(*value) : json(nullptr);
-}
+json Optional(const std::optional<double>& value) { return value ? json(*value) : json(nullptr); }
 
 struct Child {
   explicit Child(asio::io_context& io) : ready_timer(io), backoff_timer(io) {}
@@ -188,9 +190,7 @@ class Supervisor {
   void MaybeStartEval();
   void Emit(const json& event) const;
   void Log(const std::string& message) const;
-  double Elapsed() const {
-    return std::chrono::duration<double>(Clock::now() - started_).count();
-  }
+  double Elapsed() const { return std::chrono::duration<double>(Clock::now() - started_).count(); }
   std::string LogPath(const Child& child) const {
     return (run_dir_ / "logs" / (child.name + ".log")).string();
   }
@@ -256,8 +256,8 @@ void Supervisor::Log(const std::string& message) const {
 Status Supervisor::PrepareRunDir() {
   std::error_code error;
   const fs::path learner_dir = run_dir_ / "learner";
-  if (!options_.resume &&
-      (fs::exists(learner_dir / "metrics.jsonl", error) || fs::exists(learner_dir / "checkpoints", error))) {
+  if (!options_.resume && (fs::exists(learner_dir / "metrics.jsonl", error) ||
+                           fs::exists(learner_dir / "checkpoints", error))) {
     return Status::InvalidArgument(run_dir_.string() +
                                    " holds an earlier run: --resume continues it, or choose "
                                    "another run_dir / --run-dir");
@@ -312,15 +312,24 @@ std::vector<std::string> Supervisor::Arguments(const Child& child) const {
   const std::string any_port = "tcp://127.0.0.1:0";
   switch (child.role) {
     case Role::kReplay:
-      return {binary_, "replay", "serve", "--db", (run_dir_ / "replay").string(), "--config",
-              fleet_.replay_config, "--bind",
-              actor_endpoint_.empty() ? any_port : actor_endpoint_, "--sample-bind",
+      return {binary_,
+              "replay",
+              "serve",
+              "--db",
+              (run_dir_ / "replay").string(),
+              "--config",
+              fleet_.replay_config,
+              "--bind",
+              actor_endpoint_.empty() ? any_port : actor_endpoint_,
+              "--sample-bind",
               sample_endpoint_.empty() ? any_port : sample_endpoint_};
     case Role::kLearner: {
       std::vector<std::string> args = {
-          binary_, "learner", "--config", fleet_.learner_config, "--run-dir",
-          (run_dir_ / "learner").string(), "--replay", sample_endpoint_, "--publish",
-          weights_endpoint_.empty() ? any_port : weights_endpoint_};
+          binary_,     "learner",
+          "--config",  fleet_.learner_config,
+          "--run-dir", (run_dir_ / "learner").string(),
+          "--replay",  sample_endpoint_,
+          "--publish", weights_endpoint_.empty() ? any_port : weights_endpoint_};
       // The initial weights stay the reference policy of a resumed run, so --init goes along.
       if (!fleet_.weights.empty()) args.insert(args.end(), {"--init", fleet_.weights});
       if (options_.resume || child.restarts > 0) {
@@ -337,10 +346,24 @@ std::vector<std::string> Supervisor::Arguments(const Child& child) const {
     case Role::kActor: {
       const fs::path dir = run_dir_ / "actors" / child.name;
       std::vector<std::string> args = {
-          binary_, "actor", "--config", fleet_.actor_config, "--id", child.name, "--seed",
+          binary_,
+          "actor",
+          "--config",
+          fleet_.actor_config,
+          "--id",
+          child.name,
+          "--seed",
           std::to_string(options_.actor_base_seed + static_cast<uint64_t>(child.index)),
-          "--episodes", "0", "--replay", actor_endpoint_, "--weights-endpoint", weights_endpoint_,
-          "--spill-dir", (dir / "spill").string(), "--metrics", (dir / "metrics.jsonl").string(),
+          "--episodes",
+          "0",
+          "--replay",
+          actor_endpoint_,
+          "--weights-endpoint",
+          weights_endpoint_,
+          "--spill-dir",
+          (dir / "spill").string(),
+          "--metrics",
+          (dir / "metrics.jsonl").string(),
           "--no-progress"};
       if (!fleet_.weights.empty()) args.insert(args.end(), {"--weights", fleet_.weights});
       return args;
@@ -637,6 +660,8 @@ void Supervisor::OnEvalExit(Child& child, int status) {
             : next_eval_version_;
     const int64_t every = fleet_.evaluation->every_versions;
     next_eval_version_ = every > 0 ? (version / every + 1) * every : INT64_MAX;
+  } else if (phase_ != Phase::kRunning && !child.final_eval) {
+    Log("evaluation stopped with the run (" + DescribeStatus(status) + ")");
   } else {
     Log("evaluation failed (" + DescribeStatus(status) + "); last lines of " + LogPath(child) +
         ":\n" + LogTail(LogPath(child), kLogTailLines));
@@ -645,8 +670,8 @@ void Supervisor::OnEvalExit(Child& child, int status) {
       Log("evaluations are off for the rest of this run");
       evaluation_enabled_ = false;
     } else if (learner_row_ && fleet_.evaluation->every_versions > 0) {
-      next_eval_version_ = (*learner_row_).value("policy_version", int64_t{0}) +
-                           fleet_.evaluation->every_versions;
+      next_eval_version_ =
+          (*learner_row_).value("policy_version", int64_t{0}) + fleet_.evaluation->every_versions;
     }
   }
   if (phase_ == Phase::kRunning) {
@@ -733,7 +758,8 @@ void Supervisor::AdvanceStop() {
 }
 
 void Supervisor::StartTick() {
-  tick_timer_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(options_.tick_s * 1000)));
+  tick_timer_.expires_after(
+      std::chrono::milliseconds(static_cast<int64_t>(options_.tick_s * 1000)));
   tick_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || phase_ != Phase::kRunning) return;
     Tick();
@@ -800,7 +826,8 @@ json Supervisor::MergedLine() const {
 
 void Supervisor::Progress(bool final_line) {
   const double elapsed = Elapsed();
-  if (!progress_on_terminal_ && !final_line && elapsed - last_plain_progress_ < kPlainProgressPeriodS) {
+  if (!progress_on_terminal_ && !final_line &&
+      elapsed - last_plain_progress_ < kPlainProgressPeriodS) {
     return;
   }
   last_plain_progress_ = elapsed;
@@ -819,8 +846,7 @@ void Supervisor::Progress(bool final_line) {
                 "actors %s | staleness %s | restarts %lld",
                 elapsed, number(m["learner_step"], "%.0f").c_str(),
                 number(m["policy_version"], "%.0f").c_str(),
-                number(m["reward_mean"], "%.3f").c_str(),
-                number(m["success_rate"], "%.2f").c_str(),
+                number(m["reward_mean"], "%.3f").c_str(), number(m["success_rate"], "%.2f").c_str(),
                 number(m["eval_success_rate"], "%.2f").c_str(),
                 number(m["learner_tokens_per_s"], "%.0f").c_str(),
                 number(m["actor_tokens_per_s"], "%.0f").c_str(),

@@ -13,7 +13,8 @@
 // exceeds restart.max_restarts. Stop (a stop rule, SIGINT or SIGTERM): SIGTERM to the actors and
 // the learner (which checkpoints), then the replay server; SIGKILL for whatever is left after
 // 10 s. Each child leads its own process group, so a terminal's Ctrl-C reaches the launcher
-// only, and that ordered stop runs for it too. docs/launcher.md describes the fleet file, the run directory and the events.
+// only, and that ordered stop runs for it too. docs/launcher.md describes the fleet file, the run
+// directory and the events.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,7 @@
 namespace strider::launcher {
 
 struct EvaluationConfig {
-  std::string config;          // actor config for `strider eval`; resolved, exists
+  std::string config;  // actor config for `strider eval`; resolved, exists
   int64_t episodes = 100;
   int64_t every_versions = 10;  // version at the start, then every N-th published after
   bool final = true;            // evaluate the final checkpoint once the learner stopped
@@ -38,16 +39,17 @@ struct StopRules {
   int64_t learner_steps = 0;  // the learner's step counter (its metrics "step")
   int64_t samples = 0;        // trajectories the learner sampled (its metrics "trajectories")
   double wall_time_s = 0;
-  double success_rate = 0;    // an evaluation's success_rate at or above this; needs evaluation
+  double success_rate = 0;  // an evaluation's success_rate at or above this; needs evaluation
 };
 
 struct RestartPolicy {
-  int64_t max_restarts = 5;                      // per role within one launch; then the run fails
-  std::vector<int64_t> backoff_s = {1, 2, 4, 8, 16};  // n-th restart waits backoff_s[n-1] (last repeats)
+  int64_t max_restarts = 5;  // per role within one launch; then the run fails
+  // The n-th restart of a role waits backoff_s[n-1] seconds; the last value repeats.
+  std::vector<int64_t> backoff_s = {1, 2, 4, 8, 16};
 };
 
 struct FleetConfig {
-  std::string origin;         // the fleet file read
+  std::string origin;  // the fleet file read
   std::string run_dir = "runs/fleet";
   std::string weights;        // starting safetensors for learner and actors; empty: their own
   std::string replay_config;  // every path resolved (ResolveConfigPath) and checked to exist
@@ -80,7 +82,8 @@ struct LaunchOptions {
 };
 
 struct LaunchSummary {
-  std::string reason;  // learner_steps | samples | wall_time | success_rate | signal | learner_finished
+  // learner_steps | samples | wall_time | success_rate | signal | learner_finished
+  std::string reason;
   int64_t learner_step = 0;
   std::optional<double> eval_success_rate;
   double elapsed_s = 0;

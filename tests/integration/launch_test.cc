@@ -67,7 +67,9 @@ std::string WriteFleet(const TempDir& dir, const std::string& name, const std::s
                       << "learner:\n  config: " << dir.Sub("learner.yaml") << "\n"
                       << "actors:\n  config: " << dir.Sub("actor.yaml") << "\n  count: " << actors
                       << "\n"
-                      << "stop:\n" << stop << "restart:\n" << restart << extra;
+                      << "stop:\n"
+                      << stop << "restart:\n"
+                      << restart << extra;
   return path;
 }
 
@@ -87,8 +89,8 @@ class Launcher {
                       const std::function<bool(const nlohmann::json&)>& also = nullptr) {
     const auto deadline = std::chrono::steady_clock::now() + milliseconds(timeout_ms);
     while (std::chrono::steady_clock::now() < deadline) {
-      const auto left = std::chrono::duration_cast<milliseconds>(
-          deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
       const std::string line = process_.ReadLine(left);
       if (line.empty()) break;
       nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
@@ -273,9 +275,8 @@ TEST(Launch, AKilledActorIsRestartedAndTheRunFinishes) {
   ASSERT_TRUE(launcher.Wait("ready", 120000).is_object());
   const pid_t first = launcher.pids().at("actor-0").at(0);
   ASSERT_EQ(::kill(first, SIGKILL), 0);
-  const nlohmann::json restarted = launcher.Wait("started", 30000, [](const nlohmann::json& e) {
-    return e["role"] == "actor-0";
-  });
+  const nlohmann::json restarted = launcher.Wait(
+      "started", 30000, [](const nlohmann::json& e) { return e["role"] == "actor-0"; });
   ASSERT_TRUE(restarted.is_object()) << "actor-0 was not restarted";
   EXPECT_EQ(restarted["restarts"], 1);
   EXPECT_NE(restarted["pid"].get<pid_t>(), first);
@@ -368,13 +369,13 @@ TEST(Launch, TheReplayServerAndTheLearnerAreRestartedWhereTheOthersFindThem) {
 
 TEST(Launch, ARoleOverItsRestartsFailsTheRunQuotingItsLog) {
   TempDir dir;
-  const std::string fleet = WriteFleet(dir, "fleet.yaml", "  wall_time_s: 600\n", 1, "",
-                                       "  max_restarts: 0\n");
+  const std::string fleet =
+      WriteFleet(dir, "fleet.yaml", "  wall_time_s: 600\n", 1, "", "  max_restarts: 0\n");
   Launcher launcher;
-  ASSERT_TRUE(launcher.Start({"/bin/sh", "-c",
-                              "exec " + StriderBinary() + " launch " + fleet + " 2>" +
-                                  dir.Sub("stderr.txt")},
-                             /*raw=*/true));
+  ASSERT_TRUE(launcher.Start(
+      {"/bin/sh", "-c",
+       "exec " + StriderBinary() + " launch " + fleet + " 2>" + dir.Sub("stderr.txt")},
+      /*raw=*/true));
   ASSERT_TRUE(launcher.Wait("ready", 120000).is_object());
   ASSERT_EQ(::kill(launcher.pids().at("actor-0").at(0), SIGKILL), 0);
   const nlohmann::json finished = launcher.Wait("finished", 30000);
@@ -430,8 +431,7 @@ TEST(Launch, AnActorStartedOnASpillDirectoryDeliversWhatAnEarlierOneLeftThere) {
   ASSERT_FALSE(endpoints.actor.empty());
   ChildProcess second;
   ASSERT_TRUE(second.Start({StriderBinary(), "actor", "--config", dir.Sub("spilling.yaml"),
-                            "--spill-dir", spill, "--episodes", "4", "--replay",
-                            endpoints.actor}));
+                            "--spill-dir", spill, "--episodes", "4", "--replay", endpoints.actor}));
   const nlohmann::json finished = strider::testing::WaitEvent(second, "finished", 120000);
   ASSERT_EQ(second.Wait(), 0);
   ASSERT_TRUE(finished.is_object());
@@ -496,17 +496,15 @@ TEST(Launch, ABrokenFleetFileIsRefusedBeforeAnythingStarts) {
 TEST(Launch, EvaluatesTheStartEveryNthVersionAndTheEnd) {
   // An unknown subcommand given --help prints the top-level help and exits 0: ask for eval's
   // own flags instead.
-  if (strider::testing::RunCommand({"/bin/sh", "-c",
-                                    StriderBinary() +
-                                        " eval --help 2>&1 | grep -q -- --weights-endpoint"})
+  if (strider::testing::RunCommand(
+          {"/bin/sh", "-c", StriderBinary() + " eval --help 2>&1 | grep -q -- --weights-endpoint"})
           .exit_code != 0) {
     GTEST_SKIP() << "`strider eval` is not in this build yet";
   }
   TempDir dir;
-  const std::string fleet =
-      WriteFleet(dir, "fleet.yaml", "  learner_steps: 4\n", 1,
-                 "evaluation:\n  config: " + dir.Sub("actor.yaml") +
-                     "\n  episodes: 4\n  every_versions: 2\n  final: true\n");
+  const std::string fleet = WriteFleet(dir, "fleet.yaml", "  learner_steps: 4\n", 1,
+                                       "evaluation:\n  config: " + dir.Sub("actor.yaml") +
+                                           "\n  episodes: 4\n  every_versions: 2\n  final: true\n");
   const std::string run = dir.Sub("run");
   Launcher launcher;
   ASSERT_TRUE(launcher.Start({fleet}));
