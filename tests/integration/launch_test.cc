@@ -150,6 +150,38 @@ size_t Count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// The learner's newest metrics row, null before its first step.
+nlohmann::json LastStep(const std::string& run) {
+  const std::vector<nlohmann::json> rows = ReadLines(run + "/learner/metrics.jsonl");
+  return rows.empty() ? nlohmann::json() : rows.back();
+}
+
+bool WaitForStep(const std::string& run, int64_t step) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const nlohmann::json last = LastStep(run);
+    if (last.is_object() && last["step"].get<int64_t>() >= step) return true;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  return false;
+}
+
+// The value after `flag` in each "--- launch: starting ..." line of a child's log.
+std::vector<std::string> StartFlags(const std::string& log_path, const std::string& flag) {
+  std::vector<std::string> values;
+  std::ifstream in(log_path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("--- launch: starting", 0) != 0) continue;
+    std::istringstream words(line);
+    std::string word, value;
+    while (words >> word) {
+      if (word == flag && (words >> value)) break;
+    }
+    values.push_back(value);
+  }
+  return values;
+}
+
 TEST(Launch, RunsTheFleetToAStopRuleAndResumesIt) {
   TempDir dir;
   const std::string fleet = WriteFleet(dir, "fleet.yaml", "  learner_steps: 2\n");
@@ -229,6 +261,32 @@ TEST(Launch, RunsTheFleetToAStopRuleAndResumesIt) {
   EXPECT_EQ(steps[2]["step"], 3) << "the resumed learner continues after its checkpoint";
 }
 
+// `weights:` reaches both sides: weights from another seed than the configs' init_seed and
+// model_seed, and the learner's mismatch check still keeps every trajectory.
+TEST(Launch, FleetWeightsStartTheLearnerAndTheActorsFromTheSameFile) {
+  TempDir dir;
+  const std::string weights = dir.Sub("start.safetensors");
+  const strider::testing::RunResult init = strider::testing::RunCommand(
+      {StriderBinary(), "model", "init", "--config", SourceDir() + "/configs/model/tiny.yaml",
+       "--out", weights, "--seed", "5"});
+  ASSERT_EQ(init.exit_code, 0);
+  const std::string fleet = WriteFleet(dir, "fleet.yaml", "  learner_steps: 1\n");
+  std::ofstream(fleet, std::ios::app) << "weights: " << weights << "\n";
+  const std::string run = dir.Sub("run");
+  Launcher launcher;
+  ASSERT_TRUE(launcher.Start({fleet}));
+  const nlohmann::json finished = launcher.Wait("finished", 150000);
+  ASSERT_TRUE(finished.is_object());
+  EXPECT_EQ(finished["reason"], "learner_steps");
+  EXPECT_EQ(launcher.process().Wait(), 0);
+  EXPECT_EQ(StartFlags(run + "/logs/learner.log", "--init"), std::vector<std::string>{weights});
+  EXPECT_EQ(StartFlags(run + "/logs/actor-0.log", "--weights"), std::vector<std::string>{weights});
+  const nlohmann::json step = LastStep(run);
+  ASSERT_TRUE(step.is_object());
+  EXPECT_EQ(step["mismatch_excluded"], 0) << step.dump();
+  EXPECT_EQ(step["trained_trajectories"], 4) << step.dump();
+}
+
 TEST(Launch, SigintEndsEveryChildWithinTenSeconds) {
   TempDir dir;
   const std::string fleet = WriteFleet(dir, "fleet.yaml", "  wall_time_s: 600\n");
@@ -292,38 +350,6 @@ TEST(Launch, AKilledActorIsRestartedAndTheRunFinishes) {
   // Both starts on the one spill directory, so segments the first left there are delivered.
   const std::string log = ReadFile(run + "/logs/actor-0.log");
   EXPECT_EQ(Count(log, "--spill-dir " + run + "/actors/actor-0/spill"), 2u) << log;
-}
-
-// The learner's newest metrics row, null before its first step.
-nlohmann::json LastStep(const std::string& run) {
-  const std::vector<nlohmann::json> rows = ReadLines(run + "/learner/metrics.jsonl");
-  return rows.empty() ? nlohmann::json() : rows.back();
-}
-
-bool WaitForStep(const std::string& run, int64_t step) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (std::chrono::steady_clock::now() < deadline) {
-    const nlohmann::json last = LastStep(run);
-    if (last.is_object() && last["step"].get<int64_t>() >= step) return true;
-    std::this_thread::sleep_for(milliseconds(200));
-  }
-  return false;
-}
-
-// The value after `flag` in each "--- launch: starting ..." line of a child's log.
-std::vector<std::string> StartFlags(const std::string& log_path, const std::string& flag) {
-  std::vector<std::string> values;
-  std::ifstream in(log_path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("--- launch: starting", 0) != 0) continue;
-    std::istringstream words(line);
-    std::string word, value;
-    while (words >> word) {
-      if (word == flag && (words >> value)) break;
-    }
-    values.push_back(value);
-  }
-  return values;
 }
 
 TEST(Launch, TheReplayServerAndTheLearnerAreRestartedWhereTheOthersFindThem) {
