@@ -24,6 +24,14 @@ void AddEvalCommands(CLI::App& app, int& exit_code);
 void AddEnvCommands(CLI::App& app, int& exit_code);
 void AddReportCommands(CLI::App& app, int& exit_code);
 void AddRewardCommands(CLI::App& app, int& exit_code);
+void AddLaunchCommands(CLI::App& app, int& exit_code);
+
+// Checks `strider launch` runs on the children's configs before it starts anything. They live
+// beside the commands that load those configs, whose loaders pull in LibTorch headers.
+// The actor config as `strider actor` would run it under the launcher; returns its episode seed.
+Result<uint64_t> CheckActorConfig(const std::string& path);
+// A mode: rl learner config, as `strider learner` reads it.
+Status CheckRlLearnerConfig(const std::string& path);
 
 // `strider learner` with mode: rl (rl_commands.cc), called by the learner subcommand once the
 // config's mode is known.
@@ -34,6 +42,7 @@ struct RlLearnerFlags {
   int64_t max_steps = -1;
   std::string replay;
   std::string publish;
+  std::string init;  // overrides the config's init (starting weights, also the reference policy)
 };
 int RunRlLearnerCommand(const RlLearnerFlags& flags);
 

@@ -83,12 +83,21 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
                       "mode rl: the replay server's learner endpoint (overrides replay.endpoint)");
   learner->add_option("--publish", rl_flags->publish,
                       "mode rl: bind the weight publisher here (overrides publish.endpoint)");
+  learner->add_option("--init", rl_flags->init,
+                      "mode rl: starting weights, safetensors (overrides init; also the reference "
+                      "policy of scoring.reference: initial)")
+      ->check(CLI::ExistingFile);
   learner_flags->run_dir.clear();
   learner->callback([learner_flags, rl_flags, &exit_code] {
     Result<std::string> mode = ReadLearnerMode(learner_flags->config);
     if (!mode.ok()) {
       exit_code = ReportError(mode.status());
     } else if (*mode == "pretrain") {
+      if (!rl_flags->init.empty()) {
+        exit_code = ReportError(Status::InvalidArgument(
+            "--init is for mode rl; " + learner_flags->config + " has mode: pretrain"));
+        return;
+      }
       PretrainFlags flags = *learner_flags;
       if (flags.run_dir.empty()) flags.run_dir = "runs/pretrain";
       exit_code = RunPretrain(flags);

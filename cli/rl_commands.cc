@@ -22,6 +22,7 @@ void OnLearnerSignal(int) { g_learner_stop.store(true); }
 int RunRlLearnerCommand(const RlLearnerFlags& flags) {
   Result<rl::RlLearnerConfig> config = rl::LoadRlLearnerConfig(flags.config);
   if (!config.ok()) return ReportError(config.status());
+  if (!flags.init.empty()) config->init = flags.init;
   rl::RlRunOptions options;
   options.run_dir = flags.run_dir.empty() ? "runs/rl" : flags.run_dir;
   options.resume = flags.resume;
@@ -50,6 +51,10 @@ int RunRlLearnerCommand(const RlLearnerFlags& flags) {
                                      {"seconds", summary->seconds}};
   std::cout << finished.dump() << std::endl;
   return kExitOk;
+}
+
+Status CheckRlLearnerConfig(const std::string& path) {
+  return rl::LoadRlLearnerConfig(path).status();
 }
 
 }  // namespace strider::cli

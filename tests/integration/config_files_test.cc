@@ -16,6 +16,7 @@
 #include "actors/actor.h"
 #include "common/model/config.h"
 #include "envs/registry.h"
+#include "launcher/launcher.h"
 #include "learner/pretrain/pretrain_config.h"
 #include "learner/rl/rl_config.h"
 #include "replay/replay.h"
@@ -36,6 +37,7 @@ using Loader = std::function<Status(const std::string& path)>;
 const std::map<std::string, Loader>& Loaders() {
   static const std::map<std::string, Loader> loaders = {
       {"envs", [](const std::string& path) { return envs::LoadEnvironmentConfig(path).status(); }},
+      {"fleet", [](const std::string& path) { return launcher::LoadFleetConfig(path).status(); }},
       {"model", [](const std::string& path) { return LoadModelConfig(path).status(); }},
       {"pretrain", [](const std::string& path) { return LoadPretrainConfig(path).status(); }},
       {"replay", [](const std::string& path) { return replay::LoadServerConfig(path).status(); }},
@@ -84,7 +86,8 @@ TEST(ConfigFiles, EveryFileUnderConfigsLoadsWithItsKindsLoader) {
     ++loaded;
   }
   // The walk itself can fail: every kind of config the repository ships was seen.
-  EXPECT_EQ(kinds_seen, (std::set<std::string>{"actor", "envs", "model", "pretrain", "replay", "rl"}));
+  EXPECT_EQ(kinds_seen, (std::set<std::string>{"actor", "envs", "fleet", "model", "pretrain",
+                                               "replay", "rl"}));
   EXPECT_GE(loaded, 10);
 }
 

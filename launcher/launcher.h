@@ -1,0 +1,99 @@
+// The fleet launcher (`strider launch FLEET.yaml`): one replay server, one RL learner, N actors
+// and, optionally, evaluations, as child processes of one supervisor on one machine.
+//
+//   launcher (Boost.Asio, one thread)
+//     ├─ replay  `strider replay serve`   ports bound once, kept across restarts
+//     ├─ learner `strider learner`        restarted from its newest checkpoint
+//     ├─ actor-i `strider actor`          restarted on the same spill directory
+//     └─ eval    `strider eval`           one at a time, for the versions due
+//
+// Children are started in that order, each once the one before printed its ready line; the
+// launcher reads every child's stdout (ready and result lines) and appends its stdout and
+// stderr to RUN_DIR/logs/<role>.log. A child that dies is restarted with backoff until its role
+// exceeds restart.max_restarts. Stop (a stop rule, SIGINT or SIGTERM): SIGTERM to the actors and
+// the learner (which checkpoints), then the replay server; SIGKILL for whatever is left after
+// 10 s. Each child leads its own process group, so a terminal's Ctrl-C reaches the launcher
+// only, and that ordered stop runs for it too. docs/launcher.md describes the fleet file, the run
+// directory and the events.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strider::launcher {
+
+struct EvaluationConfig {
+  std::string config;  // actor config for `strider eval`; resolved, exists
+  int64_t episodes = 100;
+  int64_t every_versions = 10;  // version at the start, then every N-th published after
+  bool final = true;            // evaluate the final checkpoint once the learner stopped
+};
+
+// The first rule met stops the run; 0 disables a rule, at least one is set.
+struct StopRules {
+  int64_t learner_steps = 0;  // the learner's step counter (its metrics "step")
+  int64_t samples = 0;        // trajectories the learner sampled (its metrics "trajectories")
+  double wall_time_s = 0;
+  double success_rate = 0;  // an evaluation's success_rate at or above this; needs evaluation
+};
+
+struct RestartPolicy {
+  int64_t max_restarts = 5;  // per role within one launch; then the run fails
+  // The n-th restart of a role waits backoff_s[n-1] seconds; the last value repeats.
+  std::vector<int64_t> backoff_s = {1, 2, 4, 8, 16};
+};
+
+struct FleetConfig {
+  std::string origin;  // the fleet file read
+  std::string run_dir = "runs/fleet";
+  std::string weights;        // starting safetensors for learner and actors; empty: their own
+  std::string replay_config;  // every path resolved (ResolveConfigPath) and checked to exist
+  std::string learner_config;
+  std::string actor_config;
+  int64_t actor_count = 1;
+  std::optional<EvaluationConfig> evaluation;
+  StopRules stop;
+  RestartPolicy restart;
+  double ready_timeout_s = 120;  // a child that prints no ready line this long has failed
+};
+
+// Reads a fleet file strictly: unknown keys, wrong types, missing files and impossible values are
+// InvalidArgument naming the file, line and key. Nothing is started.
+Result<FleetConfig> LoadFleetConfig(const std::string& path);
+
+// The fleet a launch runs: `fleet_path` (may be empty with `resume`), or with `resume` the copy
+// RUN_DIR/fleet.yaml an earlier launch recorded, where RUN_DIR is `run_dir` when given, else the
+// fleet file's. `run_dir`, when given, replaces the file's.
+Result<FleetConfig> LoadFleetForLaunch(const std::string& fleet_path, const std::string& run_dir,
+                                       bool resume);
+
+struct LaunchOptions {
+  bool resume = false;  // the learner continues from its newest checkpoint in RUN_DIR
+  std::string binary = "/proc/self/exe";  // the `strider` the children run
+  uint64_t actor_base_seed = 0;           // actor i plays with seed base + i
+  double tick_s = 2;                      // merged metrics line and stop-rule check period
+  // Each JSON event line for stdout ("ready", "started", "exited", "finished"), without newline.
+  std::function<void(const std::string& line)> on_event;
+};
+
+struct LaunchSummary {
+  // learner_steps | samples | wall_time | success_rate | signal | learner_finished
+  std::string reason;
+  int64_t learner_step = 0;
+  std::optional<double> eval_success_rate;
+  double elapsed_s = 0;
+};
+
+// Runs the fleet until a stop rule, SIGINT/SIGTERM or the learner finishing its steps; every
+// child has been reaped when it returns. Errors: InvalidArgument for a run directory that cannot
+// hold this launch (nothing started), Unavailable when a child did not become ready or a role
+// exceeded its restarts (the message quotes the end of the child's log). Installs handlers for
+// SIGINT, SIGTERM and SIGCHLD for its duration; not to be called from two threads at once.
+Result<LaunchSummary> Launch(const FleetConfig& fleet, const LaunchOptions& options);
+
+}  // namespace strider::launcher
