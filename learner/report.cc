@@ -1,5 +1,7 @@
 #include "learner/report.h"
 
+#include "learner/report_html.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,35 +12,20 @@
 #include <sstream>
 
 namespace strider {
-namespace {
-
 namespace fs = std::filesystem;
+using report_html::Escape;
+using report_html::Number;
+using report_html::NumberField;
+using report_html::PageHead;
+using report_html::ReadJsonLines;
+using report_html::StringField;
+using report_html::WriteAtomically;
+
+namespace {
 
 // Colour-blind-safe palette (Okabe and Ito); series beyond it reuse it.
 constexpr const char* kColors[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
                                    "#E69F00", "#56B4E9", "#000000", "#F0E442"};
-
-std::string Escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-std::string Number(double value, int digits = 4) {
-  if (!std::isfinite(value)) return "-";
-  char text[64];
-  std::snprintf(text, sizeof(text), "%.*g", digits, value);
-  return text;
-}
 
 // About `count` round tick values covering [low, high] (1, 2 or 5 times a power of ten).
 std::vector<double> Ticks(double low, double high, int count) {
@@ -82,6 +69,11 @@ std::string SvgLinePlot(const std::vector<PlotSeries>& series, const PlotOptions
       y_lo = std::min(y_lo, y);
       y_hi = std::max(y_hi, y);
     }
+    for (const auto& [x, low, high] : s.band) {
+      if (!std::isfinite(x) || !std::isfinite(low) || !std::isfinite(high)) continue;
+      y_lo = std::min(y_lo, low);
+      y_hi = std::max(y_hi, high);
+    }
   }
   if (std::isfinite(options.reference_y)) {
     y_lo = std::min(y_lo, options.reference_y);
@@ -96,8 +88,19 @@ std::string SvgLinePlot(const std::vector<PlotSeries>& series, const PlotOptions
   auto px = [&](double x) { return left + (x_of(x) - x_lo) / (x_hi - x_lo) * plot_w; };
   auto py = [&](double y) { return top + (1 - (y - y_lo) / (y_hi - y_lo)) * plot_h; };
 
+  auto drawable = [&](double x, double y) {
+    return std::isfinite(x) && std::isfinite(y) && !(options.log2_x && x <= 0);
+  };
+  // The drawn point count on the element lets a reader (or a test) tell an empty plot from a
+  // full one without parsing the polylines.
+  int64_t total_points = 0;
+  for (const PlotSeries& s : series) {
+    for (const auto& [x, y] : s.points) total_points += drawable(x, y);
+  }
+
   std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" data-points=\"" << total_points
+      << "\" data-series=\"" << series.size() << "\" width=\"" << w << "\" height=\"" << h
       << "\" viewBox=\"0 0 " << w << " " << h << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   svg << "<title>" << Escape(options.title) << "</title>\n";
   svg << "<rect x=\"0\" y=\"0\" width=\"" << w << "\" height=\"" << h << "\" fill=\"white\"/>\n";
@@ -150,6 +153,23 @@ std::string SvgLinePlot(const std::vector<PlotSeries>& series, const PlotOptions
       path << (drawn++ ? " " : "") << px(x) << "," << py(std::clamp(y, y_lo, y_hi));
     }
     svg << "<g class=\"series\" data-name=\"" << Escape(series[i].name) << "\">";
+    // The band first, so the line stays on top: lows left to right, then highs back.
+    std::ostringstream lows, highs;
+    int banded = 0;
+    for (const auto& [x, low, high] : series[i].band) {
+      if (!drawable(x, low) || !drawable(x, high)) continue;
+      lows << (banded++ ? " " : "") << px(x) << "," << py(std::clamp(low, y_lo, y_hi));
+    }
+    for (auto it = series[i].band.rbegin(); it != series[i].band.rend(); ++it) {
+      const auto& [x, low, high] = *it;
+      if (!drawable(x, low) || !drawable(x, high)) continue;
+      highs << " " << px(x) << "," << py(std::clamp(high, y_lo, y_hi));
+    }
+    if (banded > 0) {
+      svg << "<polygon class=\"band\" fill=\"" << color << "\" fill-opacity=\"0.15\" stroke=\""
+          << color << "\" stroke-opacity=\"0.4\" stroke-width=\"0.5\" points=\"" << lows.str()
+          << highs.str() << "\"/>";
+    }
     if (drawn > 0) {
       svg << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.5\" points=\""
           << path.str() << "\"/>";
@@ -173,7 +193,29 @@ std::string SvgLinePlot(const std::vector<PlotSeries>& series, const PlotOptions
   return svg.str();
 }
 
-namespace {
+namespace report_html {
+
+std::string Escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string Number(double value, int digits) {
+  if (!std::isfinite(value)) return "-";
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*g", digits, value);
+  return text;
+}
 
 Result<std::vector<nlohmann::json>> ReadJsonLines(const std::string& path) {
   std::ifstream in(path);
@@ -203,6 +245,34 @@ std::string StringField(const nlohmann::json& json, const char* key) {
   auto it = json.find(key);
   return it != json.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
+
+std::string PageHead(const std::string& title) {
+  return "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
+         Escape(title) +
+         "</title>\n"
+         "<style>body{font-family:sans-serif;margin:24px;color:#222}"
+         "table{border-collapse:collapse;margin:8px 0 24px}"
+         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+         "th{background:#f4f4f4}td:first-child{text-align:left}</style>\n"
+         "</head>\n<body>\n";
+}
+
+Status WriteAtomically(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+    if (!out) return Status::IoError("cannot write " + temporary);
+  }
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  if (error) return Status::IoError("cannot rename " + temporary + " to " + path);
+  return Status::Ok();
+}
+
+}  // namespace report_html
+
+namespace {
 
 Status FieldError(const std::string& path, size_t line, const char* what) {
   return Status::InvalidArgument(path + ":" + std::to_string(line + 1) + ": " + what);
@@ -287,13 +357,7 @@ Result<std::string> WriteRunReport(const std::string& run_dir) {
   }
 
   std::ostringstream html;
-  html << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-       << "<title>Run report: " << Escape(run_dir) << "</title>\n"
-       << "<style>body{font-family:sans-serif;margin:24px;color:#222}"
-          "table{border-collapse:collapse;margin:8px 0 24px}"
-          "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-          "th{background:#f4f4f4}td:first-child{text-align:left}</style>\n"
-       << "</head>\n<body>\n<h1>Run report</h1>\n<p>Run directory: <code>" << Escape(run_dir)
+  html << PageHead("Run report: " + run_dir) << "<h1>Run report</h1>\n<p>Run directory: <code>" << Escape(run_dir)
        << "</code>; " << stages.size() << " stage(s), " << metrics.size()
        << " metrics lines.</p>\n";
   html << "<h2>Loss per stage</h2>\n";
@@ -360,15 +424,7 @@ Result<std::string> WriteRunReport(const std::string& run_dir) {
   html << "</body>\n</html>\n";
 
   const std::string path = run_dir + "/report.html";
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << html.str();
-    if (!out) return Status::IoError("cannot write " + temporary);
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  if (error) return Status::IoError("cannot rename " + temporary + " to " + path);
+  STRIDER_RETURN_IF_ERROR(WriteAtomically(path, html.str()));
   return path;
 }
 
