@@ -34,8 +34,9 @@ Result<std::string> WriteReport(const ReportFlags& flags) {
     for (const std::string& dir : flags.run_dirs) {
       if (DetectRunKind(dir) != RunKind::kRl) {
         return Status::InvalidArgument(
-            dir + " is not an RL run (no fleet.yaml or learner/metrics.jsonl); an RL report "
-                  "overlays RL runs only");
+            dir +
+            " is not an RL run (no fleet.yaml or learner/metrics.jsonl); an RL report "
+            "overlays RL runs only");
       }
     }
   }

@@ -217,7 +217,8 @@ std::string Number(double value, int digits) {
   return text;
 }
 
-Result<std::vector<nlohmann::json>> ReadJsonLines(const std::string& path) {
+Result<std::vector<nlohmann::json>> ReadJsonLines(const std::string& path,
+                                                  std::vector<int64_t>* line_numbers) {
   std::ifstream in(path);
   if (!in) return Status::NotFound("cannot read " + path);
   std::vector<nlohmann::json> lines;
@@ -232,6 +233,7 @@ Result<std::vector<nlohmann::json>> ReadJsonLines(const std::string& path) {
                                      ": not a JSON object");
     }
     lines.push_back(std::move(json));
+    if (line_numbers) line_numbers->push_back(number);
   }
   return lines;
 }
@@ -274,8 +276,8 @@ Status WriteAtomically(const std::string& path, const std::string& text) {
 
 namespace {
 
-Status FieldError(const std::string& path, size_t line, const char* what) {
-  return Status::InvalidArgument(path + ":" + std::to_string(line + 1) + ": " + what);
+Status FieldError(const std::string& path, int64_t line, const char* what) {
+  return Status::InvalidArgument(path + ":" + std::to_string(line) + ": " + what);
 }
 
 }  // namespace
@@ -283,7 +285,9 @@ Status FieldError(const std::string& path, size_t line, const char* what) {
 Result<std::string> WriteRunReport(const std::string& run_dir) {
   const std::string metrics_path = run_dir + "/metrics.jsonl";
   const std::string eval_path = run_dir + "/eval.jsonl";
-  STRIDER_ASSIGN_OR_RETURN(std::vector<nlohmann::json> metrics, ReadJsonLines(metrics_path));
+  std::vector<int64_t> metrics_lines, eval_lines;
+  STRIDER_ASSIGN_OR_RETURN(std::vector<nlohmann::json> metrics,
+                           ReadJsonLines(metrics_path, &metrics_lines));
 
   // Per stage in order of first appearance: step -> (loss, max_violation). Later lines of a
   // (stage, step) win: they are a resumed run's.
@@ -299,8 +303,8 @@ Result<std::string> WriteRunReport(const std::string& run_dir) {
     const std::string stage = StringField(line, "stage");
     const double step = NumberField(line, "step");
     const double loss = NumberField(line, "loss");
-    if (stage.empty()) return FieldError(metrics_path, i, "no \"stage\" string");
-    if (!std::isfinite(step)) return FieldError(metrics_path, i, "no numeric \"step\"");
+    if (stage.empty()) return FieldError(metrics_path, metrics_lines[i], "no \"stage\" string");
+    if (!std::isfinite(step)) return FieldError(metrics_path, metrics_lines[i], "no numeric \"step\"");
     if (!steps.count(stage)) stages.push_back(stage);
     steps[stage][static_cast<int64_t>(step)] = {loss, NumberField(line, "max_violation")};
   }
@@ -330,17 +334,17 @@ Result<std::string> WriteRunReport(const std::string& run_dir) {
   bool have_eval = fs::exists(eval_path);
   std::vector<PlotSeries> accuracy_series;
   if (have_eval) {
-    STRIDER_ASSIGN_OR_RETURN(evals, ReadJsonLines(eval_path));
+    STRIDER_ASSIGN_OR_RETURN(evals, ReadJsonLines(eval_path, &eval_lines));
     std::map<std::string, size_t> index;
     std::vector<std::map<int64_t, double>> by_context;
     for (size_t i = 0; i < evals.size(); ++i) {
       const std::string stage = StringField(evals[i], "stage");
       const double context = NumberField(evals[i], "context");
       const double accuracy = NumberField(evals[i], "retrieval_accuracy");
-      if (stage.empty()) return FieldError(eval_path, i, "no \"stage\" string");
-      if (!(context > 0)) return FieldError(eval_path, i, "no positive \"context\"");
+      if (stage.empty()) return FieldError(eval_path, eval_lines[i], "no \"stage\" string");
+      if (!(context > 0)) return FieldError(eval_path, eval_lines[i], "no positive \"context\"");
       if (!std::isfinite(accuracy)) {
-        return FieldError(eval_path, i, "no numeric \"retrieval_accuracy\"");
+        return FieldError(eval_path, eval_lines[i], "no numeric \"retrieval_accuracy\"");
       }
       if (!index.count(stage)) {
         index[stage] = accuracy_series.size();

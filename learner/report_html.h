@@ -17,9 +17,12 @@ std::string Escape(const std::string& text);
 // `value` with `digits` significant digits; "-" when not finite (a null or missing field).
 std::string Number(double value, int digits = 4);
 
-// Every non-blank line of `path` as a JSON object. NotFound when the file cannot be read; a line
-// that is not a JSON object is InvalidArgument "PATH:LINE: not a JSON object".
-Result<std::vector<nlohmann::json>> ReadJsonLines(const std::string& path);
+// Every non-blank line of `path` as a JSON object, and when `line_numbers` is given each one's
+// line number (from 1; blank lines are skipped, so they differ from the index). NotFound when
+// the file cannot be read; a line that is not a JSON object is InvalidArgument
+// "PATH:LINE: not a JSON object".
+Result<std::vector<nlohmann::json>> ReadJsonLines(const std::string& path,
+                                                  std::vector<int64_t>* line_numbers = nullptr);
 
 // The field as a number, NAN when missing, null or of another type.
 double NumberField(const nlohmann::json& json, const char* key);

@@ -42,17 +42,18 @@ struct RlRun {
   std::vector<ActorLog> actors;   // by name
 };
 
-Status LineError(const std::string& path, size_t index, const std::string& what) {
-  return Status::InvalidArgument(path + ":" + std::to_string(index + 1) + ": " + what);
+Status LineError(const std::string& path, int64_t line, const std::string& what) {
+  return Status::InvalidArgument(path + ":" + std::to_string(line) + ": " + what);
 }
 
-// The lines of `path`, or none when it does not exist: a run that has not evaluated yet has no
-// eval.jsonl, and that is not an error. `*present` says which.
-Result<std::vector<json>> ReadOptional(const std::string& path, bool* present) {
+// The lines of `path` and their numbers, or none when it does not exist: a run that has not
+// evaluated yet has no eval.jsonl, and that is not an error. `*present` says which.
+Result<std::vector<json>> ReadOptional(const std::string& path, bool* present,
+                                       std::vector<int64_t>* line_numbers) {
   std::error_code error;
   *present = fs::is_regular_file(path, error);
   if (!*present) return std::vector<json>();
-  return report_html::ReadJsonLines(path);
+  return report_html::ReadJsonLines(path, line_numbers);
 }
 
 // The run's advantage estimator, "" when any step fails. The label is a convenience, so this
@@ -82,37 +83,41 @@ Result<RlRun> LoadRun(const std::string& dir) {
   RlRun run;
   run.dir = dir;
   run.name = fs::path(dir).lexically_normal().filename().string();
-  if (run.name.empty()) run.name = fs::path(dir).lexically_normal().parent_path().filename().string();
+  if (run.name.empty())
+    run.name = fs::path(dir).lexically_normal().parent_path().filename().string();
   if (run.name.empty()) run.name = dir;
   run.estimator = ReadEstimator(dir);
 
+  std::vector<int64_t> numbers;
   const std::string ticks_path = dir + "/metrics.jsonl";
-  STRIDER_ASSIGN_OR_RETURN(run.ticks, ReadOptional(ticks_path, &run.have_ticks));
+  STRIDER_ASSIGN_OR_RETURN(run.ticks, ReadOptional(ticks_path, &run.have_ticks, &numbers));
   for (size_t i = 0; i < run.ticks.size(); ++i) {
     if (!std::isfinite(NumberField(run.ticks[i], "elapsed_s"))) {
-      return LineError(ticks_path, i, "no numeric \"elapsed_s\"");
+      return LineError(ticks_path, numbers[i], "no numeric \"elapsed_s\"");
     }
   }
 
   const std::string eval_path = dir + "/eval.jsonl";
   std::vector<json> evals;
-  STRIDER_ASSIGN_OR_RETURN(evals, ReadOptional(eval_path, &run.have_eval));
+  numbers.clear();
+  STRIDER_ASSIGN_OR_RETURN(evals, ReadOptional(eval_path, &run.have_eval, &numbers));
   for (size_t i = 0; i < evals.size(); ++i) {
     // Other events may share the file in future; only evaluations are plotted.
     if (evals[i].contains("event") && StringField(evals[i], "event") != "eval") continue;
     if (!std::isfinite(NumberField(evals[i], "success_rate"))) {
-      return LineError(eval_path, i, "no numeric \"success_rate\"");
+      return LineError(eval_path, numbers[i], "no numeric \"success_rate\"");
     }
     run.evals.push_back(std::move(evals[i]));
   }
 
   const std::string learner_path = dir + "/learner/metrics.jsonl";
   std::vector<json> learner;
-  STRIDER_ASSIGN_OR_RETURN(learner, ReadOptional(learner_path, &run.have_learner));
+  numbers.clear();
+  STRIDER_ASSIGN_OR_RETURN(learner, ReadOptional(learner_path, &run.have_learner, &numbers));
   for (size_t i = 0; i < learner.size(); ++i) {
     if (learner[i].contains("event")) continue;  // not a step line
     const double step = NumberField(learner[i], "step");
-    if (!std::isfinite(step)) return LineError(learner_path, i, "no numeric \"step\"");
+    if (!std::isfinite(step)) return LineError(learner_path, numbers[i], "no numeric \"step\"");
     // A resumed learner repeats the steps after its checkpoint; the later line is the one that
     // counts, as the launcher counts samples.
     run.steps[static_cast<int64_t>(step)] = std::move(learner[i]);
@@ -170,8 +175,7 @@ std::map<int64_t, double> SamplesByStep(const RlRun& run) {
 
 // One series per run of the learner field `key` against the step; `any` says whether any run
 // recorded a value.
-std::vector<PlotSeries> LearnerSeries(const std::vector<RlRun>& runs, const char* key,
-                                      bool* any) {
+std::vector<PlotSeries> LearnerSeries(const std::vector<RlRun>& runs, const char* key, bool* any) {
   std::vector<PlotSeries> series;
   *any = false;
   for (const RlRun& run : runs) {
@@ -280,8 +284,8 @@ std::string RunTable(const std::vector<RlRun>& runs) {
          << "</td><td>" << (final_eval ? Number(NumberField(*final_eval, "episodes"), 10) : "-")
          << "</td><td>" << run.evals.size() << "</td><td>" << Number(samples, 12) << "</td><td>"
          << Number(wall, 5) << "</td><td>" << Number(steps, 12) << "</td><td>"
-         << Number(version, 12) << "</td><td>" << Escape(restarts) << "</td><td>"
-         << Number(wait, 4) << "</td></tr>\n";
+         << Number(version, 12) << "</td><td>" << Escape(restarts) << "</td><td>" << Number(wait, 4)
+         << "</td></tr>\n";
   }
   html << "</table>\n";
   return html.str();
