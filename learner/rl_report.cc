@@ -36,8 +36,10 @@ struct RlRun {
   std::string estimator;  // "" when the learner config could not be read
   std::string label;      // what the plots' legends say
   bool have_ticks = false, have_eval = false, have_learner = false;
-  std::vector<json> ticks;        // metrics.jsonl
-  std::vector<json> evals;        // eval.jsonl, "eval" events only
+  std::vector<json> ticks;  // metrics.jsonl
+  std::vector<json> evals;  // eval.jsonl, "eval" events only
+  // Wall time of each tick and each evaluation across the run's launches (ContinueTime).
+  std::vector<double> tick_wall, eval_wall;
   std::map<int64_t, json> steps;  // learner/metrics.jsonl by step, the last line of each
   std::vector<ActorLog> actors;   // by name
 };
@@ -79,6 +81,35 @@ std::string ReadEstimator(const std::string& run_dir) {
   return estimator;
 }
 
+// Wall time across resumed launches. Each launch counts elapsed_s from its own start (a resumed
+// run's ticks start again at 0), so where elapsed_s falls a new launch begins, and it continues
+// from where the previous one ended. The ends come from the ticks (`launch_ends`, filled when
+// reading them); an evaluation of a launch the ticks do not cover continues from the previous
+// evaluation.
+std::vector<double> ContinueTime(const std::vector<json>& lines, std::vector<double>* launch_ends,
+                                 bool record_ends) {
+  std::vector<double> wall;
+  double offset = 0, previous = -INFINITY, last_wall = 0;
+  size_t launch = 0;
+  for (const json& line : lines) {
+    const double elapsed = NumberField(line, "elapsed_s");
+    if (!std::isfinite(elapsed)) {
+      wall.push_back(NAN);
+      continue;
+    }
+    if (elapsed < previous) {
+      if (record_ends) launch_ends->push_back(previous);
+      offset += !record_ends && launch < launch_ends->size() ? (*launch_ends)[launch]
+                                                             : last_wall - offset;
+      ++launch;
+    }
+    previous = elapsed;
+    last_wall = offset + elapsed;
+    wall.push_back(last_wall);
+  }
+  return wall;
+}
+
 Result<RlRun> LoadRun(const std::string& dir) {
   RlRun run;
   run.dir = dir;
@@ -109,6 +140,10 @@ Result<RlRun> LoadRun(const std::string& dir) {
     }
     run.evals.push_back(std::move(evals[i]));
   }
+
+  std::vector<double> launch_ends;
+  run.tick_wall = ContinueTime(run.ticks, &launch_ends, /*record_ends=*/true);
+  run.eval_wall = ContinueTime(run.evals, &launch_ends, /*record_ends=*/false);
 
   const std::string learner_path = dir + "/learner/metrics.jsonl";
   std::vector<json> learner;
@@ -191,18 +226,20 @@ std::vector<PlotSeries> LearnerSeries(const std::vector<RlRun>& runs, const char
   return series;
 }
 
-// Evaluation success against the eval rows' `x_key`, the Wilson interval as the band.
-std::vector<PlotSeries> EvalSeries(const std::vector<RlRun>& runs, const char* x_key) {
+// Evaluation success against samples seen (`by_wall` false) or wall time, the Wilson interval
+// as the band, in order of x.
+std::vector<PlotSeries> EvalSeries(const std::vector<RlRun>& runs, bool by_wall) {
   std::vector<PlotSeries> series;
   for (const RlRun& run : runs) {
+    std::vector<std::pair<double, const json*>> rows;
+    for (size_t i = 0; i < run.evals.size(); ++i) {
+      rows.emplace_back(by_wall ? run.eval_wall[i] : NumberField(run.evals[i], "samples_seen"),
+                        &run.evals[i]);
+    }
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
     PlotSeries s{run.label, {}, {}};
-    std::vector<const json*> rows;
-    for (const json& e : run.evals) rows.push_back(&e);
-    std::stable_sort(rows.begin(), rows.end(), [&](const json* a, const json* b) {
-      return NumberField(*a, x_key) < NumberField(*b, x_key);
-    });
-    for (const json* e : rows) {
-      const double x = NumberField(*e, x_key);
+    for (const auto& [x, e] : rows) {
       s.points.emplace_back(x, NumberField(*e, "success_rate"));
       s.band.push_back({x, NumberField(*e, "ci_low"), NumberField(*e, "ci_high")});
     }
@@ -245,7 +282,7 @@ std::string RunTable(const std::vector<RlRun>& runs) {
     if (!std::isfinite(samples) && !samples_by_step.empty()) {
       samples = samples_by_step.rbegin()->second;
     }
-    double wall = Last(run.ticks, "elapsed_s");
+    double wall = run.tick_wall.empty() ? NAN : run.tick_wall.back();
     if (!std::isfinite(wall) && run.steps.size() > 1) {
       wall = NumberField(run.steps.rbegin()->second, "time") -
              NumberField(run.steps.begin()->second, "time");
@@ -336,9 +373,9 @@ Result<std::string> WriteRlReport(const std::vector<std::string>& run_dirs,
   bool any_eval = false;
   for (const RlRun& run : runs) any_eval = any_eval || !run.evals.empty();
   if (any_eval) {
-    html << Plot(EvalSeries(runs, "samples_seen"), "Evaluation success (band: 95% interval)",
+    html << Plot(EvalSeries(runs, /*by_wall=*/false), "Evaluation success (band: 95% interval)",
                  "samples trained on", "success rate", true);
-    html << Plot(EvalSeries(runs, "elapsed_s"), "Evaluation success against wall time",
+    html << Plot(EvalSeries(runs, /*by_wall=*/true), "Evaluation success against wall time",
                  "wall time (s)", "success rate", true);
   } else {
     html << "<p>No evaluation yet (no run has <code>eval.jsonl</code> rows).</p>\n";
@@ -386,8 +423,9 @@ Result<std::string> WriteRlReport(const std::vector<std::string>& run_dirs,
   std::vector<PlotSeries> throughput;
   for (const RlRun& run : runs) {
     PlotSeries learner{run.label + ": learner", {}, {}}, actors{run.label + ": actors", {}, {}};
-    for (const json& tick : run.ticks) {
-      const double t = NumberField(tick, "elapsed_s");
+    for (size_t i = 0; i < run.ticks.size(); ++i) {
+      const json& tick = run.ticks[i];
+      const double t = run.tick_wall[i];
       learner.points.emplace_back(t, NumberField(tick, "learner_tokens_per_s"));
       actors.points.emplace_back(t, NumberField(tick, "actor_tokens_per_s"));
     }

@@ -238,6 +238,37 @@ TEST(RlReport, RunsSharingAnEstimatorAreToldApartByDirectory) {
   fs::remove_all(root);
 }
 
+TEST(RlReport, AResumedRunContinuesItsWallTime) {
+  const std::string root = TempDir("resumed");
+  const std::string run = MakeRun(root, "run", "outcome_group");
+  // Each launch counts elapsed_s from 0: the second launch's ticks continue after 4 s, so they
+  // are at 6 and 8 s, and its evaluation at 1 s is at 5 s.
+  Write(
+      run + "/metrics.jsonl",
+      "{\"elapsed_s\":2,\"learner_tokens_per_s\":1}\n{\"elapsed_s\":4,\"learner_tokens_per_s\":2}\n"
+      "{\"elapsed_s\":2,\"learner_tokens_per_s\":3}\n{\"elapsed_s\":4,\"learner_tokens_per_s\":4}"
+      "\n");
+  Write(run + "/eval.jsonl",
+        "{\"event\":\"eval\",\"success_rate\":0.0,\"samples_seen\":0,\"elapsed_s\":0}\n"
+        "{\"event\":\"eval\",\"success_rate\":0.5,\"samples_seen\":4,\"elapsed_s\":3}\n"
+        "{\"event\":\"eval\",\"success_rate\":1.0,\"samples_seen\":8,\"elapsed_s\":1}\n");
+  Result<std::string> path = WriteRlReport({run}, root + "/r.html");
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  const std::string html = Read(*path);
+  // Ticks at 2, 4, 6, 8 s over tokens/s 1..4: a straight line corner to corner.
+  EXPECT_EQ(Line(Svg(html,
+                     "Tokens per second by role (learner: trained; actors: generated, "
+                     "summed)"),
+                 "outcome_group: learner"),
+            "64,312 229.333,219.333 394.667,126.667 560,34");
+  // Evaluations at 0, 3 and 5 s.
+  EXPECT_EQ(Line(Svg(html, "Evaluation success against wall time"), "outcome_group"),
+            "64,312 361.6,173 560,34");
+  // The table's wall time is the whole run's.
+  EXPECT_NE(html.find("<td>8</td>"), std::string::npos);
+  fs::remove_all(root);
+}
+
 TEST(RlReport, WithoutEvaluationOrLearnerConfigThePageSaysSo) {
   const std::string root = TempDir("missing");
   // The fleet names a learner config that does not exist: the run is labelled by its directory.
