@@ -12,6 +12,7 @@ packages=(
   librocksdb-dev rocksdb-tools
   libboost-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libgtest-dev
   clang python3-zmq python3-numpy python3-torch
+  chromium zlib1g-dev   # tests/integration/report_browser_test.cc renders report.html headless
 )
 missing=()
 for package in "${packages[@]}"; do
