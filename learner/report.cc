@@ -1,7 +1,5 @@
 #include "learner/report.h"
 
-#include "learner/report_html.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +8,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "learner/report_html.h"
 
 namespace strider {
 namespace fs = std::filesystem;
@@ -55,8 +55,14 @@ std::string ContextLabel(double tokens) {
 }  // namespace
 
 std::string SvgLinePlot(const std::vector<PlotSeries>& series, const PlotOptions& options) {
-  const double left = 64, right = 160, top = 34, bottom = 48;
-  const double w = options.width, h = options.height;
+  // The legend sits right of the plot in 160 px; longer names widen the picture rather than
+  // narrow the plot (about 6.5 px a character at this font size), so every plot of a page keeps
+  // the same plot area.
+  size_t longest = 0;
+  for (const PlotSeries& s : series) longest = std::max(longest, s.name.size());
+  const double left = 64, top = 34, bottom = 48;
+  const double right = std::max(160.0, 44 + 6.5 * static_cast<double>(longest));
+  const double w = options.width + (right - 160), h = options.height;
   const double plot_w = w - left - right, plot_h = h - top - bottom;
   auto x_of = [&](double x) { return options.log2_x ? std::log2(x) : x; };
 
@@ -101,7 +107,8 @@ std::string SvgLinePlot(const std::vector<PlotSeries>& series, const PlotOptions
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" data-points=\"" << total_points
       << "\" data-series=\"" << series.size() << "\" width=\"" << w << "\" height=\"" << h
-      << "\" viewBox=\"0 0 " << w << " " << h << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+      << "\" viewBox=\"0 0 " << w << " " << h
+      << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   svg << "<title>" << Escape(options.title) << "</title>\n";
   svg << "<rect x=\"0\" y=\"0\" width=\"" << w << "\" height=\"" << h << "\" fill=\"white\"/>\n";
   svg << "<text x=\"" << left << "\" y=\"20\" font-size=\"14\" font-weight=\"bold\">"
@@ -112,8 +119,8 @@ std::string SvgLinePlot(const std::vector<PlotSeries>& series, const PlotOptions
       << plot_h << "\"/>\n</g>\n<g class=\"ticks\" fill=\"#333\">\n";
   for (double t : Ticks(y_lo, y_hi, 5)) {
     const double y = py(t);
-    svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + plot_w << "\" y2=\"" << y
-        << "\" stroke=\"#eee\"/>";
+    svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + plot_w << "\" y2=\""
+        << y << "\" stroke=\"#eee\"/>";
     svg << "<text x=\"" << left - 6 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << Number(t)
         << "</text>\n";
   }
@@ -184,10 +191,10 @@ std::string SvgLinePlot(const std::vector<PlotSeries>& series, const PlotOptions
     }
     svg << "</g>\n";
     const double ly = top + 10 + 18 * static_cast<double>(i);
-    svg << "<line x1=\"" << left + plot_w + 12 << "\" y1=\"" << ly << "\" x2=\"" << left + plot_w + 32
-        << "\" y2=\"" << ly << "\" stroke=\"" << color << "\" stroke-width=\"2\"/><text x=\""
-        << left + plot_w + 38 << "\" y=\"" << ly + 4 << "\">" << Escape(series[i].name)
-        << "</text>\n";
+    svg << "<line x1=\"" << left + plot_w + 12 << "\" y1=\"" << ly << "\" x2=\""
+        << left + plot_w + 32 << "\" y2=\"" << ly << "\" stroke=\"" << color
+        << "\" stroke-width=\"2\"/><text x=\"" << left + plot_w + 38 << "\" y=\"" << ly + 4 << "\">"
+        << Escape(series[i].name) << "</text>\n";
   }
   svg << "</svg>\n";
   return svg.str();
@@ -199,12 +206,23 @@ std::string Escape(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -229,8 +247,7 @@ Result<std::vector<nlohmann::json>> ReadJsonLines(const std::string& path,
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!json.is_object()) {
-      return Status::InvalidArgument(path + ":" + std::to_string(number) +
-                                     ": not a JSON object");
+      return Status::InvalidArgument(path + ":" + std::to_string(number) + ": not a JSON object");
     }
     lines.push_back(std::move(json));
     if (line_numbers) line_numbers->push_back(number);
@@ -248,14 +265,16 @@ std::string StringField(const nlohmann::json& json, const char* key) {
   return it != json.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-std::string PageHead(const std::string& title) {
+std::string PageHead(const std::string& title, const std::string& style) {
   return "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
          Escape(title) +
          "</title>\n"
          "<style>body{font-family:sans-serif;margin:24px;color:#222}"
          "table{border-collapse:collapse;margin:8px 0 24px}"
          "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-         "th{background:#f4f4f4}td:first-child{text-align:left}</style>\n"
+         "th{background:#f4f4f4}td:first-child{text-align:left}" +
+         style +
+         "</style>\n"
          "</head>\n<body>\n";
 }
 
@@ -304,7 +323,9 @@ Result<std::string> WriteRunReport(const std::string& run_dir) {
     const double step = NumberField(line, "step");
     const double loss = NumberField(line, "loss");
     if (stage.empty()) return FieldError(metrics_path, metrics_lines[i], "no \"stage\" string");
-    if (!std::isfinite(step)) return FieldError(metrics_path, metrics_lines[i], "no numeric \"step\"");
+    if (!std::isfinite(step)) {
+      return FieldError(metrics_path, metrics_lines[i], "no numeric \"step\"");
+    }
     if (!steps.count(stage)) stages.push_back(stage);
     steps[stage][static_cast<int64_t>(step)] = {loss, NumberField(line, "max_violation")};
   }
@@ -361,8 +382,8 @@ Result<std::string> WriteRunReport(const std::string& run_dir) {
   }
 
   std::ostringstream html;
-  html << PageHead("Run report: " + run_dir) << "<h1>Run report</h1>\n<p>Run directory: <code>" << Escape(run_dir)
-       << "</code>; " << stages.size() << " stage(s), " << metrics.size()
+  html << PageHead("Run report: " + run_dir) << "<h1>Run report</h1>\n<p>Run directory: <code>"
+       << Escape(run_dir) << "</code>; " << stages.size() << " stage(s), " << metrics.size()
        << " metrics lines.</p>\n";
   html << "<h2>Loss per stage</h2>\n";
   PlotOptions loss_plot;
@@ -417,9 +438,8 @@ Result<std::string> WriteRunReport(const std::string& run_dir) {
             "<th>queries</th></tr>\n";
     for (const nlohmann::json& e : evals) {
       html << "<tr><td>" << Escape(StringField(e, "stage")) << "</td><td>"
-           << Number(NumberField(e, "context"), 10) << "</td><td>"
-           << Number(NumberField(e, "loss")) << "</td><td>"
-           << Number(NumberField(e, "retrieval_accuracy")) << "</td><td>"
+           << Number(NumberField(e, "context"), 10) << "</td><td>" << Number(NumberField(e, "loss"))
+           << "</td><td>" << Number(NumberField(e, "retrieval_accuracy")) << "</td><td>"
            << Number(NumberField(e, "answer_token_accuracy")) << "</td><td>"
            << Number(NumberField(e, "queries"), 10) << "</td></tr>\n";
     }

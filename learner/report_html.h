@@ -29,8 +29,9 @@ double NumberField(const nlohmann::json& json, const char* key);
 // The field as a string, "" when missing or of another type.
 std::string StringField(const nlohmann::json& json, const char* key);
 
-// "<!DOCTYPE html>...<body>" with the title and the tables' style sheet.
-std::string PageHead(const std::string& title);
+// "<!DOCTYPE html>...<body>" with the title and the tables' style sheet, `style` (CSS rules)
+// appended to it.
+std::string PageHead(const std::string& title, const std::string& style = "");
 
 // Writes `text` to `path` through `path`.tmp and a rename, so a reader never sees half a page.
 Status WriteAtomically(const std::string& path, const std::string& text);

@@ -113,10 +113,10 @@ std::vector<double> ContinueTime(const std::vector<json>& lines, std::vector<dou
 Result<RlRun> LoadRun(const std::string& dir) {
   RlRun run;
   run.dir = dir;
-  run.name = fs::path(dir).lexically_normal().filename().string();
-  if (run.name.empty())
-    run.name = fs::path(dir).lexically_normal().parent_path().filename().string();
-  if (run.name.empty()) run.name = dir;
+  // "runs/a/" normalises to a path whose last element is empty; its name is still "a".
+  fs::path normal = fs::path(dir).lexically_normal();
+  if (normal.filename().empty()) normal = normal.parent_path();
+  run.name = normal.filename().empty() ? dir : normal.filename().string();
   run.estimator = ReadEstimator(dir);
 
   std::vector<int64_t> numbers;
@@ -350,7 +350,9 @@ Result<std::string> WriteRlReport(const std::vector<std::string>& run_dirs,
   AssignLabels(runs);
 
   std::ostringstream html;
-  html << report_html::PageHead("RL report") << "<h1>RL report</h1>\n";
+  // Run directories can be long paths: they wrap rather than push the table off the page.
+  html << report_html::PageHead("RL report", "td code{word-break:break-all}th{font-size:90%}")
+       << "<h1>RL report</h1>\n";
   html << "<p>" << runs.size() << " run(s). Every plot draws one line per run in this order and "
        << "colour.</p>\n";
   for (const RlRun& run : runs) {
