@@ -235,6 +235,20 @@ TEST(RlReport, RunsSharingAnEstimatorAreToldApartByDirectory) {
   const std::string kl = Svg(Read(*path), "KL to the reference policy");
   EXPECT_NE(Line(kl, "implicit_process (seed1)"), "");
   EXPECT_NE(Line(kl, "implicit_process (seed2)"), "");
+
+  // No estimator and the same directory name under two parents: the paths as given.
+  fs::create_directories(root + "/x");
+  fs::create_directories(root + "/y");
+  const std::string x = MakeRun(root + "/x", "run", "");
+  const std::string y = MakeRun(root + "/y", "run", "");
+  for (const std::string& run : {x, y}) {
+    Write(run + "/learner/metrics.jsonl", "{\"step\":1,\"kl\":0.1}\n");
+  }
+  Result<std::string> same = WriteRlReport({x, y}, root + "/s.html");
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  const std::string same_kl = Svg(Read(*same), "KL to the reference policy");
+  EXPECT_NE(Line(same_kl, "run [" + x + "]"), "") << same_kl;
+  EXPECT_NE(Line(same_kl, "run [" + y + "]"), "");
   fs::remove_all(root);
 }
 
