@@ -63,11 +63,13 @@ TEST(ConfigFiles, EveryFileUnderConfigsLoadsWithItsKindsLoader) {
     if (!entry.is_regular_file()) continue;
     const fs::path path = entry.path();
     const fs::path relative = path.lexically_relative("configs");
-    const std::string kind = relative.begin()->string();
+    // configs/quickstart.yaml, the main job's fleet, is the one file at the top.
+    const std::string kind =
+        relative == "quickstart.yaml" ? std::string("fleet") : relative.begin()->string();
     SCOPED_TRACE(path.string());
     EXPECT_EQ(path.extension(), ".yaml");
     auto loader = Loaders().find(kind);
-    if (relative == relative.filename() || loader == Loaders().end()) {
+    if ((relative == relative.filename() && kind != "fleet") || loader == Loaders().end()) {
       ADD_FAILURE() << path << ": no loader for configs/" << kind << " (add one to this test)";
       continue;
     }
@@ -81,7 +83,25 @@ TEST(ConfigFiles, EveryFileUnderConfigsLoadsWithItsKindsLoader) {
         continue;
       }
     }
+    // A fleet's starting weights are written by its warm start (the command in its header);
+    // an empty file stands in for them, so the rest of the fleet file is still checked.
+    fs::path stand_in;  // the topmost path this test created for it
+    if (kind == "fleet") {
+      Result<ConfigReader> root = ConfigReader::FromFile(path.string());
+      ASSERT_TRUE(root.ok());
+      std::string weights;
+      root->Optional("weights", &weights);
+      if (!weights.empty() && weights.rfind("runs/", 0) == 0 && !fs::exists(weights)) {
+        stand_in = weights;
+        while (!stand_in.parent_path().empty() && !fs::exists(stand_in.parent_path())) {
+          stand_in = stand_in.parent_path();
+        }
+        fs::create_directories(fs::path(weights).parent_path());
+        std::ofstream(weights).flush();
+      }
+    }
     const Status status = loader->second(path.string());
+    if (!stand_in.empty()) fs::remove_all(stand_in);
     EXPECT_TRUE(status.ok()) << status.ToString();
     ++loaded;
   }
