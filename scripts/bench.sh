@@ -26,7 +26,7 @@ printf '{"bench":"machine","nproc":%s,"cpu":%s,"memory_gib":%s,"omp_wait_policy"
   "$(json_string "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)")" > "$tmp"
 
 ran=0
-for program in model_bench replay_bench rollout_bench pretrain_bench envs_bench actor_bench learner_bench; do
+for program in model_bench replay_bench rollout_bench pretrain_bench envs_bench actor_bench learner_bench fleet_bench; do
   binary="$build_dir/bench/$program"
   if [[ -x "$binary" ]]; then
     echo "running $binary $*" >&2
