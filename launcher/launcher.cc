@@ -40,6 +40,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
 namespace strider::launcher {
 namespace {
@@ -228,6 +229,8 @@ class Supervisor {
   std::vector<FileTail> actor_metrics_;
   std::optional<json> learner_row_;
   std::vector<std::optional<json>> actor_rows_;
+  FileTail replay_log_;  // its "replay stats: {...}" lines carry each table's fill
+  json replay_fill_;     // {"table": fill}, null until the server's first stats line
   std::map<int64_t, int64_t> sampled_by_step_;  // a resumed learner repeats steps: one entry each
   int64_t samples_ = 0;
   std::optional<double> eval_success_rate_;
@@ -787,6 +790,20 @@ void Supervisor::ReadMetrics() {
   }
   samples_ = 0;
   for (const auto& [step, count] : sampled_by_step_) samples_ += count;
+  // The server logs its stats every server.stats_interval_s; a client of its own in the
+  // launcher would cost more than reading what it already writes.
+  constexpr std::string_view kStats = "replay stats: ";
+  for (const std::string& line : replay_log_.NewLines()) {
+    const size_t at = line.find(kStats);
+    if (at == std::string::npos) continue;
+    const json stats = json::parse(line.substr(at + kStats.size()), nullptr, false);
+    if (!stats.is_object() || !stats.contains("tables") || !stats["tables"].is_array()) continue;
+    json fill = json::object();
+    for (const json& table : stats["tables"]) {
+      if (table.contains("name") && table.contains("fill")) fill[table["name"]] = table["fill"];
+    }
+    replay_fill_ = std::move(fill);
+  }
   for (size_t i = 0; i < actor_metrics_.size(); ++i) {
     for (const std::string& line : actor_metrics_[i].NewLines()) {
       json row = json::parse(line, nullptr, false);
@@ -821,6 +838,7 @@ json Supervisor::MergedLine() const {
           {"learner_tokens_per_s", learner("tokens_per_second")},
           {"actor_tokens_per_s", Optional(actor_tokens)},
           {"staleness_mean", learner("staleness_mean")},
+          {"replay_fill", replay_fill_},
           {"restarts", restarts}};
 }
 
@@ -904,6 +922,8 @@ Result<LaunchSummary> Supervisor::Run() {
   }
   actor_rows_.resize(actors_.size());
   learner_metrics_ = FileTail((run_dir_ / "learner" / "metrics.jsonl").string());
+  replay_log_ = FileTail((run_dir_ / "logs" / "replay.log").string());
+  (void)replay_log_.NewLines();  // an earlier launch's stats describe another server
   if (fleet_.evaluation) {
     eval_ = &AddChild("eval", Role::kEval, 0);
     evaluation_enabled_ = true;

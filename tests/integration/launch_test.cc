@@ -34,7 +34,7 @@ using strider::testing::TempDir;
 // of four short episodes per step.
 void WriteChildConfigs(const TempDir& dir) {
   std::ofstream(dir.Sub("replay.yaml"))
-      << "server: {stats_interval_s: 0}\n"
+      << "server: {stats_interval_s: 1}\n"
       << "tables:\n  - name: groups\n    unit: group\n    sampler: fifo\n"
       << "    capacity: 1000\n    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n";
   std::ofstream(dir.Sub("learner.yaml"))
@@ -208,12 +208,14 @@ TEST(Launch, RunsTheFleetToAStopRuleAndResumesIt) {
   ASSERT_GE(rows.size(), 2u) << "a row per tick and one at exit";
   for (const char* key : {"elapsed_s", "learner_step", "policy_version", "reward_mean",
                           "success_rate", "eval_success_rate", "samples", "learner_tokens_per_s",
-                          "actor_tokens_per_s", "staleness_mean", "restarts"}) {
+                          "actor_tokens_per_s", "staleness_mean", "replay_fill", "restarts"}) {
     EXPECT_TRUE(rows.back().contains(key)) << key;
   }
   EXPECT_GE(rows.back()["learner_step"].get<int64_t>(), 2);
   EXPECT_GE(rows.back()["samples"].get<int64_t>(), 8) << "two steps of one group of four";
   EXPECT_TRUE(rows.back()["eval_success_rate"].is_null()) << "no evaluation configured";
+  ASSERT_TRUE(rows.back()["replay_fill"].is_object()) << rows.back().dump();
+  EXPECT_TRUE(rows.back()["replay_fill"]["groups"].is_number()) << rows.back().dump();
   EXPECT_EQ(rows.back()["restarts"],
             nlohmann::json({{"replay", 0}, {"learner", 0}, {"actor-0", 0}}));
   EXPECT_EQ(ReadFile(run + "/fleet.yaml"), ReadFile(fleet));
