@@ -69,6 +69,18 @@ std::string LogTail(const std::string& path, size_t lines) {
   return out.empty() ? "  | (empty)\n" : out;
 }
 
+constexpr std::string_view kStartHeader = "--- launch: starting";
+
+// How many times the launcher started a child with this log (each start writes a header).
+size_t CountStarts(const std::string& log_path) {
+  std::ifstream in(log_path, std::ios::binary);
+  size_t starts = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(kStartHeader, 0) == 0) ++starts;
+  }
+  return starts;
+}
+
 // Lines appended to a JSON-lines file since the last call; a line still being written (no
 // newline yet) waits for the next call.
 class FileTail {
@@ -127,6 +139,7 @@ struct Child {
   bool ready = false;       // this start printed its ready line
   bool ever_ready = false;  // some start did
   int64_t restarts = 0;
+  int64_t starts = 0;       // in this run directory, earlier launches included (from its log)
   uint64_t generation = 0;  // bumped per start; handlers of an earlier start see a stale one
   int log_fd = -1;
   std::unique_ptr<asio::posix::stream_descriptor> out;
@@ -165,6 +178,7 @@ class Supervisor {
   Status PrepareRunDir();
   Child& AddChild(const std::string& name, Role role, int index);
   std::vector<std::string> Arguments(const Child& child) const;
+  uint64_t ActorSeed(const Child& child) const;
   std::string NewestCheckpoint() const;
   void Spawn(Child& child);
   void ReadOutput(Child& child);
@@ -311,6 +325,14 @@ std::string Supervisor::NewestCheckpoint() const {
   return best;
 }
 
+// Actor i's first start plays with base + i; its k-th start in this run directory with
+// base + i + k * count, so a restarted actor does not play the problems it played before again
+// and no two starts of any actors share a seed.
+uint64_t Supervisor::ActorSeed(const Child& child) const {
+  return options_.actor_base_seed + static_cast<uint64_t>(child.index) +
+         static_cast<uint64_t>(child.starts) * static_cast<uint64_t>(fleet_.actor_count);
+}
+
 std::vector<std::string> Supervisor::Arguments(const Child& child) const {
   const std::string any_port = "tcp://127.0.0.1:0";
   switch (child.role) {
@@ -348,26 +370,25 @@ std::vector<std::string> Supervisor::Arguments(const Child& child) const {
     }
     case Role::kActor: {
       const fs::path dir = run_dir_ / "actors" / child.name;
-      std::vector<std::string> args = {
-          binary_,
-          "actor",
-          "--config",
-          fleet_.actor_config,
-          "--id",
-          child.name,
-          "--seed",
-          std::to_string(options_.actor_base_seed + static_cast<uint64_t>(child.index)),
-          "--episodes",
-          "0",
-          "--replay",
-          actor_endpoint_,
-          "--weights-endpoint",
-          weights_endpoint_,
-          "--spill-dir",
-          (dir / "spill").string(),
-          "--metrics",
-          (dir / "metrics.jsonl").string(),
-          "--no-progress"};
+      std::vector<std::string> args = {binary_,
+                                       "actor",
+                                       "--config",
+                                       fleet_.actor_config,
+                                       "--id",
+                                       child.name,
+                                       "--seed",
+                                       std::to_string(ActorSeed(child)),
+                                       "--episodes",
+                                       "0",
+                                       "--replay",
+                                       actor_endpoint_,
+                                       "--weights-endpoint",
+                                       weights_endpoint_,
+                                       "--spill-dir",
+                                       (dir / "spill").string(),
+                                       "--metrics",
+                                       (dir / "metrics.jsonl").string(),
+                                       "--no-progress"};
       if (!fleet_.weights.empty()) args.insert(args.end(), {"--weights", fleet_.weights});
       return args;
     }
@@ -398,7 +419,7 @@ void Supervisor::Spawn(Child& child) {
       return;
     }
   }
-  std::string header = "--- launch: starting";
+  std::string header(kStartHeader);
   for (const std::string& arg : args) header += " " + arg;
   header += "\n";
   (void)!::write(child.log_fd, header.data(), header.size());
@@ -436,6 +457,7 @@ void Supervisor::Spawn(Child& child) {
     return;
   }
   ::setpgid(pid, pid);  // also here, so a signal to the group cannot precede the child's own call
+  ++child.starts;
   child.pid = pid;
   child.ready = false;
   child.result_line.clear();
@@ -917,6 +939,7 @@ Result<LaunchSummary> Supervisor::Run() {
     actors_.push_back(&AddChild(name, Role::kActor, static_cast<int>(i)));
     fs::create_directories(run_dir_ / "actors" / name, error);
     actor_metrics_.emplace_back((run_dir_ / "actors" / name / "metrics.jsonl").string());
+    actors_.back()->starts = static_cast<int64_t>(CountStarts(LogPath(*actors_.back())));
     // Rows of an earlier launch describe processes that are gone.
     (void)actor_metrics_.back().NewLines();
   }

@@ -352,6 +352,8 @@ TEST(Launch, AKilledActorIsRestartedAndTheRunFinishes) {
   // Both starts on the one spill directory, so segments the first left there are delivered.
   const std::string log = ReadFile(run + "/logs/actor-0.log");
   EXPECT_EQ(Count(log, "--spill-dir " + run + "/actors/actor-0/spill"), 2u) << log;
+  // The config's seed (3), then the next one: the restarted actor plays new problems.
+  EXPECT_EQ(StartFlags(run + "/logs/actor-0.log", "--seed"), (std::vector<std::string>{"3", "4"}));
 }
 
 TEST(Launch, TheReplayServerAndTheLearnerAreRestartedWhereTheOthersFindThem) {
