@@ -53,6 +53,7 @@ using nlohmann::json;
 constexpr auto kStopGrace = std::chrono::seconds(10);  // SIGTERM, then SIGKILL after this
 constexpr double kPlainProgressPeriodS = 10;           // progress lines when stderr is no terminal
 constexpr size_t kLogTailLines = 12;                   // quoted in errors
+constexpr auto kEvalRetryPause = std::chrono::seconds(30);  // after a failed evaluation
 
 enum class Role { kReplay, kLearner, kActor, kEval };
 
@@ -147,6 +148,8 @@ struct Child {
   std::string line_buffer;
   std::string result_line;  // eval: its {"event":"eval",...} line
   bool final_eval = false;
+  std::string eval_weights;  // eval: a weights file to evaluate instead of the learner's endpoint
+  std::optional<int64_t> eval_version;  // eval: the version that file holds, when known
   asio::steady_timer ready_timer;
   asio::steady_timer backoff_timer;
 
@@ -258,6 +261,8 @@ class Supervisor {
   bool evaluation_enabled_ = false;
   bool start_evaluated_ = false;
   int64_t next_eval_version_ = 0;
+  Clock::time_point eval_retry_after_{};
+  std::string start_weights_;  // the start evaluation's weights file, when it reads one
 };
 
 void Supervisor::Emit(const json& event) const {
@@ -394,8 +399,8 @@ std::vector<std::string> Supervisor::Arguments(const Child& child) const {
     }
     case Role::kEval: {
       std::vector<std::string> args = {binary_, "eval", "--config", fleet_.evaluation->config};
-      if (child.final_eval) {
-        args.insert(args.end(), {"--weights", NewestCheckpoint() + "/model.safetensors"});
+      if (!child.eval_weights.empty()) {
+        args.insert(args.end(), {"--weights", child.eval_weights});
       } else {
         args.insert(args.end(), {"--weights-endpoint", weights_endpoint_});
       }
@@ -666,9 +671,12 @@ void Supervisor::OnEvalExit(Child& child, int status) {
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   json row = json::parse(child.result_line, nullptr, false);
   if (ok && row.is_object()) {
-    if (child.final_eval && learner_row_) {
-      // A file carries no version; the learner's last published one is what it holds.
-      row["policy_version"] = (*learner_row_).value("policy_version", json(nullptr));
+    if (child.eval_version) {
+      row["policy_version"] = *child.eval_version;  // a file carries no version
+    } else if (child.final_eval) {
+      // The final checkpoint holds the learner's last published version.
+      row["policy_version"] =
+          learner_row_ ? (*learner_row_).value("policy_version", json(nullptr)) : json(nullptr);
     }
     row["learner_step"] = learner_row_ ? (*learner_row_).value("step", json(nullptr)) : json(0);
     row["samples_seen"] = samples_;
@@ -694,9 +702,14 @@ void Supervisor::OnEvalExit(Child& child, int status) {
       // Bad usage or config does not get better by trying again.
       Log("evaluations are off for the rest of this run");
       evaluation_enabled_ = false;
-    } else if (learner_row_ && fleet_.evaluation->every_versions > 0) {
-      next_eval_version_ =
-          (*learner_row_).value("policy_version", int64_t{0}) + fleet_.evaluation->every_versions;
+    } else {
+      // Again at the next version due, and not before a pause: a failure that lasts (no
+      // weights served yet, no memory) would otherwise start an evaluation every tick.
+      if (learner_row_ && fleet_.evaluation->every_versions > 0) {
+        next_eval_version_ =
+            (*learner_row_).value("policy_version", int64_t{0}) + fleet_.evaluation->every_versions;
+      }
+      eval_retry_after_ = Clock::now() + kEvalRetryPause;
     }
   }
   if (phase_ == Phase::kRunning) {
@@ -768,6 +781,8 @@ void Supervisor::AdvanceStop() {
     if (wanted) {
       ReadMetrics();
       eval_->final_eval = true;
+      eval_->eval_weights = NewestCheckpoint() + "/model.safetensors";
+      eval_->eval_version.reset();
       Log("final evaluation of " + NewestCheckpoint());
       Spawn(*eval_);
       return;
@@ -920,9 +935,20 @@ void Supervisor::MaybeStartEval() {
   if (!evaluation_enabled_ || phase_ != Phase::kRunning || !announced_ || eval_->running()) return;
   const int64_t version =
       learner_row_ ? learner_row_->value("policy_version", int64_t{0}) : int64_t{0};
-  if (start_evaluated_ && version < next_eval_version_) return;
-  start_evaluated_ = true;
   eval_->final_eval = false;
+  eval_->eval_weights.clear();
+  eval_->eval_version.reset();
+  if (!start_evaluated_) {
+    if (!start_weights_.empty()) {
+      eval_->eval_weights = start_weights_;
+      eval_->eval_version = 0;
+    } else if (!options_.resume && !learner_row_) {
+      return;  // nothing published before the learner's first step: wait for it
+    }
+  } else if (version < next_eval_version_ || Clock::now() < eval_retry_after_) {
+    return;
+  }
+  start_evaluated_ = true;
   Spawn(*eval_);
 }
 
@@ -950,6 +976,15 @@ Result<LaunchSummary> Supervisor::Run() {
   if (fleet_.evaluation) {
     eval_ = &AddChild("eval", Role::kEval, 0);
     evaluation_enabled_ = true;
+    if (!options_.resume) {
+      if (!fleet_.weights.empty()) {
+        start_weights_ = fleet_.weights;
+      } else if (options_.write_initial_weights) {
+        const std::string path = (run_dir_ / "initial.safetensors").string();
+        STRIDER_RETURN_IF_ERROR(options_.write_initial_weights(path));
+        start_weights_ = path;
+      }
+    }
   }
 
   WaitSignals();

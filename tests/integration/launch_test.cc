@@ -554,6 +554,10 @@ TEST(Launch, EvaluatesTheStartEveryNthVersionAndTheEnd) {
     EXPECT_EQ(row["episodes"], 4);
   }
   EXPECT_TRUE(rows.back().value("final", false));
+  // The start: version 0, which a fresh learner never publishes, from the file written for it.
+  EXPECT_EQ(rows.front()["policy_version"], 0);
+  EXPECT_EQ(rows.front()["weights"], run + "/initial.safetensors");
+  EXPECT_TRUE(fs::exists(run + "/initial.safetensors"));
   EXPECT_EQ(Running(launcher), std::vector<std::string>{});
 }
 
