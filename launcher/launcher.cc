@@ -439,6 +439,19 @@ void Supervisor::Spawn(Child& child) {
   std::vector<char*> argv;
   for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
+  // Several LibTorch processes share the cores: OpenMP threads that spin while they wait burn
+  // a core another child needs (evaluations ran 5 to 10 times slower beside actors), so they
+  // wait passively unless the caller chose otherwise.
+  std::vector<std::string> environment;
+  bool wait_policy_set = false;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    environment.emplace_back(*entry);
+    if (environment.back().rfind("OMP_WAIT_POLICY=", 0) == 0) wait_policy_set = true;
+  }
+  if (!wait_policy_set) environment.emplace_back("OMP_WAIT_POLICY=PASSIVE");
+  std::vector<char*> envp;
+  for (std::string& entry : environment) envp.push_back(entry.data());
+  envp.push_back(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -451,7 +464,7 @@ void Supervisor::Spawn(Child& child) {
     if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
     ::dup2(fds[1], STDOUT_FILENO);
     ::dup2(child.log_fd, STDERR_FILENO);
-    ::execv(argv[0], argv.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
   ::close(fds[1]);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -293,8 +294,15 @@ TEST(Launch, SigintEndsEveryChildWithinTenSeconds) {
   TempDir dir;
   const std::string fleet = WriteFleet(dir, "fleet.yaml", "  wall_time_s: 600\n");
   Launcher launcher;
-  ASSERT_TRUE(launcher.Start({fleet}));
+  // Without OMP_WAIT_POLICY in its environment (ctest sets it), to see the launcher add it.
+  ASSERT_TRUE(launcher.Start(
+      {"/bin/sh", "-c", "exec env -u OMP_WAIT_POLICY " + StriderBinary() + " launch " + fleet},
+      /*raw=*/true));
   ASSERT_TRUE(launcher.Wait("ready", 120000).is_object());
+  std::string environment =
+      ReadFile("/proc/" + std::to_string(launcher.pids().at("actor-0").at(0)) + "/environ");
+  std::replace(environment.begin(), environment.end(), '\0', '\n');
+  EXPECT_NE(environment.find("\nOMP_WAIT_POLICY=PASSIVE\n"), std::string::npos) << environment;
   std::this_thread::sleep_for(milliseconds(2000));  // children busy: episodes and a step
   const auto signalled = std::chrono::steady_clock::now();
   launcher.process().Signal(SIGINT);
