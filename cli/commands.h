@@ -32,6 +32,9 @@ void AddLaunchCommands(CLI::App& app, int& exit_code);
 Result<uint64_t> CheckActorConfig(const std::string& path);
 // A mode: rl learner config, as `strider learner` reads it.
 Status CheckRlLearnerConfig(const std::string& path);
+// The weights a fresh learner of this config starts from (version 0, which it does not
+// publish), saved as safetensors at `out`, so they can be evaluated before its first step.
+Status WriteInitialRlWeights(const std::string& config_path, const std::string& out);
 
 // `strider learner` with mode: rl (rl_commands.cc), called by the learner subcommand once the
 // config's mode is known.

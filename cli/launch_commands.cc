@@ -38,6 +38,10 @@ Status RunLaunch(const LaunchArgs& args) {
   launcher::LaunchOptions options;
   STRIDER_ASSIGN_OR_RETURN(options.actor_base_seed, CheckChildConfigs(fleet));
   options.resume = args.resume;
+  const std::string learner_config = fleet.learner_config;
+  options.write_initial_weights = [learner_config](const std::string& out) {
+    return WriteInitialRlWeights(learner_config, out);
+  };
   options.on_event = [](const std::string& line) {
     std::fputs(line.c_str(), stdout);
     std::fputc('\n', stdout);

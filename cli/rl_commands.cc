@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "common/model/model.h"
 #include "learner/rl/rl_config.h"
 #include "learner/rl/rl_learner.h"
 
@@ -55,6 +56,16 @@ int RunRlLearnerCommand(const RlLearnerFlags& flags) {
 
 Status CheckRlLearnerConfig(const std::string& path) {
   return rl::LoadRlLearnerConfig(path).status();
+}
+
+Status WriteInitialRlWeights(const std::string& config_path, const std::string& out) {
+  STRIDER_ASSIGN_OR_RETURN(rl::RlLearnerConfig config, rl::LoadRlLearnerConfig(config_path));
+  // What the learner starts from: its init file, else a fresh model from init_seed.
+  Result<std::unique_ptr<Model>> model =
+      config.init.empty() ? Model::Create(config.model, static_cast<uint64_t>(config.init_seed))
+                          : Model::Load(config.model, config.init);
+  if (!model.ok()) return model.status();
+  return (*model)->Save(out);
 }
 
 }  // namespace strider::cli

@@ -40,6 +40,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
 namespace strider::launcher {
 namespace {
@@ -52,6 +53,7 @@ using nlohmann::json;
 constexpr auto kStopGrace = std::chrono::seconds(10);  // SIGTERM, then SIGKILL after this
 constexpr double kPlainProgressPeriodS = 10;           // progress lines when stderr is no terminal
 constexpr size_t kLogTailLines = 12;                   // quoted in errors
+constexpr auto kEvalRetryPause = std::chrono::seconds(30);  // after a failed evaluation
 
 enum class Role { kReplay, kLearner, kActor, kEval };
 
@@ -66,6 +68,18 @@ std::string LogTail(const std::string& path, size_t lines) {
   std::string out;
   for (const std::string& line : tail) out += "  | " + line + "\n";
   return out.empty() ? "  | (empty)\n" : out;
+}
+
+constexpr std::string_view kStartHeader = "--- launch: starting";
+
+// How many times the launcher started a child with this log (each start writes a header).
+size_t CountStarts(const std::string& log_path) {
+  std::ifstream in(log_path, std::ios::binary);
+  size_t starts = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(kStartHeader, 0) == 0) ++starts;
+  }
+  return starts;
 }
 
 // Lines appended to a JSON-lines file since the last call; a line still being written (no
@@ -126,6 +140,7 @@ struct Child {
   bool ready = false;       // this start printed its ready line
   bool ever_ready = false;  // some start did
   int64_t restarts = 0;
+  int64_t starts = 0;       // in this run directory, earlier launches included (from its log)
   uint64_t generation = 0;  // bumped per start; handlers of an earlier start see a stale one
   int log_fd = -1;
   std::unique_ptr<asio::posix::stream_descriptor> out;
@@ -133,6 +148,8 @@ struct Child {
   std::string line_buffer;
   std::string result_line;  // eval: its {"event":"eval",...} line
   bool final_eval = false;
+  std::string eval_weights;  // eval: a weights file to evaluate instead of the learner's endpoint
+  std::optional<int64_t> eval_version;  // eval: the version that file holds, when known
   asio::steady_timer ready_timer;
   asio::steady_timer backoff_timer;
 
@@ -164,6 +181,7 @@ class Supervisor {
   Status PrepareRunDir();
   Child& AddChild(const std::string& name, Role role, int index);
   std::vector<std::string> Arguments(const Child& child) const;
+  uint64_t ActorSeed(const Child& child) const;
   std::string NewestCheckpoint() const;
   void Spawn(Child& child);
   void ReadOutput(Child& child);
@@ -228,6 +246,8 @@ class Supervisor {
   std::vector<FileTail> actor_metrics_;
   std::optional<json> learner_row_;
   std::vector<std::optional<json>> actor_rows_;
+  FileTail replay_log_;  // its "replay stats: {...}" lines carry each table's fill
+  json replay_fill_;     // {"table": fill}, null until the server's first stats line
   std::map<int64_t, int64_t> sampled_by_step_;  // a resumed learner repeats steps: one entry each
   int64_t samples_ = 0;
   std::optional<double> eval_success_rate_;
@@ -241,6 +261,8 @@ class Supervisor {
   bool evaluation_enabled_ = false;
   bool start_evaluated_ = false;
   int64_t next_eval_version_ = 0;
+  Clock::time_point eval_retry_after_{};
+  std::string start_weights_;  // the start evaluation's weights file, when it reads one
 };
 
 void Supervisor::Emit(const json& event) const {
@@ -308,6 +330,14 @@ std::string Supervisor::NewestCheckpoint() const {
   return best;
 }
 
+// Actor i's first start plays with base + i; its k-th start in this run directory with
+// base + i + k * count, so a restarted actor does not play the problems it played before again
+// and no two starts of any actors share a seed.
+uint64_t Supervisor::ActorSeed(const Child& child) const {
+  return options_.actor_base_seed + static_cast<uint64_t>(child.index) +
+         static_cast<uint64_t>(child.starts) * static_cast<uint64_t>(fleet_.actor_count);
+}
+
 std::vector<std::string> Supervisor::Arguments(const Child& child) const {
   const std::string any_port = "tcp://127.0.0.1:0";
   switch (child.role) {
@@ -345,33 +375,32 @@ std::vector<std::string> Supervisor::Arguments(const Child& child) const {
     }
     case Role::kActor: {
       const fs::path dir = run_dir_ / "actors" / child.name;
-      std::vector<std::string> args = {
-          binary_,
-          "actor",
-          "--config",
-          fleet_.actor_config,
-          "--id",
-          child.name,
-          "--seed",
-          std::to_string(options_.actor_base_seed + static_cast<uint64_t>(child.index)),
-          "--episodes",
-          "0",
-          "--replay",
-          actor_endpoint_,
-          "--weights-endpoint",
-          weights_endpoint_,
-          "--spill-dir",
-          (dir / "spill").string(),
-          "--metrics",
-          (dir / "metrics.jsonl").string(),
-          "--no-progress"};
+      std::vector<std::string> args = {binary_,
+                                       "actor",
+                                       "--config",
+                                       fleet_.actor_config,
+                                       "--id",
+                                       child.name,
+                                       "--seed",
+                                       std::to_string(ActorSeed(child)),
+                                       "--episodes",
+                                       "0",
+                                       "--replay",
+                                       actor_endpoint_,
+                                       "--weights-endpoint",
+                                       weights_endpoint_,
+                                       "--spill-dir",
+                                       (dir / "spill").string(),
+                                       "--metrics",
+                                       (dir / "metrics.jsonl").string(),
+                                       "--no-progress"};
       if (!fleet_.weights.empty()) args.insert(args.end(), {"--weights", fleet_.weights});
       return args;
     }
     case Role::kEval: {
       std::vector<std::string> args = {binary_, "eval", "--config", fleet_.evaluation->config};
-      if (child.final_eval) {
-        args.insert(args.end(), {"--weights", NewestCheckpoint() + "/model.safetensors"});
+      if (!child.eval_weights.empty()) {
+        args.insert(args.end(), {"--weights", child.eval_weights});
       } else {
         args.insert(args.end(), {"--weights-endpoint", weights_endpoint_});
       }
@@ -395,7 +424,7 @@ void Supervisor::Spawn(Child& child) {
       return;
     }
   }
-  std::string header = "--- launch: starting";
+  std::string header(kStartHeader);
   for (const std::string& arg : args) header += " " + arg;
   header += "\n";
   (void)!::write(child.log_fd, header.data(), header.size());
@@ -410,6 +439,19 @@ void Supervisor::Spawn(Child& child) {
   std::vector<char*> argv;
   for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
+  // Several LibTorch processes share the cores: OpenMP threads that spin while they wait burn
+  // a core another child needs (evaluations ran 5 to 10 times slower beside actors), so they
+  // wait passively unless the caller chose otherwise.
+  std::vector<std::string> environment;
+  bool wait_policy_set = false;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    environment.emplace_back(*entry);
+    if (environment.back().rfind("OMP_WAIT_POLICY=", 0) == 0) wait_policy_set = true;
+  }
+  if (!wait_policy_set) environment.emplace_back("OMP_WAIT_POLICY=PASSIVE");
+  std::vector<char*> envp;
+  for (std::string& entry : environment) envp.push_back(entry.data());
+  envp.push_back(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -422,7 +464,7 @@ void Supervisor::Spawn(Child& child) {
     if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
     ::dup2(fds[1], STDOUT_FILENO);
     ::dup2(child.log_fd, STDERR_FILENO);
-    ::execv(argv[0], argv.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
   ::close(fds[1]);
@@ -433,6 +475,7 @@ void Supervisor::Spawn(Child& child) {
     return;
   }
   ::setpgid(pid, pid);  // also here, so a signal to the group cannot precede the child's own call
+  ++child.starts;
   child.pid = pid;
   child.ready = false;
   child.result_line.clear();
@@ -641,9 +684,12 @@ void Supervisor::OnEvalExit(Child& child, int status) {
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   json row = json::parse(child.result_line, nullptr, false);
   if (ok && row.is_object()) {
-    if (child.final_eval && learner_row_) {
-      // A file carries no version; the learner's last published one is what it holds.
-      row["policy_version"] = (*learner_row_).value("policy_version", json(nullptr));
+    if (child.eval_version) {
+      row["policy_version"] = *child.eval_version;  // a file carries no version
+    } else if (child.final_eval) {
+      // The final checkpoint holds the learner's last published version.
+      row["policy_version"] =
+          learner_row_ ? (*learner_row_).value("policy_version", json(nullptr)) : json(nullptr);
     }
     row["learner_step"] = learner_row_ ? (*learner_row_).value("step", json(nullptr)) : json(0);
     row["samples_seen"] = samples_;
@@ -669,9 +715,14 @@ void Supervisor::OnEvalExit(Child& child, int status) {
       // Bad usage or config does not get better by trying again.
       Log("evaluations are off for the rest of this run");
       evaluation_enabled_ = false;
-    } else if (learner_row_ && fleet_.evaluation->every_versions > 0) {
-      next_eval_version_ =
-          (*learner_row_).value("policy_version", int64_t{0}) + fleet_.evaluation->every_versions;
+    } else {
+      // Again at the next version due, and not before a pause: a failure that lasts (no
+      // weights served yet, no memory) would otherwise start an evaluation every tick.
+      if (learner_row_ && fleet_.evaluation->every_versions > 0) {
+        next_eval_version_ =
+            (*learner_row_).value("policy_version", int64_t{0}) + fleet_.evaluation->every_versions;
+      }
+      eval_retry_after_ = Clock::now() + kEvalRetryPause;
     }
   }
   if (phase_ == Phase::kRunning) {
@@ -743,6 +794,8 @@ void Supervisor::AdvanceStop() {
     if (wanted) {
       ReadMetrics();
       eval_->final_eval = true;
+      eval_->eval_weights = NewestCheckpoint() + "/model.safetensors";
+      eval_->eval_version.reset();
       Log("final evaluation of " + NewestCheckpoint());
       Spawn(*eval_);
       return;
@@ -787,6 +840,20 @@ void Supervisor::ReadMetrics() {
   }
   samples_ = 0;
   for (const auto& [step, count] : sampled_by_step_) samples_ += count;
+  // The server logs its stats every server.stats_interval_s; a client of its own in the
+  // launcher would cost more than reading what it already writes.
+  constexpr std::string_view kStats = "replay stats: ";
+  for (const std::string& line : replay_log_.NewLines()) {
+    const size_t at = line.find(kStats);
+    if (at == std::string::npos) continue;
+    const json stats = json::parse(line.substr(at + kStats.size()), nullptr, false);
+    if (!stats.is_object() || !stats.contains("tables") || !stats["tables"].is_array()) continue;
+    json fill = json::object();
+    for (const json& table : stats["tables"]) {
+      if (table.contains("name") && table.contains("fill")) fill[table["name"]] = table["fill"];
+    }
+    replay_fill_ = std::move(fill);
+  }
   for (size_t i = 0; i < actor_metrics_.size(); ++i) {
     for (const std::string& line : actor_metrics_[i].NewLines()) {
       json row = json::parse(line, nullptr, false);
@@ -821,6 +888,7 @@ json Supervisor::MergedLine() const {
           {"learner_tokens_per_s", learner("tokens_per_second")},
           {"actor_tokens_per_s", Optional(actor_tokens)},
           {"staleness_mean", learner("staleness_mean")},
+          {"replay_fill", replay_fill_},
           {"restarts", restarts}};
 }
 
@@ -880,9 +948,20 @@ void Supervisor::MaybeStartEval() {
   if (!evaluation_enabled_ || phase_ != Phase::kRunning || !announced_ || eval_->running()) return;
   const int64_t version =
       learner_row_ ? learner_row_->value("policy_version", int64_t{0}) : int64_t{0};
-  if (start_evaluated_ && version < next_eval_version_) return;
-  start_evaluated_ = true;
   eval_->final_eval = false;
+  eval_->eval_weights.clear();
+  eval_->eval_version.reset();
+  if (!start_evaluated_) {
+    if (!start_weights_.empty()) {
+      eval_->eval_weights = start_weights_;
+      eval_->eval_version = 0;
+    } else if (!options_.resume && !learner_row_) {
+      return;  // nothing published before the learner's first step: wait for it
+    }
+  } else if (version < next_eval_version_ || Clock::now() < eval_retry_after_) {
+    return;
+  }
+  start_evaluated_ = true;
   Spawn(*eval_);
 }
 
@@ -899,14 +978,26 @@ Result<LaunchSummary> Supervisor::Run() {
     actors_.push_back(&AddChild(name, Role::kActor, static_cast<int>(i)));
     fs::create_directories(run_dir_ / "actors" / name, error);
     actor_metrics_.emplace_back((run_dir_ / "actors" / name / "metrics.jsonl").string());
+    actors_.back()->starts = static_cast<int64_t>(CountStarts(LogPath(*actors_.back())));
     // Rows of an earlier launch describe processes that are gone.
     (void)actor_metrics_.back().NewLines();
   }
   actor_rows_.resize(actors_.size());
   learner_metrics_ = FileTail((run_dir_ / "learner" / "metrics.jsonl").string());
+  replay_log_ = FileTail((run_dir_ / "logs" / "replay.log").string());
+  (void)replay_log_.NewLines();  // an earlier launch's stats describe another server
   if (fleet_.evaluation) {
     eval_ = &AddChild("eval", Role::kEval, 0);
     evaluation_enabled_ = true;
+    if (!options_.resume) {
+      if (!fleet_.weights.empty()) {
+        start_weights_ = fleet_.weights;
+      } else if (options_.write_initial_weights) {
+        const std::string path = (run_dir_ / "initial.safetensors").string();
+        STRIDER_RETURN_IF_ERROR(options_.write_initial_weights(path));
+        start_weights_ = path;
+      }
+    }
   }
 
   WaitSignals();

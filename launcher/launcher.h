@@ -79,6 +79,11 @@ struct LaunchOptions {
   double tick_s = 2;                      // merged metrics line and stop-rule check period
   // Each JSON event line for stdout ("ready", "started", "exited", "finished"), without newline.
   std::function<void(const std::string& line)> on_event;
+  // Saves the weights a fresh learner starts from at the given path. A fresh learner publishes
+  // nothing before its first step, so the start evaluation of a fleet without `weights:` reads
+  // them from this file (RUN_DIR/initial.safetensors); unset: that evaluation waits for the
+  // first published version.
+  std::function<Status(const std::string& path)> write_initial_weights;
 };
 
 struct LaunchSummary {

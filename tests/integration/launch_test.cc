@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -34,7 +35,7 @@ using strider::testing::TempDir;
 // of four short episodes per step.
 void WriteChildConfigs(const TempDir& dir) {
   std::ofstream(dir.Sub("replay.yaml"))
-      << "server: {stats_interval_s: 0}\n"
+      << "server: {stats_interval_s: 1}\n"
       << "tables:\n  - name: groups\n    unit: group\n    sampler: fifo\n"
       << "    capacity: 1000\n    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n";
   std::ofstream(dir.Sub("learner.yaml"))
@@ -208,12 +209,14 @@ TEST(Launch, RunsTheFleetToAStopRuleAndResumesIt) {
   ASSERT_GE(rows.size(), 2u) << "a row per tick and one at exit";
   for (const char* key : {"elapsed_s", "learner_step", "policy_version", "reward_mean",
                           "success_rate", "eval_success_rate", "samples", "learner_tokens_per_s",
-                          "actor_tokens_per_s", "staleness_mean", "restarts"}) {
+                          "actor_tokens_per_s", "staleness_mean", "replay_fill", "restarts"}) {
     EXPECT_TRUE(rows.back().contains(key)) << key;
   }
   EXPECT_GE(rows.back()["learner_step"].get<int64_t>(), 2);
   EXPECT_GE(rows.back()["samples"].get<int64_t>(), 8) << "two steps of one group of four";
   EXPECT_TRUE(rows.back()["eval_success_rate"].is_null()) << "no evaluation configured";
+  ASSERT_TRUE(rows.back()["replay_fill"].is_object()) << rows.back().dump();
+  EXPECT_TRUE(rows.back()["replay_fill"]["groups"].is_number()) << rows.back().dump();
   EXPECT_EQ(rows.back()["restarts"],
             nlohmann::json({{"replay", 0}, {"learner", 0}, {"actor-0", 0}}));
   EXPECT_EQ(ReadFile(run + "/fleet.yaml"), ReadFile(fleet));
@@ -291,8 +294,15 @@ TEST(Launch, SigintEndsEveryChildWithinTenSeconds) {
   TempDir dir;
   const std::string fleet = WriteFleet(dir, "fleet.yaml", "  wall_time_s: 600\n");
   Launcher launcher;
-  ASSERT_TRUE(launcher.Start({fleet}));
+  // Without OMP_WAIT_POLICY in its environment (ctest sets it), to see the launcher add it.
+  ASSERT_TRUE(launcher.Start(
+      {"/bin/sh", "-c", "exec env -u OMP_WAIT_POLICY " + StriderBinary() + " launch " + fleet},
+      /*raw=*/true));
   ASSERT_TRUE(launcher.Wait("ready", 120000).is_object());
+  std::string environment =
+      ReadFile("/proc/" + std::to_string(launcher.pids().at("actor-0").at(0)) + "/environ");
+  std::replace(environment.begin(), environment.end(), '\0', '\n');
+  EXPECT_NE(environment.find("\nOMP_WAIT_POLICY=PASSIVE\n"), std::string::npos) << environment;
   std::this_thread::sleep_for(milliseconds(2000));  // children busy: episodes and a step
   const auto signalled = std::chrono::steady_clock::now();
   launcher.process().Signal(SIGINT);
@@ -350,6 +360,8 @@ TEST(Launch, AKilledActorIsRestartedAndTheRunFinishes) {
   // Both starts on the one spill directory, so segments the first left there are delivered.
   const std::string log = ReadFile(run + "/logs/actor-0.log");
   EXPECT_EQ(Count(log, "--spill-dir " + run + "/actors/actor-0/spill"), 2u) << log;
+  // The config's seed (3), then the next one: the restarted actor plays new problems.
+  EXPECT_EQ(StartFlags(run + "/logs/actor-0.log", "--seed"), (std::vector<std::string>{"3", "4"}));
 }
 
 TEST(Launch, TheReplayServerAndTheLearnerAreRestartedWhereTheOthersFindThem) {
@@ -550,6 +562,10 @@ TEST(Launch, EvaluatesTheStartEveryNthVersionAndTheEnd) {
     EXPECT_EQ(row["episodes"], 4);
   }
   EXPECT_TRUE(rows.back().value("final", false));
+  // The start: version 0, which a fresh learner never publishes, from the file written for it.
+  EXPECT_EQ(rows.front()["policy_version"], 0);
+  EXPECT_EQ(rows.front()["weights"], run + "/initial.safetensors");
+  EXPECT_TRUE(fs::exists(run + "/initial.safetensors"));
   EXPECT_EQ(Running(launcher), std::vector<std::string>{});
 }
 

@@ -1,0 +1,116 @@
+// The fleet file reader: defaults, what each rule requires, paths, and the recorded copy that
+// --resume reads.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "launcher/launcher.h"
+#include "tests/replay/temp_dir.h"
+
+namespace strider::launcher {
+namespace {
+
+using strider::testing::TempDir;
+
+// A fleet naming three files that exist in `dir`, plus `extra` YAML.
+std::string WriteFleet(const TempDir& dir, const std::string& extra) {
+  for (const char* name : {"replay.yaml", "learner.yaml", "actor.yaml"}) {
+    std::ofstream(dir.Sub(name)) << "# placeholder\n";
+  }
+  const std::string path = dir.Sub("fleet.yaml");
+  std::ofstream(path) << "replay: {config: " << dir.Sub("replay.yaml") << "}\n"
+                      << "learner: {config: " << dir.Sub("learner.yaml") << "}\n"
+                      << "actors: {config: " << dir.Sub("actor.yaml") << "}\n"
+                      << extra;
+  return path;
+}
+
+TEST(FleetConfig, DefaultsFillWhatTheFileLeavesOut) {
+  TempDir dir;
+  Result<FleetConfig> fleet = LoadFleetConfig(WriteFleet(dir, "stop: {wall_time_s: 60}\n"));
+  ASSERT_TRUE(fleet.ok()) << fleet.status().ToString();
+  EXPECT_EQ(fleet->run_dir, "runs/fleet");
+  EXPECT_EQ(fleet->actor_count, 1);
+  EXPECT_FALSE(fleet->evaluation.has_value());
+  EXPECT_EQ(fleet->stop.wall_time_s, 60);
+  EXPECT_EQ(fleet->stop.learner_steps, 0);
+  EXPECT_EQ(fleet->restart.max_restarts, 5);
+  EXPECT_EQ(fleet->restart.backoff_s, (std::vector<int64_t>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(fleet->learner_config, dir.Sub("learner.yaml"));
+}
+
+TEST(FleetConfig, AnEvaluationSectionGetsItsDefaults) {
+  TempDir dir;
+  Result<FleetConfig> fleet = LoadFleetConfig(WriteFleet(
+      dir, "evaluation: {config: " + dir.Sub("actor.yaml") + "}\nstop: {success_rate: 0.5}\n"));
+  ASSERT_TRUE(fleet.ok()) << fleet.status().ToString();
+  ASSERT_TRUE(fleet->evaluation.has_value());
+  EXPECT_EQ(fleet->evaluation->episodes, 100);
+  EXPECT_EQ(fleet->evaluation->every_versions, 10);
+  EXPECT_TRUE(fleet->evaluation->final);
+  EXPECT_EQ(fleet->stop.success_rate, 0.5);
+}
+
+// The message of loading `extra` on top of the three configs (OK when it loads).
+std::string Problem(const std::string& extra) {
+  TempDir dir;
+  Result<FleetConfig> fleet = LoadFleetConfig(WriteFleet(dir, extra));
+  return fleet.ok() ? "OK" : fleet.status().ToString();
+}
+
+TEST(FleetConfig, EachMistakeIsNamedWithItsKey) {
+  EXPECT_NE(Problem("").find("stop: is required"), std::string::npos) << Problem("");
+  EXPECT_NE(Problem("stop: {samples: 0}\n").find("stop: needs at least one rule"),
+            std::string::npos);
+  EXPECT_NE(Problem("stop: {success_rate: 0.9}\n").find("stop.success_rate: needs an evaluation"),
+            std::string::npos);
+  EXPECT_NE(Problem("stop: {learner_steps: -1}\n").find("stop.learner_steps: must not be"),
+            std::string::npos);
+  EXPECT_NE(Problem("stop: {wall_time_s: 1}\nrestart: {backoff_s: []}\n")
+                .find("restart.backoff_s: must not be empty"),
+            std::string::npos);
+  EXPECT_NE(Problem("stop: {wall_time_s: 1}\nrestart: {backoff_s: [1, -2]}\n")
+                .find("restart.backoff_s: must not hold a negative"),
+            std::string::npos);
+  EXPECT_NE(Problem("stop: {wall_time_s: 1}\nweights: /nonexistent.safetensors\n")
+                .find("weights: no such file"),
+            std::string::npos);
+  const std::string typo = Problem("stop: {wall_time_s: 1, learner_stpes: 3}\n");
+  EXPECT_NE(
+      typo.find("fleet.yaml:4: stop.learner_stpes: unknown key (did you mean learner_steps?)"),
+      std::string::npos)
+      << typo;
+}
+
+TEST(FleetConfig, ResumeReadsTheCopyInTheRunDirectory) {
+  TempDir dir;
+  const std::string named =
+      WriteFleet(dir, "run_dir: " + dir.Sub("run") + "\nstop: {learner_steps: 2}\n");
+  EXPECT_TRUE(LoadFleetForLaunch(named, "", /*resume=*/true).status().IsNotFound())
+      << "nothing recorded yet";
+  std::filesystem::create_directories(dir.Sub("run"));
+  std::string text;
+  {
+    std::ifstream in(named);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  text.replace(text.find("learner_steps: 2"), 16, "learner_steps: 7");
+  std::ofstream(dir.Sub("run/fleet.yaml")) << text;
+  for (const auto& [fleet_path, run_dir] :
+       {std::pair<std::string, std::string>{named, ""}, {"", dir.Sub("run")}}) {
+    Result<FleetConfig> fleet = LoadFleetForLaunch(fleet_path, run_dir, /*resume=*/true);
+    ASSERT_TRUE(fleet.ok()) << fleet.status().ToString();
+    EXPECT_EQ(fleet->stop.learner_steps, 7) << "the recorded copy wins over the named file";
+    EXPECT_EQ(fleet->run_dir, dir.Sub("run"));
+    EXPECT_EQ(fleet->origin, dir.Sub("run") + "/fleet.yaml");
+  }
+  Result<FleetConfig> fresh = LoadFleetForLaunch(named, dir.Sub("elsewhere"), /*resume=*/false);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(fresh->run_dir, dir.Sub("elsewhere")) << "--run-dir wins over run_dir";
+  EXPECT_FALSE(LoadFleetForLaunch("", "", /*resume=*/true).ok());
+}
+
+}  // namespace
+}  // namespace strider::launcher
