@@ -76,6 +76,8 @@ Result<FleetConfig> LoadFleetConfig(const std::string& path) {
   stop.Check(fleet.stop.samples >= 0, "samples", "must not be negative");
   stop.Optional("wall_time_s", &fleet.stop.wall_time_s);
   stop.Check(fleet.stop.wall_time_s >= 0, "wall_time_s", "must not be negative");
+  stop.Optional("grace_s", &fleet.stop.grace_s);
+  stop.Check(fleet.stop.grace_s > 0, "grace_s", "must be positive");
   stop.Optional("success_rate", &fleet.stop.success_rate);
   stop.Check(fleet.stop.success_rate >= 0 && fleet.stop.success_rate <= 1, "success_rate",
              "must be between 0 and 1");

@@ -38,9 +38,12 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string_view>
+
+#include "learner/report.h"
 
 namespace strider::launcher {
 namespace {
@@ -50,7 +53,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-constexpr auto kStopGrace = std::chrono::seconds(10);  // SIGTERM, then SIGKILL after this
 constexpr double kPlainProgressPeriodS = 10;           // progress lines when stderr is no terminal
 constexpr size_t kLogTailLines = 12;                   // quoted in errors
 constexpr auto kEvalRetryPause = std::chrono::seconds(30);  // after a failed evaluation
@@ -762,10 +764,11 @@ void Supervisor::BeginStop(const std::string& reason) {
 }
 
 void Supervisor::ArmKillTimer() {
-  kill_timer_.expires_after(kStopGrace);  // cancels the wait of an earlier stage
+  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(fleet_.stop.grace_s * 1000));
+  kill_timer_.expires_after(grace);  // cancels the wait of an earlier stage
   kill_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
-    Log("children still running " + std::to_string(kStopGrace.count()) +
+    Log("children still running " + fmt::format("{:g}", fleet_.stop.grace_s) +
         " s after SIGTERM: SIGKILL");
     SignalRunning(SIGKILL, true);
   });
@@ -1027,6 +1030,15 @@ Result<LaunchSummary> Supervisor::Run() {
                    {"samples", samples_},
                    {"elapsed_s", summary.elapsed_s}};
   if (!failure_.ok()) finished["error"] = failure_.message();
+  // The run's report.html, as `strider report RUN_DIR` writes it; a run whose files cannot be
+  // reported (nothing written yet) still ends as it would have.
+  const std::string report_path = (run_dir_ / "report.html").string();
+  Result<std::string> report = WriteRlReport({run_dir_.string()}, report_path);
+  if (report.ok()) {
+    finished["report"] = *report;
+  } else {
+    Log("no report: " + report.status().ToString());
+  }
   Emit(finished);
   if (!failure_.ok()) return failure_;
   return summary;

@@ -40,6 +40,9 @@ struct StopRules {
   int64_t samples = 0;        // trajectories the learner sampled (its metrics "trajectories")
   double wall_time_s = 0;
   double success_rate = 0;  // an evaluation's success_rate at or above this; needs evaluation
+  // Seconds a child has after SIGTERM before SIGKILL. The learner finishes the step it is in
+  // and writes its checkpoint first, which on 2 cores can take half a minute or more.
+  double grace_s = 60;
 };
 
 struct RestartPolicy {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -199,6 +200,11 @@ TEST(Launch, RunsTheFleetToAStopRuleAndResumesIt) {
   ASSERT_TRUE(finished.is_object());
   EXPECT_EQ(finished["reason"], "learner_steps");
   EXPECT_GE(finished["learner_step"].get<int64_t>(), 2);
+  // The run's report is written at the end, with the learner's steps plotted.
+  ASSERT_TRUE(finished.contains("report")) << finished.dump();
+  std::ifstream report(finished["report"].get<std::string>());
+  const std::string page((std::istreambuf_iterator<char>(report)), std::istreambuf_iterator<char>());
+  EXPECT_NE(page.find("<polyline"), std::string::npos) << "no plotted line in the report";
   EXPECT_EQ(launcher.process().Wait(), 0);
   EXPECT_EQ(Running(launcher), std::vector<std::string>{});
   for (const char* role : {"replay", "learner", "actor-0"}) {

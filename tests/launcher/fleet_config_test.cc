@@ -36,6 +36,7 @@ TEST(FleetConfig, DefaultsFillWhatTheFileLeavesOut) {
   EXPECT_FALSE(fleet->evaluation.has_value());
   EXPECT_EQ(fleet->stop.wall_time_s, 60);
   EXPECT_EQ(fleet->stop.learner_steps, 0);
+  EXPECT_EQ(fleet->stop.grace_s, 60);
   EXPECT_EQ(fleet->restart.max_restarts, 5);
   EXPECT_EQ(fleet->restart.backoff_s, (std::vector<int64_t>{1, 2, 4, 8, 16}));
   EXPECT_EQ(fleet->learner_config, dir.Sub("learner.yaml"));
@@ -67,6 +68,8 @@ TEST(FleetConfig, EachMistakeIsNamedWithItsKey) {
   EXPECT_NE(Problem("stop: {success_rate: 0.9}\n").find("stop.success_rate: needs an evaluation"),
             std::string::npos);
   EXPECT_NE(Problem("stop: {learner_steps: -1}\n").find("stop.learner_steps: must not be"),
+            std::string::npos);
+  EXPECT_NE(Problem("stop: {wall_time_s: 1, grace_s: 0}\n").find("stop.grace_s: must be positive"),
             std::string::npos);
   EXPECT_NE(Problem("stop: {wall_time_s: 1}\nrestart: {backoff_s: []}\n")
                 .find("restart.backoff_s: must not be empty"),
