@@ -153,6 +153,25 @@ TEST(DatasetEnv, CommandVerifierIsOneKeptProcessAndFaultsAreErrorResults) {
   EXPECT_LT(seconds, 5.0);
   env->Close();
 
+  // A verifier that stops reading its input after one reply: the next write fails with EPIPE,
+  // which must be an error result, not a SIGPIPE that ends this test process.
+  const std::string closer = WriteFile(
+      "closer.py",
+      "import json, os, sys, time\n"
+      "sys.stdin.readline()\n"
+      "os.close(0)\n"
+      "print(json.dumps({'reward': 1.0}), flush=True)\n"
+      "time.sleep(30)\n");
+  options["command"] = "exec python3 " + closer;  // no shell left holding the pipe
+  auto closing = Make(options);
+  EXPECT_EQ(Answer(*closing, 0, "Answer: 42").outcome_reward, 1.0);
+  ASSERT_TRUE(closing->Reset(0, {}).ok());
+  Result<StepResult> unread = closing->Step(MakeAction("Answer: 42"));
+  ASSERT_FALSE(unread.ok());
+  EXPECT_NE(unread.status().message().find("stopped reading its input"), std::string::npos)
+      << unread.status().ToString();
+  closing->Close();
+
   // A command that is not there: the shell exits 127, an error result again.
   options["command"] = "/nonexistent/verifier";
   auto missing = Make(options);
