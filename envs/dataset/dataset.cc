@@ -16,6 +16,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <regex>
 
 #include "common/config.h"
@@ -62,6 +64,9 @@ Result<Settings> ReadSettings(const Options& options) {
   settings.command = reader.String("command", "");
   settings.verifier_timeout_ms = reader.Int("verifier_timeout_ms", 10000, 1, 3600000);
   const std::string tools = reader.String("tools", "");
+  // The turn limit's default depends on whether a tool is offered.
+  settings.max_turns =
+      static_cast<int>(reader.Int("max_turns", tools == "calc" ? 4 : 1, 1, 64));
   settings.answer_prefix = reader.String("answer_prefix", settings.answer_prefix);
   settings.shuffle = reader.Bool("shuffle", false);
   STRIDER_RETURN_IF_ERROR(reader.status());
@@ -101,9 +106,6 @@ Result<Settings> ReadSettings(const Options& options) {
   if (settings.answer_prefix.empty() && settings.calc) {
     return fail("answer_prefix", "must not be empty when tools are offered");
   }
-  OptionReader turns("dataset", options, {}, kOptionKeys);
-  settings.max_turns = static_cast<int>(turns.Int("max_turns", settings.calc ? 4 : 1, 1, 64));
-  STRIDER_RETURN_IF_ERROR(turns.status());
   return settings;
 }
 
@@ -507,10 +509,29 @@ class DatasetPolicy : public ScriptedPolicy {
   std::shared_ptr<const std::vector<DatasetRecord>> records_;
 };
 
+// An actor makes one environment per episode slot, all with the same options: they share one
+// read of the file while any of them lives (keyed by the resolved path, its size and its
+// modification time, so an edited file is read again).
 Result<std::shared_ptr<const std::vector<DatasetRecord>>> LoadRecords(const Settings& settings) {
-  if (settings.path.empty()) return std::shared_ptr<const std::vector<DatasetRecord>>();
-  STRIDER_ASSIGN_OR_RETURN(std::vector<DatasetRecord> records, LoadDataset(settings.path));
-  return std::make_shared<const std::vector<DatasetRecord>>(std::move(records));
+  using Records = std::vector<DatasetRecord>;
+  if (settings.path.empty()) return std::shared_ptr<const Records>();
+  std::string key = ResolvePath(settings.path);
+  std::error_code error;
+  const auto size = std::filesystem::file_size(key, error);
+  const auto mtime = std::filesystem::last_write_time(key, error);
+  if (!error) {
+    key += fmt::format("\n{}\n{}", size, mtime.time_since_epoch().count());
+  }
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<const Records>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!error) {
+    if (std::shared_ptr<const Records> shared = cache[key].lock()) return shared;
+  }
+  STRIDER_ASSIGN_OR_RETURN(Records records, LoadDataset(settings.path));
+  auto shared = std::make_shared<const Records>(std::move(records));
+  if (!error) cache[key] = shared;
+  return shared;
 }
 
 }  // namespace

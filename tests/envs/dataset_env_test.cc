@@ -220,6 +220,18 @@ TEST(DatasetEnv, MalformedLinesNameFileAndLine) {
   EXPECT_NE(reset.status().message().find("option 'path'"), std::string::npos);
 }
 
+TEST(DatasetEnv, EnvironmentsShareOneReadUntilTheFileChanges) {
+  const std::string path = WriteFile("shared.jsonl", R"({"prompt": "first", "answer": 1})" "\n");
+  auto one = Make({{"path", path}});
+  auto two = Make({{"path", path}});
+  EXPECT_EQ(one->Reset(0, {})->text, "first");
+  EXPECT_EQ(two->Reset(0, {})->text, "first");
+  WriteFile("shared.jsonl", R"({"prompt": "second, longer", "answer": 2})" "\n");
+  auto three = Make({{"path", path}});
+  EXPECT_EQ(three->Reset(0, {})->text, "second, longer");
+  EXPECT_EQ(one->Reset(0, {})->text, "first") << "a made environment keeps its read";
+}
+
 TEST(DatasetEnv, CalcToolRunsUntilTheAnswer) {
   const std::string path = WriteFile("tools.jsonl", kArithmetic);
   auto env = Make({{"path", path}, {"tools", "calc"}, {"verifier", "numeric"}});
