@@ -1,14 +1,11 @@
 #include "envs/dataset/dataset.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <fmt/format.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -18,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "common/config.h"
@@ -65,8 +63,7 @@ Result<Settings> ReadSettings(const Options& options) {
   settings.verifier_timeout_ms = reader.Int("verifier_timeout_ms", 10000, 1, 3600000);
   const std::string tools = reader.String("tools", "");
   // The turn limit's default depends on whether a tool is offered.
-  settings.max_turns =
-      static_cast<int>(reader.Int("max_turns", tools == "calc" ? 4 : 1, 1, 64));
+  settings.max_turns = static_cast<int>(reader.Int("max_turns", tools == "calc" ? 4 : 1, 1, 64));
   settings.answer_prefix = reader.String("answer_prefix", settings.answer_prefix);
   settings.shuffle = reader.Bool("shuffle", false);
   STRIDER_RETURN_IF_ERROR(reader.status());
@@ -179,8 +176,7 @@ class VerifierProcess {
     if (pid_ <= 0) STRIDER_RETURN_IF_ERROR(Start());
     Status written = WriteAll(line + "\n");
     if (!written.ok()) return Fault(written.message());
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
     while (true) {
       const size_t newline = buffer_.find('\n');
       if (newline != std::string::npos) {
@@ -321,8 +317,8 @@ class Dataset : public Environment {
   Dataset(Settings settings, std::shared_ptr<const std::vector<DatasetRecord>> records)
       : settings_(std::move(settings)), records_(std::move(records)) {
     if (settings_.verifier == VerifierKind::kCommand) {
-      verifier_ = std::make_unique<VerifierProcess>(settings_.command,
-                                                    settings_.verifier_timeout_ms);
+      verifier_ =
+          std::make_unique<VerifierProcess>(settings_.command, settings_.verifier_timeout_ms);
     }
   }
 
@@ -344,8 +340,9 @@ class Dataset : public Environment {
     // The dataset is fixed when the environment is made; per-episode overrides of it would
     // need another file load per episode, so none are taken.
     if (!episode_options.empty()) {
-      return Status::InvalidArgument("dataset: options are fixed when the environment is made (got '" +
-                                     episode_options.begin()->first + "' for one episode)");
+      return Status::InvalidArgument(
+          "dataset: options are fixed when the environment is made (got '" +
+          episode_options.begin()->first + "' for one episode)");
     }
     if (records_ == nullptr) {
       return Status::InvalidArgument("dataset: option 'path': is required (a JSONL file)");
@@ -360,13 +357,14 @@ class Dataset : public Environment {
   }
 
   Result<StepResult> Step(const Action& action) override {
-    if (record_ == nullptr) return Status::FailedPrecondition("dataset: Step before Reset or after done");
+    if (record_ == nullptr)
+      return Status::FailedPrecondition("dataset: Step before Reset or after done");
     ++turns_;
     StepResult result;
     result.info["id"] = record_->id;
     const std::string text = Trim(action.text);
-    const bool prefixed = !settings_.answer_prefix.empty() &&
-                          text.rfind(Trim(settings_.answer_prefix), 0) == 0;
+    const bool prefixed =
+        !settings_.answer_prefix.empty() && text.rfind(Trim(settings_.answer_prefix), 0) == 0;
     if (settings_.calc && !prefixed) {
       result.observation.role = ObservationRole::kToolResult;
       if (!action.tool_call_error.empty()) {
@@ -391,8 +389,7 @@ class Dataset : public Environment {
       return result;
     }
     const std::string answer =
-        prefixed ? Trim(std::string_view(text).substr(Trim(settings_.answer_prefix).size()))
-                 : text;
+        prefixed ? Trim(std::string_view(text).substr(Trim(settings_.answer_prefix).size())) : text;
     STRIDER_ASSIGN_OR_RETURN(Verdict verdict, Verify(answer));
     result.reward = verdict.reward;
     result.outcome_reward = verdict.reward;
@@ -452,9 +449,9 @@ class Dataset : public Environment {
                     {"reference", record_->answer},
                     {"answer", answer},
                     {"metadata", json::parse(record_->metadata_json)}};
-    STRIDER_ASSIGN_OR_RETURN(std::string line,
-                             verifier_->Ask(request.dump(-1, ' ', false,
-                                                         json::error_handler_t::replace)));
+    STRIDER_ASSIGN_OR_RETURN(
+        std::string line,
+        verifier_->Ask(request.dump(-1, ' ', false, json::error_handler_t::replace)));
     auto bad = [&](const std::string& why) {
       verifier_->Stop();
       return Status::InvalidArgument("dataset: verifier command '" + settings_.command +
@@ -495,7 +492,8 @@ class DatasetPolicy : public ScriptedPolicy {
 
   Result<std::string> NextTurn(const std::vector<Observation>& observations) override {
     if (observations.empty()) return Status::InvalidArgument("dataset policy: no observations");
-    if (records_ == nullptr) return Status::InvalidArgument("dataset policy: option 'path' is required");
+    if (records_ == nullptr)
+      return Status::InvalidArgument("dataset policy: option 'path' is required");
     for (const DatasetRecord& record : *records_) {
       if (FirstObservationText(record) == observations.front().text) {
         return prefix_ + record.answer;
@@ -552,9 +550,11 @@ Result<std::vector<DatasetRecord>> LoadDataset(const std::string& given_path) {
     DatasetRecord record;
     for (const auto& [key, value] : row.items()) {
       if (key == "prompt" || key == "system" || key == "id") {
-        if (!value.is_string()) return LineError(given_path, number, "`" + key + "` must be a string");
-        (key == "prompt" ? record.prompt : key == "system" ? record.system : record.id) =
-            value.get<std::string>();
+        if (!value.is_string())
+          return LineError(given_path, number, "`" + key + "` must be a string");
+        (key == "prompt"   ? record.prompt
+         : key == "system" ? record.system
+                           : record.id) = value.get<std::string>();
       } else if (key == "answer") {
         if (value.is_string()) {
           record.answer = value.get<std::string>();
@@ -564,7 +564,8 @@ Result<std::vector<DatasetRecord>> LoadDataset(const std::string& given_path) {
           return LineError(given_path, number, "`answer` must be a string or a number");
         }
       } else if (key == "metadata") {
-        if (!value.is_object()) return LineError(given_path, number, "`metadata` must be an object");
+        if (!value.is_object())
+          return LineError(given_path, number, "`metadata` must be an object");
         record.metadata_json = value.dump();
       } else {
         return LineError(given_path, number,

@@ -20,13 +20,17 @@ std::string WriteFile(const std::string& name, const std::string& text) {
 }
 
 const char* kArithmetic =
-    R"({"prompt": "What is 17 + 25?", "answer": 42, "id": "a"})" "\n"
-    R"({"prompt": "Name the capital of France.", "answer": "Paris", "system": "Be brief."})" "\n"
+    R"({"prompt": "What is 17 + 25?", "answer": 42, "id": "a"})"
     "\n"
-    R"({"prompt": "What is 1 / 3?", "answer": "0.333333", "metadata": {"unit": "none"}})" "\n";
+    R"({"prompt": "Name the capital of France.", "answer": "Paris", "system": "Be brief."})"
+    "\n"
+    "\n"
+    R"({"prompt": "What is 1 / 3?", "answer": "0.333333", "metadata": {"unit": "none"}})"
+    "\n";
 
 std::unique_ptr<Environment> Make(Options options) {
-  Result<std::unique_ptr<Environment>> env = MakeEnvironment({.name = "dataset", .options = options});
+  Result<std::unique_ptr<Environment>> env =
+      MakeEnvironment({.name = "dataset", .options = options});
   EXPECT_TRUE(env.ok()) << env.status().ToString();
   return env.ok() ? std::move(*env) : nullptr;
 }
@@ -82,12 +86,14 @@ TEST(DatasetEnv, NumericVerifierUsesTolerance) {
 
 TEST(DatasetEnv, RegexVerifierMatchesTheWholeAnswer) {
   const std::string path = WriteFile(
-      "regex.jsonl", R"j({"prompt": "Name a primary colour.", "answer": "(?:red|blue|yellow)"})j" "\n");
+      "regex.jsonl", R"j({"prompt": "Name a primary colour.", "answer": "(?:red|blue|yellow)"})j"
+                     "\n");
   auto env = Make({{"path", path}, {"verifier", "regex"}});
   EXPECT_EQ(Answer(*env, 0, "Answer: blue").outcome_reward, 1.0);
   EXPECT_EQ(Answer(*env, 0, "Answer: green").outcome_reward, 0.0);
   EXPECT_EQ(Answer(*env, 0, "Answer: blueish").outcome_reward, 0.0);
-  const std::string broken = WriteFile("broken_regex.jsonl", R"({"prompt": "p", "answer": "(a"})" "\n");
+  const std::string broken = WriteFile("broken_regex.jsonl", R"({"prompt": "p", "answer": "(a"})"
+                                                             "\n");
   Result<std::unique_ptr<Environment>> bad =
       MakeEnvironment({.name = "dataset", .options = {{"path", broken}, {"verifier", "regex"}}});
   ASSERT_FALSE(bad.ok());
@@ -155,13 +161,12 @@ TEST(DatasetEnv, CommandVerifierIsOneKeptProcessAndFaultsAreErrorResults) {
 
   // A verifier that stops reading its input after one reply: the next write fails with EPIPE,
   // which must be an error result, not a SIGPIPE that ends this test process.
-  const std::string closer = WriteFile(
-      "closer.py",
-      "import json, os, sys, time\n"
-      "sys.stdin.readline()\n"
-      "os.close(0)\n"
-      "print(json.dumps({'reward': 1.0}), flush=True)\n"
-      "time.sleep(30)\n");
+  const std::string closer = WriteFile("closer.py",
+                                       "import json, os, sys, time\n"
+                                       "sys.stdin.readline()\n"
+                                       "os.close(0)\n"
+                                       "print(json.dumps({'reward': 1.0}), flush=True)\n"
+                                       "time.sleep(30)\n");
   options["command"] = "exec python3 " + closer;  // no shell left holding the pipe
   auto closing = Make(options);
   EXPECT_EQ(Answer(*closing, 0, "Answer: 42").outcome_reward, 1.0);
@@ -185,7 +190,8 @@ TEST(DatasetEnv, MalformedLinesNameFileAndLine) {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {"{\"prompt\": \"a\", \"answer\": 1}\n{\"prompt\": \"b\", \"answer\": \n", ":2: not valid JSON"},
+      {"{\"prompt\": \"a\", \"answer\": 1}\n{\"prompt\": \"b\", \"answer\": \n",
+       ":2: not valid JSON"},
       {"{\"prompt\": \"a\", \"answer\": 1}\n\n{\"answer\": 2}\n", ":3: `prompt` is required"},
       {"{\"prompt\": \"a\"}\n", ":1: `answer` is required"},
       {"{\"prompt\": \"a\", \"answer\": [1]}\n", ":1: `answer` must be a string or a number"},
@@ -221,12 +227,14 @@ TEST(DatasetEnv, MalformedLinesNameFileAndLine) {
 }
 
 TEST(DatasetEnv, EnvironmentsShareOneReadUntilTheFileChanges) {
-  const std::string path = WriteFile("shared.jsonl", R"({"prompt": "first", "answer": 1})" "\n");
+  const std::string path = WriteFile("shared.jsonl", R"({"prompt": "first", "answer": 1})"
+                                                     "\n");
   auto one = Make({{"path", path}});
   auto two = Make({{"path", path}});
   EXPECT_EQ(one->Reset(0, {})->text, "first");
   EXPECT_EQ(two->Reset(0, {})->text, "first");
-  WriteFile("shared.jsonl", R"({"prompt": "second, longer", "answer": 2})" "\n");
+  WriteFile("shared.jsonl", R"({"prompt": "second, longer", "answer": 2})"
+                            "\n");
   auto three = Make({{"path", path}});
   EXPECT_EQ(three->Reset(0, {})->text, "second, longer");
   EXPECT_EQ(one->Reset(0, {})->text, "first") << "a made environment keeps its read";

@@ -75,8 +75,7 @@ TEST(DatasetTraining, ThreeLearnerStepsOnTheArithmeticDataset) {
       RunCommand({StriderBinary(), "launch", dir.Sub("fleet.yaml")});
   ASSERT_EQ(launch.exit_code, 0) << launch.output << ReadFile(run + "/logs/learner.log")
                                  << ReadFile(run + "/logs/actor-0.log");
-  EXPECT_NE(launch.output.find("\"reason\":\"learner_steps\""), std::string::npos)
-      << launch.output;
+  EXPECT_NE(launch.output.find("\"reason\":\"learner_steps\""), std::string::npos) << launch.output;
 
   const std::vector<nlohmann::json> steps = JsonLines(ReadFile(run + "/learner/metrics.jsonl"));
   ASSERT_EQ(steps.size(), 3u) << ReadFile(run + "/logs/learner.log");
