@@ -1,7 +1,6 @@
 #include "envs/dataset/dataset.h"
 
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 
 #include <chrono>
 #include <fstream>
