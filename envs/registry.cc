@@ -3,6 +3,7 @@
 #include <functional>
 
 #include "envs/calculator/calculator.h"
+#include "envs/dataset/dataset.h"
 #include "envs/external/external_env.h"
 #include "envs/options.h"
 #include "envs/plugin_loader.h"
@@ -15,15 +16,22 @@ namespace {
 struct BuiltIn {
   std::string name;
   std::function<Result<std::unique_ptr<Environment>>(const Options&)> make;
-  std::function<std::unique_ptr<ScriptedPolicy>()> policy;
+  // Given the config's options: a policy may need them to know the answers (dataset).
+  std::function<Result<std::unique_ptr<ScriptedPolicy>>(const Options&)> policy;
 };
+
+template <std::unique_ptr<ScriptedPolicy> (*Make)()>
+Result<std::unique_ptr<ScriptedPolicy>> IgnoringOptions(const Options&) {
+  return Make();
+}
 
 // The one place built-ins are listed: adding an environment is one entry here.
 const std::vector<BuiltIn>& BuiltIns() {
   static const std::vector<BuiltIn> built_ins = {
-      {"calculator", MakeCalculatorEnvironment, MakeCalculatorPolicy},
-      {"retrieval", MakeRetrievalEnvironment, MakeRetrievalPolicy},
-      {"vision_count", MakeVisionCountEnvironment, MakeVisionCountPolicy},
+      {"calculator", MakeCalculatorEnvironment, IgnoringOptions<MakeCalculatorPolicy>},
+      {"dataset", MakeDatasetEnvironment, MakeDatasetPolicy},
+      {"retrieval", MakeRetrievalEnvironment, IgnoringOptions<MakeRetrievalPolicy>},
+      {"vision_count", MakeVisionCountEnvironment, IgnoringOptions<MakeVisionCountPolicy>},
   };
   return built_ins;
 }
@@ -93,7 +101,7 @@ Result<std::unique_ptr<ScriptedPolicy>> MakeScriptedPolicy(const EnvironmentConf
   if (!config.command.empty()) return MakeExternalPolicy(config);
   const BuiltIn* built_in = FindBuiltIn(config.name);
   if (built_in == nullptr) return UnknownName(config.name);
-  return built_in->policy();
+  return built_in->policy(config.options);
 }
 
 Result<EnvironmentConfig> ReadEnvironmentConfig(ConfigReader& env) {

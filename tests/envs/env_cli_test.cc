@@ -66,6 +66,13 @@ TEST(EnvCli, ScriptedPolicySolvesEachBuiltIn) {
     EXPECT_EQ(summary["errors"], 0);
     EXPECT_EQ(summary["mean_outcome"], 1.0) << run.out;
   }
+  // The dataset's policy answers each prompt with its reference, read from the same file.
+  CliRun dataset =
+      Strider("env run --config configs/envs/dataset_sample.yaml --episodes 50 --json");
+  ASSERT_EQ(dataset.exit_code, 0) << dataset.out;
+  EXPECT_EQ(Summary(dataset)["summary"], "dataset");
+  EXPECT_EQ(Summary(dataset)["errors"], 0);
+  EXPECT_EQ(Summary(dataset)["mean_outcome"], 1.0) << dataset.out;
   CliRun human = Strider("env run calculator --episodes 2 --options difficulty=4");
   ASSERT_EQ(human.exit_code, 0) << human.out;
   EXPECT_NE(human.out.find("episode 1 seed 1: done outcome 1.000000, 6 turns (steps: 6 correct"),
@@ -160,7 +167,7 @@ TEST(EnvCli, BadUsageExitsTwo) {
   CliRun run = Strider("env run nope");
   EXPECT_EQ(run.exit_code, 2) << run.out;
   EXPECT_NE(
-      run.out.find("unknown environment 'nope' (built-in: calculator, retrieval, vision_count"),
+      run.out.find("unknown environment 'nope' (built-in: calculator, dataset, retrieval, vision_count"),
       std::string::npos)
       << run.out;
   run = Strider("env run calculator --options dificulty=2");

@@ -15,6 +15,7 @@
 
 #include "actors/actor.h"
 #include "common/model/config.h"
+#include "envs/dataset/dataset.h"
 #include "envs/registry.h"
 #include "launcher/launcher.h"
 #include "learner/pretrain/pretrain_config.h"
@@ -37,6 +38,8 @@ using Loader = std::function<Status(const std::string& path)>;
 const std::map<std::string, Loader>& Loaders() {
   static const std::map<std::string, Loader> loaders = {
       {"envs", [](const std::string& path) { return envs::LoadEnvironmentConfig(path).status(); }},
+      // JSONL, not YAML: every line parsed as the dataset environment parses it.
+      {"datasets", [](const std::string& path) { return envs::LoadDataset(path).status(); }},
       {"fleet", [](const std::string& path) { return launcher::LoadFleetConfig(path).status(); }},
       {"model", [](const std::string& path) { return LoadModelConfig(path).status(); }},
       {"pretrain", [](const std::string& path) { return LoadPretrainConfig(path).status(); }},
@@ -67,7 +70,7 @@ TEST(ConfigFiles, EveryFileUnderConfigsLoadsWithItsKindsLoader) {
     const std::string kind =
         relative == "quickstart.yaml" ? std::string("fleet") : relative.begin()->string();
     SCOPED_TRACE(path.string());
-    EXPECT_EQ(path.extension(), ".yaml");
+    EXPECT_EQ(path.extension(), kind == "datasets" ? ".jsonl" : ".yaml");
     auto loader = Loaders().find(kind);
     if ((relative == relative.filename() && kind != "fleet") || loader == Loaders().end()) {
       ADD_FAILURE() << path << ": no loader for configs/" << kind << " (add one to this test)";
@@ -106,8 +109,8 @@ TEST(ConfigFiles, EveryFileUnderConfigsLoadsWithItsKindsLoader) {
     ++loaded;
   }
   // The walk itself can fail: every kind of config the repository ships was seen.
-  EXPECT_EQ(kinds_seen, (std::set<std::string>{"actor", "envs", "fleet", "model", "pretrain",
-                                               "replay", "rl"}));
+  EXPECT_EQ(kinds_seen, (std::set<std::string>{"actor", "datasets", "envs", "fleet", "model",
+                                               "pretrain", "replay", "rl"}));
   EXPECT_GE(loaded, 10);
 }
 

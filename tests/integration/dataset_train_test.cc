@@ -1,0 +1,96 @@
+// RL on the dataset environment end to end: `strider launch` runs a replay server, the tiny RL
+// learner and one tiny actor playing configs/datasets/arithmetic.jsonl, for three learner steps;
+// the learner trained on trajectories at each step and the store holds them under "dataset".
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/integration/child_process.h"
+#include "tests/replay/temp_dir.h"
+
+namespace strider {
+namespace {
+
+using strider::testing::RunCommand;
+using strider::testing::SourceDir;
+using strider::testing::StriderBinary;
+using strider::testing::TempDir;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<nlohmann::json> JsonLines(const std::string& text) {
+  std::vector<nlohmann::json> rows;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  }
+  return rows;
+}
+
+TEST(DatasetTraining, ThreeLearnerStepsOnTheArithmeticDataset) {
+  TempDir dir;
+  // One group of four one-turn episodes per step keeps a step about a second on a busy machine.
+  std::ofstream(dir.Sub("replay.yaml"))
+      << "server: {stats_interval_s: 0}\n"
+      << "tables:\n  - name: groups\n    unit: group\n    sampler: fifo\n"
+      << "    capacity: 1000\n    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n";
+  std::ofstream(dir.Sub("learner.yaml"))
+      << "mode: rl\nmodel_config: " << SourceDir() << "/configs/model/tiny.yaml\n"
+      << "init_seed: 0\nseed: 7\nthreads: 1\n"
+      << "replay: {table: groups, learner_id: l0, units_per_step: 1, sample_timeout_s: 120}\n"
+      << "publish: {every_steps: 1}\n"
+      << "optimizer: {learning_rate: 0.001, weight_decay: 0.0}\n"
+      << "train: {steps: 100, ppo_epochs: 1, minibatches: 1, chunk_tokens: 128}\n"
+      << "objective:\n  advantages: {estimator: outcome_group}\n"
+      << "checkpoint: {every_steps: 1}\n";
+  std::ofstream(dir.Sub("actor.yaml"))
+      << "actor:\n  model: " << SourceDir() << "/configs/model/tiny.yaml\n"
+      << "  model_seed: 0\n  threads: 1\n  episodes: 0\n  episodes_in_flight: 4\n"
+      << "  group_size: 4\n  max_turns: 1\n  max_episode_tokens: 256\n  seed: 3\n"
+      << "  segment_tokens: 128\n  sampling: {temperature: 1.0, max_new_tokens: 16}\n"
+      << "  engine: {cache_budget_mb: 32}\n  replay: {endpoint: tcp://127.0.0.1:1}\n"
+      << "  metrics: {interval_s: 1, progress: false}\n"
+      << "env:\n  name: dataset\n  options:\n"
+      << "    path: " << SourceDir() << "/configs/datasets/arithmetic.jsonl\n"
+      << "    verifier: numeric\n";
+  const std::string run = dir.Sub("run");
+  std::ofstream(dir.Sub("fleet.yaml"))
+      << "run_dir: " << run << "\n"
+      << "replay:\n  config: " << dir.Sub("replay.yaml") << "\n"
+      << "learner:\n  config: " << dir.Sub("learner.yaml") << "\n"
+      << "actors:\n  config: " << dir.Sub("actor.yaml") << "\n  count: 1\n"
+      << "stop:\n  learner_steps: 3\n  wall_time_s: 80\n"
+      << "restart:\n  max_restarts: 0\n";
+
+  strider::testing::RunResult launch =
+      RunCommand({StriderBinary(), "launch", dir.Sub("fleet.yaml")});
+  ASSERT_EQ(launch.exit_code, 0) << launch.output << ReadFile(run + "/logs/learner.log")
+                                 << ReadFile(run + "/logs/actor-0.log");
+  EXPECT_NE(launch.output.find("\"reason\":\"learner_steps\""), std::string::npos) << launch.output;
+
+  const std::vector<nlohmann::json> steps = JsonLines(ReadFile(run + "/learner/metrics.jsonl"));
+  ASSERT_EQ(steps.size(), 3u) << ReadFile(run + "/logs/learner.log");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i]["step"], static_cast<int64_t>(i + 1));
+    EXPECT_GT(steps[i]["trajectories"].get<int64_t>(), 0) << steps[i].dump();
+  }
+
+  strider::testing::RunResult list =
+      RunCommand({StriderBinary(), "replay", "inspect", run + "/replay", "list", "--json"});
+  ASSERT_EQ(list.exit_code, 0) << list.output;
+  const std::vector<nlohmann::json> stored = JsonLines(list.output);
+  ASSERT_GE(stored.size(), 12u) << "three steps of one group of four";
+  for (const nlohmann::json& trajectory : stored) EXPECT_EQ(trajectory["env"], "dataset");
+}
+
+}  // namespace
+}  // namespace strider
