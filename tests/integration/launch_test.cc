@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tests/integration/child_process.h"
+#include "tests/integration/tiny_fleet.h"
 #include "tests/replay/temp_dir.h"
 
 namespace strider {
@@ -32,30 +33,10 @@ using strider::testing::SourceDir;
 using strider::testing::StriderBinary;
 using strider::testing::TempDir;
 
-// Small enough that a learner step takes about a second on a loaded 2-core machine: one group
-// of four short episodes per step.
+// The tiny fleet's child configs on the calculator (tests/integration/tiny_fleet.h).
 void WriteChildConfigs(const TempDir& dir) {
-  std::ofstream(dir.Sub("replay.yaml"))
-      << "server: {stats_interval_s: 1}\n"
-      << "tables:\n  - name: groups\n    unit: group\n    sampler: fifo\n"
-      << "    capacity: 1000\n    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n";
-  std::ofstream(dir.Sub("learner.yaml"))
-      << "mode: rl\nmodel_config: " << SourceDir() << "/configs/model/tiny.yaml\n"
-      << "init_seed: 0\nseed: 7\nthreads: 1\n"
-      << "replay: {table: groups, learner_id: l0, units_per_step: 1, sample_timeout_s: 120}\n"
-      << "publish: {every_steps: 1}\n"
-      << "optimizer: {learning_rate: 0.001, weight_decay: 0.0}\n"
-      << "train: {steps: 100, ppo_epochs: 1, minibatches: 1, chunk_tokens: 128}\n"
-      << "objective:\n  advantages: {estimator: outcome_group}\n"
-      << "checkpoint: {every_steps: 1}\n";
-  std::ofstream(dir.Sub("actor.yaml"))
-      << "actor:\n  model: " << SourceDir() << "/configs/model/tiny.yaml\n"
-      << "  model_seed: 0\n  threads: 1\n  episodes: 0\n  episodes_in_flight: 4\n"
-      << "  group_size: 4\n  max_turns: 2\n  max_episode_tokens: 512\n  seed: 3\n"
-      << "  segment_tokens: 128\n  sampling: {temperature: 1.0, max_new_tokens: 16}\n"
-      << "  engine: {cache_budget_mb: 32}\n  replay: {endpoint: tcp://127.0.0.1:1}\n"
-      << "  metrics: {interval_s: 1, progress: false}\n"
-      << "env:\n  name: calculator\n  options: {difficulty: 1}\n";
+  strider::testing::WriteTinyFleetConfigs(
+      dir, {.env_yaml = "env:\n  name: calculator\n  options: {difficulty: 1}\n"});
 }
 
 // A fleet file over the configs above; `stop` and `extra` are YAML lines.
