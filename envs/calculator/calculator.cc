@@ -242,8 +242,7 @@ class Calculator : public Environment {
     EnvironmentSpec spec;
     spec.name = "calculator";
     spec.description = "Multi-step arithmetic word problems; answer with 'Answer: N'.";
-    spec.tools.push_back({"calc", R"({"expression": "string"})",
-                          "evaluates + - * / and parentheses, e.g. calc(12*7+3)"});
+    spec.tools.push_back(CalculatorTool());
     if (settings_.python) {
       spec.tools.push_back({"python", R"({"code": "string"})",
                             "runs Python 3 code in a sandbox and returns what it prints"});
@@ -391,6 +390,11 @@ class CalculatorPolicy : public ScriptedPolicy {
 };
 
 }  // namespace
+
+ToolSpec CalculatorTool() {
+  return {"calc", R"({"expression": "string"})",
+          "evaluates + - * / and parentheses, e.g. calc(12*7+3)"};
+}
 
 Result<double> EvaluateArithmetic(std::string_view expression) {
   if (expression.size() > 256)

@@ -25,6 +25,9 @@ std::unique_ptr<ScriptedPolicy> MakeCalculatorPolicy();
 
 // The calculator's expression language: numbers, + - * /, unary minus, parentheses; at most
 // 256 bytes. Division by zero, overflow to infinity and syntax errors are errors.
+// The `calc` tool as the calculator offers it (evaluated by EvaluateArithmetic); other
+// environments that offer the same tool list it with the same text, so a model sees one tool.
+ToolSpec CalculatorTool();
 Result<double> EvaluateArithmetic(std::string_view expression);
 // A value as the tools print it: integers without a decimal point, others with up to 10
 // significant digits.

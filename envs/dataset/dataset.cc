@@ -328,8 +328,7 @@ class Dataset : public Environment {
     spec.description = "Prompts with reference answers from a JSONL file; answer with '" +
                        settings_.answer_prefix + "<answer>'.";
     if (settings_.calc) {
-      spec.tools.push_back({"calc", R"({"expression": "string"})",
-                            "evaluates + - * / and parentheses, e.g. calc(12*7+3)"});
+      spec.tools.push_back(CalculatorTool());
     }
     spec.max_turns = settings_.max_turns;
     spec.options = kOptionKeys;
