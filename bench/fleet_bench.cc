@@ -89,7 +89,11 @@ int main(int argc, char** argv) {
   const fs::path base = keep.empty() ? fs::path(::mkdtemp(pattern)) : fs::path(keep);
   const fs::path run_dir = base / "run";
   fs::create_directories(base);
-  // Config paths inside fleet files are relative to the repository root.
+  // Absolute before the child changes directory: config paths inside fleet files are
+  // relative to the repository root, the child's working directory.
+  const std::string binary = fs::absolute(strider).string();
+  const std::string fleet_path = fs::absolute(fleet).string();
+  const std::string run = run_dir.string();
   const pid_t pid = ::fork();
   if (pid == 0) {
     if (::chdir(source.c_str()) != 0) ::_exit(127);
@@ -100,9 +104,6 @@ int main(int argc, char** argv) {
       ::dup2(::fileno(log), STDOUT_FILENO);
       ::dup2(::fileno(log), STDERR_FILENO);
     }
-    const std::string binary = fs::absolute(strider).string();
-    const std::string fleet_path = fs::absolute(fleet).string();
-    const std::string run = run_dir.string();
     ::execl(binary.c_str(), binary.c_str(), "launch", fleet_path.c_str(), "--run-dir", run.c_str(),
             static_cast<char*>(nullptr));
     ::_exit(127);
@@ -167,18 +168,15 @@ int main(int argc, char** argv) {
       {"learner_steps", JsonNumber(counted)},
       {"samples", JsonNumber(samples)}};
   strider::bench::EveryLineFields() = {{"policy", JsonString("PASSIVE")}};
+  strider::bench::JsonFields against_compute = fields;
+  against_compute.emplace_back("baseline_is",
+                               JsonString("learner_compute_bound_samples_per_second"));
+  strider::bench::JsonFields against_target = fields;
+  against_target.emplace_back("baseline_is", JsonString("target"));
   PrintResult("fleet", "samples_per_second", samples / elapsed, "samples/s",
               compute_s > 0 ? std::optional<double>(samples / compute_s) : std::nullopt,
-              [&] {
-                auto f = fields;
-                f.emplace_back("baseline_is", JsonString("learner_compute_bound_samples_per_second"));
-                return f;
-              }());
-  PrintResult("fleet", "learner_busy_fraction", busy / counted, "fraction", 0.9, [&] {
-    auto f = fields;
-    f.emplace_back("baseline_is", JsonString("target"));
-    return f;
-  }());
+              against_compute);
+  PrintResult("fleet", "learner_busy_fraction", busy / counted, "fraction", 0.9, against_target);
   PrintResult("fleet", "learner_tokens_per_second", tokens_per_s / counted, "tokens/s",
               std::nullopt, fields);
   PrintResult("fleet", "actor_generated_tokens_per_second", actor_tokens_per_s, "tokens/s",
