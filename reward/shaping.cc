@@ -61,6 +61,7 @@ Result<ShapingConfig> ReadShapingConfig(ConfigReader& reward) {
   reward.Optional("implicit_weight", &config.implicit_weight);
   reward.Optional("pay_repeats_once", &config.pay_repeats_once);
   reward.Optional("failed_outcome", &config.failed_outcome);
+  reward.Optional("steps_as_potential", &config.steps_as_potential);
   std::string mode(OutcomeInAnswerStepName(config.outcome_in_answer_step));
   reward.Optional("outcome_in_answer_step", &mode);
   bool known = false;
@@ -139,6 +140,7 @@ Result<ShapedRewards> Shape(const TrajectoryRewards& trajectory, const ShapingCo
   shaped.repeats.assign(count, false);
   shaped.outcome_in_answer_step = OutcomeInLastStep(trajectory, config.outcome_in_answer_step);
   std::set<std::string> paid;
+  double verdicts = 0;  // the weighted environment and learned step rewards paid so far
   for (size_t k = 0; k < count; ++k) {
     const StepRewards& step = trajectory.steps[k];
     double env = step.env_reward.value_or(0.0);
@@ -169,9 +171,13 @@ Result<ShapedRewards> Shape(const TrajectoryRewards& trajectory, const ShapingCo
         paid.insert(step.key);
       }
     }
-    shaped.rewards[k] = config.step_weight * env + config.process_model_weight * learned +
-                        config.implicit_weight * implicit;
+    const double verdict = config.step_weight * env + config.process_model_weight * learned;
+    verdicts += verdict;
+    shaped.rewards[k] = verdict + config.implicit_weight * implicit;
   }
+  // As a potential, what the steps earned is taken back on the last one: the return of every
+  // trajectory is its outcome, so no sequence of paid calls can out-earn an answer.
+  if (config.steps_as_potential && count > 0) shaped.rewards.back() -= verdicts;
   switch (trajectory.end) {
     case TrajectoryEnd::kFinished:
       shaped.outcome = *trajectory.outcome;

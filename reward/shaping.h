@@ -64,6 +64,10 @@ struct ShapingConfig {
   OutcomeInAnswerStep outcome_in_answer_step = OutcomeInAnswerStep::kAuto;
   // The outcome of a trajectory that failed (environment or engine error).
   double failed_outcome = 0.0;
+  // Step rewards as a potential (Ng, Harada and Russell, 1999): each paid when earned and their
+  // sum taken back on the last step, so credit arrives early but a trajectory's return is its
+  // outcome term alone and the optimal policy is the outcome's.
+  bool steps_as_potential = false;
 };
 
 // Reads the keys of a `reward:` mapping (pass root.Section("reward")), strictly: unknown keys

@@ -176,6 +176,39 @@ TEST(Shape, ATruncatedTrajectoryBootstrapsInsteadOfScoringZero) {
   EXPECT_TRUE(shaped->rewards.empty());
 }
 
+TEST(Shape, StepsAsAPotentialAreTakenBackOnTheLastStep) {
+  // Three correct calls and a wrong answer: the calls are paid as earned, and the last step
+  // returns what they earned, so the trajectory's return is its outcome (0) whatever it called.
+  TrajectoryRewards t;
+  t.steps = {EnvStep(1, "call:calc(2+3)"), EnvStep(1, "call:calc(5*9)"), EnvStep(1, "call:calc(1+1)"),
+             EnvStep(0, "text:Answer: 7")};
+  t.outcome = 0;
+  ShapingConfig config = Weights(0.3, 1.0);
+  config.steps_as_potential = true;
+  Result<ShapedRewards> shaped = Shape(t, config);
+  ASSERT_TRUE(shaped.ok()) << shaped.status().ToString();
+  ExpectRewards(*shaped, {0.3, 0.3, 0.3, -0.9});
+  double total = 0;
+  for (double r : shaped->rewards) total += r;
+  EXPECT_NEAR(total, 0.0, 1e-12);
+  // Right answer: the return is the outcome term alone.
+  t.steps.back() = EnvStep(1, "text:Answer: 45");
+  t.outcome = 1;
+  shaped = Shape(t, config);
+  ASSERT_TRUE(shaped.ok());
+  ExpectRewards(*shaped, {0.3, 0.3, 0.3, 1.0 - 0.9});
+  // Cut at the turn limit after calling: the take-back still comes, on the last call.
+  t.steps.pop_back();
+  t.end = TrajectoryEnd::kTruncated;
+  shaped = Shape(t, config);
+  ASSERT_TRUE(shaped.ok());
+  ExpectRewards(*shaped, {0.3, 0.3, -0.6});
+  config.steps_as_potential = false;
+  shaped = Shape(t, config);
+  ASSERT_TRUE(shaped.ok());
+  ExpectRewards(*shaped, {0.3, 0.3, 0.3});
+}
+
 TEST(Shape, AFailedTrajectoryEndsWithTheFailedOutcome) {
   TrajectoryRewards t;
   t.end = TrajectoryEnd::kFailed;
@@ -233,7 +266,7 @@ TEST(ReadShapingConfig, ReadsEveryKeyStrictly) {
   Result<ConfigReader> root = ConfigReader::FromString(
       "reward:\n  step_weight: 0.2\n  outcome_weight: 2\n  process_model_weight: 0.5\n"
       "  implicit_weight: 0.05\n  pay_repeats_once: false\n  outcome_in_answer_step: never\n"
-      "  failed_outcome: -1\n",
+      "  failed_outcome: -1\n  steps_as_potential: true\n",
       "<inline>");
   ASSERT_TRUE(root.ok());
   ConfigReader section = root->Section("reward");
@@ -247,6 +280,7 @@ TEST(ReadShapingConfig, ReadsEveryKeyStrictly) {
   EXPECT_FALSE(config->pay_repeats_once);
   EXPECT_EQ(config->outcome_in_answer_step, OutcomeInAnswerStep::kNever);
   EXPECT_EQ(config->failed_outcome, -1.0);
+  EXPECT_TRUE(config->steps_as_potential);
 }
 
 TEST(ReadShapingConfig, NamesTheKeyThatIsWrong) {
