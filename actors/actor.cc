@@ -100,6 +100,7 @@ struct Episode {
   uint64_t action_digest = 0;  // the sampled tokens, chained in order
   float outcome = 0;
   double step_reward_sum = 0;
+  std::vector<std::string> exchange;  // EpisodeSummary::exchange; only with an episode sink
   std::map<std::string, std::string> info;
 };
 
@@ -794,6 +795,7 @@ void ActorImpl::OnTurnEnd(Episode& e) {
     text_tokens.pop_back();
   }
   envs::Action action = envs::MakeAction(Tokenizer::Decode(text_tokens));
+  if (options_.episode_sink) e.exchange.push_back(action.text);
   ++e.turns;
   ++metrics_.turns;
   if (action.tool_call) {
@@ -816,6 +818,7 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
     return;
   }
   envs::StepResult& r = *result;
+  if (options_.episode_sink) e.exchange.push_back(r.observation.text);
   std::optional<float> reward;
   if (r.reward) reward = static_cast<float>(*r.reward);
   e.step_reward_sum += r.reward.value_or(0.0);
@@ -914,6 +917,10 @@ void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
     summary.tool_calls = e.tool_calls;
     summary.malformed_tool_calls = e.malformed_tool_calls;
     summary.policy_version = engine_->policy_version();
+    if (e.first_observation) {
+      summary.exchange.push_back(e.first_observation->text);
+      summary.exchange.insert(summary.exchange.end(), e.exchange.begin(), e.exchange.end());
+    }
     options_.episode_sink(summary);
   } else if (e.segmenter && e.segmenter->length() > 0) {
     const Group& group = groups_[e.group];

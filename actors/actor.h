@@ -79,6 +79,10 @@ struct EpisodeSummary {
   int64_t tool_calls = 0;
   int64_t malformed_tool_calls = 0;
   uint64_t policy_version = 0;  // the engine's version when the episode ended
+  // The episode as text, in order: the first observation, then each model turn (as sampled,
+  // without its closing marker) followed by the observation it got back. Filled only for an
+  // episode sink, so streaming actors do not pay for it.
+  std::vector<std::string> exchange;
 };
 // Called on the thread running Actor::Run once per finished episode; must not call the actor.
 using EpisodeSink = std::function<void(const EpisodeSummary&)>;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
@@ -105,6 +106,29 @@ Result<double> PassAtK(int64_t n, int64_t correct, int64_t k) {
     all_wrong *= 1.0 - static_cast<double>(k) / static_cast<double>(i);
   }
   return 1.0 - all_wrong;
+}
+
+Status WriteEpisodes(std::vector<EpisodeSummary> episodes, int64_t samples,
+                     const std::string& path) {
+  std::sort(episodes.begin(), episodes.end(),
+            [](const EpisodeSummary& a, const EpisodeSummary& b) { return a.index < b.index; });
+  std::ofstream out(path, std::ios::app);
+  for (const EpisodeSummary& e : episodes) {
+    nlohmann::json j;
+    j["event"] = "episode";
+    j["problem"] = e.group;
+    j["sample"] = samples > 0 ? e.index % samples : 0;
+    j["seed"] = e.seed;
+    j["status"] = e.status;
+    j["outcome_reward"] = e.outcome_reward;
+    j["turns"] = e.turns;
+    // Model text is whatever was sampled: replace bytes that are not UTF-8 rather than fail.
+    j["exchange"] = e.exchange;
+    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
+  out.flush();
+  if (!out) return Status::IoError("eval: cannot append episodes to " + path);
+  return Status::Ok();
 }
 
 Status SummariseEpisodes(std::vector<EpisodeSummary> ended, int64_t problems, int64_t samples,
@@ -252,6 +276,9 @@ Result<EvalResult> Evaluate(const EvaluateOptions& options) {
   const auto started = Clock::now();
   STRIDER_RETURN_IF_ERROR(runner->Run(std::stop_token{}));
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  if (!options.episodes_out.empty()) {
+    STRIDER_RETURN_IF_ERROR(WriteEpisodes(ended, options.samples, options.episodes_out));
+  }
   STRIDER_RETURN_IF_ERROR(
       SummariseEpisodes(std::move(ended), options.episodes, options.samples, &result));
   result.seconds = seconds;

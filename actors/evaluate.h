@@ -42,6 +42,10 @@ struct EvaluateOptions {
   // Unset: greedy (0) with one sample; the actor's sampling temperature with K > 1. K > 1 at
   // temperature 0 is refused (the samples would be one episode K times).
   std::optional<double> temperature;
+  // When set, every episode is appended to this file as one JSON line (problem, sample, seed,
+  // status, outcome, and the exchange as text: EpisodeSummary::exchange), in episode order, so
+  // what the policy wrote can be read next to the success rate.
+  std::string episodes_out;
 };
 
 struct Interval {
@@ -94,6 +98,11 @@ Result<double> PassAtK(int64_t n, int64_t correct, int64_t k);
 // episodes are not exactly that many, in that many groups.
 Status SummariseEpisodes(std::vector<EpisodeSummary> episodes, int64_t problems, int64_t samples,
                          EvalResult* result);
+
+// One `{"event":"episode",...}` line per episode of `episodes` (in index order) appended to
+// `path`: problem, sample, seed, status, outcome reward, turns and the exchange texts.
+Status WriteEpisodes(std::vector<EpisodeSummary> episodes, int64_t samples,
+                     const std::string& path);
 
 // Checks the options, resolves the environment and weights, plays episodes * samples episodes
 // and summarises them. InvalidArgument / NotFound for bad options (usage); other errors are

@@ -27,6 +27,7 @@ struct EvalArgs {
   int64_t threads = -1;
   bool json = false;
   std::string out;
+  std::string episodes_out;
 };
 
 Status RunEval(const EvalArgs& args) {
@@ -44,6 +45,7 @@ Status RunEval(const EvalArgs& args) {
   options.samples = args.samples;
   options.temperature = args.temperature;
   options.seed = args.seed;
+  options.episodes_out = args.episodes_out;
   Result<actors::EvalResult> result = actors::Evaluate(options);
   if (!result.ok()) {
     const StatusCode code = result.status().code();
@@ -111,6 +113,9 @@ void AddEvalCommands(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(int64_t{0}, int64_t{1024}));
   eval->add_flag("--json", args->json, "One JSON line on stdout instead of a summary");
   eval->add_option("--out", args->out, "Also append the JSON line to this file");
+  eval->add_option("--episodes-out", args->episodes_out,
+                   "Append every episode (status, reward, the exchange as text) to this file as "
+                   "JSON lines");
   eval->callback([args, temperature, &exit_code] {
     if (temperature->count() > 0) args->temperature = args->temperature_flag;
     Status status = RunEval(*args);

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -138,6 +140,35 @@ TEST_F(EvalCommand, GreedyRunReportsTheContractLineAndRepeatsExactly) {
   const nlohmann::json other = Line(Eval(
       {"--weights", weights_, "--episodes", std::to_string(kEpisodes), "--seed", "6", "--json"}));
   EXPECT_NE(other["digest"], j["digest"]);
+}
+
+TEST_F(EvalCommand, EpisodesOutHoldsEveryEpisodeAsText) {
+  const std::string episodes = dir_->Sub("episodes.jsonl");
+  const nlohmann::json j = Line(Eval({"--weights", weights_, "--episodes", "6", "--seed", "5",
+                                      "--json", "--episodes-out", episodes}));
+  std::ifstream file(episodes);
+  std::string line;
+  int64_t count = 0, successes = 0;
+  std::map<std::string, int64_t> endings;
+  while (std::getline(file, line)) {
+    const nlohmann::json e = nlohmann::json::parse(line);
+    EXPECT_EQ(e["event"], "episode");
+    EXPECT_EQ(e["problem"], count) << "episodes in order, one sample each";
+    EXPECT_EQ(e["sample"], 0);
+    ++endings[e["status"].get<std::string>()];
+    successes += e["status"] == "done" && e["outcome_reward"].get<double>() >= 1.0;
+    // The problem first, then a model turn and its observation per turn played.
+    const nlohmann::json& exchange = e["exchange"];
+    ASSERT_TRUE(exchange.is_array());
+    ASSERT_GE(exchange.size(), 1u);
+    EXPECT_NE(exchange[0].get<std::string>().find("How many"), std::string::npos)
+        << "the calculator's problem opens the exchange: " << exchange[0];
+    EXPECT_EQ(exchange.size(), 1 + 2 * e["turns"].get<size_t>());
+    ++count;
+  }
+  EXPECT_EQ(count, 6);
+  EXPECT_EQ(successes, std::llround(j["success_rate"].get<double>() * 6));
+  for (const auto& [status, n] : j["endings"].items()) EXPECT_EQ(endings[status], n.get<int64_t>());
 }
 
 TEST_F(EvalCommand, EvaluatesTheNewestVersionOfAWeightPublisher) {
