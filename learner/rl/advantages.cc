@@ -218,7 +218,17 @@ Result<GroupAdvantages> ComputeAdvantages(const GroupInput& group,
                                           const AdvantageOptions& options) {
   STRIDER_RETURN_IF_ERROR(CheckAdvantageEstimator(options.estimator));
   for (const Estimator& estimator : kEstimators) {
-    if (options.estimator == estimator.name) return estimator.compute(group, options);
+    if (options.estimator != estimator.name) continue;
+    Result<GroupAdvantages> result = estimator.compute(group, options);
+    if (result.ok() && options.negative_weight != 1.0) {
+      // Per token only: step advantages and returns stay as estimated (value targets, metrics).
+      for (TrajectoryAdvantages& member : result->members) {
+        for (float& a : member.advantages) {
+          if (a < 0) a *= static_cast<float>(options.negative_weight);
+        }
+      }
+    }
+    return result;
   }
   return Status::Internal("estimator '" + options.estimator + "' checked but not found");
 }

@@ -88,6 +88,9 @@ Status ReadObjectiveConfig(ConfigReader& section, ObjectiveConfig* config) {
   advantages.Optional("bootstrap_truncated", &a.bootstrap_truncated);
   advantages.Optional("bootstrap_segment_cut", &a.bootstrap_segment_cut);
   advantages.Optional("filter_constant_groups", &a.filter_constant_groups);
+  advantages.Optional("negative_weight", &a.negative_weight);
+  advantages.Check(a.negative_weight >= 0 && a.negative_weight <= 1, "negative_weight",
+                   "must be in [0, 1]");
 
   PolicyLossOptions& p = config->loss;
   ConfigReader policy = section.Section("policy");

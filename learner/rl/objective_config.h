@@ -37,6 +37,13 @@ struct AdvantageOptions {
   // Groups whose members all got the same outcome carry no signal for a group baseline: they
   // are marked filtered and get zero advantages (DAPO's dynamic sampling rule).
   bool filter_constant_groups = false;
+  // Scale of negative token advantages, after normalisation (every estimator). 1 is the plain
+  // estimator. Below 1 a failed trajectory pushes its tokens down less; at 0 only what did
+  // better than the baseline is reinforced (rejection-sampling fine-tuning in group form). With
+  // outcome rewards a failed trajectory's later steps are often right (copying a wrong tool
+  // result correctly); pushing them down as hard as its mistake unlearned them on the
+  // calculator (docs/rl.md).
+  double negative_weight = 1.0;
 };
 
 enum class KlEstimator { kK1, kK2, kK3 };

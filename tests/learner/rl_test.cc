@@ -235,6 +235,34 @@ TEST(GroupFilter, GroupsWhoseMembersAllGotTheSameRewardAreFilteredWhenAsked) {
   EXPECT_FALSE(Compute({a, b}, options).filtered);
 }
 
+TEST(NegativeWeight, ScalesOnlyNegativeTokenAdvantages) {
+  AdvantageOptions options;
+  options.estimator = "outcome_group";
+  options.bootstrap_truncated = false;
+  std::vector<TrajectoryInput> members(4);
+  for (size_t i = 0; i < members.size(); ++i) {
+    members[i].action = {0, 1, 1};
+    members[i].steps = {{.begin = 1, .end = 3}};
+    members[i].outcome = i == 0 ? 1.0 : 0.0;
+  }
+  const GroupAdvantages plain = Compute(members, options);
+  ASSERT_GT(plain.members[0].advantages[1], 0.0f);
+  ASSERT_LT(plain.members[1].advantages[1], 0.0f);
+  for (double weight : {0.0, 0.25}) {
+    options.negative_weight = weight;
+    const GroupAdvantages scaled = Compute(members, options);
+    for (size_t i = 0; i < members.size(); ++i) {
+      for (size_t t = 0; t < 3; ++t) {
+        const float a = plain.members[i].advantages[t];
+        EXPECT_FLOAT_EQ(scaled.members[i].advantages[t], a < 0 ? a * weight : a) << i << "," << t;
+      }
+      // The estimate itself is unchanged: value targets and step advantages.
+      EXPECT_EQ(scaled.members[i].step_advantages, plain.members[i].step_advantages);
+      EXPECT_EQ(scaled.members[i].returns, plain.members[i].returns);
+    }
+  }
+}
+
 TEST(ImplicitProcess, MonteCarloReturnsOfImplicitRewardsAndTheOutcome) {
   AdvantageOptions options;
   options.estimator = "implicit_process";
