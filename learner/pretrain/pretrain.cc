@@ -101,6 +101,7 @@ data::GeneratorOptions GeneratorOptionsFor(const PretrainConfig& config, int64_t
   options.min_length = context / 2;
   options.facts = config.retrieval_facts;
   options.key_letters = config.retrieval_key_letters;
+  options.flawed_fraction = config.tool_use_flawed_fraction;
   options.patch_size = config.model.vision.patch_size;
   options.image_size = config.model.vision.patch_size *
                        std::min<int64_t>({4, config.model.vision.max_grid_rows,

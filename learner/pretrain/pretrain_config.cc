@@ -131,6 +131,9 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
     ConfigReader tool_use = root.Section("tool_use");
     tool_use.Optional("action_weight", &config.tool_use_action_weight);
     tool_use.Check(config.tool_use_action_weight > 0, "action_weight", "must be positive");
+    tool_use.Optional("flawed_fraction", &config.tool_use_flawed_fraction);
+    tool_use.Check(config.tool_use_flawed_fraction >= 0 && config.tool_use_flawed_fraction <= 1,
+                   "flawed_fraction", "must be in [0, 1]");
   }
   {
     ConfigReader evaluation = root.Section("evaluation");

@@ -98,6 +98,10 @@ struct PretrainConfig {
   // around them. A calculator episode is about 470 tokens of which some 40 are the policy's;
   // the numbers it must copy are a handful, so unweighted the fixed system prompt dominates.
   double tool_use_action_weight = 1.0;
+  // Share of tool_use transcripts with one mistake in them (a wrong operand, a misread answer,
+  // a guess without tools): imitated mistakes lower the warm start's success, clean transcripts
+  // alone leave nothing wrong to learn from later.
+  double tool_use_flawed_fraction = 0.2;
   // Evaluation after each stage.
   int64_t eval_documents = 32;
   int64_t eval_batch = 8;

@@ -272,6 +272,12 @@ TEST(Generators, ToolUseHasRolesAndSomeFlawedTranscripts) {
   }
   EXPECT_GT(flawed, 20);
   EXPECT_LT(flawed, 70);
+
+  // flawed_fraction 0: every transcript is the scripted policy's own, solved.
+  options.flawed_fraction = 0.0;
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_FALSE(Generate(GeneratorKind::kToolUse, options, 2, i).flawed) << i;
+  }
 }
 
 // The model turns of a token stream, each without its end-of-turn, found by their roles.

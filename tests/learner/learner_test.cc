@@ -743,6 +743,7 @@ TEST(Pretrain, ConfigErrorsNameTheKey) {
       {"retrieval: {key_letters: 3}\n" + stage, "key_letters"},
       {"retrieval: {key_letters: 1, facts: 27}\n" + stage, "facts"},
       {"retrieval: {answer_weight: 0}\n" + stage, "answer_weight"},
+      {"tool_use: {flawed_fraction: 1.5}\n" + stage, "flawed_fraction"},
       {"balance: {window_steps: 0}\n" + stage, "window_steps"},
       {"balance: {prepass_sweeps: 0}\n" + stage, "prepass_sweeps"},
       {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
