@@ -600,6 +600,7 @@ TEST(ObjectiveConfig, ReadsEveryKey) {
     bootstrap_truncated: false
     bootstrap_segment_cut: false
     filter_constant_groups: true
+    negative_weight: 0.5
   policy:
     eps_low: 0.2
     eps_high: 0.28
@@ -621,6 +622,7 @@ TEST(ObjectiveConfig, ReadsEveryKey) {
   EXPECT_DOUBLE_EQ(config.advantages.lambda, 0.95);
   EXPECT_FALSE(config.advantages.bootstrap_segment_cut);
   EXPECT_TRUE(config.advantages.filter_constant_groups);
+  EXPECT_DOUBLE_EQ(config.advantages.negative_weight, 0.5);
   EXPECT_DOUBLE_EQ(config.loss.eps_high, 0.28);
   EXPECT_EQ(config.loss.kl_estimator, KlEstimator::kK1);
   EXPECT_DOUBLE_EQ(config.loss.value_clip, 0.2);
@@ -635,6 +637,10 @@ TEST(ObjectiveConfig, RefusesUnknownKeysAndBadValues) {
   EXPECT_NE(status.message().find("objective.policy.eps_hgh"), std::string::npos)
       << status.message();
   EXPECT_NE(status.message().find("eps_high"), std::string::npos) << status.message();
+
+  status = ReadInline("objective:\n  advantages:\n    negative_weight: -1\n", &config);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("negative_weight"), std::string::npos) << status.message();
 
   status = ReadInline("objective:\n  advantages:\n    estimator: grpo\n", &config);
   ASSERT_FALSE(status.ok());
