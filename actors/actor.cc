@@ -558,6 +558,7 @@ void ActorImpl::PollCalls() {
         episode.reset_failed = true;
         episode.reset_error = reset.status().ToString();
       } else {
+        if (options_.episode_sink) episode.exchange.push_back(reset->text);
         episode.first_observation = std::move(*reset);
         episode.max_turns =
             options_.max_turns > 0 ? options_.max_turns : episode.box->spec.max_turns;
@@ -917,10 +918,7 @@ void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
     summary.tool_calls = e.tool_calls;
     summary.malformed_tool_calls = e.malformed_tool_calls;
     summary.policy_version = engine_->policy_version();
-    if (e.first_observation) {
-      summary.exchange.push_back(e.first_observation->text);
-      summary.exchange.insert(summary.exchange.end(), e.exchange.begin(), e.exchange.end());
-    }
+    summary.exchange = std::move(e.exchange);
     options_.episode_sink(summary);
   } else if (e.segmenter && e.segmenter->length() > 0) {
     const Group& group = groups_[e.group];

@@ -108,16 +108,13 @@ Result<double> PassAtK(int64_t n, int64_t correct, int64_t k) {
   return 1.0 - all_wrong;
 }
 
-Status WriteEpisodes(std::vector<EpisodeSummary> episodes, int64_t samples,
-                     const std::string& path) {
-  std::sort(episodes.begin(), episodes.end(),
-            [](const EpisodeSummary& a, const EpisodeSummary& b) { return a.index < b.index; });
+Status WriteEpisodes(const std::vector<EpisodeSummary>& episodes, const std::string& path) {
   std::ofstream out(path, std::ios::app);
   for (const EpisodeSummary& e : episodes) {
     nlohmann::json j;
     j["event"] = "episode";
     j["problem"] = e.group;
-    j["sample"] = samples > 0 ? e.index % samples : 0;
+    j["sample"] = e.member;
     j["seed"] = e.seed;
     j["status"] = e.status;
     j["outcome_reward"] = e.outcome_reward;
@@ -277,7 +274,10 @@ Result<EvalResult> Evaluate(const EvaluateOptions& options) {
   STRIDER_RETURN_IF_ERROR(runner->Run(std::stop_token{}));
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   if (!options.episodes_out.empty()) {
-    STRIDER_RETURN_IF_ERROR(WriteEpisodes(ended, options.samples, options.episodes_out));
+    // The sink sees episodes in the order they end; the file lists them in episode order.
+    std::sort(ended.begin(), ended.end(),
+              [](const EpisodeSummary& a, const EpisodeSummary& b) { return a.index < b.index; });
+    STRIDER_RETURN_IF_ERROR(WriteEpisodes(ended, options.episodes_out));
   }
   STRIDER_RETURN_IF_ERROR(
       SummariseEpisodes(std::move(ended), options.episodes, options.samples, &result));

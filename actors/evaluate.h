@@ -99,10 +99,10 @@ Result<double> PassAtK(int64_t n, int64_t correct, int64_t k);
 Status SummariseEpisodes(std::vector<EpisodeSummary> episodes, int64_t problems, int64_t samples,
                          EvalResult* result);
 
-// One `{"event":"episode",...}` line per episode of `episodes` (in index order) appended to
-// `path`: problem, sample, seed, status, outcome reward, turns and the exchange texts.
-Status WriteEpisodes(std::vector<EpisodeSummary> episodes, int64_t samples,
-                     const std::string& path);
+// One `{"event":"episode",...}` line per episode of `episodes`, in the order given, appended to
+// `path`: problem, sample (the member within its problem), seed, status, outcome reward, turns
+// and the exchange texts.
+Status WriteEpisodes(const std::vector<EpisodeSummary>& episodes, const std::string& path);
 
 // Checks the options, resolves the environment and weights, plays episodes * samples episodes
 // and summarises them. InvalidArgument / NotFound for bad options (usage); other errors are
