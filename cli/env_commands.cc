@@ -19,6 +19,12 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+// Text from a plug-in (its name, an error it caused) may hold bytes that are not UTF-8; they
+// print as U+FFFD rather than abort the command with its environment's processes running.
+std::string Dump(const Json& json) {
+  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 struct RunArgs {
   std::string name;
   std::string config;
@@ -87,7 +93,7 @@ Status Run(const RunArgs& args, bool* had_errors) {
                    {"observation_bytes", report.observation_bytes},
                    {"images", report.images},
                    {"seconds", report.seconds}};
-      std::cout << line.dump() << "\n";
+      std::cout << Dump(line) << "\n";
     } else {
       std::printf(
           "episode %lld seed %llu: %s outcome %s, %d turns (steps: %d correct, %d "
@@ -110,7 +116,7 @@ Status Run(const RunArgs& args, bool* had_errors) {
                     {"mean_outcome", mean_outcome},
                     {"mean_turns", static_cast<double>(turns) / args.episodes},
                     {"seconds", seconds}};
-    std::cout << summary.dump() << std::endl;
+    std::cout << Dump(summary) << std::endl;
   } else {
     std::printf(
         "%s, %s policy: %lld episodes, %lld errors, mean outcome %.3f, mean turns %.2f, "
@@ -160,7 +166,7 @@ Status List(const ListArgs& args) {
     const envs::EnvironmentSpec spec = made->Describe();
     made->Close();
     if (args.json) {
-      std::cout << SpecJson(spec).dump() << "\n";
+      std::cout << Dump(SpecJson(spec)) << "\n";
       continue;
     }
     std::string options;

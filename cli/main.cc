@@ -60,6 +60,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     const int code = app.exit(error);
     return code == 0 ? 0 : strider::cli::kExitUsageError;
+  } catch (const std::exception& error) {
+    // Caught so the stack unwinds: the destructors stop child processes and close stores, which
+    // std::terminate would skip.
+    std::fprintf(stderr, "error: internal: %s\n", error.what());
+    return strider::cli::kExitRuntimeError;
   }
   return exit_code;
 }

@@ -27,6 +27,7 @@ enum class StatusCode {
   kOutOfRange,
   kUnimplemented,
   kInternal,            // a broken invariant of our own
+  kDeadlineExceeded,    // a time limit of ours fired before the peer answered
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -52,6 +53,9 @@ class [[nodiscard]] Status {
   static Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
   static Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status DeadlineExceeded(std::string m) {
+    return {StatusCode::kDeadlineExceeded, std::move(m)};
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

@@ -1,5 +1,9 @@
 #include "envs/messages.h"
 
+#include <fmt/format.h>
+
+#include <cstdint>
+
 namespace strider::envs {
 namespace {
 
@@ -158,11 +162,57 @@ Result<EnvironmentSpec> SpecFromJson(const json& in, const std::string& where) {
   return spec;
 }
 
+namespace {
+
+// The first `limit` bytes of text a plug-in sent, for an error message: valid UTF-8 is kept,
+// any other byte (and control characters) is written as \xNN. Messages travel on as JSON
+// (`env run --json`, stored episode metadata, logs), which must not receive invalid UTF-8.
+std::string Shown(std::string_view text, size_t limit) {
+  std::string out;
+  size_t i = 0;
+  while (i < text.size() && i < limit) {
+    const auto byte = static_cast<uint8_t>(text[i]);
+    size_t length = byte < 0x80 ? 1 : (byte >> 5) == 0x6 ? 2 : (byte >> 4) == 0xE ? 3
+                                    : (byte >> 3) == 0x1E ? 4 : 0;
+    if (length > 1 && i + length <= text.size()) {
+      uint32_t code = byte & (0x7F >> length);
+      for (size_t k = 1; k < length; ++k) {
+        const auto next = static_cast<uint8_t>(text[i + k]);
+        if ((next & 0xC0) != 0x80) {
+          length = 0;
+          break;
+        }
+        code = (code << 6) | (next & 0x3F);
+      }
+      // Overlong forms, surrogates and values past U+10FFFF are not UTF-8 either.
+      static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+      if (length > 1 && (code < kMin[length] || code > 0x10FFFF ||
+                         (code >= 0xD800 && code <= 0xDFFF))) {
+        length = 0;
+      }
+    } else if (length > 1) {
+      length = 0;  // cut off by the end of the text
+    }
+    if (length == 1 && byte >= 0x20 && byte != 0x7F) {
+      out.push_back(static_cast<char>(byte));
+    } else if (length > 1) {
+      out.append(text.substr(i, length));
+    } else {
+      out += fmt::format("\\x{:02X}", byte);
+      length = 1;
+    }
+    i += length;
+  }
+  if (i < text.size()) out += "...";
+  return out;
+}
+
+}  // namespace
+
 Result<json> ParseJsonObject(std::string_view text, const std::string& where) {
   json parsed = json::parse(text, nullptr, false);
   if (parsed.is_discarded()) {
-    std::string shown(text.substr(0, 80));
-    return Bad(where, "not valid JSON: '" + shown + (text.size() > 80 ? "...'" : "'"));
+    return Bad(where, "not valid JSON: '" + Shown(text, 80) + "'");
   }
   if (!parsed.is_object())
     return Bad(where, "expected a JSON object, got " + std::string(parsed.type_name()));

@@ -19,6 +19,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/subprocess.h"
+
 namespace strider::envs {
 namespace {
 
@@ -211,14 +213,13 @@ Result<SandboxResult> RunSandboxed(const SandboxRequest& request) {
   const int ruleset = MakeRuleset(scratch);
   const int parent_max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 20));
   const auto start = std::chrono::steady_clock::now();
-  const pid_t pid = ::fork();
+  const pid_t pid = ForkWithLifeline([&] {
+    ExecChild(request.limits, scratch.c_str(), out.write_end(), err.write_end(), ruleset,
+              parent_max_fd, argv.data());
+  });
   if (pid < 0) {
     if (ruleset >= 0) ::close(ruleset);
     return Status::IoError("sandbox: fork: " + std::string(std::strerror(errno)));
-  }
-  if (pid == 0) {
-    ExecChild(request.limits, scratch.c_str(), out.write_end(), err.write_end(), ruleset,
-              parent_max_fd, argv.data());
   }
   ::setpgid(pid, pid);  // also in the parent, so a kill right away reaches the group
   if (ruleset >= 0) ::close(ruleset);

@@ -19,6 +19,7 @@
 #include <regex>
 
 #include "common/config.h"
+#include "common/subprocess.h"
 #include "envs/calculator/calculator.h"
 #include "envs/options.h"
 #include "envs/tools.h"
@@ -222,18 +223,16 @@ class VerifierProcess {
       ::close(in[1]);
       return Status::Internal("dataset verifier: pipe failed");
     }
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      for (int fd : {in[0], in[1], out[0], out[1]}) ::close(fd);
-      return Status::Internal("dataset verifier: fork failed");
-    }
-    if (pid == 0) {
+    const pid_t pid = ForkWithLifeline([&] {
       // Its own process group, so Stop kills anything the shell started too.
       ::setpgid(0, 0);
       ::dup2(in[0], STDIN_FILENO);
       ::dup2(out[1], STDOUT_FILENO);
       ::execl("/bin/sh", "sh", "-c", command_.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
+    });
+    if (pid < 0) {
+      for (int fd : {in[0], in[1], out[0], out[1]}) ::close(fd);
+      return Status::Internal("dataset verifier: fork failed");
     }
     ::setpgid(pid, pid);
     ::close(in[0]);

@@ -10,6 +10,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "common/subprocess.h"
 #include "envs/messages.h"
 
 extern char** environ;
@@ -49,13 +50,11 @@ class Process {
     // `exec` so the child is the environment itself and its exit status is the one reported.
     std::string shell = "/bin/sh", flag = "-c", command = "exec " + config_.command;
     char* argv[] = {shell.data(), flag.data(), command.data(), nullptr};
-    const pid_t pid = ::fork();
-    if (pid < 0) return Status::IoError(Where() + ": fork: " + std::strerror(errno));
-    if (pid == 0) {
+    const pid_t pid = ForkWithLifeline([&] {
       ::setpgid(0, 0);
       ::execve(argv[0], argv, envp.data());
-      ::_exit(127);
-    }
+    });
+    if (pid < 0) return Status::IoError(Where() + ": fork: " + std::strerror(errno));
     ::setpgid(pid, pid);
     pid_ = pid;
     exit_description_.clear();
@@ -111,8 +110,9 @@ class Process {
       }
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
-        return Status::Unavailable(Where() + ": " + op + ": no reply within " +
-                                   std::to_string(timeout_ms) + " ms (step_timeout_ms)");
+        return Status::DeadlineExceeded(Where() + ": " + op + ": no reply within " +
+                                        std::to_string(timeout_ms) +
+                                        " ms (step_timeout_ms, timed by the environment client)");
       }
       zmq::pollitem_t item = {static_cast<void*>(*socket_), 0, ZMQ_POLLIN, 0};
       const auto slice = std::min<int64_t>(

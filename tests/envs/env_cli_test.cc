@@ -1,14 +1,19 @@
 // `strider env list` and `strider env run` through the built binary.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -114,6 +119,85 @@ TEST(EnvCli, PluginsByLibraryAndCommand) {
   EXPECT_NE(faulty.out.find("episode 1 seed 1: ERROR"), std::string::npos) << faulty.out;
   EXPECT_NE(faulty.out.find("exited with code 3"), std::string::npos) << faulty.out;
   EXPECT_NE(faulty.out.find("2 episodes, 2 errors"), std::string::npos) << faulty.out;
+}
+
+bool HavePythonZmq() {
+  return ::access("/usr/bin/python3", X_OK) == 0 &&
+         std::system("/usr/bin/python3 -c 'import zmq' 2>/dev/null") == 0;
+}
+
+// Pids of python processes whose command line holds `marker` (the command running them names
+// it too, so only the interpreter counts).
+std::vector<pid_t> ProcessesWith(const std::string& marker) {
+  std::vector<pid_t> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream file(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    if (cmdline.rfind("/usr/bin/python3", 0) == 0 && cmdline.find(marker) != std::string::npos) {
+      found.push_back(std::stoi(name));
+    }
+  }
+  return found;
+}
+
+TEST(EnvCli, BytesThatAreNotUtf8AreReportedAndTheEnvironmentStops) {
+  if (!HavePythonZmq()) GTEST_SKIP() << "needs /usr/bin/python3 with python3-zmq";
+  const std::string marker = "utf8-marker-" + std::to_string(::getpid());
+  CliRun run = Strider("env run --command '/usr/bin/python3 tests/envs/faulty_env.py " + marker +
+                       "' --policy random --options fault=bad_utf8 --episodes 2 --json");
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  std::istringstream lines(run.out);
+  std::string line;
+  int episodes = 0;
+  while (std::getline(lines, line)) {
+    const nlohmann::json parsed = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(parsed.is_discarded()) << line;
+    if (!parsed.contains("episode")) continue;
+    ++episodes;
+    EXPECT_TRUE(parsed["error"].get<bool>()) << line;
+    EXPECT_NE(parsed["end"].get<std::string>().find("\\xFF\\xFE"), std::string::npos) << line;
+  }
+  EXPECT_EQ(episodes, 2) << run.out;
+  EXPECT_EQ(Summary(run)["errors"], 2) << run.out;
+  EXPECT_TRUE(ProcessesWith(marker).empty());
+}
+
+TEST(EnvCli, AKilledCommandTakesItsEnvironmentProcessesWithIt) {
+  if (!HavePythonZmq()) GTEST_SKIP() << "needs /usr/bin/python3 with python3-zmq";
+  const std::string marker = "lifeline-marker-" + std::to_string(::getpid());
+  const std::string binary = Dir("STRIDER_BINARY_DIR") + "/cli/strider";
+  const std::string command =
+      "/usr/bin/python3 " + Dir("STRIDER_SOURCE_DIR") + "/tests/envs/faulty_env.py " + marker;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const int null_fd = ::open("/dev/null", O_WRONLY);
+    ::dup2(null_fd, STDOUT_FILENO);
+    ::dup2(null_fd, STDERR_FILENO);
+    ::execl(binary.c_str(), binary.c_str(), "env", "run", "--command", command.c_str(), "--policy",
+            "random", "--options", "fault=hang", "--step-timeout-ms", "60000",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // The environment is up once its process exists and has had time to answer `describe`.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (ProcessesWith(marker).empty() && std::chrono::steady_clock::now() < deadline) {
+    ::usleep(50000);
+  }
+  ASSERT_FALSE(ProcessesWith(marker).empty()) << "the environment never started";
+  ::usleep(500000);
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!ProcessesWith(marker).empty() && std::chrono::steady_clock::now() < gone_by) {
+    ::usleep(50000);
+  }
+  const std::vector<pid_t> left = ProcessesWith(marker);
+  for (pid_t pid : left) ::kill(pid, SIGKILL);
+  EXPECT_TRUE(left.empty()) << left.size() << " environment processes outlived the command";
 }
 
 TEST(EnvCli, ListWithAConfigDescribesThatEnvironment) {

@@ -106,6 +106,7 @@ TEST_F(ExternalTest, FaultsEndTheEpisodeAndTheNextEpisodeWorks) {
       {"garbage", "not valid JSON: 'this is not json {'"},
       {"bad_shape", "observation.role 'narrator'"},
       {"error", "step failed in the environment: the environment could not score this turn"},
+      {"bad_utf8", "\"text\": \"\\xFF\\xFE\"}}'"},
   };
   for (const auto& [fault, message] : faults) {
     ASSERT_TRUE((*env)->Reset(1, {{"fault", fault}}).ok()) << fault;
@@ -117,6 +118,8 @@ TEST_F(ExternalTest, FaultsEndTheEpisodeAndTheNextEpisodeWorks) {
     EXPECT_NE(step.status().message().find(message), std::string::npos)
         << fault << ": " << step.status().message();
     EXPECT_LT(seconds, 3.0) << fault;
+    // Only the client's own time limit is a deadline: the actor reports it as env_timeout.
+    EXPECT_EQ(step.status().code() == StatusCode::kDeadlineExceeded, fault == "hang") << fault;
     // The next episode on the same Environment object works.
     Result<Observation> next = (*env)->Reset(2, {});
     ASSERT_TRUE(next.ok()) << fault << ": " << next.status().ToString();

@@ -4,7 +4,7 @@
 Reset option `fault` picks what happens at the first step: none (a normal one-step episode),
 crash (the process exits), hang (no reply), garbage (a reply that is not JSON), bad_shape (JSON
 without the step fields), error (an {"ok": false} reply), kill_group (the process kills itself
-with SIGKILL).
+with SIGKILL), bad_utf8 (a reply holding bytes that are not UTF-8).
 """
 import json
 import os
@@ -41,6 +41,10 @@ def main():
                 time.sleep(3600)
             if fault == "garbage":
                 socket.send(b"this is not json {")
+                continue
+            if fault == "bad_utf8":
+                socket.send(b'{"id": %d, "ok": true, "observation": {"role": "user", "text": "\xff\xfe"}}'
+                            % rid)
                 continue
             if fault == "bad_shape":
                 reply = {"ok": True, "observation": {"role": "narrator", "text": 5}}
