@@ -85,6 +85,7 @@ struct Episode {
   std::shared_ptr<EnvBox> box = std::make_shared<EnvBox>();
   std::shared_ptr<EnvCall> call;
   bool reset_failed = false;
+  bool reset_timed_out = false;  // env_timeout rather than env_reset
   std::string reset_error;
   std::optional<envs::Observation> first_observation;
   std::optional<rollout::SequenceId> sequence;
@@ -291,6 +292,8 @@ class ActorImpl final : public Actor {
   void OnTurnEnd(Episode& episode);
   void OnStepResult(Episode& episode, Result<envs::StepResult> result);
   void FinishEpisode(int64_t index, const std::string& status, const std::string& message);
+  void LogEnvironmentFailure(const Episode& e, const std::string& status,
+                             const std::string& message);
   void PushReady(Episode& episode);
   void EndGroupIfEmpty(int64_t group);
   void Report(bool final_report);
@@ -313,6 +316,9 @@ class ActorImpl final : public Actor {
   int64_t next_group_ = 0;
   std::shared_ptr<Wake> wake_ = std::make_shared<Wake>();
   std::shared_ptr<std::atomic<int64_t>> calls_running_ = std::make_shared<std::atomic<int64_t>>(0);
+  Clock::time_point env_log_window_{};
+  int env_logged_ = 0;
+  int64_t env_log_suppressed_ = 0;
 
   // Weights: the subscriber thread leaves a loaded model here; the loop swaps it in.
   std::jthread weights_thread_;
@@ -519,7 +525,17 @@ void ActorImpl::LaunchStep(Episode& episode, envs::Action action) {
 
 void ActorImpl::PollCalls() {
   const auto now = Clock::now();
-  const auto limit = milliseconds(options_.env.step_timeout_ms);
+  // One timer decides. An out-of-process environment's client times its own requests and
+  // answers DeadlineExceeded (env_timeout below); this timer is then only a backstop for a call
+  // that never returns, 2 s later. In-process environments have no timer but this one.
+  const bool client_timed = !options_.env.command.empty();
+  const auto limit = milliseconds(options_.env.step_timeout_ms) +
+                     (client_timed ? milliseconds(2000) : milliseconds(0));
+  const std::string limit_text =
+      client_timed ? std::to_string(options_.env.step_timeout_ms) +
+                         " ms (step_timeout_ms) and its client's 2 s grace; timed by the actor"
+                   : std::to_string(options_.env.step_timeout_ms) +
+                         " ms (step_timeout_ms, timed by the actor)";
   std::vector<int64_t> indices;
   for (const auto& [index, episode] : episodes_) {
     if (episode->call) indices.push_back(index);
@@ -537,16 +553,16 @@ void ActorImpl::PollCalls() {
     if (!done) {
       if (now - call->started > limit) {
         const std::string what = episode.phase == Phase::kResetting ? "reset" : "step";
+        const std::string message = "environment " + what + " did not return within " + limit_text;
         if (episode.phase == Phase::kResetting) {
           episode.call.reset();
           episode.reset_failed = true;
-          episode.reset_error = "env_timeout";
+          episode.reset_timed_out = true;
+          episode.reset_error = message;
           episode.box = nullptr;
           OnResetsDone(groups_[episode.group]);
         } else {
-          FinishEpisode(index, "env_timeout",
-                        "environment " + what + " did not answer within " +
-                            std::to_string(options_.env.step_timeout_ms) + " ms");
+          FinishEpisode(index, "env_timeout", message);
         }
       }
       continue;
@@ -556,6 +572,7 @@ void ActorImpl::PollCalls() {
       Result<envs::Observation> reset = std::move(*call->reset);
       if (!reset.ok()) {
         episode.reset_failed = true;
+        episode.reset_timed_out = reset.status().code() == StatusCode::kDeadlineExceeded;
         episode.reset_error = reset.status().ToString();
       } else {
         if (options_.episode_sink) episode.exchange.push_back(reset->text);
@@ -588,7 +605,7 @@ void ActorImpl::OnResetsDone(Group& group) {
     if (it == episodes_.end()) continue;
     if (it->second->reset_failed) {
       const std::string error = it->second->reset_error;
-      FinishEpisode(index, error == "env_timeout" ? "env_timeout" : "env_reset", error);
+      FinishEpisode(index, it->second->reset_timed_out ? "env_timeout" : "env_reset", error);
     } else if (!leader) {
       leader = index;
     }
@@ -815,7 +832,8 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   const int64_t index = e.index;
   if (!result.ok()) {
     (void)e.segmenter->EndStep(std::nullopt);
-    FinishEpisode(index, "env_error", result.status().ToString());
+    const bool timed_out = result.status().code() == StatusCode::kDeadlineExceeded;
+    FinishEpisode(index, timed_out ? "env_timeout" : "env_error", result.status().ToString());
     return;
   }
   envs::StepResult& r = *result;
@@ -886,6 +904,33 @@ void ActorImpl::PushReady(Episode& e) {
   }
 }
 
+// Environment failures are the operator's to see while the actor runs, not only in stored
+// metadata; a broken environment fails every episode, so at most 5 lines per 10 s, and the next
+// line says how many were left out.
+void ActorImpl::LogEnvironmentFailure(const Episode& e, const std::string& status,
+                                      const std::string& message) {
+  const auto now = Clock::now();
+  if (now - env_log_window_ >= std::chrono::seconds(10)) {
+    env_log_window_ = now;
+    env_logged_ = 0;
+  }
+  if (env_logged_ >= 5) {
+    ++env_log_suppressed_;
+    return;
+  }
+  ++env_logged_;
+  const std::string& env = !options_.env.name.empty()      ? options_.env.name
+                           : !options_.env.command.empty() ? options_.env.command
+                                                           : options_.env.library;
+  std::string left_out;
+  if (env_log_suppressed_ > 0) {
+    left_out = fmt::format(" ({} more environment failures not shown)", env_log_suppressed_);
+    env_log_suppressed_ = 0;
+  }
+  spdlog::warn("environment {}: episode {} (seed {}) ended {}: {}{}", env, e.index, e.seed, status,
+               message, left_out);
+}
+
 void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
                               const std::string& message) {
   auto it = episodes_.find(index);
@@ -899,7 +944,11 @@ void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
     ++metrics_.episodes_ok;
   } else {
     ++metrics_.errors[status];
-    spdlog::debug("episode {} ended: {}: {}", e.index, status, message);
+    if (status.rfind("env_", 0) == 0) {
+      LogEnvironmentFailure(e, status, message);
+    } else {
+      spdlog::debug("episode {} ended: {}: {}", e.index, status, message);
+    }
   }
   if (options_.episode_sink) {
     EpisodeSummary summary;

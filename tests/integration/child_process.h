@@ -42,13 +42,18 @@ class ChildProcess {
     if (stdout_fd_ >= 0) ::close(stdout_fd_);
   }
 
-  // Starts argv[0] with the given arguments; stdout is readable with ReadLine, stderr inherited.
-  bool Start(const std::vector<std::string>& argv) {
+  // Starts argv[0] with the given arguments; stdout is readable with ReadLine, stderr inherited
+  // or, given `stderr_path`, written to that file.
+  bool Start(const std::vector<std::string>& argv, const std::string& stderr_path = "") {
     int fds[2];
     if (::pipe(fds) != 0) return false;
     pid_ = ::fork();
     if (pid_ < 0) return false;
     if (pid_ == 0) {
+      if (!stderr_path.empty()) {
+        const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (err >= 0) ::dup2(err, STDERR_FILENO);
+      }
       ::dup2(fds[1], STDOUT_FILENO);
       ::close(fds[0]);
       ::close(fds[1]);
