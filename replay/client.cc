@@ -17,6 +17,8 @@ using std::chrono::milliseconds;
 // A SendFrame that sent nothing (its segment waits to be batched) reads replies (acks) only when
 // this long has passed since they were last read.
 constexpr std::chrono::microseconds kReplyReadInterval{1000};
+// How long a client waits after a disk_full reply before it sends again.
+constexpr std::chrono::milliseconds kDiskFullPause{500};
 
 std::string RandomSuffix() {
   std::random_device device;
@@ -119,12 +121,20 @@ Status ActorClient::HandleReply(std::string_view frame) {
     case schema::MessageKind::kError: {
       const schema::ErrorReply& error = message->error;
       errors_.push_back(error);
-      last_progress_ = Clock::now();
+      // A full disk is no progress: a client refused long enough gives up as if the server
+      // were gone (an actor then spills), and until then it pauses instead of resending at once.
+      const bool disk_full = error.reason == schema::reject::kDiskFull;
+      if (disk_full) {
+        hold_until_ = Clock::now() + kDiskFullPause;
+      } else {
+        last_progress_ = Clock::now();
+      }
       if (!error.has_key) break;
       auto it = unacked_.find(error.key);
       if (it == unacked_.end() || !it->second.sent) break;
       in_flight_bytes_ -= std::min<uint64_t>(in_flight_bytes_, it->second.frame->size());
-      if (error.reason == schema::reject::kCredit || error.message.rfind("storage:", 0) == 0) {
+      if (disk_full || error.reason == schema::reject::kCredit ||
+          error.message.rfind("storage:", 0) == 0) {
         // Transient: send it again later.
         it->second.sent = false;
         waiting_bytes_ += it->second.frame->size();
@@ -174,7 +184,7 @@ Status ActorClient::SendWaiting(bool flush) {
       if (it != unacked_.end() && !it->second.sent) break;
       queue.pop_front();
     }
-    if (queue.empty() || credit_bytes_ == 0) return Status::Ok();
+    if (queue.empty() || credit_bytes_ == 0 || Clock::now() < hold_until_) return Status::Ok();
     // The next frame: waiting segments in order, within the credit and the frame limit.
     batch.clear();
     uint64_t bytes = 0;

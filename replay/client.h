@@ -107,6 +107,7 @@ class ActorClient {
   uint64_t reconnects_ = 0;
   uint64_t resent_ = 0;
   std::chrono::steady_clock::time_point last_progress_;
+  std::chrono::steady_clock::time_point hold_until_{};  // no sends before (a disk_full reply)
   std::chrono::steady_clock::time_point last_pump_;
 };
 

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 
 #include "replay/server_impl.h"
@@ -94,6 +95,12 @@ void ServerImpl::HandleActorMessage(const std::string& identity,
     Reject(actor_socket_, identity, NoTable(table), &key);
     return;
   }
+  if (disk_full_) {
+    // Nothing is queued that could not be written: the client keeps the segment and sends it
+    // again after a pause.
+    Reject(actor_socket_, identity, Status::ResourceExhausted(DiskFullMessage()), &key);
+    return;
+  }
   uint64_t& in_flight = in_flight_bytes_[identity];
   if (in_flight + bytes.size() > options_.credit_bytes) {
     Reject(actor_socket_, identity,
@@ -132,8 +139,12 @@ void ServerImpl::SendAcks() {
       it->second -= std::min(it->second, c.bytes);
       if (it->second == 0) in_flight_bytes_.erase(it);
     }
-    if (c.error.empty()) {
+    if (!c.refused.empty()) {
+      Reject(actor_socket_, c.identity, Status::AlreadyExists(c.refused), &c.key);
+    } else if (c.error.empty()) {
       acks[c.identity].push_back(c.key);
+    } else if (c.disk_full) {
+      Reject(actor_socket_, c.identity, Status::ResourceExhausted(c.error), &c.key);
     } else {
       Reject(actor_socket_, c.identity, Status::IoError("storage: " + c.error), &c.key);
     }
@@ -191,6 +202,107 @@ void ServerImpl::ActorLoop() {
 
 // --------------------------------------------------------------------------- writer thread
 
+void ServerImpl::EnterDiskFull(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(space_mutex_);
+    if (disk_full_) return;
+    disk_full_why_ = why;
+    disk_full_ = true;
+  }
+  disk_full_episodes_++;
+  spdlog::error("replay server: ingest stopped, segments are refused until there is room: {}",
+                why);
+}
+
+std::string ServerImpl::DiskFullMessage() {
+  std::lock_guard<std::mutex> lock(space_mutex_);
+  return std::string(schema::reject::kDiskFull) + ": the replay store at " + options_.db_path +
+         " takes no more segments (" + disk_full_why_ + "); send again later";
+}
+
+void ServerImpl::CheckSpace() {
+  std::error_code error;
+  uint64_t bytes = 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(options_.db_path, error);
+       !error && it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+    std::error_code size_error;
+    if (it->is_regular_file(size_error)) {
+      const uintmax_t size = it->file_size(size_error);
+      if (!size_error) bytes += size;
+    }
+  }
+  store_bytes_ = bytes;
+  if (!disk_full_) return;
+  // Room means a write batch twice over (its log record and the memtable flush that follows),
+  // on the disk and under the quota.
+  const uint64_t room = 2 * options_.write_batch_bytes + (1 << 20);
+  const std::filesystem::space_info space = std::filesystem::space(options_.db_path, error);
+  if (error || space.available < room) return;
+  if (options_.max_store_bytes > 0 && bytes + room > options_.max_store_bytes) return;
+  // RocksDB's own recovery from a full disk waits for a free buffer of a memtable's size, which a
+  // small disk never has, and a log file that failed stays failed: reopening starts a new log
+  // and replays the old one up to its last whole record (the write that failed was never
+  // acknowledged).
+  Status reopened = ReopenStore();
+  if (!reopened.ok()) {
+    spdlog::warn("replay server: there is room again, but the store did not reopen: {}",
+                 reopened.message());
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(space_mutex_);
+    disk_full_ = false;
+    disk_full_why_.clear();
+  }
+  spdlog::info("replay server: ingest resumed ({} bytes free, the store takes {} bytes)",
+               space.available, bytes);
+}
+
+Status ServerImpl::ReopenStore() {
+  std::unique_lock<std::shared_mutex> lock(store_mutex_);
+  segment_writers_.clear();
+  store_.reset();
+  Result<std::unique_ptr<Store>> reopened = Store::Open(options_.db_path, store_options_);
+  Status status = reopened.status();
+  if (reopened.ok()) {
+    store_ = std::move(*reopened);
+    status = MakeSegmentWriters();
+    if (status.ok()) return Status::Ok();
+    store_.reset();
+  }
+  // Reads go on from a read-only open; ingest stays stopped and the next check tries again.
+  StoreOptions read_only = store_options_;
+  read_only.read_only = true;
+  Result<std::unique_ptr<Store>> fallback = Store::Open(options_.db_path, read_only);
+  if (!fallback.ok()) {
+    spdlog::critical("replay server: the store cannot be opened at all: {}",
+                     fallback.status().message());
+    std::abort();  // nothing left to serve from; a supervisor restarts the server
+  }
+  store_ = std::move(*fallback);
+  (void)MakeSegmentWriters();
+  return status;
+}
+
+Status ServerImpl::MakeSegmentWriters() {
+  segment_writers_.clear();
+  std::vector<std::string> names;
+  for (const TableConfig& config : options_.tables) names.push_back(config.name);
+  // Room for a group of write_batch_bytes and its index entries, summaries and counters.
+  const size_t batch_reserve = options_.write_batch_bytes + (256 << 10);
+  for (int slot = 0; slot < options_.writer_threads; ++slot) {
+    STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<SegmentWriter> writer,
+                             store_->NewSegmentWriter(slot, names, batch_reserve));
+    segment_writers_.push_back(std::move(writer));
+  }
+  return Status::Ok();
+}
+
+std::string ServerImpl::ConflictMessage(const schema::SegmentKey& key) {
+  return std::string(schema::reject::kConflict) + ": segment " + key.ToString() +
+         " is already stored with different content; the stored one is kept";
+}
+
 std::vector<PendingSegment> ServerImpl::TakeGroup(std::vector<std::string>* trajectories) {
   std::vector<PendingSegment> group;
   std::unordered_set<std::string> mine;
@@ -244,9 +356,16 @@ void ServerImpl::WriterLoop(int slot) {
         queue_ready_.wait_for(lock, std::chrono::milliseconds(5));
       }
     }
-    if (!group.empty()) WriteGroup(group, slot, trajectories);
+    if (!group.empty()) {
+      std::shared_lock<std::shared_mutex> store_lock(store_mutex_);  // ReopenStore waits
+      WriteGroup(group, slot, trajectories);
+    }
     if (slot == 0 && Clock::now() >= next_age_check) {
-      ApplyRetention();
+      CheckSpace();  // takes the store lock itself to reopen the store
+      if (!disk_full_) {
+        std::shared_lock<std::shared_mutex> store_lock(store_mutex_);
+        ApplyRetention();
+      }
       next_age_check = Clock::now() + std::chrono::seconds(1);
     }
   }
@@ -261,34 +380,83 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
     std::string store_key;
   };
   std::vector<Stored> stored;
+  // Per segment of the group: why it is refused ("" when it is stored or a true duplicate).
+  std::vector<std::string> refused(group.size());
+  std::vector<size_t> repeats;  // keys stored by an earlier batch: compared below
   uint64_t ticket = 0;
   {
     // Sequence numbers and tickets in one order. No other writer holds these trajectories, so
     // no other writer can be storing these keys right now: stored_keys_ is exact for them.
     std::lock_guard<std::mutex> lock(commit_mutex_);
-    std::unordered_set<std::string> in_group;
-    for (const PendingSegment& p : group) {
+    std::unordered_map<std::string, const PendingSegment*> in_group;
+    for (size_t i = 0; i < group.size(); ++i) {
+      const PendingSegment& p = group[i];
       std::string store_key = SegmentStoreKey(p.facts.key);
-      if (stored_keys_.count(store_key) || !in_group.insert(store_key).second) {
-        duplicates_++;  // stored by an earlier batch (or this one): already in the log
+      if (stored_keys_.count(store_key)) {
+        repeats.push_back(i);
         continue;
+      }
+      auto [first, inserted] = in_group.emplace(store_key, &p);
+      if (!inserted) {
+        if (first->second->envelope != p.envelope) refused[i] = ConflictMessage(p.facts.key);
+        continue;  // the first of the group is stored
       }
       stored.push_back({next_sequence_++, &p, std::move(store_key)});
     }
     if (!stored.empty()) ticket = next_ticket_++;
   }
+  // A key stored before: an identical retry is acknowledged again; different bytes under the
+  // same key are a conflict, refused, and the first content stays.
+  for (size_t i : repeats) {
+    const PendingSegment& p = group[i];
+    Result<std::optional<std::string>> value =
+        store_->Get(store_->segments(), SegmentStoreKey(p.facts.key));
+    if (value.ok() && value->has_value() && (*value)->size() >= 8 &&
+        std::string_view(**value).substr(8) != p.envelope) {
+      refused[i] = ConflictMessage(p.facts.key);
+    }
+    // Deleted by retention meanwhile, or unreadable: it was stored and acknowledged once.
+  }
+  std::map<std::string, uint32_t> conflicts;  // by trajectory, for its summary
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (!refused[i].empty()) {
+      conflicts_++;
+      conflicts[std::string(group[i].facts.key.trajectory.View())] += 1;
+      spdlog::warn("replay server: {}", refused[i]);
+    }
+  }
+  duplicates_ += group.size() - stored.size() -
+                 std::count_if(refused.begin(), refused.end(),
+                               [](const std::string& r) { return !r.empty(); });
 
   std::string error;
+  bool disk_full = false;
   if (!stored.empty()) {
     std::vector<SegmentInsert> inserts;
     inserts.reserve(stored.size());
+    uint64_t group_bytes = 0;
     for (const Stored& st : stored) {
       inserts.push_back({st.sequence, st.store_key, st.segment->envelope, &st.segment->facts});
+      group_bytes += st.segment->envelope.size();
     }
-    Status status = segment_writers_[slot]->Write(inserts, now_ms);
+    if (!disk_full_ && options_.max_store_bytes > 0 &&
+        store_bytes_ + group_bytes > options_.max_store_bytes) {
+      EnterDiskFull("the store would pass max_store_bytes (" +
+                    std::to_string(options_.max_store_bytes) + " bytes)");
+    }
+    // Once a write found the disk full, no other is tried until CheckSpace finds room: RocksDB
+    // (built with assertions on Debian) aborts on writes retried into a failed log file.
+    Status status = disk_full_ ? Status::ResourceExhausted(DiskFullMessage())
+                               : segment_writers_[slot]->Write(inserts, now_ms);
     if (status.ok()) {
+      store_bytes_ += group_bytes;
       std::lock_guard<std::mutex> lock(commit_mutex_);
       for (const Stored& st : stored) stored_keys_[st.store_key] = st.sequence;
+    } else if (status.code() == StatusCode::kResourceExhausted) {
+      // Nothing of the group is durable; the clients keep it and send it again.
+      if (!disk_full_) EnterDiskFull(status.message());
+      disk_full = true;
+      error = DiskFullMessage();
     } else {
       // Nothing of the group is durable: tell the clients, they resend after their ack
       // timeout. Its sequence numbers stay unused (gaps are allowed).
@@ -325,6 +493,12 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
     ++next_publish_;
     published_.notify_all();
   }
+  // Counted in the trajectories' summaries (written after the group, whose batch may have
+  // created them), while this writer still holds the trajectories.
+  if (!conflicts.empty() && !disk_full_) {
+    Status counted = store_->AddConflicts(conflicts);
+    if (!counted.ok()) spdlog::warn("replay server: counting conflicts: {}", counted.message());
+  }
   ReleaseTrajectories(trajectories);
 
   // Retention before the acks, so a client that saw its ack also sees the bound respected.
@@ -332,8 +506,10 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
   {
     std::lock_guard<std::mutex> lock(done_mutex_);
     uint64_t bytes = 0;
-    for (const PendingSegment& p : group) {
-      done_.push_back({p.identity, p.facts.key, p.envelope.size(), error});
+    for (size_t i = 0; i < group.size(); ++i) {
+      const PendingSegment& p = group[i];
+      done_.push_back({p.identity, p.facts.key, p.envelope.size(),
+                       refused[i].empty() ? error : std::string(), refused[i], disk_full});
       bytes += p.envelope.size();
     }
     queued_bytes_ -= bytes;

@@ -103,6 +103,11 @@ struct ServerOptions {
   // the intake still reads whatever the writers leave room for (max_queued_bytes bounds it), and
   // takes the cores they leave idle. The learner side keeps its priority (sampling latency).
   int intake_nice = 10;
+  // Bytes the store may take on disk (its directory, sampling state included); 0: no quota.
+  // Over it, or when the disk is full, ingest stops: segments are refused with `disk_full`
+  // (clients keep them and send them again), sampling and inspection go on, and ingest resumes
+  // by itself once the store is back under the quota with room for a write batch.
+  uint64_t max_store_bytes = 0;
   // Sample steps per learner whose answers are kept for replay after a learner restart.
   int64_t sample_log_steps = 1024;
   double stats_interval_s = 10;  // how often stats go to the log; 0: never

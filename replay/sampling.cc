@@ -104,7 +104,11 @@ schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Sta
       }
       // The sampling store's own log: a few hundred bytes that never wait behind segments.
       Status written = store_->RecordDraw(record);
-      if (!written.ok()) {
+      if (written.code() == StatusCode::kResourceExhausted) {
+        // A full disk: sampling goes on from memory. This draw is not durable, so a learner
+        // that restarts and asks for this step again may get other items (docs/replay.md).
+        if (unrecorded_draws_++ == 0 || !disk_full_) EnterDiskFull(written.message());
+      } else if (!written.ok()) {
         // The draw already counted in memory; it is not durable, so the learner retries and may
         // get different items. Logged as a storage failure.
         *error = written;
@@ -252,6 +256,7 @@ void ServerImpl::LearnerLoop() {
              nullptr);
       continue;
     }
+    std::shared_lock<std::shared_mutex> store_lock(store_mutex_);  // ReopenStore waits
     HandleLearnerFrame(identity, (*parts)[1]);
   }
 }

@@ -19,9 +19,8 @@ namespace internal {
 Status ServerImpl::Init() {
   // Nothing is created or opened before the options are known to be usable.
   STRIDER_RETURN_IF_ERROR(CompleteAndCheckOptions(options_));
-  StoreOptions store_options;
-  store_options.sync_wal = options_.sync_wal;
-  store_options.compression = options_.compression;
+  store_options_.sync_wal = options_.sync_wal;
+  store_options_.compression = options_.compression;
   // RocksDB creates the store's own directory, not its parents (runs/NAME/replay).
   if (const std::filesystem::path parent = std::filesystem::path(options_.db_path).parent_path();
       !parent.empty()) {
@@ -32,8 +31,20 @@ Status ServerImpl::Init() {
                              error.message());
     }
   }
-  STRIDER_ASSIGN_OR_RETURN(store_, Store::Open(options_.db_path, store_options));
+  Result<std::unique_ptr<Store>> store = Store::Open(options_.db_path, store_options_);
+  if (store.status().code() == StatusCode::kResourceExhausted) {
+    // No room even to open for writing: serve what is stored, refuse segments until there is.
+    spdlog::error("replay server: {}; serving the store read-only until there is room",
+                  store.status().message());
+    StoreOptions read_only = store_options_;
+    read_only.read_only = true;
+    store = Store::Open(options_.db_path, read_only);
+    if (store.ok()) EnterDiskFull("no room to open the store for writing");
+  }
+  STRIDER_RETURN_IF_ERROR(store.status());
+  store_ = std::move(*store);
   STRIDER_RETURN_IF_ERROR(Recover());
+  CheckSpace();  // the store's size, for max_store_bytes
 
   // ZeroMQ drops a peer whose message crosses this; below it, oversize gets a reply instead.
   const size_t hard_limit = 2 * options_.max_message_bytes + (1 << 20);
@@ -89,11 +100,10 @@ Status ServerImpl::Init() {
 }
 
 Status ServerImpl::Recover() {
-  STRIDER_RETURN_IF_ERROR(store_->MigrateSamplingState());
+  if (!disk_full_) STRIDER_RETURN_IF_ERROR(store_->MigrateSamplingState());
   STRIDER_ASSIGN_OR_RETURN(next_sequence_, store_->NextSequence());
   if (next_sequence_ == 0) next_sequence_ = 1;
   if (options_.writer_threads < 1) options_.writer_threads = 1;
-  std::vector<std::string> names;
   std::vector<std::pair<std::string, std::string>> definitions;
   std::map<std::string, Table*> by_name;
   for (const TableConfig& config : options_.tables) {
@@ -102,17 +112,10 @@ Status ServerImpl::Recover() {
                              store_->GetSamplingCounter(meta::TableSamples(config.name)));
     tables_.push_back(std::make_unique<Table>(config, inserts, samples, instance_));
     by_name[config.name] = tables_.back().get();
-    names.push_back(config.name);
     definitions.push_back({config.name, TableConfigJson(config)});
   }
-  // Room for a group of write_batch_bytes and its index entries, summaries and counters.
-  const size_t batch_reserve = options_.write_batch_bytes + (256 << 10);
-  for (int slot = 0; slot < options_.writer_threads; ++slot) {
-    STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<SegmentWriter> writer,
-                             store_->NewSegmentWriter(slot, names, batch_reserve));
-    segment_writers_.push_back(std::move(writer));
-  }
-  STRIDER_RETURN_IF_ERROR(store_->WriteTableDefinitions(definitions));
+  STRIDER_RETURN_IF_ERROR(MakeSegmentWriters());
+  if (!disk_full_) STRIDER_RETURN_IF_ERROR(store_->WriteTableDefinitions(definitions));
 
   std::unordered_map<uint64_t, uint32_t> times_sampled;
   std::unordered_map<uint64_t, double> priorities;
@@ -239,7 +242,11 @@ std::string ServerImpl::StatsJson() {
   j["ingest"] = {{"segments", segments},
                  {"bytes", bytes},
                  {"duplicates", duplicates_.load()},
+                 {"conflicts", conflicts_.load()},
                  {"write_errors", write_errors_.load()},
+                 {"disk_full", disk_full_.load()},
+                 {"disk_full_stops", disk_full_episodes_.load()},
+                 {"store_bytes", store_bytes_.load()},
                  {"segments_per_s", rate_segments},
                  {"mb_per_s", rate_mb}};
   j["rejects"] = rejects;
@@ -249,6 +256,7 @@ std::string ServerImpl::StatsJson() {
                  {"segments", segments_sampled_.load()},
                  {"not_ready", samples_not_ready_.load()},
                  {"replayed", samples_replayed_.load()},
+                 {"unrecorded", unrecorded_draws_.load()},
                  {"latency_ms_p50", p50},
                  {"latency_ms_p99", p99}};
   j["retention"] = {{"deleted_segments", deleted_segments_.load()}};

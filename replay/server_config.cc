@@ -1,5 +1,6 @@
 // Server options: the YAML config (docs/replay.md) and the checks Start makes before it
 // creates or opens anything.
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -78,6 +79,10 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   server.Optional("max_token_id", &max_token_id);
   server.Optional("sync_wal", &options.sync_wal);
   server.Optional("compression", &options.compression);
+  int64_t max_store_bytes = static_cast<int64_t>(options.max_store_bytes);
+  server.Optional("max_store_bytes", &max_store_bytes);
+  server.Check(max_store_bytes >= 0, "max_store_bytes", "must be >= 0 (0: no quota)");
+  options.max_store_bytes = static_cast<uint64_t>(std::max<int64_t>(max_store_bytes, 0));
   server.Optional("sample_log_steps", &options.sample_log_steps);
   server.Optional("stats_interval_s", &options.stats_interval_s);
   server.Check(max_message_bytes >= 4096, "max_message_bytes", "must be at least 4096");

@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -80,6 +81,8 @@ struct Completion {
   schema::SegmentKey key;
   uint64_t bytes = 0;
   std::string error;  // non-empty: the write failed, send an error instead of an ack
+  std::string refused;  // non-empty: this segment is refused for good (a conflict)
+  bool disk_full = false;  // the error is a full disk: the client sends it again later
 };
 
 struct LearnerState {
@@ -173,9 +176,18 @@ class ServerImpl : public ReplayServer {
               const schema::SegmentKey* key);
   void SendAcks();
 
+  static std::string ConflictMessage(const schema::SegmentKey& key);
   void WriteGroup(std::vector<PendingSegment>& group, int slot,
                   const std::vector<std::string>& trajectories);
   void ApplyRetention();
+  // Disk full (or over max_store_bytes): ingest stops until CheckSpace finds room again.
+  void EnterDiskFull(const std::string& why);
+  std::string DiskFullMessage();
+  // Measures the store on disk; while ingest is stopped, resumes it when there is room.
+  void CheckSpace();
+  // Closes and opens the store again (read-only when that fails); waits for every user of it.
+  Status ReopenStore();
+  Status MakeSegmentWriters();  // one per writer slot, its counters read from the store
   Status DeleteItems(const std::vector<std::pair<uint64_t, IndexRecord>>& victims);
 
   void HandleLearnerFrame(const std::string& identity, const zmq::message_t& frame);
@@ -203,7 +215,10 @@ class ServerImpl : public ReplayServer {
   ServerOptions options_;
   schema::DecodeLimits limits_;
   uint64_t instance_ = 0;
+  // Replaced only by ReopenStore, under an exclusive lock; every other use holds it shared.
+  std::shared_mutex store_mutex_;
   std::unique_ptr<Store> store_;
+  StoreOptions store_options_;
   transport::NamedContext actor_context_;  // actor ROUTER, and the wake-up pair (inproc)
   // The learner socket has its own context, so its own I/O thread: sample requests and replies
   // never wait behind the actors' megabytes in a shared I/O thread.
@@ -262,9 +277,18 @@ class ServerImpl : public ReplayServer {
   Clock::time_point started_ = Clock::now();
   std::atomic<uint64_t> segments_stored_{0};
   std::atomic<uint64_t> duplicates_{0};
+  std::atomic<uint64_t> conflicts_{0};  // same key, different bytes: refused
   std::atomic<uint64_t> bytes_stored_{0};
   std::atomic<uint64_t> deleted_segments_{0};
   std::atomic<uint64_t> write_errors_{0};
+  // Ingest stopped for want of space; the reason, under space_mutex_.
+  std::atomic<bool> disk_full_{false};
+  std::mutex space_mutex_;
+  std::string disk_full_why_;
+  // The store's size on disk at the last CheckSpace plus what was written since.
+  std::atomic<uint64_t> store_bytes_{0};
+  std::atomic<uint64_t> disk_full_episodes_{0};  // times ingest stopped for space
+  std::atomic<uint64_t> unrecorded_draws_{0};    // sample steps answered without a record
   std::atomic<uint64_t> sample_requests_{0};
   std::atomic<uint64_t> samples_not_ready_{0};
   std::atomic<uint64_t> samples_replayed_{0};

@@ -1,12 +1,17 @@
 #include "replay/storage.h"
 
 #include <algorithm>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <mutex>
 
+#include <rocksdb/env.h>
 #include <rocksdb/table.h>
+#include <spdlog/spdlog.h>
 
 namespace strider::replay {
 namespace {
@@ -20,11 +25,55 @@ uint64_t GetLe(std::string_view in, size_t at) {
   return v;
 }
 
+// RocksDB's own log. Its default writes <store>/LOG through a file writer that, once a write
+// has failed on a full disk, aborts the process on the next one (an assertion Debian's build
+// keeps); and what it warns about (a log record it could not replay, a corrupt block) stayed in
+// that file where nobody looked. This one appends to the same file with plain stdio, ignoring
+// failures, and repeats warnings and errors in the process's own log.
+class StoreLogger : public rocksdb::Logger {
+ public:
+  StoreLogger(const std::string& store, const std::string& file)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), store_(store) {
+    if (!file.empty()) file_ = std::fopen(file.c_str(), "a");
+  }
+  ~StoreLogger() override {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel()) return;
+    char buffer[1024];
+    const int n = std::vsnprintf(buffer, sizeof(buffer), format, ap);
+    if (n < 0) return;
+    const std::string_view text(buffer, std::min<size_t>(n, sizeof(buffer) - 1));
+    if (file_ != nullptr) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::fwrite(text.data(), 1, text.size(), file_);
+      std::fputc('\n', file_);
+      std::fflush(file_);
+    }
+    if (level >= rocksdb::InfoLogLevel::WARN_LEVEL && level < rocksdb::InfoLogLevel::HEADER_LEVEL) {
+      spdlog::warn("rocksdb ({}): {}", store_, text);
+    }
+  }
+
+ private:
+  std::string store_;
+  std::FILE* file_ = nullptr;
+  std::mutex mutex_;
+};
+
 }  // namespace
 
 Status FromRocks(const rocksdb::Status& status, std::string_view what) {
   if (status.ok()) return Status::Ok();
   const std::string message = std::string(what) + ": " + status.ToString();
+  // Before IsIOError, which a full disk also is: callers stop writing rather than retry into it.
+  if (status.IsNoSpace()) return Status::ResourceExhausted(message);
   if (status.IsNotFound()) return Status::NotFound(message);
   if (status.IsCorruption()) return Status::Corruption(message);
   if (status.IsIOError()) return Status::IoError(message);
@@ -151,6 +200,11 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, const StoreO
   store->path_ = path;
   store->options_ = options;
   rocksdb::Options db_options = MakeOptions(options);
+  // A read-only open (inspection, often beside a running server) leaves the file to the writer.
+  std::error_code dir_error;
+  if (!options.read_only) std::filesystem::create_directories(path, dir_error);
+  db_options.info_log = std::make_shared<StoreLogger>(
+      path, options.read_only || dir_error ? "" : path + "/LOG");
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   for (const char* name : kFamilies) {
     families.emplace_back(name, rocksdb::ColumnFamilyOptions(db_options));
@@ -178,6 +232,9 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, const StoreO
   sampling_options.write_buffer_size = 4 << 20;
   sampling_options.max_background_jobs = 1;
   const std::string sampling_path = path + "/sampling";
+  if (!options.read_only) std::filesystem::create_directories(sampling_path, dir_error);
+  sampling_options.info_log = std::make_shared<StoreLogger>(
+      sampling_path, options.read_only || dir_error ? "" : sampling_path + "/LOG");
   rocksdb::DB* sampling = nullptr;
   if (options.read_only) {
     // A store written by an older version has none yet: its reads find nothing.
@@ -224,6 +281,8 @@ Store::~Store() {
 }
 
 Status Store::Write(rocksdb::WriteBatch* batch) {
+  // The server opens a store read-only when the disk had no room to open it for writing.
+  if (options_.read_only) return Status::ResourceExhausted(path_ + ": the store is open read-only");
   rocksdb::WriteOptions write_options;
   write_options.disableWAL = false;
   write_options.sync = options_.sync_wal;
@@ -276,6 +335,7 @@ Result<uint64_t> Store::TableInserts(const std::string& table) const {
 }
 
 Status Store::WriteSampling(rocksdb::WriteBatch* batch) {
+  if (options_.read_only) return Status::ResourceExhausted(path_ + ": the store is open read-only");
   if (!sampling_) return Status::FailedPrecondition("the sampling store is not open");
   rocksdb::WriteOptions write_options;
   write_options.sync = options_.sync_wal;
@@ -488,6 +548,19 @@ Status Store::DeleteSegments(const std::vector<std::pair<uint64_t, IndexRecord>>
   }
   summaries.WriteInto(batch);
   return Write(&batch);
+}
+
+Status Store::AddConflicts(const std::map<std::string, uint32_t>& by_trajectory) {
+  rocksdb::WriteBatch batch;
+  for (const auto& [trajectory, count] : by_trajectory) {
+    STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> stored, Get(trajectories(), trajectory));
+    if (!stored) continue;
+    STRIDER_ASSIGN_OR_RETURN(schema::TrajectorySummary summary,
+                             schema::DecodeTrajectorySummary(*stored));
+    summary.conflicts += count;
+    batch.Put(trajectories(), trajectory, schema::EncodeTrajectorySummary(summary));
+  }
+  return batch.Count() == 0 ? Status::Ok() : Write(&batch);
 }
 
 Status Store::ForgetSampling(const std::vector<uint64_t>& sequences) {

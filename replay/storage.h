@@ -162,6 +162,10 @@ class Store {
   // Deletes segments with their index entries and updates (or, at zero segments, deletes) their
   // trajectories' summaries, in one write. Their sampling state stays: ForgetSampling.
   Status DeleteSegments(const std::vector<std::pair<uint64_t, IndexRecord>>& records);
+  // Adds to the conflict counts of stored trajectories (trajectory id bytes -> segments that
+  // arrived again with other bytes), in one write; a trajectory no longer stored is skipped.
+  // The caller holds the trajectories (see above).
+  Status AddConflicts(const std::map<std::string, uint32_t>& by_trajectory);
   // Deletes the times-sampled counts and priorities of these sequence numbers.
   Status ForgetSampling(const std::vector<uint64_t>& sequences);
   // A sample step's durable record: the draw, the learner's position, the times-sampled counts

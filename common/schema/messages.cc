@@ -748,7 +748,8 @@ std::string_view RejectReason(const Status& status) {
   static constexpr std::string_view kAll[] = {
       reject::kSize,         reject::kTruncated,      reject::kMagic, reject::kVersion,
       reject::kChecksum,     reject::kMalformed,      reject::kMissingField,
-      reject::kLengthMismatch, reject::kRange,        reject::kUnexpected, reject::kCredit};
+      reject::kLengthMismatch, reject::kRange,        reject::kUnexpected, reject::kCredit,
+      reject::kConflict,     reject::kDiskFull};
   std::string_view message = status.message();
   for (std::string_view reason : kAll) {
     if (message.size() > reason.size() && message.substr(0, reason.size()) == reason &&

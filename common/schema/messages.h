@@ -45,6 +45,8 @@ inline constexpr std::string_view kLengthMismatch = "length_mismatch";
 inline constexpr std::string_view kRange = "range";              // token id, role or offset out of range
 inline constexpr std::string_view kUnexpected = "unexpected";    // valid, but not on this endpoint
 inline constexpr std::string_view kCredit = "credit";            // client exceeded its credit
+inline constexpr std::string_view kConflict = "conflict";        // key stored with other bytes
+inline constexpr std::string_view kDiskFull = "disk_full";       // no space: send again later
 }  // namespace reject
 
 // The reason prefix of a Status made by Decode ("checksum"), or "other".
@@ -301,8 +303,8 @@ struct TrajectorySummary {
   uint64_t max_policy_version = 0;
   uint64_t first_insert_unix_ms = 0;
   EndReason end_reason = EndReason::kNone;  // since 1.2: the last segment's
-  // Since 1.2, reserved: segments that arrived again with different bytes (nothing counts them
-  // yet).
+  // Since 1.2: segments that arrived again under a stored key with different bytes (refused
+  // with `conflict`; the stored ones are kept).
   uint32_t conflicts = 0;
 };
 std::string EncodeTrajectorySummary(const TrajectorySummary& summary);

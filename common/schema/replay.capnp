@@ -145,8 +145,8 @@ struct TrajectorySummary {
   maxPolicyVersion @10 :UInt64;
   firstInsertUnixMs @11 :UInt64;
   endReason @12 :EndReason;     # since 1.2: the last segment's
-  conflicts @13 :UInt32;        # since 1.2, reserved: segments of this trajectory that arrived
-                                # again with different bytes (nothing counts them yet)
+  conflicts @13 :UInt32;        # since 1.2: segments of this trajectory that arrived again
+                                # with different bytes (refused with `conflict`, first kept)
 }
 
 enum ClientRole {

@@ -19,7 +19,9 @@
 #include "replay/client.h"
 #include "replay/inspect.h"
 #include "replay/replay.h"
+#include "replay/storage.h"
 #include "tests/replay/raw_frames.h"
+#include "tests/replay/small_disk.h"
 #include "tests/replay/temp_dir.h"
 #include "tests/replay/test_segments.h"
 
@@ -28,6 +30,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using strider::testing::MakeSegment;
+using strider::testing::SmallDisk;
 using strider::testing::TempDir;
 
 ServerOptions Options(const TempDir& dir) {
@@ -366,6 +369,196 @@ TEST(ReplayServer, BadInputIsRejectedWithItsReasonWhileAGoodClientStreams) {
   EXPECT_EQ(stats["rejects"]["unexpected"], 1);
   EXPECT_EQ(stats["rejects"]["length_mismatch"], 1);
   EXPECT_EQ(stats["ingest"]["segments"], 100);
+}
+
+// An identical retry is acknowledged again; other bytes under a stored key are a conflict: an
+// error naming the key, counted, and the first content stays.
+TEST(ReplayServer, SameKeyWithOtherContentIsAConflictAndTheFirstStays) {
+  TempDir dir;
+  auto server = StartServer(Options(dir));
+  ASSERT_NE(server, nullptr);
+  zmq::context_t context;
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.connect(server->actor_endpoint());
+  // The reply that settles a segment (the server's greeting comes first on a new connection).
+  auto settle = [&](const std::string& frame) -> schema::Message {
+    EXPECT_TRUE(transport::SendParts(socket, {frame}).ok());
+    while (true) {
+      Result<schema::Message> reply = NextReply(socket, milliseconds(5000));
+      EXPECT_TRUE(reply.ok()) << reply.status().ToString();
+      if (!reply.ok() || reply->kind != schema::MessageKind::kCredit) {
+        return reply.ok() ? *reply : schema::Message{};
+      }
+    }
+  };
+  const schema::SegmentData first_segment = MakeSegment(7, 0, 200);
+  const std::string first = *schema::EncodeSegment(first_segment);
+  schema::SegmentData other_segment = first_segment;
+  other_segment.tokens.back() ^= 1;
+  const std::string other = *schema::EncodeSegment(other_segment);
+  ASSERT_NE(first, other);
+
+  EXPECT_EQ(settle(first).kind, schema::MessageKind::kAck);
+  EXPECT_EQ(settle(first).kind, schema::MessageKind::kAck) << "an identical retry";
+  const schema::Message conflict = settle(other);
+  ASSERT_EQ(conflict.kind, schema::MessageKind::kError);
+  EXPECT_EQ(conflict.error.reason, "conflict");
+  EXPECT_TRUE(conflict.error.has_key);
+  EXPECT_NE(conflict.error.message.find(first_segment.trajectory_id.Hex() + "/0"),
+            std::string::npos)
+      << conflict.error.message;
+  // Both in one frame: the first of the frame is stored, the second is the conflict.
+  const schema::SegmentData fresh = MakeSegment(8, 0, 100);
+  schema::SegmentData fresh_other = fresh;
+  fresh_other.tokens.back() ^= 1;
+  ASSERT_TRUE(transport::SendParts(socket, {*schema::EncodeSegment(fresh) +
+                                            *schema::EncodeSegment(fresh_other)})
+                  .ok());
+  int acks = 0, conflicts = 0;
+  while (acks + conflicts < 2) {
+    Result<schema::Message> reply = NextReply(socket, milliseconds(5000));
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    if (reply->kind == schema::MessageKind::kAck) acks += static_cast<int>(reply->ack.size());
+    if (reply->kind == schema::MessageKind::kError) {
+      EXPECT_EQ(reply->error.reason, "conflict") << reply->error.message;
+      ++conflicts;
+    }
+  }
+  EXPECT_EQ(acks, 1);
+  EXPECT_EQ(conflicts, 1);
+
+  auto stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_EQ(stats["ingest"]["segments"], 2);
+  EXPECT_EQ(stats["ingest"]["duplicates"], 1);
+  EXPECT_EQ(stats["ingest"]["conflicts"], 2);
+  EXPECT_EQ(stats["rejects"]["conflict"], 2);
+  StoreOptions read_only;
+  read_only.read_only = true;
+  Result<std::unique_ptr<Store>> store = Store::Open(dir.Sub("db"), read_only);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  for (const schema::SegmentData* kept : {&first_segment, &fresh}) {
+    Result<std::optional<std::string>> value = (*store)->Get(
+        (*store)->segments(), SegmentStoreKey({kept->trajectory_id, kept->segment_index}));
+    ASSERT_TRUE(value.ok() && value->has_value());
+    EXPECT_EQ((*value)->substr(8), *schema::EncodeSegment(*kept)) << "the first content stays";
+    Result<std::optional<std::string>> summary =
+        (*store)->Get((*store)->trajectories(), kept->trajectory_id.View());
+    ASSERT_TRUE(summary.ok() && summary->has_value());
+    EXPECT_EQ(schema::DecodeTrajectorySummary(**summary)->conflicts, 1u);
+  }
+}
+
+// A full disk: segments are refused with `disk_full` (the client keeps them and sends them
+// again), the server neither aborts nor loses what it acknowledged, sampling goes on, and ingest
+// resumes by itself once space returns.
+TEST(ReplayServer, AFullDiskRefusesSegmentsUntilSpaceReturns) {
+  TempDir dir;
+  SmallDisk disk(dir.Sub("disk"), 24 << 20);
+  if (!disk.mounted()) GTEST_SKIP() << disk.error();
+  ServerOptions options = Options(dir);
+  options.db_path = dir.Sub("disk/db");
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server, "a");
+  ASSERT_NE(actor, nullptr);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(actor->Send(MakeSegment(100 + i, 0, 2000)).ok());
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+
+  disk.Fill("ballast");
+  for (int i = 4; i < 12; ++i) ASSERT_TRUE(actor->Send(MakeSegment(100 + i, 0, 2000)).ok());
+  EXPECT_FALSE(actor->Flush(milliseconds(3000)).ok()) << "nothing fits on a full disk";
+  bool refused = false;
+  for (const schema::ErrorReply& error : actor->TakeErrors()) {
+    refused = refused || error.reason == "disk_full";
+  }
+  EXPECT_TRUE(refused);
+  auto stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_TRUE(stats["ingest"]["disk_full"].get<bool>()) << stats.dump();
+  EXPECT_EQ(stats["ingest"]["segments"], 4);
+  auto learner = Learner(*server, "l");
+  ASSERT_NE(learner, nullptr);
+  Result<SampleBatch> sampled = learner->Sample(1, 4, 0, milliseconds(5000));
+  ASSERT_TRUE(sampled.ok()) << "sampling goes on: " << sampled.status().ToString();
+  EXPECT_EQ(sampled->items.size(), 4u);
+
+  std::filesystem::remove(dir.Sub("disk/ballast"));
+  ASSERT_TRUE(actor->Flush(milliseconds(30000)).ok()) << "ingest resumes when space returns";
+  EXPECT_EQ(actor->acked_count(), 12u);
+  stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_FALSE(stats["ingest"]["disk_full"].get<bool>());
+  EXPECT_EQ(stats["ingest"]["segments"], 12);
+  server.reset();
+  Result<std::unique_ptr<Inspector>> inspector = Inspector::Open(options.db_path);
+  ASSERT_TRUE(inspector.ok()) << inspector.status().ToString();
+  Result<VerifyReport> report = (*inspector)->Verify();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->ok()) << ::testing::PrintToString(report->problems);
+}
+
+// A server started on a full disk serves what is stored, read-only, and takes segments again
+// once there is room.
+TEST(ReplayServer, AServerStartedOnAFullDiskServesReadOnlyUntilThereIsRoom) {
+  TempDir dir;
+  SmallDisk disk(dir.Sub("disk"), 24 << 20);
+  if (!disk.mounted()) GTEST_SKIP() << disk.error();
+  ServerOptions options = Options(dir);
+  options.db_path = dir.Sub("disk/db");
+  {
+    auto server = StartServer(options);
+    ASSERT_NE(server, nullptr);
+    auto actor = Actor(*server, "a");
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(actor->Send(MakeSegment(200 + i, 0, 2000)).ok());
+    ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  }
+  disk.Fill("ballast");
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr) << "a full disk still serves";
+  auto stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_TRUE(stats["ingest"]["disk_full"].get<bool>()) << stats.dump();
+  auto learner = Learner(*server, "l");
+  Result<SampleBatch> sampled = learner->Sample(1, 4, 0, milliseconds(5000));
+  ASSERT_TRUE(sampled.ok()) << sampled.status().ToString();
+  EXPECT_EQ(sampled->items.size(), 4u);
+  auto actor = Actor(*server, "a");
+  for (int i = 4; i < 8; ++i) ASSERT_TRUE(actor->Send(MakeSegment(200 + i, 0, 2000)).ok());
+  EXPECT_FALSE(actor->Flush(milliseconds(2000)).ok());
+  std::filesystem::remove(dir.Sub("disk/ballast"));
+  ASSERT_TRUE(actor->Flush(milliseconds(30000)).ok()) << "ingest resumes when space returns";
+  stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_EQ(stats["tables"][0]["stored_segments"], 8) << stats.dump();
+}
+
+// max_store_bytes stops ingest as a full disk does, before the disk is full.
+TEST(ReplayServer, AStoreQuotaRefusesSegmentsLikeAFullDisk) {
+  TempDir dir;
+  ServerOptions options = Options(dir);
+  options.max_store_bytes = 2 << 20;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server, "a");
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(actor->Send(MakeSegment(300 + i, 0, 2000)).ok());
+  EXPECT_FALSE(actor->Flush(milliseconds(3000)).ok());
+  std::string message;
+  for (const schema::ErrorReply& error : actor->TakeErrors()) {
+    if (error.reason == "disk_full") message = error.message;
+  }
+  EXPECT_NE(message.find("max_store_bytes"), std::string::npos) << message;
+  auto stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_TRUE(stats["ingest"]["disk_full"].get<bool>());
+  const uint64_t stored = stats["ingest"]["segments"];
+  EXPECT_GT(stored, 0u);
+  EXPECT_LT(stored, 200u);
+  // Under a larger quota the same client's segments all arrive.
+  options.actor_endpoint = server->actor_endpoint();
+  options.learner_endpoint = server->learner_endpoint();
+  server.reset();
+  options.max_store_bytes = 0;
+  server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(actor->Flush(milliseconds(30000)).ok());
+  stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_EQ(stats["tables"][0]["stored_segments"], 200);
 }
 
 TEST(ReplayServer, LearnerResumingFromACheckpointNeitherSkipsNorRepeats) {
