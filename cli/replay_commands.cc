@@ -25,6 +25,8 @@ struct ServeArgs {
   std::string bind;
   std::string sample_bind;
   std::string config;
+  bool accept_loss = false;
+  bool verify = false;
 };
 
 Status Serve(const ServeArgs& args) {
@@ -40,6 +42,8 @@ Status Serve(const ServeArgs& args) {
   if (!args.bind.empty()) options.actor_endpoint = args.bind;
   if (!args.sample_bind.empty()) options.learner_endpoint = args.sample_bind;
   if (options.db_path.empty()) return Status::InvalidArgument("--db is required");
+  options.accept_loss = options.accept_loss || args.accept_loss;
+  options.verify_on_start = options.verify_on_start || args.verify;
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
                            replay::ReplayServer::Start(options));
   // One JSON line with the resolved endpoints, so scripts can bind port 0 and connect.
@@ -235,6 +239,10 @@ void AddReplayCommands(CLI::App& app, int& exit_code) {
                     "Actor endpoint, tcp://host:port (0: any port) or ipc://path");
   serve->add_option("--sample-bind", serve_args->sample_bind,
                     "Learner endpoint (default: the actor port + 1, or <ipc path>.sample)");
+  serve->add_flag("--accept-loss", serve_args->accept_loss,
+                  "Serve a store whose log lost acknowledged segments (the loss is recorded)");
+  serve->add_flag("--verify", serve_args->verify,
+                  "Check every table file's checksums before serving (reads the whole store)");
   serve->add_option("--config", serve_args->config, "Server and table config (YAML)")
       ->check(CLI::ExistingFile);
   serve->callback([serve_args, &exit_code] {

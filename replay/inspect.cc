@@ -67,6 +67,10 @@ Result<std::string> Inspector::StatsJson() {
   j["schema_version"] = version.value_or("");
   STRIDER_ASSIGN_OR_RETURN(uint64_t next_sequence, store_->NextSequence());
   j["next_sequence"] = next_sequence;
+  STRIDER_ASSIGN_OR_RETURN(LossReport loss, store_->CheckLoss());
+  STRIDER_ASSIGN_OR_RETURN(uint64_t accepted_loss, store_->GetCounter(meta::kAcceptedLoss));
+  j["lost_acknowledged_segments"] = loss.lost;        // detected now (verify fails)
+  j["accepted_lost_segments"] = accepted_loss;         // accepted at a start (--accept-loss)
   uint64_t segments = 0;
   uint64_t oldest_ms = 0;
   uint64_t newest_ms = 0;
@@ -205,6 +209,12 @@ Result<VerifyReport> Inspector::Verify() {
       continue;
     }
     index[sequence] = SegmentStoreKey(record->key);
+  }
+  // Acknowledged segments the log lost (see Store::CheckLoss).
+  STRIDER_ASSIGN_OR_RETURN(LossReport loss, store_->CheckLoss());
+  if (loss.lost > 0) {
+    problem(std::to_string(loss.lost) + " acknowledged segments are missing (" + loss.detail +
+            "): the write-ahead log was damaged, truncated or removed");
   }
   std::map<std::string, uint32_t> segments_per_trajectory;
   std::set<uint64_t> pointed_back;

@@ -108,6 +108,12 @@ struct ServerOptions {
   // (clients keep them and send them again), sampling and inspection go on, and ingest resumes
   // by itself once the store is back under the quota with room for a write batch.
   uint64_t max_store_bytes = 0;
+  // A store whose segment log lost acknowledged segments (damaged, truncated or removed) is
+  // refused at start unless this is set; then the loss is recorded in the store and serving
+  // goes on with what is left.
+  bool accept_loss = false;
+  // Check every table file's block checksums before serving (reads the whole store once).
+  bool verify_on_start = false;
   // Sample steps per learner whose answers are kept for replay after a learner restart.
   int64_t sample_log_steps = 1024;
   double stats_interval_s = 10;  // how often stats go to the log; 0: never

@@ -43,6 +43,28 @@ Status ServerImpl::Init() {
   }
   STRIDER_RETURN_IF_ERROR(store.status());
   store_ = std::move(*store);
+  if (options_.verify_on_start) {
+    const auto start = Clock::now();
+    STRIDER_RETURN_IF_ERROR(store_->VerifyChecksums().WithContext(
+        "replay server: --verify found the store damaged; `strider replay inspect " +
+        options_.db_path + " verify` lists what is readable"));
+    spdlog::info("replay server: checksums of every table file verified in {:.2f} s",
+                 std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  STRIDER_ASSIGN_OR_RETURN(LossReport loss, store_->CheckLoss());
+  if (loss.lost > 0) {
+    const std::string what = options_.db_path + " lost " + std::to_string(loss.lost) +
+                             " acknowledged segments (" + loss.detail +
+                             "): its write-ahead log was damaged, truncated or removed";
+    if (!options_.accept_loss) {
+      return Status::Corruption(
+          "replay store " + what + ". `strider replay inspect " + options_.db_path +
+          " verify` shows what is left; start with --accept-loss to serve it (the loss is "
+          "recorded in the store)");
+    }
+    if (!disk_full_) STRIDER_RETURN_IF_ERROR(store_->AcceptLoss(loss));
+    spdlog::warn("replay server: accepted: replay store {}", what);
+  }
   STRIDER_RETURN_IF_ERROR(Recover());
   CheckSpace();  // the store's size, for max_store_bytes
 

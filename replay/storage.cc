@@ -32,8 +32,10 @@ uint64_t GetLe(std::string_view in, size_t at) {
 // failures, and repeats warnings and errors in the process's own log.
 class StoreLogger : public rocksdb::Logger {
  public:
-  StoreLogger(const std::string& store, const std::string& file)
-      : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), store_(store) {
+  // A read-only open (inspection, often beside a running server, printing JSON on stdout)
+  // leaves the file to the writer and keeps quiet: `verify` reports what it finds itself.
+  StoreLogger(const std::string& store, const std::string& file, bool quiet)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), store_(store), quiet_(quiet) {
     if (!file.empty()) file_ = std::fopen(file.c_str(), "a");
   }
   ~StoreLogger() override {
@@ -56,13 +58,20 @@ class StoreLogger : public rocksdb::Logger {
       std::fputc('\n', file_);
       std::fflush(file_);
     }
-    if (level >= rocksdb::InfoLogLevel::WARN_LEVEL && level < rocksdb::InfoLogLevel::HEADER_LEVEL) {
-      spdlog::warn("rocksdb ({}): {}", store_, text);
+    // RocksDB warns often under load (write stalls); its errors are what an operator must see.
+    if (!quiet_ && level >= rocksdb::InfoLogLevel::WARN_LEVEL &&
+        level < rocksdb::InfoLogLevel::HEADER_LEVEL) {
+      if (level == rocksdb::InfoLogLevel::WARN_LEVEL) {
+        spdlog::info("rocksdb ({}): {}", store_, text);
+      } else {
+        spdlog::warn("rocksdb ({}): {}", store_, text);
+      }
     }
   }
 
  private:
   std::string store_;
+  bool quiet_;
   std::FILE* file_ = nullptr;
   std::mutex mutex_;
 };
@@ -158,6 +167,7 @@ std::string NextSequenceSlot(int slot) {
 std::string TableInsertsSlot(const std::string& table, int slot) {
   return TableInserts(table) + std::string(1, '\0') + std::to_string(slot);
 }
+std::string Acknowledged(int slot) { return std::string(kAcknowledgedPrefix) + std::to_string(slot); }
 std::string TimesSampled(uint64_t sequence) {
   return std::string(kTimesSampledPrefix) + EncodeU64(sequence);
 }
@@ -192,6 +202,12 @@ rocksdb::Options Store::MakeOptions(const StoreOptions& options) {
   o.max_write_buffer_number = 4;
   o.max_background_jobs = 2;
   o.enable_pipelined_write = true;
+  // Replay the log up to its first damaged record and stop there: the store opens consistent
+  // (every batch whole or absent). What the damaged tail held is then missing, and the writers'
+  // acknowledged marks in the sampling store say how much (Store::CheckLoss); the server refuses
+  // to start on such a store until told to accept it. kAbsoluteConsistency would refuse to open
+  // at all, leaving nothing to inspect or accept.
+  o.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
   return o;
 }
 
@@ -200,15 +216,47 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, const StoreO
   store->path_ = path;
   store->options_ = options;
   rocksdb::Options db_options = MakeOptions(options);
-  // A read-only open (inspection, often beside a running server) leaves the file to the writer.
   std::error_code dir_error;
   if (!options.read_only) std::filesystem::create_directories(path, dir_error);
   db_options.info_log = std::make_shared<StoreLogger>(
-      path, options.read_only || dir_error ? "" : path + "/LOG");
+      path, options.read_only || dir_error ? "" : path + "/LOG", options.read_only);
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   for (const char* name : kFamilies) {
     families.emplace_back(name, rocksdb::ColumnFamilyOptions(db_options));
   }
+  auto open_sampling = [&]() -> Status {
+    // The sampling store: small writes only, so small memtables and no compression.
+    rocksdb::Options sampling_options;
+    sampling_options.create_if_missing = true;
+    sampling_options.compression = rocksdb::kNoCompression;
+    sampling_options.write_buffer_size = 4 << 20;
+    sampling_options.max_background_jobs = 1;
+    const std::string sampling_path = path + "/sampling";
+    if (!options.read_only) std::filesystem::create_directories(sampling_path, dir_error);
+    sampling_options.info_log = std::make_shared<StoreLogger>(
+        sampling_path, options.read_only || dir_error ? "" : sampling_path + "/LOG",
+        options.read_only);
+    rocksdb::DB* sampling = nullptr;
+    rocksdb::Status status;
+    if (options.read_only) {
+      // A store written by an older version has none yet: its reads find nothing.
+      std::error_code error;
+      if (std::filesystem::exists(sampling_path + "/CURRENT", error)) {
+        sampling_options.create_if_missing = false;
+        status = rocksdb::DB::OpenForReadOnly(sampling_options, sampling_path, &sampling);
+        if (!status.ok()) return FromRocks(status, "opening the sampling store " + sampling_path);
+      }
+    } else {
+      status = rocksdb::DB::Open(sampling_options, sampling_path, &sampling);
+      if (!status.ok()) return FromRocks(status, "opening the sampling store " + sampling_path);
+    }
+    store->sampling_.reset(sampling);
+    return Status::Ok();
+  };
+  // Read-only, the sampling store opens first: a running server writes each acknowledged mark
+  // there after the segments it counts, so marks read first never run ahead of the segments
+  // read second (Store::CheckLoss would otherwise see a loss that is only a race).
+  if (options.read_only) STRIDER_RETURN_IF_ERROR(open_sampling());
   rocksdb::DB* db = nullptr;
   rocksdb::Status status;
   if (options.read_only) {
@@ -225,30 +273,7 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, const StoreO
   }
   store->db_.reset(db);
 
-  // The sampling store: small writes only, so small memtables and no compression.
-  rocksdb::Options sampling_options;
-  sampling_options.create_if_missing = true;
-  sampling_options.compression = rocksdb::kNoCompression;
-  sampling_options.write_buffer_size = 4 << 20;
-  sampling_options.max_background_jobs = 1;
-  const std::string sampling_path = path + "/sampling";
-  if (!options.read_only) std::filesystem::create_directories(sampling_path, dir_error);
-  sampling_options.info_log = std::make_shared<StoreLogger>(
-      sampling_path, options.read_only || dir_error ? "" : sampling_path + "/LOG");
-  rocksdb::DB* sampling = nullptr;
-  if (options.read_only) {
-    // A store written by an older version has none yet: its reads find nothing.
-    std::error_code error;
-    if (std::filesystem::exists(sampling_path + "/CURRENT", error)) {
-      sampling_options.create_if_missing = false;
-      status = rocksdb::DB::OpenForReadOnly(sampling_options, sampling_path, &sampling);
-      if (!status.ok()) return FromRocks(status, "opening the sampling store " + sampling_path);
-    }
-  } else {
-    status = rocksdb::DB::Open(sampling_options, sampling_path, &sampling);
-    if (!status.ok()) return FromRocks(status, "opening the sampling store " + sampling_path);
-  }
-  store->sampling_.reset(sampling);
+  if (!options.read_only) STRIDER_RETURN_IF_ERROR(open_sampling());
   if (!options.read_only) {
     STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> version,
                              store->Get(store->meta(), meta::kSchema));
@@ -360,6 +385,88 @@ std::unique_ptr<rocksdb::Iterator> Store::ScanSampling() const {
 Result<uint64_t> Store::GetSamplingCounter(std::string_view key) const {
   STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> value, GetSampling(key));
   return value ? DecodeU64(*value) : 0;
+}
+
+namespace {
+
+// Insert counters by writer slot, summed over tables: meta keys "table/<name>/inserts\0<slot>".
+Result<std::map<int, uint64_t>> SlotInserts(const Store& store) {
+  std::map<int, uint64_t> by_slot;
+  auto it = store.Scan(store.meta());
+  const std::string prefix = "table/";
+  const std::string marker = std::string("/inserts") + std::string(1, '\0');
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const std::string_view key(it->key().data(), it->key().size());
+    const size_t at = key.rfind(marker);
+    if (at == std::string_view::npos) continue;
+    const std::string digits(key.substr(at + marker.size()));
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    by_slot[std::stoi(digits)] += DecodeU64(std::string_view(it->value().data(), it->value().size()));
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "reading the insert counters");
+  return by_slot;
+}
+
+}  // namespace
+
+Status Store::VerifyChecksums() const {
+  STRIDER_RETURN_IF_ERROR(FromRocks(db_->VerifyChecksum(), "checksums of replay store " + path_));
+  if (sampling_) {
+    STRIDER_RETURN_IF_ERROR(
+        FromRocks(sampling_->VerifyChecksum(), "checksums of the sampling store " + path_));
+  }
+  return Status::Ok();
+}
+
+Result<LossReport> Store::CheckLoss() const {
+  LossReport report;
+  auto marks = ScanSampling();
+  if (marks == nullptr) return report;
+  STRIDER_ASSIGN_OR_RETURN(auto stored, SlotInserts(*this));
+  const std::string prefix(meta::kAcknowledgedPrefix);
+  for (marks->Seek(prefix); marks->Valid() && marks->key().starts_with(prefix); marks->Next()) {
+    const std::string slot_text(marks->key().data() + prefix.size(),
+                                marks->key().size() - prefix.size());
+    if (slot_text.empty() || slot_text.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    const int slot = std::stoi(slot_text);
+    const uint64_t acknowledged =
+        DecodeU64(std::string_view(marks->value().data(), marks->value().size()));
+    const uint64_t have = stored.count(slot) ? stored[slot] : 0;
+    if (acknowledged > have) {
+      report.lost += acknowledged - have;
+      report.detail += (report.detail.empty() ? "" : "; ") + std::string("writer slot ") +
+                       slot_text + ": acknowledged " + std::to_string(acknowledged) +
+                       ", stored " + std::to_string(have);
+    }
+  }
+  if (!marks->status().ok()) return FromRocks(marks->status(), "reading the acknowledged marks");
+  return report;
+}
+
+Status Store::AcceptLoss(const LossReport& loss) {
+  if (loss.lost == 0) return Status::Ok();
+  STRIDER_ASSIGN_OR_RETURN(auto stored, SlotInserts(*this));
+  rocksdb::WriteBatch marks;
+  for (const auto& [slot, count] : stored) marks.Put(meta::Acknowledged(slot), EncodeU64(count));
+  // Slots with a mark and no counter at all lost everything they stored.
+  auto it = ScanSampling();
+  const std::string prefix(meta::kAcknowledgedPrefix);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const std::string slot_text(it->key().data() + prefix.size(), it->key().size() - prefix.size());
+    if (slot_text.empty() || slot_text.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    if (!stored.count(std::stoi(slot_text))) marks.Put(it->key(), EncodeU64(0));
+  }
+  STRIDER_ASSIGN_OR_RETURN(uint64_t accepted, GetCounter(meta::kAcceptedLoss));
+  rocksdb::WriteBatch record;
+  record.Put(meta(), std::string(meta::kAcceptedLoss), EncodeU64(accepted + loss.lost));
+  // The record first: a crash in between leaves the loss both recorded and still detected, and
+  // the next accepted start records it again (counted twice rather than not at all).
+  STRIDER_RETURN_IF_ERROR(Write(&record));
+  return WriteSampling(&marks);
 }
 
 Status Store::MigrateSamplingState() {
@@ -524,7 +631,20 @@ Status SegmentWriter::Write(const std::vector<SegmentInsert>& segments, uint64_t
   }
   if (!status.ok()) return status;
   for (const auto& [table, count] : inserts) inserts_[table] += count;
+  // The mark goes to the sampling store, whose log a damaged segment log does not take with it.
+  // Written after the group is durable and before it is acknowledged: a crash in between leaves
+  // the mark low, never high, so it can miss a loss but never invent one.
+  // A mark that fails to write (a full disk) stays low: the group is durable all the same.
+  rocksdb::WriteBatch mark;
+  mark.Put(meta::Acknowledged(slot_), EncodeU64(Total()));
+  (void)store_->WriteSampling(&mark);
   return Status::Ok();
+}
+
+uint64_t SegmentWriter::Total() const {
+  uint64_t total = 0;
+  for (const auto& [table, count] : inserts_) total += count;
+  return total;
 }
 
 Status Store::WriteTableDefinitions(

@@ -40,6 +40,14 @@
 
 namespace strider::replay {
 
+// Acknowledged segments the store no longer holds: a writer slot's mark in the sampling store
+// (its own log, in its own directory) counts more segments than the slot's insert counters in
+// the segment store, whose log lost its tail.
+struct LossReport {
+  uint64_t lost = 0;  // segments acknowledged and not stored
+  std::string detail;  // per slot: "slot 0: acknowledged 68, stored 57"; empty when none lost
+};
+
 struct StoreOptions {
   bool read_only = false;   // inspection: never writes, works while a server has the store open
   bool sync_wal = false;    // fsync the log on every write: survives power loss, not just kill -9
@@ -78,6 +86,12 @@ std::string TableSamples(const std::string& table);  // in the sampling store
 std::string NextSequenceSlot(int slot);
 std::string TableInsertsSlot(const std::string& table, int slot);
 // The keys below live in the sampling store.
+// Segments one writer slot has stored in all (the sum of its table insert counters), written
+// after each group it stores and before that group is acknowledged: see Store::CheckLoss.
+std::string Acknowledged(int slot);                     // "acked/" + slot
+inline constexpr std::string_view kAcknowledgedPrefix = "acked/";
+// Segments whose loss an operator accepted (serve --accept-loss), summed over starts; in `meta`.
+inline constexpr std::string_view kAcceptedLoss = "accepted_loss";
 std::string TimesSampled(uint64_t sequence);            // "sampled/" + 8-byte sequence
 std::string Priority(uint64_t sequence);                // "priority/" + 8-byte sequence
 inline constexpr std::string_view kTimesSampledPrefix = "sampled/";
@@ -148,6 +162,15 @@ class Store {
   Result<std::optional<std::string>> GetSampling(std::string_view key) const;
   std::unique_ptr<rocksdb::Iterator> ScanSampling() const;  // null when there is none
   Result<uint64_t> GetSamplingCounter(std::string_view key) const;
+  // Reads every table file of both stores and checks its block checksums (RocksDB's
+  // VerifyChecksum): Corruption naming the store when one fails.
+  Status VerifyChecksums() const;
+  // Compares the acknowledged marks with the insert counters (see LossReport). A store written
+  // before the marks existed reports nothing lost.
+  Result<LossReport> CheckLoss() const;
+  // After an operator accepted a loss: the marks come down to the counters, and `meta` adds the
+  // lost count to kAcceptedLoss. Read-write only.
+  Status AcceptLoss(const LossReport& loss);
   // Moves sampling state that older versions kept in `meta` into the sampling store. At start-up,
   // before any other sampling write.
   Status MigrateSamplingState();
@@ -210,6 +233,8 @@ class SegmentWriter {
         slot_(slot),
         batch_reserve_bytes_(batch_reserve_bytes),
         batch_(std::make_unique<rocksdb::WriteBatch>(batch_reserve_bytes)) {}
+  // The slot's total over tables (its acknowledged mark).
+  uint64_t Total() const;
   Store* store_;
   int slot_;
   size_t batch_reserve_bytes_;

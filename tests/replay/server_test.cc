@@ -561,6 +561,110 @@ TEST(ReplayServer, AStoreQuotaRefusesSegmentsLikeAFullDisk) {
   EXPECT_EQ(stats["tables"][0]["stored_segments"], 200);
 }
 
+// Stores `count` acknowledged segments with a server that then closes (the segments stay in
+// the write-ahead log: RocksDB does not flush on close), and returns the store's log files.
+std::vector<std::filesystem::path> StoreInTheLog(const TempDir& dir, int count) {
+  auto server = StartServer(Options(dir));
+  EXPECT_NE(server, nullptr);
+  if (server == nullptr) return {};
+  auto actor = Actor(*server, "a");
+  for (int i = 0; i < count; ++i) EXPECT_TRUE(actor->Send(MakeSegment(400 + i, 0, 1000)).ok());
+  EXPECT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  EXPECT_EQ(actor->acked_count(), static_cast<uint64_t>(count));
+  server.reset();
+  std::vector<std::filesystem::path> logs;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.Sub("db"))) {
+    if (entry.path().extension() == ".log" && entry.file_size() > 0) logs.push_back(entry.path());
+  }
+  return logs;
+}
+
+// A damaged segment log loses acknowledged segments; the loss is detected and named, the server
+// refuses the store until told to accept it, and `verify` fails on it meanwhile.
+TEST(ReplayServer, ALogThatLostAcknowledgedSegmentsIsRefusedUntilAccepted) {
+  for (const std::string damage : {"truncated", "flipped", "deleted"}) {
+    SCOPED_TRACE(damage);
+    TempDir dir;
+    const std::vector<std::filesystem::path> logs = StoreInTheLog(dir, 68);
+    ASSERT_EQ(logs.size(), 1u);
+    const uint64_t size = std::filesystem::file_size(logs[0]);
+    if (damage == "truncated") {
+      std::filesystem::resize_file(logs[0], size / 2);
+    } else if (damage == "flipped") {
+      std::fstream file(logs[0], std::ios::in | std::ios::out | std::ios::binary);
+      file.seekp(static_cast<std::streamoff>(size / 3));
+      file.put('\x5a');
+      file.seekp(static_cast<std::streamoff>(size / 3 + 1));
+      file.put('\xa5');
+    } else {
+      std::filesystem::remove(logs[0]);
+    }
+    Result<std::unique_ptr<ReplayServer>> refused = ReplayServer::Start(Options(dir));
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kCorruption);
+    EXPECT_NE(refused.status().message().find("acknowledged segments"), std::string::npos)
+        << refused.status().message();
+    EXPECT_NE(refused.status().message().find("--accept-loss"), std::string::npos);
+    {
+      Result<std::unique_ptr<Inspector>> inspector = Inspector::Open(dir.Sub("db"));
+      ASSERT_TRUE(inspector.ok()) << inspector.status().ToString();
+      Result<VerifyReport> report = (*inspector)->Verify();
+      ASSERT_TRUE(report.ok());
+      EXPECT_FALSE(report->ok());
+      const uint64_t left = report->segments;
+      EXPECT_LT(left, 68u);
+      auto stats = nlohmann::json::parse(*(*inspector)->StatsJson());
+      EXPECT_EQ(stats["lost_acknowledged_segments"], 68 - left);
+    }
+    ServerOptions accepting = Options(dir);
+    accepting.accept_loss = true;
+    auto server = StartServer(accepting);
+    ASSERT_NE(server, nullptr);
+    server.reset();
+    Result<std::unique_ptr<Inspector>> inspector = Inspector::Open(dir.Sub("db"));
+    ASSERT_TRUE(inspector.ok());
+    Result<VerifyReport> report = (*inspector)->Verify();
+    ASSERT_TRUE(report.ok());
+    EXPECT_TRUE(report->ok()) << ::testing::PrintToString(report->problems);
+    auto stats = nlohmann::json::parse(*(*inspector)->StatsJson());
+    EXPECT_EQ(stats["lost_acknowledged_segments"], 0);
+    EXPECT_EQ(stats["accepted_lost_segments"], 68 - report->segments);
+  }
+}
+
+// Flipped bytes inside a table file: a plain start does not read them; --verify does.
+TEST(ReplayServer, VerifyOnStartFindsADamagedTableFile) {
+  TempDir dir;
+  StoreInTheLog(dir, 40);
+  {
+    Result<std::unique_ptr<Store>> store = Store::Open(dir.Sub("db"), StoreOptions());
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->db()->Flush(rocksdb::FlushOptions(), (*store)->segments()).ok());
+  }
+  std::filesystem::path largest;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.Sub("db"))) {
+    if (entry.path().extension() == ".sst" &&
+        (largest.empty() || entry.file_size() > std::filesystem::file_size(largest))) {
+      largest = entry.path();
+    }
+  }
+  ASSERT_FALSE(largest.empty());
+  {
+    std::fstream file(largest, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(static_cast<std::streamoff>(std::filesystem::file_size(largest) / 4));
+    const char byte = static_cast<char>(file.peek());
+    file.seekp(static_cast<std::streamoff>(std::filesystem::file_size(largest) / 4));
+    file.put(static_cast<char>(byte ^ 0x40));
+  }
+  ASSERT_NE(StartServer(Options(dir)), nullptr) << "a plain start reads no table file";
+  ServerOptions verifying = Options(dir);
+  verifying.verify_on_start = true;
+  Result<std::unique_ptr<ReplayServer>> refused = ReplayServer::Start(verifying);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kCorruption) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("--verify"), std::string::npos);
+}
+
 TEST(ReplayServer, LearnerResumingFromACheckpointNeitherSkipsNorRepeats) {
   TempDir dir;
   ServerOptions options = Options(dir);
