@@ -80,6 +80,9 @@ bool Sender::TryConnect() {
   client_options.client_id = options_.client_id;
   client_options.ack_timeout = std::max(milliseconds(500), options_.spill_after / 2);
   client_options.give_up_after = options_.spill_after;
+  // Short, so a server that is gone blocks this thread only briefly: what the actor queues
+  // meanwhile reaches the spill directory between attempts (Loop).
+  client_options.connect_timeout = std::min(options_.spill_after, milliseconds(500));
   Result<std::unique_ptr<replay::ActorClient>> client =
       replay::ActorClient::Connect(client_options);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -161,7 +164,8 @@ void Sender::DropConnection(const std::string& why) {
   }
   in_flight_.clear();
   client_.reset();
-  std::lock_guard<std::mutex> lock(mutex_);
+  unreachable_ = true;
+  std::unique_lock<std::mutex> lock(mutex_);
   for (auto it = back_to_queue.rbegin(); it != back_to_queue.rend(); ++it) {
     queued_bytes_ += it->bytes.size();
     queue_.push_front(std::move(*it));
@@ -173,6 +177,10 @@ void Sender::DropConnection(const std::string& why) {
   stats_.queued_bytes = queued_bytes_;
   stats_.spill_files = spill_.segments().size();
   stats_.spill_bytes = spill_.bytes();
+  lock.unlock();
+  // The queue goes with the frames in flight: the server is unreachable, and a process killed
+  // while the next connection attempt waits must not take the queue with it.
+  SpillQueue();
 }
 
 void Sender::SpillQueue() {
@@ -206,7 +214,11 @@ void Sender::Loop() {
     const auto now = Clock::now();
     const bool past_deadline = stopping && now >= deadline;
     if (!client_ && !past_deadline && now >= next_connect_) {
-      if (!TryConnect()) next_connect_ = Clock::now() + options_.retry_every;
+      // Once the server has been unreachable, what arrived since the last look goes to disk
+      // before the next attempt blocks this thread.
+      if (unreachable_) SpillQueue();
+      unreachable_ = !TryConnect();
+      if (unreachable_) next_connect_ = Clock::now() + options_.retry_every;
     }
     if (!client_ || past_deadline) {
       if (client_) DropConnection("closing before every segment was acknowledged");

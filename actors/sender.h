@@ -8,8 +8,9 @@
 //
 // Order of sending: spilled files first (oldest first; they include files from an earlier run),
 // then the queue. The server unreachable (no connection, or no progress for `spill_after`):
-// queued and unacknowledged segments go to the spill directory and the connection is retried
-// every `retry_every`. Spill full and server down: segments wait in the queue and Backlogged()
+// queued and unacknowledged segments go to the spill directory together and the connection is
+// retried every `retry_every`, each attempt waiting at most 0.5 s for the server's greeting;
+// what is queued meanwhile goes to disk before each attempt. Spill full and server down: segments wait in the queue and Backlogged()
 // tells the actor to start no new episodes, so data is never dropped. Close() flushes, and
 // spills what the server did not acknowledge in time.
 #pragma once
@@ -105,6 +106,7 @@ class Sender {
   std::map<schema::SegmentKey, std::optional<std::string>> in_flight_;  // nullopt: from spill
   std::chrono::steady_clock::time_point last_progress_;
   std::chrono::steady_clock::time_point next_connect_;
+  bool unreachable_ = false;  // a connection attempt failed or a connection was dropped
   std::thread thread_;
 };
 

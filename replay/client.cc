@@ -54,7 +54,9 @@ Result<std::unique_ptr<ActorClient>> ActorClient::Connect(const ActorClientOptio
 }
 
 Status ActorClient::Reconnect() {
-  const auto give_up = Clock::now() + options_.give_up_after;
+  const auto give_up = Clock::now() + (options_.connect_timeout.count() > 0
+                                           ? options_.connect_timeout
+                                           : options_.give_up_after);
   while (true) {
     socket_->socket.close();
     STRIDER_ASSIGN_OR_RETURN(socket_->socket,
@@ -76,7 +78,7 @@ Status ActorClient::Reconnect() {
     }
     STRIDER_RETURN_IF_ERROR(transport::SendParts(
         socket_->socket, {schema::EncodeHello({options_.client_id, schema::ClientRole::kActor})}));
-    const auto hello_deadline = Clock::now() + options_.ack_timeout;
+    const auto hello_deadline = std::min(Clock::now() + options_.ack_timeout, give_up);
     while (credit_bytes_ == 0 && Clock::now() < hello_deadline) {
       STRIDER_RETURN_IF_ERROR(Pump(milliseconds(20)));
     }
@@ -85,8 +87,12 @@ Status ActorClient::Reconnect() {
       return Status::Ok();
     }
     if (Clock::now() >= give_up) {
-      return Status::Unavailable("replay server at " + options_.endpoint + " did not answer for " +
-                                 std::to_string(options_.give_up_after.count()) + " ms");
+      return Status::Unavailable(
+          "replay server at " + options_.endpoint + " did not answer for " +
+          std::to_string((options_.connect_timeout.count() > 0 ? options_.connect_timeout
+                                                               : options_.give_up_after)
+                             .count()) +
+          " ms");
     }
   }
 }

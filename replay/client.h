@@ -24,6 +24,10 @@ struct ActorClientOptions {
   std::chrono::milliseconds ack_timeout{5000};
   // Send and Flush give up with Unavailable after waiting this long without any progress.
   std::chrono::milliseconds give_up_after{60000};
+  // How long a (re)connection waits for the server's greeting before giving up; 0: give_up_after.
+  // A caller with somewhere else to put its segments (an actor's spill directory) keeps it short,
+  // so it is not blocked for long by a server that is gone.
+  std::chrono::milliseconds connect_timeout{0};
   // Segments waiting to be sent go out several to a frame, up to this many bytes in all, when the
   // server reads such frames (its credit says so). A segment waits for others only while earlier
   // ones are unacknowledged, as in Nagle's algorithm: a lone segment goes out at once, a stream

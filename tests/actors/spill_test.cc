@@ -136,6 +136,49 @@ TEST(Sender, SpillsWhileTheServerIsDownAndSendsOnceItIsUp) {
   EXPECT_EQ(StoredSegments(server_options.db_path, keys), 20u);
 }
 
+// The server goes away: the frames in flight and the queue reach the spill directory together,
+// and what the actor queues while the sender tries to reconnect follows within one short
+// connection attempt, not a whole spill_after (a SIGKILL in between would lose it).
+TEST(Sender, WhenTheServerGoesAwayTheQueueIsSpilledWithTheFramesInFlight) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.Sub("replay.sock");
+  replay::ServerOptions server_options;
+  server_options.db_path = dir.Sub("db");
+  server_options.actor_endpoint = endpoint;
+  server_options.stats_interval_s = 0;
+  auto server = replay::ReplayServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  SenderOptions options;
+  options.endpoint = endpoint;
+  options.spill_dir = dir.Sub("spill");
+  options.spill_after = milliseconds(4000);
+  options.retry_every = milliseconds(100);
+  auto sender = Sender::Start(options);
+  ASSERT_TRUE(sender.ok()) << sender.status().ToString();
+  auto wait_for = [&](auto done, milliseconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return done();
+  };
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*sender)->Push(MakeSegment(700 + i, 0, 200)).ok());
+  ASSERT_TRUE(wait_for([&] { return (*sender)->stats().acked == 5; }, milliseconds(10000)));
+  (*server)->Stop();
+  server->reset();
+
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE((*sender)->Push(MakeSegment(710 + i, 0, 200)).ok());
+  ASSERT_TRUE(wait_for([&] { return (*sender)->stats().spill_files == 20; }, milliseconds(20000)));
+  const auto queued_at = std::chrono::steady_clock::now();
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE((*sender)->Push(MakeSegment(740 + i, 0, 200)).ok());
+  ASSERT_TRUE(wait_for([&] { return (*sender)->stats().spill_files == 50; }, milliseconds(20000)));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - queued_at).count();
+  EXPECT_LT(seconds, 2.5) << "queued segments waited for a whole connection attempt";
+  EXPECT_EQ((*sender)->stats().queued_segments, 0u);
+  (void)(*sender)->Close(milliseconds(0));
+}
+
 TEST(Sender, SendsFilesAnEarlierRunSpilledBeforeNewSegments) {
   TempDir dir;
   replay::ServerOptions server_options;
