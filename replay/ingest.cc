@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -258,6 +259,53 @@ void ServerImpl::CheckSpace() {
                space.available, bytes);
 }
 
+void ServerImpl::AbandonStale() {
+  if (options_.abandon_after_s <= 0) return;
+  const uint64_t now_ms = NowUnixMs();
+  const auto limit_ms = static_cast<uint64_t>(options_.abandon_after_s * 1000);
+  auto silent = [&](const OpenTrajectory& open) { return now_ms > open.last_unix_ms + limit_ms; };
+  std::vector<std::string> stale;
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    for (const auto& [id, open] : open_) {
+      if (silent(open)) stale.push_back(id);
+    }
+  }
+  for (const std::string& id : stale) {
+    {
+      // Held like a writer holds it, so no segment of it is written meanwhile.
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (busy_trajectories_.count(id)) continue;
+      busy_trajectories_.insert(id);
+    }
+    bool still_silent = false;
+    {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      auto it = open_.find(id);
+      still_silent = it != open_.end() && silent(it->second);
+    }
+    Status marked = still_silent ? store_->MarkAbandoned(id) : Status::Ok();
+    if (still_silent && marked.ok()) {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      auto it = open_.find(id);
+      if (it != open_.end()) {
+        if (Table* table = FindTable(it->second.table)) table->Abandon(id, it->second.items);
+        open_.erase(it);
+      }
+      abandoned_.insert(id);
+      abandoned_count_++;
+      schema::TrajectoryId trajectory;
+      std::memcpy(trajectory.bytes.data(), id.data(), std::min(id.size(), trajectory.bytes.size()));
+      spdlog::warn("replay server: trajectory {} abandoned: no segment for {} s and its last "
+                   "one never came (its actor presumably died); it is never sampled",
+                   trajectory.Hex(), options_.abandon_after_s);
+    } else if (!marked.ok()) {
+      spdlog::warn("replay server: marking a trajectory abandoned: {}", marked.message());
+    }
+    ReleaseTrajectories({id});
+  }
+}
+
 Status ServerImpl::ReopenStore() {
   std::unique_lock<std::shared_mutex> lock(store_mutex_);
   segment_writers_.clear();
@@ -365,6 +413,7 @@ void ServerImpl::WriterLoop(int slot) {
       if (!disk_full_) {
         std::shared_lock<std::shared_mutex> store_lock(store_mutex_);
         ApplyRetention();
+        AbandonStale();
       }
       next_age_check = Clock::now() + std::chrono::seconds(1);
     }
@@ -486,6 +535,17 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
         info.insert_unix_ms = now_ms;
         info.priority = table->config().sampler.default_priority;
         table->Insert(st.sequence, info, /*counted=*/true, &st.segment->facts);
+        const std::string id(st.segment->facts.key.trajectory.View());
+        if (abandoned_.count(id)) {
+          table->Abandon(id, {st.sequence});  // late: stored, never sampled
+        } else if (st.segment->facts.is_last) {
+          open_.erase(id);
+        } else {
+          OpenTrajectory& open = open_[id];
+          open.last_unix_ms = now_ms;
+          open.table = st.segment->facts.table;
+          open.items.push_back(st.sequence);
+        }
         segments_stored_++;
         bytes_stored_ += info.bytes;
       }

@@ -89,6 +89,7 @@ Result<std::string> Inspector::StatsJson() {
   }
   uint64_t trajectories = 0;
   uint64_t complete = 0;
+  uint64_t abandoned = 0;
   std::map<std::string, uint64_t> envs;
   auto t = store_->Scan(store_->trajectories());
   for (t->SeekToFirst(); t->Valid(); t->Next()) {
@@ -96,11 +97,13 @@ Result<std::string> Inspector::StatsJson() {
     if (!summary.ok()) continue;
     ++trajectories;
     complete += summary->complete ? 1 : 0;
+    abandoned += summary->abandoned ? 1 : 0;
     envs[summary->env] += 1;
   }
   j["segments"] = segments;
   j["trajectories"] = trajectories;
   j["complete_trajectories"] = complete;
+  j["abandoned_trajectories"] = abandoned;  // closed by the server after their actor went silent
   j["oldest_insert_unix_ms"] = oldest_ms;
   j["newest_insert_unix_ms"] = newest_ms;
   j["trajectories_by_env"] = envs;

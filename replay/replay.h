@@ -108,6 +108,10 @@ struct ServerOptions {
   // (clients keep them and send them again), sampling and inspection go on, and ingest resumes
   // by itself once the store is back under the quota with room for a write batch.
   uint64_t max_store_bytes = 0;
+  // A trajectory whose last segment has not arrived and that has had no segment for this long
+  // is closed by the server as `abandoned` (its actor presumably died): never sampled again, its
+  // group sampled without it, counted in stats. Checked every second; 0: never.
+  double abandon_after_s = 1800;
   // A store whose segment log lost acknowledged segments (damaged, truncated or removed) is
   // refused at start unless this is set; then the loss is recorded in the store and serving
   // goes on with what is left.

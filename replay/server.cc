@@ -158,6 +158,23 @@ Status ServerImpl::Recover() {
     priorities[DecodeU64(key.substr(meta::kPriorityPrefix.size()))] = priority;
   }
 
+  // Trajectories still open, and those closed as abandoned: their items are collected below.
+  std::unordered_map<std::string, OpenTrajectory> open, abandoned;
+  auto summaries = store_->Scan(store_->trajectories());
+  for (summaries->SeekToFirst(); summaries->Valid(); summaries->Next()) {
+    Result<schema::TrajectorySummary> summary = schema::DecodeTrajectorySummary(
+        std::string_view(summaries->value().data(), summaries->value().size()));
+    if (!summary.ok()) continue;  // verify reports it; ingest rebuilds it
+    const std::string id(summaries->key().data(), summaries->key().size());
+    if (summary->abandoned) {
+      abandoned[id];
+    } else if (!summary->complete) {
+      open[id];
+    }
+  }
+  if (!summaries->status().ok()) {
+    return FromRocks(summaries->status(), "scanning the trajectory summaries");
+  }
   uint64_t orphans = 0;
   auto seq = store_->Scan(store_->sequence());
   for (seq->SeekToFirst(); seq->Valid(); seq->Next()) {
@@ -166,6 +183,13 @@ Status ServerImpl::Recover() {
     if (!record.ok()) return record.status().WithContext("recovering the sequence index");
     stored_keys_[SegmentStoreKey(record->key)] = sequence;
     next_sequence_ = std::max(next_sequence_, sequence + 1);
+    const std::string id(record->key.trajectory.View());
+    for (auto* tracked : {&open, &abandoned}) {
+      auto found = tracked->find(id);
+      if (found == tracked->end()) continue;
+      found->second.table = record->table;
+      found->second.items.push_back(sequence);
+    }
     auto table = by_name.find(record->table);
     if (table == by_name.end()) {
       ++orphans;
@@ -206,6 +230,18 @@ Status ServerImpl::Recover() {
     table->second->Insert(sequence, info, /*counted=*/false, facts ? &*facts : nullptr);
   }
   if (!seq->status().ok()) return FromRocks(seq->status(), "scanning the sequence index");
+  for (auto& [id, closed] : abandoned) {
+    auto table = by_name.find(closed.table);
+    if (table != by_name.end()) table->second->Abandon(id, closed.items);
+    abandoned_.insert(id);
+  }
+  // An open trajectory's silence counts from this start: the store does not say when its last
+  // segment arrived before.
+  const uint64_t now_ms = NowUnixMs();
+  for (auto& [id, still_open] : open) {
+    still_open.last_unix_ms = now_ms;
+    open_[id] = std::move(still_open);
+  }
   if (orphans > 0) {
     spdlog::warn("replay server: {} stored segments belong to tables not in the config; they "
                  "are kept but never sampled or deleted by retention",
@@ -282,6 +318,10 @@ std::string ServerImpl::StatsJson() {
                  {"latency_ms_p50", p50},
                  {"latency_ms_p99", p99}};
   j["retention"] = {{"deleted_segments", deleted_segments_.load()}};
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    j["trajectories"] = {{"open", open_.size()}, {"abandoned", abandoned_count_.load()}};
+  }
   nlohmann::json tables = nlohmann::json::array();
   {
     std::lock_guard<std::mutex> lock(state_mutex_);

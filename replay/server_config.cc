@@ -81,6 +81,8 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   server.Optional("compression", &options.compression);
   int64_t max_store_bytes = static_cast<int64_t>(options.max_store_bytes);
   server.Optional("max_store_bytes", &max_store_bytes);
+  server.Optional("abandon_after_s", &options.abandon_after_s);
+  server.Check(options.abandon_after_s >= 0, "abandon_after_s", "must be >= 0 (0: never)");
   server.Check(max_store_bytes >= 0, "max_store_bytes", "must be >= 0 (0: no quota)");
   options.max_store_bytes = static_cast<uint64_t>(std::max<int64_t>(max_store_bytes, 0));
   server.Optional("sample_log_steps", &options.sample_log_steps);

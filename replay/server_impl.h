@@ -185,6 +185,8 @@ class ServerImpl : public ReplayServer {
   std::string DiskFullMessage();
   // Measures the store on disk; while ingest is stopped, resumes it when there is room.
   void CheckSpace();
+  // Closes open trajectories silent for abandon_after_s (see ServerOptions).
+  void AbandonStale();
   // Closes and opens the store again (read-only when that fails); waits for every user of it.
   Status ReopenStore();
   Status MakeSegmentWriters();  // one per writer slot, its counters read from the store
@@ -271,6 +273,15 @@ class ServerImpl : public ReplayServer {
   std::atomic<int> learners_waiting_{0};  // learner requests waiting for state_mutex_
   static constexpr size_t kPublishChunk = 32;  // well under a millisecond of table inserts
   std::vector<std::unique_ptr<Table>> tables_;
+  // Trajectories without their last segment yet, by 16-byte id, for AbandonStale; and those it
+  // closed (a late segment of one is stored but never sampled).
+  struct OpenTrajectory {
+    uint64_t last_unix_ms = 0;
+    std::string table;
+    std::vector<uint64_t> items;
+  };
+  std::unordered_map<std::string, OpenTrajectory> open_;
+  std::unordered_set<std::string> abandoned_;
   std::map<std::pair<std::string, std::string>, LearnerState> learners_;
 
   // Stats.
@@ -289,6 +300,7 @@ class ServerImpl : public ReplayServer {
   std::atomic<uint64_t> store_bytes_{0};
   std::atomic<uint64_t> disk_full_episodes_{0};  // times ingest stopped for space
   std::atomic<uint64_t> unrecorded_draws_{0};    // sample steps answered without a record
+  std::atomic<uint64_t> abandoned_count_{0};     // trajectories closed by AbandonStale
   std::atomic<uint64_t> sample_requests_{0};
   std::atomic<uint64_t> samples_not_ready_{0};
   std::atomic<uint64_t> samples_replayed_{0};

@@ -670,6 +670,20 @@ Status Store::DeleteSegments(const std::vector<std::pair<uint64_t, IndexRecord>>
   return Write(&batch);
 }
 
+Status Store::MarkAbandoned(std::string_view trajectory) {
+  STRIDER_ASSIGN_OR_RETURN(std::optional<std::string> stored, Get(trajectories(), trajectory));
+  if (!stored) return Status::Ok();
+  STRIDER_ASSIGN_OR_RETURN(schema::TrajectorySummary summary,
+                           schema::DecodeTrajectorySummary(*stored));
+  if (summary.complete || summary.abandoned) return Status::Ok();
+  summary.abandoned = true;
+  summary.end_reason = schema::EndReason::kAbandoned;
+  rocksdb::WriteBatch batch;
+  batch.Put(trajectories(), rocksdb::Slice(trajectory.data(), trajectory.size()),
+            schema::EncodeTrajectorySummary(summary));
+  return Write(&batch);
+}
+
 Status Store::AddConflicts(const std::map<std::string, uint32_t>& by_trajectory) {
   rocksdb::WriteBatch batch;
   for (const auto& [trajectory, count] : by_trajectory) {

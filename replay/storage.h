@@ -185,6 +185,9 @@ class Store {
   // Deletes segments with their index entries and updates (or, at zero segments, deletes) their
   // trajectories' summaries, in one write. Their sampling state stays: ForgetSampling.
   Status DeleteSegments(const std::vector<std::pair<uint64_t, IndexRecord>>& records);
+  // Marks a stored, incomplete trajectory `abandoned` (end reason too); nothing for one that is
+  // complete or not stored. The caller holds the trajectory (see above).
+  Status MarkAbandoned(std::string_view trajectory);
   // Adds to the conflict counts of stored trajectories (trajectory id bytes -> segments that
   // arrived again with other bytes), in one write; a trajectory no longer stored is skipped.
   // The caller holds the trajectories (see above).

@@ -153,15 +153,35 @@ void Table::Insert(uint64_t item, const ItemInfo& info, bool counted,
     } else if (counted) {
       ++inserts_;
     }
+    if (facts != nullptr && abandoned_.count(std::string(facts->key.trajectory.View()))) return;
     AddToSampler(item, info);
     return;
   }
   if (facts == nullptr) return;
   std::optional<std::vector<uint64_t>> unit = Track(item, *facts);
   if (!unit) return;
-  inserts_ += tokens ? units_.at(item).tokens : 1;
+  AddUnit(item);
+}
+
+void Table::AddUnit(uint64_t item) {
+  inserts_ += config_.rate_limiter.count_tokens ? units_.at(item).tokens : 1;
   // The completing item holds the unit's times sampled and priority (durable per item).
-  AddToSampler(item, info);
+  AddToSampler(item, stored_.at(item));
+}
+
+void Table::Abandon(const std::string& trajectory, const std::vector<uint64_t>& items) {
+  if (!per_unit()) {
+    abandoned_.insert(trajectory);
+    for (uint64_t item : items) RemoveFromSampler(item);
+    return;
+  }
+  auto it = trajectories_.find(trajectory);
+  if (it == trajectories_.end() || it->second.abandoned) return;
+  it->second.abandoned = true;
+  if (unit_of_.count(trajectory) || it->second.segments.empty()) return;
+  // Its group may be waiting for it alone.
+  const uint64_t last = it->second.segments.rbegin()->second;
+  if (TryComplete(trajectory, last)) AddUnit(last);
 }
 
 void Table::AddToSampler(uint64_t item, const ItemInfo& info) {
@@ -192,10 +212,16 @@ std::optional<std::vector<uint64_t>> Table::Track(uint64_t item,
     t.last_index = facts.key.index;
     t.end_reason = facts.end_reason;
   }
-  if (!t.complete() || unit_of_.count(id)) return std::nullopt;
+  if (t.abandoned || !t.complete() || unit_of_.count(id)) return std::nullopt;
+  return TryComplete(id, item);
+}
 
+std::optional<std::vector<uint64_t>> Table::TryComplete(const std::string& id, uint64_t item) {
+  const TrajectoryState& t = trajectories_.at(id);
+  if (unit_of_.count(id)) return std::nullopt;
   Unit unit;
   if (config_.unit == SampleUnit::kTrajectory) {
+    if (t.abandoned) return std::nullopt;
     unit.trajectories = {id};
     unit.items = ItemsInOrder(id);
   } else {
@@ -205,8 +231,8 @@ std::optional<std::vector<uint64_t>> Table::Track(uint64_t item,
     std::vector<std::string> kept;
     for (const auto& [index, member] : g.members) {
       const TrajectoryState& m = trajectories_.at(member);
-      if (!m.complete()) return std::nullopt;
-      if (m.end_reason == schema::EndReason::kAbandoned) {
+      if (!m.abandoned && !m.complete()) return std::nullopt;
+      if (m.abandoned || m.end_reason == schema::EndReason::kAbandoned) {
         abandoned = true;
       } else {
         kept.push_back(member);

@@ -92,6 +92,12 @@ class Table {
   // position; `policy_version` the learner's, for the staleness bound.
   Draw Sample(size_t count, uint64_t after, uint64_t policy_version);
 
+  // The service closed this trajectory (16-byte id) after its actor went silent: none of its
+  // items is sampled again, now or when more of it arrives later; in a group table its group is
+  // sampled without it once the other members are complete (with at least two of them).
+  // `items`: its stored items (a segment table keeps no trajectory index).
+  void Abandon(const std::string& trajectory, const std::vector<uint64_t>& items);
+
   Status SetPriority(uint64_t item, double priority);
 
   // The items to return for a sampled item, in order: the item itself in a segment table; the
@@ -116,6 +122,10 @@ class Table {
   void AddToSampler(uint64_t item, const ItemInfo& info);
   // Trajectory and group tables: records a stored segment; returns the unit it completes.
   std::optional<std::vector<uint64_t>> Track(uint64_t item, const schema::SegmentFacts& facts);
+  // The unit trajectory `id` completes now, named by `item`, if any (Track's second half).
+  std::optional<std::vector<uint64_t>> TryComplete(const std::string& id, uint64_t item);
+  // Adds a completed unit to the sampler and the insert counter.
+  void AddUnit(uint64_t item);
   std::vector<uint64_t> ItemsInOrder(const std::string& trajectory) const;
   uint64_t TokensOf(uint64_t item) const;  // of the item, or of the unit it names
   bool per_unit() const { return config_.unit != SampleUnit::kSegment; }
@@ -126,6 +136,7 @@ class Table {
     schema::EndReason end_reason = schema::EndReason::kNone;
     std::string group;  // 16 bytes; the trajectory's own id when it is in no group
     uint32_t group_index = 0;
+    bool abandoned = false;  // closed by the service (Abandon): never in a unit
     bool complete() const {
       return last_index >= 0 && segments.size() == static_cast<size_t>(last_index) + 1;
     }
@@ -157,6 +168,7 @@ class Table {
   std::map<std::string, GroupState> groups_;
   std::map<uint64_t, Unit> units_;                 // by the item that completed it
   std::map<std::string, uint64_t> unit_of_;        // trajectory -> unit
+  std::set<std::string> abandoned_;                // segment tables: closed trajectories
 };
 
 }  // namespace strider::replay

@@ -291,8 +291,9 @@ struct TrajectorySummary {
   std::string env;
   std::string table;
   bool complete = false;  // the last segment arrived
-  // Since 1.2, reserved: the service closed the trajectory after its actor died (nothing sets
-  // it yet). Stored as the status `abandoned`; complete is then false.
+  // Since 1.2: the replay server closed the trajectory after its actor went silent
+  // (ServerOptions::abandon_after_s). Stored as the status `abandoned`; a segment arriving after
+  // it may set `complete` too, and the status stays `abandoned`.
   bool abandoned = false;
   uint32_t segments_stored = 0;
   uint64_t tokens = 0;  // tokens in stored segments

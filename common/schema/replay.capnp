@@ -120,15 +120,15 @@ enum EndReason {
   truncatedTurns @2;     # the episode reached its turn limit
   truncatedLength @3;    # the next turn could pass the episode's token limit
   failed @4;             # environment, engine or actor error (metadata `status`, `error`)
-  abandoned @5;          # cut short by its actor (stopped); also reserved for trajectories the
-                         # replay service closes after their actor died
+  abandoned @5;          # cut short by its actor (stopped); also what the replay server
+                         # writes into the summary of a trajectory it closes (abandon_after_s)
 }
 
 enum TrajectoryStatus {
   open @0;      # the last segment has not arrived
   complete @1;
-  abandoned @2; # since 1.2, reserved: closed by the service after its actor died (nothing sets
-                # it yet); a 1.1 reader takes it for open
+  abandoned @2; # since 1.2: closed by the replay server after its actor went silent
+                # (abandon_after_s); a 1.1 reader takes it for open
 }
 
 struct TrajectorySummary {

@@ -665,6 +665,80 @@ TEST(ReplayServer, VerifyOnStartFindsADamagedTableFile) {
   EXPECT_NE(refused.status().message().find("--verify"), std::string::npos);
 }
 
+// A trajectory whose actor went silent before its last segment is closed as abandoned: never
+// sampled (nor a segment of it arriving late), its group sampled without it, counted in stats
+// and in the store, and still closed after a restart.
+TEST(ReplayServer, ATrajectoryLeftOpenIsAbandonedAndNeverSampled) {
+  TempDir dir;
+  ServerOptions options = Options(dir);
+  options.abandon_after_s = 1;
+  TableConfig segments;
+  segments.name = "segments";
+  TableConfig groups;
+  groups.name = "groups";
+  groups.unit = SampleUnit::kGroup;
+  options.tables = {segments, groups};
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server, "a");
+  auto send = [&](uint64_t seed, uint32_t index, bool last, const std::string& table) {
+    schema::SegmentData segment = MakeSegment(seed, index, 100, 1, last);
+    segment.table = table;
+    return actor->Send(segment);
+  };
+  // The segment table: one trajectory complete, one left open after two segments.
+  ASSERT_TRUE(send(900, 0, true, "segments").ok());
+  ASSERT_TRUE(send(901, 0, false, "segments").ok());
+  ASSERT_TRUE(send(901, 1, false, "segments").ok());
+  // A group of 4 (seeds 804-807): three members complete, one left open.
+  for (uint64_t seed : {804, 805, 806}) ASSERT_TRUE(send(seed, 0, true, "groups").ok());
+  ASSERT_TRUE(send(807, 0, false, "groups").ok());
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  auto table_stats = [&](const std::string& name) {
+    const nlohmann::json all = nlohmann::json::parse(server->StatsJson());
+    for (const auto& t : all["tables"]) {
+      if (t["name"] == name) return t;
+    }
+    return nlohmann::json();
+  };
+  EXPECT_EQ(table_stats("segments")["sampleable"], 3);
+  EXPECT_EQ(table_stats("groups")["sampleable"], 0) << "a group waits for every member";
+
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (nlohmann::json::parse(server->StatsJson())["trajectories"]["abandoned"] != 2 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  auto stats = nlohmann::json::parse(server->StatsJson());
+  EXPECT_EQ(stats["trajectories"]["abandoned"], 2) << stats.dump();
+  EXPECT_EQ(stats["trajectories"]["open"], 0);
+  EXPECT_EQ(table_stats("segments")["sampleable"], 1) << "only the complete trajectory";
+  EXPECT_EQ(table_stats("groups")["sampleable"], 1) << "the group without its silent member";
+  auto learner = Learner(*server, "l", "groups");
+  Result<SampleBatch> group = learner->Sample(1, 1, 0, milliseconds(5000));
+  ASSERT_TRUE(group.ok()) << group.status().ToString();
+  EXPECT_EQ(group->items.size(), 3u) << "the three complete members";
+
+  // A segment of the abandoned trajectory arriving late is stored, not sampled.
+  ASSERT_TRUE(send(901, 2, true, "segments").ok());
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  EXPECT_EQ(table_stats("segments")["sampleable"], 1);
+
+  options.actor_endpoint = server->actor_endpoint();
+  options.learner_endpoint = server->learner_endpoint();
+  server.reset();
+  {
+    Result<std::unique_ptr<Inspector>> inspector = Inspector::Open(dir.Sub("db"));
+    ASSERT_TRUE(inspector.ok());
+    auto stored = nlohmann::json::parse(*(*inspector)->StatsJson());
+    EXPECT_EQ(stored["abandoned_trajectories"], 2) << stored.dump();
+  }
+  server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(table_stats("segments")["sampleable"], 1) << "still closed after a restart";
+  EXPECT_EQ(table_stats("groups")["sampleable"], 1);
+}
+
 TEST(ReplayServer, LearnerResumingFromACheckpointNeitherSkipsNorRepeats) {
   TempDir dir;
   ServerOptions options = Options(dir);
