@@ -348,7 +348,17 @@ Status ConfigReader::Finish() {
     pending.pop_back();
     if (node->yaml.IsMap()) {
       for (const auto& entry : node->yaml) {
-        const std::string key = entry.first.as<std::string>();
+        if (!entry.first.IsScalar()) {
+          // YAML allows a mapping or a list as a key ("? [a, b]: 1"); no config has one.
+          std::string where = document_->origin;
+          const std::string line = LineOf(entry.first);
+          if (!line.empty()) where += ":" + line;
+          const Status bad = Status::InvalidArgument(
+              where + ": " + Join(node->path, "?") + ": a key must be plain text");
+          if (document_->first_error.ok()) return bad;
+          continue;
+        }
+        const std::string key = entry.first.Scalar();
         if (node->consumed.count(key) != 0) continue;
         std::string where = document_->origin;
         const std::string line = LineOf(entry.first);

@@ -51,7 +51,9 @@ json ActionToJson(const Action& action) {
 Result<Observation> ObservationFromJson(const json& in, const std::string& where) {
   if (!in.is_object()) return Bad(where, "observation must be an object");
   Observation observation;
-  const std::string role = in.value("role", "user");
+  const json role_field = in.value("role", json("user"));
+  if (!role_field.is_string()) return Bad(where, "observation.role must be a string");
+  const std::string role = role_field.get<std::string>();
   if (role == "user") {
     observation.role = ObservationRole::kUser;
   } else if (role == "system") {
@@ -76,7 +78,9 @@ Result<Observation> ObservationFromJson(const json& in, const std::string& where
       }
       image.width = item["width"].get<int32_t>();
       image.height = item["height"].get<int32_t>();
-      image.channels = item.value("channels", 3);
+      const json channels = item.value("channels", json(3));
+      if (!channels.is_number_integer()) return Bad(where, "image channels must be an integer");
+      image.channels = channels.get<int32_t>();
       Result<std::string> pixels = Base64Decode(item["pixels_base64"].get<std::string>());
       if (!pixels.ok()) return Bad(where, "image pixels: " + pixels.status().message());
       image.pixels = std::move(*pixels);
@@ -134,7 +138,9 @@ Result<EnvironmentSpec> SpecFromJson(const json& in, const std::string& where) {
     return Bad(where, "describe reply needs a non-empty name");
   }
   spec.name = in["name"].get<std::string>();
-  spec.description = in.value("description", "");
+  const json description = in.value("description", json(""));
+  if (!description.is_string()) return Bad(where, "description must be a string");
+  spec.description = description.get<std::string>();
   const json max_turns = in.value("max_turns", json(spec.max_turns));
   if (!max_turns.is_number_integer() || max_turns.get<int64_t>() <= 0) {
     return Bad(where, "max_turns must be a positive integer");
@@ -150,7 +156,11 @@ Result<EnvironmentSpec> SpecFromJson(const json& in, const std::string& where) {
     spec_tool.name = tool["name"].get<std::string>();
     const json arguments = tool.value("arguments", json::object());
     spec_tool.arguments = arguments.is_string() ? arguments.get<std::string>() : arguments.dump();
-    spec_tool.description = tool.value("description", "");
+    const json tool_description = tool.value("description", json(""));
+    if (!tool_description.is_string()) {
+      return Bad(where, "tool " + spec_tool.name + ": description must be a string");
+    }
+    spec_tool.description = tool_description.get<std::string>();
     spec.tools.push_back(std::move(spec_tool));
   }
   const json options = in.value("options", json::array());

@@ -123,6 +123,19 @@ TEST(ConfigReader, MalformedYamlAndMissingFile) {
   EXPECT_TRUE(missing.status().IsNotFound());
 }
 
+// Found by config_fuzz: YAML allows a list or a mapping as a key, and Finish threw on it.
+TEST(ConfigReader, AKeyThatIsNotTextIsAnErrorNamingItsLine) {
+  auto root = ConfigReader::FromString("server:\n  bind: x\n? [a, b]\n: 1\n", "odd.yaml");
+  ASSERT_TRUE(root.ok());
+  std::string bind;
+  root->Section("server").Optional("bind", &bind);
+  const Status status = root->Finish();
+  ASSERT_FALSE(status.ok());
+  EXPECT_TRUE(status.IsInvalidArgument());
+  EXPECT_NE(status.message().find("odd.yaml:3"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("a key must be plain text"), std::string::npos);
+}
+
 TEST(ConfigReader, ListsOfSections) {
   auto root = ConfigReader::FromString("stages:\n  - {length: 8}\n  - {length: 64, extra: 1}\n",
                                        "stages.yaml");

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "envs/environment.h"
+#include "envs/messages.h"
 #include "envs/registry.h"
 #include "envs/tools.h"
 #include "tests/envs/play.h"
@@ -44,6 +45,29 @@ class ExternalTest : public ::testing::Test {
     }
   }
 };
+
+// Found by env_protocol_fuzz: fields of the wrong JSON type threw out of the decoders (an
+// uncaught exception in the actor) instead of failing the request with the field named.
+TEST(ExternalMessages, FieldsOfTheWrongTypeAreErrorsNamingTheField) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"observation": {"role": 3, "text": "x"}})", "observation.role must be a string"},
+      {R"({"observation": {"text": "x", "images": [{"width": 1, "height": 1, "channels": "3",
+          "pixels_base64": "AAAA"}]}})",
+       "image channels must be an integer"},
+      {R"({"spec": {"name": "e", "description": 5}})", "description must be a string"},
+      {R"({"spec": {"name": "e", "tools": [{"name": "t", "description": []}]}})",
+       "tool t: description must be a string"},
+  };
+  for (const auto& [text, message] : cases) {
+    Result<nlohmann::json> reply = ParseJsonObject(text, "reply");
+    ASSERT_TRUE(reply.ok()) << text;
+    Status status = reply->contains("observation")
+                        ? ObservationFromJson((*reply)["observation"], "reply").status()
+                        : SpecFromJson((*reply)["spec"], "reply").status();
+    ASSERT_FALSE(status.ok()) << text;
+    EXPECT_NE(status.message().find(message), std::string::npos) << status.message();
+  }
+}
 
 TEST_F(ExternalTest, PythonExampleEnvironmentPlaysWithItsScriptedPolicy) {
   EnvironmentConfig config = Example();
