@@ -1051,6 +1051,7 @@ void ActorImpl::Snapshot() {
   metrics_.send_queue_bytes = sent.queued_bytes;
   metrics_.in_flight_segments = sent.in_flight;
   metrics_.acked_segments = sent.acked;
+  metrics_.refused_segments = sent.rejected;
   metrics_.spill_files = sent.spill_files;
   metrics_.spill_bytes = sent.spill_bytes;
   metrics_.replay_connected = sent.connected;

@@ -191,6 +191,7 @@ struct ActorMetrics {
   uint64_t send_queue_bytes = 0;
   uint64_t in_flight_segments = 0;
   uint64_t acked_segments = 0;
+  uint64_t refused_segments = 0;  // refused by the server for good (logged each time)
   uint64_t spill_files = 0;
   uint64_t spill_bytes = 0;
   bool replay_connected = false;

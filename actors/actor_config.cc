@@ -154,6 +154,7 @@ std::string ActorMetrics::ToJson() const {
       {"errors", errors},
       {"segments", segments},
       {"acked_segments", acked_segments},
+      {"refused_segments", refused_segments},
       {"policy_version", policy_version},
       {"weight_updates", weight_updates},
       {"engine_steps", engine_steps},

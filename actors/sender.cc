@@ -129,11 +129,9 @@ void Sender::CollectAcks() {
   }
   uint64_t rejected = 0;
   for (const schema::ErrorReply& error : client_->TakeErrors()) {
-    // Credit and storage errors are transient: the client sends those segments again.
-    if (!error.has_key || error.reason == schema::reject::kCredit ||
-        error.message.rfind("storage:", 0) == 0) {
-      continue;
-    }
+    // Credit, storage and full-disk errors are transient: the client sends those segments
+    // again, and they stay in flight here (spilled if the connection is dropped).
+    if (!error.has_key || replay::IsResent(error)) continue;
     spdlog::error("replay server refused segment {}: {}: {}", error.key.ToString(), error.reason,
                   error.message);
     in_flight_.erase(error.key);

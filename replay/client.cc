@@ -45,6 +45,11 @@ ActorClient::~ActorClient() {
   if (socket_) socket_->socket.close();
 }
 
+bool IsResent(const schema::ErrorReply& error) {
+  return error.reason == schema::reject::kCredit || error.reason == schema::reject::kDiskFull ||
+         error.message.rfind("storage:", 0) == 0;
+}
+
 Result<std::unique_ptr<ActorClient>> ActorClient::Connect(const ActorClientOptions& options) {
   STRIDER_RETURN_IF_ERROR(transport::CheckEndpoint(options.endpoint));
   std::unique_ptr<ActorClient> client(new ActorClient(options));
@@ -139,8 +144,7 @@ Status ActorClient::HandleReply(std::string_view frame) {
       auto it = unacked_.find(error.key);
       if (it == unacked_.end() || !it->second.sent) break;
       in_flight_bytes_ -= std::min<uint64_t>(in_flight_bytes_, it->second.frame->size());
-      if (disk_full || error.reason == schema::reject::kCredit ||
-          error.message.rfind("storage:", 0) == 0) {
+      if (IsResent(error)) {
         // Transient: send it again later.
         it->second.sent = false;
         waiting_bytes_ += it->second.frame->size();

@@ -36,6 +36,10 @@ struct ActorClientOptions {
   schema::DecodeLimits limits;
 };
 
+// Whether the client sends the segment of this error reply again by itself (credit exhausted,
+// a storage error, a full disk); any other error with a key refuses that segment for good.
+bool IsResent(const schema::ErrorReply& error);
+
 // Streams segments with credit flow control:
 //  - the server grants a credit (bytes); the client never has more unacknowledged envelope
 //    bytes in flight, so Send blocks while the server's disk is behind (once a frame's worth of

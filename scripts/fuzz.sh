@@ -20,7 +20,7 @@ for name in "${targets[@]}"; do
   rc=0
   "${binary}" -max_total_time="${seconds}" -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
     build/tests/fuzz/found_${name} tests/fuzz/corpus/${name} > "${log}" 2>&1 || rc=$?
-  grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==ERROR|SUMMARY)' \
+  grep -E '^(#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==ERROR|SUMMARY)' \
     "${log}" || true
   if [ "${rc}" -ne 0 ]; then
     echo "${name}: libFuzzer exited with ${rc}; its log is ${log}"
