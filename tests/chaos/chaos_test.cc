@@ -7,7 +7,7 @@
 // that every trajectory is stored once and whole or closed as abandoned, and that the actors'
 // spill directories are empty. One JSON line on stdout sums it up.
 //
-// STRIDER_CHAOS_SEED (default 1) and STRIDER_CHAOS_SECONDS (default 60) choose the run;
+// STRIDER_CHAOS_SEED (default 1) and STRIDER_CHAOS_SECONDS (default 40) choose the run;
 // scripts/chaos.sh runs a long one.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -116,7 +116,7 @@ class Fleet {
 
 TEST(Chaos, SeededFaultsLoseNoAcknowledgedSegment) {
   const uint64_t seed = static_cast<uint64_t>(EnvInt("STRIDER_CHAOS_SEED", 1));
-  const int64_t seconds = EnvInt("STRIDER_CHAOS_SECONDS", 60);
+  const int64_t seconds = EnvInt("STRIDER_CHAOS_SECONDS", 40);
   TempDir dir;
   Fleet fleet(dir);
   ASSERT_TRUE(fleet.StartServer());
