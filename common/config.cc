@@ -348,21 +348,19 @@ Status ConfigReader::Finish() {
     pending.pop_back();
     if (node->yaml.IsMap()) {
       for (const auto& entry : node->yaml) {
+        std::string where = document_->origin;
+        const std::string line = LineOf(entry.first);
+        if (!line.empty()) where += ":" + line;
         if (!entry.first.IsScalar()) {
           // YAML allows a mapping or a list as a key ("? [a, b]: 1"); no config has one.
-          std::string where = document_->origin;
-          const std::string line = LineOf(entry.first);
-          if (!line.empty()) where += ":" + line;
-          const Status bad = Status::InvalidArgument(
-              where + ": " + Join(node->path, "?") + ": a key must be plain text");
-          if (document_->first_error.ok()) return bad;
+          if (document_->first_error.ok()) {
+            return Status::InvalidArgument(where + ": " + Join(node->path, "?") +
+                                           ": a key must be plain text");
+          }
           continue;
         }
         const std::string key = entry.first.Scalar();
         if (node->consumed.count(key) != 0) continue;
-        std::string where = document_->origin;
-        const std::string line = LineOf(entry.first);
-        if (!line.empty()) where += ":" + line;
         const std::string closest = ClosestKey(key, node->consumed);
         const std::string unknown = where + ": " + Join(node->path, key) + ": unknown key " +
                                     (closest.empty() ? "(check its spelling and section)"

@@ -107,7 +107,8 @@ schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Sta
       if (written.code() == StatusCode::kResourceExhausted) {
         // A full disk: sampling goes on from memory. This draw is not durable, so a learner
         // that restarts and asks for this step again may get other items (docs/replay.md).
-        if (unrecorded_draws_++ == 0 || !disk_full_) EnterDiskFull(written.message());
+        unrecorded_draws_++;
+        EnterDiskFull(written.message());  // once: a later call finds ingest stopped already
       } else if (!written.ok()) {
         // The draw already counted in memory; it is not durable, so the learner retries and may
         // get different items. Logged as a storage failure.

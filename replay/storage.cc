@@ -407,6 +407,21 @@ Result<std::map<int, uint64_t>> SlotInserts(const Store& store) {
   return by_slot;
 }
 
+// The acknowledged marks by writer slot ("acked/<slot>" in the sampling store); empty without one.
+Result<std::map<int, uint64_t>> AcknowledgedMarks(const Store& store) {
+  std::map<int, uint64_t> marks;
+  auto it = store.ScanSampling();
+  if (it == nullptr) return marks;
+  const std::string prefix(meta::kAcknowledgedPrefix);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const std::string slot(it->key().data() + prefix.size(), it->key().size() - prefix.size());
+    if (slot.empty() || slot.find_first_not_of("0123456789") != std::string::npos) continue;
+    marks[std::stoi(slot)] = DecodeU64(std::string_view(it->value().data(), it->value().size()));
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "reading the acknowledged marks");
+  return marks;
+}
+
 }  // namespace
 
 Status Store::VerifyChecksums() const {
@@ -420,45 +435,29 @@ Status Store::VerifyChecksums() const {
 
 Result<LossReport> Store::CheckLoss() const {
   LossReport report;
-  auto marks = ScanSampling();
-  if (marks == nullptr) return report;
+  STRIDER_ASSIGN_OR_RETURN(auto marks, AcknowledgedMarks(*this));
   STRIDER_ASSIGN_OR_RETURN(auto stored, SlotInserts(*this));
-  const std::string prefix(meta::kAcknowledgedPrefix);
-  for (marks->Seek(prefix); marks->Valid() && marks->key().starts_with(prefix); marks->Next()) {
-    const std::string slot_text(marks->key().data() + prefix.size(),
-                                marks->key().size() - prefix.size());
-    if (slot_text.empty() || slot_text.find_first_not_of("0123456789") != std::string::npos) {
-      continue;
-    }
-    const int slot = std::stoi(slot_text);
-    const uint64_t acknowledged =
-        DecodeU64(std::string_view(marks->value().data(), marks->value().size()));
+  for (const auto& [slot, acknowledged] : marks) {
     const uint64_t have = stored.count(slot) ? stored[slot] : 0;
     if (acknowledged > have) {
       report.lost += acknowledged - have;
       report.detail += (report.detail.empty() ? "" : "; ") + std::string("writer slot ") +
-                       slot_text + ": acknowledged " + std::to_string(acknowledged) +
+                       std::to_string(slot) + ": acknowledged " + std::to_string(acknowledged) +
                        ", stored " + std::to_string(have);
     }
   }
-  if (!marks->status().ok()) return FromRocks(marks->status(), "reading the acknowledged marks");
   return report;
 }
 
 Status Store::AcceptLoss(const LossReport& loss) {
   if (loss.lost == 0) return Status::Ok();
+  STRIDER_ASSIGN_OR_RETURN(auto marks, AcknowledgedMarks(*this));
   STRIDER_ASSIGN_OR_RETURN(auto stored, SlotInserts(*this));
-  rocksdb::WriteBatch marks;
-  for (const auto& [slot, count] : stored) marks.Put(meta::Acknowledged(slot), EncodeU64(count));
-  // Slots with a mark and no counter at all lost everything they stored.
-  auto it = ScanSampling();
-  const std::string prefix(meta::kAcknowledgedPrefix);
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    const std::string slot_text(it->key().data() + prefix.size(), it->key().size() - prefix.size());
-    if (slot_text.empty() || slot_text.find_first_not_of("0123456789") != std::string::npos) {
-      continue;
-    }
-    if (!stored.count(std::stoi(slot_text))) marks.Put(it->key(), EncodeU64(0));
+  // Every mark comes down to its slot's counters (0 for a slot whose counters are all gone).
+  rocksdb::WriteBatch lowered;
+  for (const auto& [slot, acknowledged] : marks) {
+    (void)acknowledged;
+    lowered.Put(meta::Acknowledged(slot), EncodeU64(stored.count(slot) ? stored[slot] : 0));
   }
   STRIDER_ASSIGN_OR_RETURN(uint64_t accepted, GetCounter(meta::kAcceptedLoss));
   rocksdb::WriteBatch record;
@@ -466,7 +465,7 @@ Status Store::AcceptLoss(const LossReport& loss) {
   // The record first: a crash in between leaves the loss both recorded and still detected, and
   // the next accepted start records it again (counted twice rather than not at all).
   STRIDER_RETURN_IF_ERROR(Write(&record));
-  return WriteSampling(&marks);
+  return WriteSampling(&lowered);
 }
 
 Status Store::MigrateSamplingState() {
