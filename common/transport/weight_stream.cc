@@ -10,72 +10,15 @@
 #include <zmq.hpp>
 
 #include "common/schema/crc32c.h"
+#include "common/transport/weight_frames.h"
 #include "common/transport/zmq_util.h"
 
 namespace strider::transport {
 namespace {
 
-constexpr uint32_t kMagic = 0x57525453;  // "STRW" little-endian
-constexpr uint16_t kProtocol = 1;
-enum Kind : uint8_t { kQuery = 1, kChunkRequest = 2, kManifest = 3, kChunk = 4, kGone = 5 };
-constexpr size_t kHeaderBytes = 7;
-
-class Writer {
- public:
-  explicit Writer(Kind kind) {
-    Put(kMagic);
-    Put(kProtocol);
-    Put(static_cast<uint8_t>(kind));
-  }
-  template <typename T>
-  Writer& Put(T value) {
-    char bytes[sizeof(T)];
-    std::memcpy(bytes, &value, sizeof(T));
-    out_.append(bytes, sizeof(T));
-    return *this;
-  }
-  Writer& PutBytes(std::string_view bytes) {
-    Put(static_cast<uint32_t>(bytes.size()));
-    out_.append(bytes);
-    return *this;
-  }
-  std::string Take() { return std::move(out_); }
-
- private:
-  std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view bytes) : bytes_(bytes) {}
-  template <typename T>
-  bool Get(T* value) {
-    if (bytes_.size() - offset_ < sizeof(T)) return false;
-    std::memcpy(value, bytes_.data() + offset_, sizeof(T));
-    offset_ += sizeof(T);
-    return true;
-  }
-  bool GetBytes(std::string_view* out) {
-    uint32_t length = 0;
-    if (!Get(&length) || bytes_.size() - offset_ < length) return false;
-    *out = bytes_.substr(offset_, length);
-    offset_ += length;
-    return true;
-  }
-  // Checks the header and returns the kind, or 0.
-  uint8_t Header() {
-    uint32_t magic = 0;
-    uint16_t protocol = 0;
-    uint8_t kind = 0;
-    if (!Get(&magic) || !Get(&protocol) || !Get(&kind)) return 0;
-    if (magic != kMagic || protocol != kProtocol) return 0;
-    return kind;
-  }
-
- private:
-  std::string_view bytes_;
-  size_t offset_ = 0;
-};
+using weight_frames::ChunkAssembler;
+using weight_frames::Kind;
+using weight_frames::Manifest;
 
 struct Version {
   uint64_t version = 0;
@@ -87,16 +30,6 @@ struct Version {
   // reference while it sends). The frames are the version's only copy of its bytes.
   std::vector<std::shared_ptr<const std::string>> frames;
 };
-
-std::shared_ptr<const std::string> ChunkFrame(uint64_t version, uint32_t index,
-                                              std::string_view chunk) {
-  return std::make_shared<const std::string>(Writer(kChunk)
-                                                 .Put(version)
-                                                 .Put(index)
-                                                 .Put(schema::Crc32c(chunk))
-                                                 .PutBytes(chunk)
-                                                 .Take());
-}
 
 // A message that sends `frame` in place, keeping it alive until ZeroMQ is done with it (its I/O
 // thread may outlive the version's place among the held ones).
@@ -127,40 +60,32 @@ struct WeightPublisher::Impl {
   std::thread thread;
 
   // The reply to one request; an empty message for none.
-  zmq::message_t Answer(std::string_view request) {
-    Reader reader(request);
-    const uint8_t kind = reader.Header();
+  zmq::message_t Answer(std::string_view frame) {
+    const std::optional<weight_frames::Request> request = weight_frames::ParseRequest(frame);
+    if (!request) return zmq::message_t();  // not ours: ignored, the peer times out
     std::lock_guard<std::mutex> lock(mutex);
-    if (kind == kQuery) {
-      uint64_t have = 0;
-      if (!reader.Get(&have)) return zmq::message_t();
-      Writer writer(kManifest);
-      if (versions.empty() || versions.back().version <= have) {
-        writer.Put(uint64_t{0}).Put(uint64_t{0}).Put(uint32_t{0}).Put(uint32_t{0}).Put(uint32_t{0});
-        writer.PutBytes("");
-        return Frame(writer.Take());
+    if (request->kind == Kind::kQuery) {
+      if (versions.empty() || versions.back().version <= request->version) {
+        return Frame(weight_frames::ManifestFrame(Manifest{}));
       }
       const Version& newest = versions.back();
-      const uint64_t total = newest.total_bytes;
-      const uint32_t chunks =
-          static_cast<uint32_t>((total + options.chunk_bytes - 1) / options.chunk_bytes);
-      writer.Put(newest.version).Put(total).Put(options.chunk_bytes).Put(chunks).Put(newest.crc);
-      writer.PutBytes(newest.metadata);
-      return Frame(writer.Take());
+      Manifest manifest;
+      manifest.version = newest.version;
+      manifest.total_bytes = newest.total_bytes;
+      manifest.chunk_bytes = options.chunk_bytes;
+      manifest.chunks = static_cast<uint32_t>((newest.total_bytes + options.chunk_bytes - 1) /
+                                              options.chunk_bytes);
+      manifest.crc32c = newest.crc;
+      manifest.metadata = newest.metadata;
+      return Frame(weight_frames::ManifestFrame(manifest));
     }
-    if (kind == kChunkRequest) {
-      uint64_t version = 0;
-      uint32_t index = 0;
-      if (!reader.Get(&version) || !reader.Get(&index)) return zmq::message_t();
-      for (const Version& held : versions) {
-        if (held.version != version) continue;
-        if (index >= held.frames.size()) break;
-        ++chunks_served;
-        return SharedFrame(held.frames[index]);
-      }
-      return Frame(Writer(kGone).Put(version).Take());
+    for (const Version& held : versions) {
+      if (held.version != request->version) continue;
+      if (request->index >= held.frames.size()) break;
+      ++chunks_served;
+      return SharedFrame(held.frames[request->index]);
     }
-    return zmq::message_t();  // not ours: ignored, the peer times out
+    return Frame(weight_frames::GoneFrame(request->version));
   }
 
   void Loop() {
@@ -222,8 +147,9 @@ Status WeightPublisher::Publish(uint64_t version, std::string bytes, std::string
   const uint64_t chunk_bytes = impl_->options.chunk_bytes;
   for (uint64_t begin = 0; begin < bytes.size() || (begin == 0 && bytes.empty());
        begin += chunk_bytes) {
-    published.frames.push_back(ChunkFrame(version, static_cast<uint32_t>(begin / chunk_bytes),
-                                          std::string_view(bytes).substr(begin, chunk_bytes)));
+    published.frames.push_back(std::make_shared<const std::string>(weight_frames::ChunkFrame(
+        version, static_cast<uint32_t>(begin / chunk_bytes),
+        std::string_view(bytes).substr(begin, chunk_bytes))));
     if (bytes.empty()) break;
   }
   std::string().swap(bytes);  // the frames hold the bytes now
@@ -277,87 +203,33 @@ struct WeightSubscriber::Impl {
 
   Result<std::optional<WeightUpdate>> Fetch(uint64_t have) {
     if (!connected) STRIDER_RETURN_IF_ERROR(Reconnect());
-    STRIDER_RETURN_IF_ERROR(SendParts(socket, {Writer(kQuery).Put(have).Take()}));
-    STRIDER_ASSIGN_OR_RETURN(zmq::message_t manifest, Receive());
-    Reader reader(View(manifest));
-    uint64_t version = 0, total = 0;
-    uint32_t chunk_bytes = 0, chunks = 0, crc = 0;
-    std::string_view metadata;
-    if (reader.Header() != kManifest || !reader.Get(&version) || !reader.Get(&total) ||
-        !reader.Get(&chunk_bytes) || !reader.Get(&chunks) || !reader.Get(&crc) ||
-        !reader.GetBytes(&metadata)) {
+    STRIDER_RETURN_IF_ERROR(SendParts(socket, {weight_frames::QueryFrame(have)}));
+    STRIDER_ASSIGN_OR_RETURN(zmq::message_t reply, Receive());
+    Result<Manifest> manifest = weight_frames::ParseManifest(View(reply), options.max_total_bytes);
+    if (!manifest.ok()) {
       connected = false;
-      return Status::Corruption("weight stream: malformed manifest from " + options.endpoint);
+      return Status::Corruption(manifest.status().message() + " (from " + options.endpoint + ")");
     }
-    if (version == 0 || version <= have) return std::optional<WeightUpdate>();
-    if (total > options.max_total_bytes || chunk_bytes == 0 ||
-        uint64_t{chunks} != (total + chunk_bytes - 1) / chunk_bytes) {
-      connected = false;
-      return Status::Corruption("weight stream: manifest of version " + std::to_string(version) +
-                                " is inconsistent (" + std::to_string(total) + " bytes, " +
-                                std::to_string(chunks) + " chunks of " +
-                                std::to_string(chunk_bytes) + ")");
-    }
-    WeightUpdate update;
-    update.version = version;
-    update.metadata = std::string(metadata);
-    update.bytes.resize(total);
-    std::vector<bool> have_chunk(chunks, false);
-    uint32_t next = 0, received = 0, in_flight = 0;
-    uint32_t running = 0;
-    bool in_order = true;
-    while (received < chunks) {
+    if (manifest->version == 0 || manifest->version <= have) return std::optional<WeightUpdate>();
+    const uint64_t version = manifest->version;
+    const uint32_t chunks = manifest->chunks;
+    ChunkAssembler assembler(std::move(*manifest));
+    uint32_t next = 0, in_flight = 0;
+    while (!assembler.complete()) {
       while (next < chunks && in_flight < static_cast<uint32_t>(options.window)) {
         STRIDER_RETURN_IF_ERROR(
-            SendParts(socket, {Writer(kChunkRequest).Put(version).Put(next).Take()}));
+            SendParts(socket, {weight_frames::ChunkRequestFrame(version, next)}));
         ++next;
         ++in_flight;
       }
-      STRIDER_ASSIGN_OR_RETURN(zmq::message_t reply, Receive());
-      Reader chunk_reader(View(reply));
-      const uint8_t kind = chunk_reader.Header();
-      if (kind == kGone) {
-        connected = false;  // drop replies still in flight for the old version
-        return Status::Unavailable("weight stream: version " + std::to_string(version) +
-                                   " was replaced while it was being fetched");
-      }
-      uint64_t chunk_version = 0;
-      uint32_t index = 0, chunk_crc = 0;
-      std::string_view bytes;
-      if (kind != kChunk || !chunk_reader.Get(&chunk_version) || !chunk_reader.Get(&index) ||
-          !chunk_reader.Get(&chunk_crc) || !chunk_reader.GetBytes(&bytes) ||
-          chunk_version != version || index >= chunks) {
-        connected = false;
-        return Status::Corruption("weight stream: malformed chunk reply for version " +
-                                  std::to_string(version));
-      }
-      const uint64_t begin = uint64_t{index} * chunk_bytes;
-      const uint64_t expected = std::min<uint64_t>(chunk_bytes, total - begin);
-      if (bytes.size() != expected || schema::Crc32c(bytes) != chunk_crc) {
-        connected = false;
-        return Status::Corruption("weight stream: chunk " + std::to_string(index) + " of version " +
-                                  std::to_string(version) + " fails its checksum or length");
-      }
-      if (!have_chunk[index]) {
-        std::memcpy(update.bytes.data() + begin, bytes.data(), bytes.size());
-        have_chunk[index] = true;
-        ++received;
-        // Replies come in request order on one socket: the whole's CRC runs along with them,
-        // and is computed over the assembled bytes only when they came otherwise.
-        if (in_order && index == received - 1) {
-          running = schema::Crc32c(bytes.data(), bytes.size(), running);
-        } else {
-          in_order = false;
-        }
+      STRIDER_ASSIGN_OR_RETURN(zmq::message_t chunk, Receive());
+      if (Status added = assembler.Add(View(chunk)); !added.ok()) {
+        connected = false;  // drops replies still in flight for this exchange
+        return added;
       }
       --in_flight;
     }
-    const uint32_t whole =
-        in_order ? running : schema::Crc32c(update.bytes.data(), update.bytes.size());
-    if (whole != crc) {
-      return Status::Corruption("weight stream: version " + std::to_string(version) +
-                                " fails the checksum of the whole");
-    }
+    STRIDER_ASSIGN_OR_RETURN(WeightUpdate update, assembler.Finish());
     return std::optional<WeightUpdate>(std::move(update));
   }
 };

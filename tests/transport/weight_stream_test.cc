@@ -10,6 +10,7 @@
 #include <zmq.hpp>
 
 #include "common/schema/crc32c.h"
+#include "common/transport/weight_frames.h"
 #include "common/transport/zmq_util.h"
 
 namespace strider::transport {
@@ -116,6 +117,104 @@ TEST(WeightStream, CorruptChunkIsRefused) {
   auto result = subscriber->FetchNewer(0);
   EXPECT_TRUE(result.status().IsCorruption()) << result.status().ToString();
   fake.join();
+}
+
+// The frame checks alone, without sockets (the fuzzer in tests/fuzz/ reaches the same code).
+namespace wf = weight_frames;
+
+wf::Manifest ManifestOf(const std::string& bytes, uint32_t chunk_bytes, uint64_t version) {
+  wf::Manifest manifest;
+  manifest.version = version;
+  manifest.total_bytes = bytes.size();
+  manifest.chunk_bytes = chunk_bytes;
+  manifest.chunks = static_cast<uint32_t>((bytes.size() + chunk_bytes - 1) / chunk_bytes);
+  manifest.crc32c = schema::Crc32c(bytes);
+  manifest.metadata = "tiny";
+  return manifest;
+}
+
+TEST(WeightFrames, ChunksInAnyOrderWithDuplicatesAssembleTheSource) {
+  const std::string source = RandomBytes(1000, 7);
+  auto parsed = wf::ParseManifest(wf::ManifestFrame(ManifestOf(source, 64, 3)), 1 << 20);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_EQ(parsed->chunks, 16u);
+  wf::ChunkAssembler assembler(*parsed);
+  for (uint32_t i : {5u, 0u, 15u, 5u, 1u, 2u, 3u, 4u, 6u, 7u, 8u, 9u, 10u, 11u, 12u, 13u, 14u}) {
+    ASSERT_FALSE(assembler.complete());
+    ASSERT_TRUE(assembler.Add(wf::ChunkFrame(3, i, source.substr(i * 64, 64))).ok()) << i;
+  }
+  ASSERT_TRUE(assembler.complete());
+  auto update = assembler.Finish();
+  ASSERT_TRUE(update.ok()) << update.status().ToString();
+  EXPECT_EQ(update->bytes, source);
+  EXPECT_EQ(update->version, 3u);
+  EXPECT_EQ(update->metadata, "tiny");
+}
+
+TEST(WeightFrames, DamagedRepliesAreRefusedWithTheirReason) {
+  const std::string source = RandomBytes(200, 8);
+  wf::ChunkAssembler assembler(ManifestOf(source, 100, 9));
+  std::string flipped = wf::ChunkFrame(9, 0, source.substr(0, 100));
+  flipped[flipped.size() - 1] ^= 4;
+  EXPECT_TRUE(assembler.Add(flipped).IsCorruption());
+  EXPECT_TRUE(assembler.Add(wf::ChunkFrame(8, 0, source.substr(0, 100))).IsCorruption());
+  EXPECT_TRUE(assembler.Add(wf::ChunkFrame(9, 2, "x")).IsCorruption());       // out of range
+  EXPECT_TRUE(assembler.Add(wf::ChunkFrame(9, 1, source.substr(100, 99))).IsCorruption());
+  std::string cut = wf::ChunkFrame(9, 0, source.substr(0, 100));
+  cut.resize(cut.size() - 1);
+  EXPECT_TRUE(assembler.Add(cut).IsCorruption());
+  EXPECT_TRUE(assembler.Add(wf::QueryFrame(1)).IsCorruption());
+  EXPECT_EQ(assembler.Add(wf::GoneFrame(9)).code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(assembler.complete());
+  EXPECT_EQ(assembler.Finish().status().code(), StatusCode::kFailedPrecondition);
+
+  // Every chunk intact but the manifest's checksum of the whole is not theirs.
+  wf::Manifest wrong = ManifestOf(source, 100, 9);
+  wrong.crc32c ^= 1;
+  wf::ChunkAssembler whole(wrong);
+  ASSERT_TRUE(whole.Add(wf::ChunkFrame(9, 1, source.substr(100))).ok());
+  ASSERT_TRUE(whole.Add(wf::ChunkFrame(9, 0, source.substr(0, 100))).ok());
+  auto update = whole.Finish();
+  EXPECT_TRUE(update.status().IsCorruption());
+  EXPECT_NE(update.status().message().find("checksum of the whole"), std::string::npos);
+}
+
+TEST(WeightFrames, InconsistentOrOversizedManifestsAreRefused) {
+  wf::Manifest manifest = ManifestOf(RandomBytes(1000, 9), 100, 4);
+  EXPECT_TRUE(wf::ParseManifest(wf::ManifestFrame(manifest), 1000).ok());
+  auto over = wf::ParseManifest(wf::ManifestFrame(manifest), 999);
+  EXPECT_TRUE(over.status().IsCorruption());
+  EXPECT_NE(over.status().message().find("over the limit of 999 bytes"), std::string::npos);
+  manifest.chunks = 11;
+  EXPECT_TRUE(wf::ParseManifest(wf::ManifestFrame(manifest), 1000).status().IsCorruption());
+  manifest.chunks = 0;
+  manifest.chunk_bytes = 0;
+  EXPECT_TRUE(wf::ParseManifest(wf::ManifestFrame(manifest), 1000).status().IsCorruption());
+  std::string frame = wf::ManifestFrame(ManifestOf("abc", 2, 4));
+  frame.pop_back();
+  EXPECT_TRUE(wf::ParseManifest(frame, 1000).status().IsCorruption());
+  // "Nothing newer" carries no sizes to check.
+  auto nothing = wf::ParseManifest(wf::ManifestFrame(wf::Manifest{}), 0);
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_EQ(nothing->version, 0u);
+}
+
+TEST(WeightFrames, RequestsParseOnlyWhenWhole) {
+  auto query = wf::ParseRequest(wf::QueryFrame(42));
+  ASSERT_TRUE(query.has_value());
+  EXPECT_EQ(query->kind, wf::Kind::kQuery);
+  EXPECT_EQ(query->version, 42u);
+  auto chunk = wf::ParseRequest(wf::ChunkRequestFrame(7, 3));
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_EQ(chunk->kind, wf::Kind::kChunkRequest);
+  EXPECT_EQ(chunk->index, 3u);
+  std::string cut = wf::ChunkRequestFrame(7, 3);
+  cut.pop_back();
+  EXPECT_FALSE(wf::ParseRequest(cut).has_value());
+  EXPECT_FALSE(wf::ParseRequest(wf::GoneFrame(1)).has_value());
+  std::string other_protocol = wf::QueryFrame(1);
+  other_protocol[4] = 2;
+  EXPECT_FALSE(wf::ParseRequest(other_protocol).has_value());
 }
 
 }  // namespace
