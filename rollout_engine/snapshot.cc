@@ -45,6 +45,7 @@ class Reader {
   }
   bool GetBytes(void* out, size_t size) {
     if (size_ - offset_ < size) return false;
+    if (size == 0) return true;  // `out` may be null then (an empty vector's data())
     std::memcpy(out, data_ + offset_, size);
     offset_ += size;
     return true;

@@ -13,7 +13,7 @@ runs=${FUZZ_RUNS:-10000000}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(env_protocol tool_call safetensors config)
+  targets=(env_protocol tool_call safetensors config weight_stream snapshot)
 fi
 for name in "${targets[@]}"; do
   binary=build/tests/fuzz/${name}_fuzzer
@@ -21,7 +21,7 @@ for name in "${targets[@]}"; do
   echo "== ${name}: ${seconds} s or ${runs} executions"
   log=build/tests/fuzz/${name}.log
   rc=0
-  "${binary}" -max_total_time="${seconds}" -runs="${runs}" -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
+  "${binary}" -max_total_time="${seconds}" -runs="${runs}" -rss_limit_mb=2048 -print_final_stats=1 \
     build/tests/fuzz/found_${name} tests/fuzz/corpus/${name} > "${log}" 2>&1 || rc=$?
   grep -E '^(#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==ERROR|SUMMARY)' \
     "${log}" || true

@@ -10,7 +10,7 @@
 #include <limits>
 #include <string>
 
-#include "common/tokenizer.h"
+#include "common/token_ids.h"
 
 namespace strider::model {
 namespace {
