@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,8 +17,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <sstream>
+#include <thread>
 
 #include "common/subprocess.h"
 
@@ -88,6 +93,128 @@ int MakeRuleset(const std::string& scratch) {
   return ruleset;
 }
 
+// The directory of this process's pids cgroup where a child cgroup can be made: the cgroup v1
+// "pids" hierarchy, or cgroup v2 where the pids controller is enabled for children. Empty when
+// neither is mounted or writable (then tools run without a process-count bound).
+std::string PidsCgroupBase() {
+  static const std::string base = [] {
+    std::string v1_mount, v2_mount;
+    std::ifstream mountinfo("/proc/self/mountinfo");
+    for (std::string line; std::getline(mountinfo, line);) {
+      // "id parent major:minor root mount-point options ... - fstype source super-options"
+      std::istringstream fields(line);
+      std::string id, parent, device, root, mount_point, field;
+      fields >> id >> parent >> device >> root >> mount_point;
+      while (fields >> field && field != "-") {
+      }
+      std::string fstype, source, super_options;
+      fields >> fstype >> source >> super_options;
+      if (fstype == "cgroup" && ("," + super_options + ",").find(",pids,") != std::string::npos) {
+        v1_mount = mount_point;
+      } else if (fstype == "cgroup2" && v2_mount.empty()) {
+        v2_mount = mount_point;
+      }
+    }
+    std::string v1_path, v2_path;
+    std::ifstream own("/proc/self/cgroup");
+    for (std::string line; std::getline(own, line);) {
+      // "hierarchy-id:controllers:path"
+      const size_t first = line.find(':'), second = line.find(':', first + 1);
+      if (first == std::string::npos || second == std::string::npos) continue;
+      const std::string controllers = line.substr(first + 1, second - first - 1);
+      const std::string path = line.substr(second + 1);
+      if (("," + controllers + ",").find(",pids,") != std::string::npos) v1_path = path;
+      if (line.compare(0, first, "0") == 0 && controllers.empty()) v2_path = path;
+    }
+    auto writable = [](const std::string& dir) { return ::access(dir.c_str(), W_OK) == 0; };
+    if (!v1_mount.empty()) {
+      const std::string dir = v1_mount + (v1_path == "/" ? "" : v1_path);
+      if (writable(dir)) return dir;
+    }
+    if (!v2_mount.empty()) {
+      const std::string dir = v2_mount + (v2_path == "/" ? "" : v2_path);
+      std::ifstream subtree(dir + "/cgroup.subtree_control");
+      std::string controller;
+      while (subtree >> controller) {
+        if (controller == "pids" && writable(dir)) return dir;
+      }
+    }
+    return std::string();
+  }();
+  return base;
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  return ok;
+}
+
+// One tool run's pids cgroup: at most `max_processes` tasks (processes and threads) at once, so
+// a fork bomb stops at the cap instead of filling the machine's process table, and every task
+// in it, wherever it moved in the session or process-group tree, is killed at the end.
+class ProcessCap {
+ public:
+  static std::unique_ptr<ProcessCap> Create(int64_t max_processes) {
+    const std::string& base = PidsCgroupBase();
+    if (base.empty() || max_processes <= 0) return nullptr;
+    static std::atomic<uint64_t> counter{0};
+    auto cap = std::unique_ptr<ProcessCap>(new ProcessCap);
+    cap->dir_ = fmt::format("{}/strider-sandbox-{}-{}", base, ::getpid(), counter++);
+    if (::mkdir(cap->dir_.c_str(), 0755) != 0) return nullptr;
+    if (!WriteFile(cap->dir_ + "/pids.max", std::to_string(max_processes))) return nullptr;
+    cap->procs_fd_ = ::open((cap->dir_ + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+    if (cap->procs_fd_ < 0) return nullptr;
+    return cap;
+  }
+  ~ProcessCap() {
+    if (procs_fd_ >= 0) ::close(procs_fd_);
+    KillAll();
+    // Tasks leave the cgroup as they are reaped; the last ones may take a moment.
+    for (int attempt = 0; attempt < 200 && ::rmdir(dir_.c_str()) != 0 && errno == EBUSY;
+         ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  // The child writes "0" here before exec: that moves it into the cgroup (v1 and v2 alike).
+  int procs_fd() const { return procs_fd_; }
+
+  // Whether a fork or clone was refused at the cap (the "max" count of pids.events).
+  bool LimitHit() const {
+    std::ifstream events(dir_ + "/pids.events");
+    std::string key;
+    int64_t count = 0;
+    while (events >> key >> count) {
+      if (key == "max") return count > 0;
+    }
+    return false;
+  }
+
+  // SIGKILL to every task until none is left (new ones can appear between reading the list
+  // and the kills, at most the cap each round). cgroup v2 does it in one write where offered.
+  void KillAll() {
+    if (WriteFile(dir_ + "/cgroup.kill", "1")) return;
+    for (int round = 0; round < 1000; ++round) {
+      std::ifstream procs(dir_ + "/cgroup.procs");
+      bool any = false;
+      for (pid_t pid; procs >> pid;) {
+        ::kill(pid, SIGKILL);
+        any = true;
+      }
+      if (!any) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+ private:
+  ProcessCap() = default;
+  std::string dir_;
+  int procs_fd_ = -1;
+};
+
 void SetLimit(int resource, rlim_t soft, rlim_t hard) {
   rlimit limit{soft, hard};
   ::setrlimit(resource, &limit);
@@ -95,7 +222,11 @@ void SetLimit(int resource, rlim_t soft, rlim_t hard) {
 
 // Runs in the forked child: only async-signal-safe calls until exec.
 [[noreturn]] void ExecChild(const SandboxLimits& limits, const char* scratch, int out_fd,
-                            int err_fd, int ruleset, int parent_max_fd, char* const* argv) {
+                            int err_fd, int ruleset, int cap_fd, int parent_max_fd,
+                            char* const* argv) {
+  // Into the run's pids cgroup first, before anything else can fork; a cap that cannot be
+  // joined is a failed start, not a run without it.
+  if (cap_fd >= 0 && ::write(cap_fd, "0", 1) != 1) ::_exit(126);
   ::setpgid(0, 0);
   const int null_fd = ::open("/dev/null", O_RDONLY);
   if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
@@ -159,10 +290,18 @@ bool Drain(int fd, std::string* out, int64_t keep, bool* truncated) {
 bool SandboxCanContainWrites() { return LandlockAbi() > 0; }
 
 std::string SandboxResult::Summary(const SandboxLimits& limits) const {
-  if (timed_out) return fmt::format("killed: wall-clock limit of {} ms", limits.wall_ms);
-  if (cpu_limit) return fmt::format("killed: CPU limit of {} s", limits.cpu_seconds);
-  if (signal != 0) return fmt::format("killed by signal {} ({})", signal, ::strsignal(signal));
-  return fmt::format("exit {}", exit_code);
+  std::string text;
+  if (timed_out) {
+    text = fmt::format("killed: wall-clock limit of {} ms", limits.wall_ms);
+  } else if (cpu_limit) {
+    text = fmt::format("killed: CPU limit of {} s", limits.cpu_seconds);
+  } else if (signal != 0) {
+    text = fmt::format("killed by signal {} ({})", signal, ::strsignal(signal));
+  } else {
+    text = fmt::format("exit {}", exit_code);
+  }
+  if (process_limit_hit) text += fmt::format("; process limit of {} reached", limits.processes);
+  return text;
 }
 
 Result<SandboxResult> RunSandboxed(const SandboxRequest& request) {
@@ -211,11 +350,12 @@ Result<SandboxResult> RunSandboxed(const SandboxRequest& request) {
   if (!out.Open() || !err.Open())
     return Status::IoError("sandbox: pipe: " + std::string(std::strerror(errno)));
   const int ruleset = MakeRuleset(scratch);
+  const std::unique_ptr<ProcessCap> cap = ProcessCap::Create(request.limits.processes);
   const int parent_max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 20));
   const auto start = std::chrono::steady_clock::now();
   const pid_t pid = ForkWithLifeline([&] {
     ExecChild(request.limits, scratch.c_str(), out.write_end(), err.write_end(), ruleset,
-              parent_max_fd, argv.data());
+              cap ? cap->procs_fd() : -1, parent_max_fd, argv.data());
   });
   if (pid < 0) {
     if (ruleset >= 0) ::close(ruleset);
@@ -228,6 +368,7 @@ Result<SandboxResult> RunSandboxed(const SandboxRequest& request) {
 
   SandboxResult result;
   result.contained = ruleset >= 0;
+  result.process_cap = cap != nullptr;
   const auto deadline = start + std::chrono::milliseconds(request.limits.wall_ms);
   bool out_open = true, err_open = true, exited = false;
   int wait_status = 0;
@@ -272,6 +413,10 @@ Result<SandboxResult> RunSandboxed(const SandboxRequest& request) {
     }
   }
   ::kill(-pid, SIGKILL);  // whatever the tool left running in its group
+  if (cap) {
+    result.process_limit_hit = cap->LimitHit();
+    cap->KillAll();  // and anything that left the group (setsid, setpgid)
+  }
   result.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (WIFEXITED(wait_status)) {

@@ -10,7 +10,11 @@
 //   - where the kernel offers Landlock (Linux 5.13+), no file or directory may be created,
 //     written, renamed or removed outside the scratch directory (reads stay allowed). This holds
 //     even for root, which setrlimit and file permissions do not stop. `contained` in the result
-//     says whether the restriction was in force.
+//     says whether the restriction was in force;
+//   - where a pids cgroup can be made (the cgroup v1 pids hierarchy, or cgroup v2 with the pids
+//     controller, writable: as root in most containers), at most `processes` tasks at once, and
+//     every task in that cgroup is killed when the run ends, even ones that left the process
+//     group. `process_cap` in the result says whether the cap was in force.
 // The scratch directory is created fresh under `scratch_parent` and removed afterwards unless
 // the caller passes its own `scratch_dir` (kept, so a tool can keep files across calls).
 #pragma once
@@ -30,6 +34,7 @@ struct SandboxLimits {
   int64_t open_files = 64;             // RLIMIT_NOFILE
   int64_t wall_ms = 5000;              // SIGKILL of the process group after this
   int64_t output_bytes = 64 * 1024;    // kept of stdout and of stderr, each
+  int64_t processes = 64;              // pids cgroup cap (processes and threads); 0: none
 };
 
 struct SandboxRequest {
@@ -48,6 +53,8 @@ struct SandboxResult {
   bool timed_out = false;  // killed by the wall-clock limit
   bool cpu_limit = false;  // killed by RLIMIT_CPU (SIGXCPU or SIGKILL after it)
   bool contained = false;  // writes outside the scratch directory were refused (Landlock)
+  bool process_cap = false;        // the run was in a pids cgroup capped at limits.processes
+  bool process_limit_hit = false;  // a fork or thread was refused at that cap
   bool output_truncated = false;
   std::string stdout_text;
   std::string stderr_text;

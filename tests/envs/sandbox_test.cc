@@ -6,7 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
 
 namespace strider::envs {
 namespace {
@@ -57,6 +61,51 @@ TEST_F(SandboxTest, SleeperIsKilledAtTheWallClockLimitWithItsChildren) {
   EXPECT_TRUE(run->timed_out);
   EXPECT_EQ(run->signal, SIGKILL);
   EXPECT_LT(run->wall_seconds, 5);
+}
+
+// Processes whose command line contains `marker` (zombies have none, so they do not count).
+int ProcessesWith(const std::string& marker) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::ifstream file(entry.path() / "cmdline", std::ios::binary);
+    const std::string cmdline((std::istreambuf_iterator<char>(file)), {});
+    count += cmdline.find(marker) != std::string::npos ? 1 : 0;
+  }
+  return count;
+}
+
+TEST_F(SandboxTest, AForkBombStopsAtTheProcessCapAndNothingOfItOutlivesTheRun) {
+  const std::string marker = "strider-fork-bomb-" + std::to_string(::getpid());
+  SandboxRequest request;
+  // Every copy is a fork of this shell, so each carries the marker as its $0.
+  request.argv = {"/bin/sh", "-c", "b() { b | b & }; b; wait", marker};
+  request.limits.processes = 32;
+  request.limits.wall_ms = 2000;
+  Result<SandboxResult> run = RunSandboxed(request);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  if (!run->process_cap) GTEST_SKIP() << "no writable pids cgroup here (not root?)";
+  EXPECT_TRUE(run->process_limit_hit) << run->Summary(request.limits);
+  EXPECT_NE(run->Summary(request.limits).find("process limit of 32 reached"), std::string::npos);
+  EXPECT_LT(run->wall_seconds, 10);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(ProcessesWith(marker), 0);
+}
+
+TEST_F(SandboxTest, AProcessThatLeavesTheGroupIsKilledWithTheRun) {
+  // setsid takes the sleeper out of the tool's process group and session; killing the group
+  // misses it, the cgroup does not.
+  const std::string marker = "31.0" + std::to_string(::getpid());
+  SandboxRequest request;
+  request.argv = {"/bin/sh", "-c", "setsid sleep " + marker + " & exit 0"};
+  Result<SandboxResult> run = RunSandboxed(request);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  if (!run->process_cap) GTEST_SKIP() << "no writable pids cgroup here (not root?)";
+  EXPECT_EQ(run->exit_code, 0);
+  EXPECT_FALSE(run->process_limit_hit);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(ProcessesWith(marker), 0) << "the escaped sleeper is still running";
 }
 
 TEST_F(SandboxTest, MemoryHogIsStopped) {
