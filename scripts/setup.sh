@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs Strider's system packages (Debian 12) when missing, then configures and builds.
 #   scripts/setup.sh [BUILD_DIR [TARGET...]]     default BUILD_DIR: build, TARGET: everything
-# Environment: STRIDER_BUILD_TYPE (RelWithDebInfo), STRIDER_JOBS (nproc).
+# Environment: STRIDER_BUILD_TYPE (RelWithDebInfo), STRIDER_JOBS (nproc), STRIDER_CMAKE_ARGS (extra
+# configure arguments, e.g. -DSTRIDER_SANITIZE=thread).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,8 @@ targets=()
 for target in "$@"; do targets+=(--target "$target"); done
 export CCACHE_DIR="${CCACHE_DIR:-$PWD/.ccache}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${STRIDER_BUILD_TYPE:-RelWithDebInfo}" >/dev/null
+# shellcheck disable=SC2086  # STRIDER_CMAKE_ARGS is a list of words
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${STRIDER_BUILD_TYPE:-RelWithDebInfo}" \
+  ${STRIDER_CMAKE_ARGS:-} >/dev/null
 # LibTorch translation units need about 1.1 GB of compiler memory each; two jobs fit easily.
 cmake --build "$build_dir" -j "${STRIDER_JOBS:-$(nproc)}" "${targets[@]}"
