@@ -414,6 +414,9 @@ void ServerImpl::WriterLoop(int slot) {
         std::shared_lock<std::shared_mutex> store_lock(store_mutex_);
         ApplyRetention();
         AbandonStale();
+        const StoreMemory memory = store_->Memory();
+        std::lock_guard<std::mutex> memory_lock(memory_mutex_);
+        store_memory_ = memory;
       }
       next_age_check = Clock::now() + std::chrono::seconds(1);
     }

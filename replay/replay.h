@@ -82,6 +82,11 @@ struct ServerOptions {
   // Storage.
   bool sync_wal = false;  // also fsync the log: survives power loss, not only kill -9
   std::string compression = "lz4";
+  // RocksDB's memory and descriptors (docs/replay.md, "Memory"): the memtables of every column
+  // family together, one block cache for data, index and filter blocks, table files held open.
+  uint64_t memtable_mb = 256;
+  uint64_t block_cache_mb = 64;
+  int max_open_files = 512;
   // Segments written per WriteBatch at most. Several writers' batches are merged by RocksDB into
   // one log write (group commit), so this bounds the work one writer does per round. 4 MiB
   // holds a batched frame from an actor (ActorClientOptions::batch_bytes) or four 1 MiB

@@ -21,6 +21,9 @@ Status ServerImpl::Init() {
   STRIDER_RETURN_IF_ERROR(CompleteAndCheckOptions(options_));
   store_options_.sync_wal = options_.sync_wal;
   store_options_.compression = options_.compression;
+  store_options_.memtable_bytes = options_.memtable_mb << 20;
+  store_options_.block_cache_bytes = options_.block_cache_mb << 20;
+  store_options_.max_open_files = options_.max_open_files;
   // RocksDB creates the store's own directory, not its parents (runs/NAME/replay).
   if (const std::filesystem::path parent = std::filesystem::path(options_.db_path).parent_path();
       !parent.empty()) {
@@ -67,6 +70,7 @@ Status ServerImpl::Init() {
   }
   STRIDER_RETURN_IF_ERROR(Recover());
   CheckSpace();  // the store's size, for max_store_bytes
+  store_memory_ = store_->Memory();
 
   // ZeroMQ drops a peer whose message crosses this; below it, oversize gets a reply instead.
   const size_t hard_limit = 2 * options_.max_message_bytes + (1 << 20);
@@ -340,6 +344,17 @@ std::string ServerImpl::StatsJson() {
     }
   }
   j["tables"] = tables;
+  {
+    // Read by the first writer with its periodic checks: StatsJson runs on threads that may
+    // already hold the store lock.
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    const StoreMemory& memory = store_memory_;
+    j["memory"] = {{"resident_bytes", ResidentBytes()},
+                   {"memtables_bytes", memory.memtables_bytes},
+                   {"table_readers_bytes", memory.table_readers_bytes},
+                   {"block_cache_bytes", memory.block_cache_bytes},
+                   {"table_files", memory.table_files}};
+  }
   return j.dump();
 }
 

@@ -79,6 +79,21 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   server.Optional("max_token_id", &max_token_id);
   server.Optional("sync_wal", &options.sync_wal);
   server.Optional("compression", &options.compression);
+  int64_t memtable_mb = static_cast<int64_t>(options.memtable_mb);
+  int64_t block_cache_mb = static_cast<int64_t>(options.block_cache_mb);
+  int64_t max_open_files = options.max_open_files;
+  server.Optional("memtable_mb", &memtable_mb);
+  server.Optional("block_cache_mb", &block_cache_mb);
+  server.Optional("max_open_files", &max_open_files);
+  server.Check(memtable_mb >= 4 && memtable_mb <= (1 << 20), "memtable_mb",
+               "must be in [4, 1048576]");
+  server.Check(block_cache_mb >= 1 && block_cache_mb <= (1 << 20), "block_cache_mb",
+               "must be in [1, 1048576]");
+  server.Check(max_open_files == -1 || (max_open_files >= 16 && max_open_files <= 1 << 20),
+               "max_open_files", "must be -1 (no limit) or in [16, 1048576]");
+  options.memtable_mb = static_cast<uint64_t>(std::max<int64_t>(memtable_mb, 4));
+  options.block_cache_mb = static_cast<uint64_t>(std::max<int64_t>(block_cache_mb, 1));
+  options.max_open_files = static_cast<int>(max_open_files);
   int64_t max_store_bytes = static_cast<int64_t>(options.max_store_bytes);
   server.Optional("max_store_bytes", &max_store_bytes);
   server.Optional("abandon_after_s", &options.abandon_after_s);

@@ -298,6 +298,9 @@ class ServerImpl : public ReplayServer {
   std::string disk_full_why_;
   // The store's size on disk at the last CheckSpace plus what was written since.
   std::atomic<uint64_t> store_bytes_{0};
+  // RocksDB's memory and table files, taken with the first writer's periodic checks.
+  std::mutex memory_mutex_;
+  StoreMemory store_memory_;
   std::atomic<uint64_t> disk_full_episodes_{0};  // times ingest stopped for space
   std::atomic<uint64_t> unrecorded_draws_{0};    // sample steps answered without a record
   std::atomic<uint64_t> abandoned_count_{0};     // trajectories closed by AbandonStale

@@ -43,6 +43,14 @@ namespace strider::replay {
 // Acknowledged segments the store no longer holds: a writer slot's mark in the sampling store
 // (its own log, in its own directory) counts more segments than the slot's insert counters in
 // the segment store, whose log lost its tail.
+// What the segment store holds in memory and on disk, from RocksDB's own properties.
+struct StoreMemory {
+  uint64_t memtables_bytes = 0;      // active and immutable memtables, every column family
+  uint64_t table_readers_bytes = 0;  // index and filter blocks of open table files
+  uint64_t block_cache_bytes = 0;    // data blocks cached for reads
+  uint64_t table_files = 0;          // live table files (each holds a descriptor while open)
+};
+
 struct LossReport {
   uint64_t lost = 0;  // segments acknowledged and not stored
   std::string detail;  // per slot: "slot 0: acknowledged 68, stored 57"; empty when none lost
@@ -52,6 +60,10 @@ struct StoreOptions {
   bool read_only = false;   // inspection: never writes, works while a server has the store open
   bool sync_wal = false;    // fsync the log on every write: survives power loss, not just kill -9
   std::string compression = "lz4";  // lz4, zstd, snappy or none (RocksDB's block compression)
+  // Memory bounds, so a long-running server's resident set levels off (docs/replay.md, "Memory"):
+  uint64_t memtable_bytes = 256ull << 20;    // every column family's memtables together
+  uint64_t block_cache_bytes = 64ull << 20;  // data, index and filter blocks, one shared cache
+  int max_open_files = 512;                  // table files held open (one descriptor each)
 };
 
 // The per-segment index entry: what samplers and retention need without reading the segment.
@@ -162,6 +174,7 @@ class Store {
   Result<std::optional<std::string>> GetSampling(std::string_view key) const;
   std::unique_ptr<rocksdb::Iterator> ScanSampling() const;  // null when there is none
   Result<uint64_t> GetSamplingCounter(std::string_view key) const;
+  StoreMemory Memory() const;
   // Reads every table file of both stores and checks its block checksums (RocksDB's
   // VerifyChecksum): Corruption naming the store when one fails.
   Status VerifyChecksums() const;

@@ -129,7 +129,10 @@ TEST(Sender, SpillsWhileTheServerIsDownAndSendsOnceItIsUp) {
   ASSERT_TRUE((*sender)->Close(milliseconds(30000)).ok());
   const SenderStats stats = (*sender)->stats();
   EXPECT_EQ(stats.acked, 20u);
-  EXPECT_EQ(stats.sent_from_spill, 20u);
+  // Each file goes out once per connection: again only after a connection was dropped (a server
+  // slower to acknowledge than spill_after, as under ThreadSanitizer).
+  EXPECT_GE(stats.sent_from_spill, 20u);
+  if (stats.reconnects == 1) EXPECT_EQ(stats.sent_from_spill, 20u);
   EXPECT_EQ(stats.spill_files, 0u);
   EXPECT_TRUE(std::filesystem::is_empty(options.spill_dir));
   (*server)->Stop();
