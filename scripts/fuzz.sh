@@ -4,8 +4,9 @@
 # Each target stops after the given seconds or FUZZ_RUNS executions (default 10 million),
 # whichever comes first.
 #   scripts/fuzz.sh [seconds per target, default 1800] [target ...]
-# Needs a build (scripts/setup.sh build) with clang installed. A crash leaves crash-* beside the
-# working directory and stops the script with libFuzzer's exit code.
+# Needs a build (scripts/setup.sh build) with clang installed. A crash, slow input or leak leaves
+# its input as build/tests/fuzz/<name>-crash-* (-slow-unit-*, ...) and a crash stops the script
+# with libFuzzer's exit code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-1800}
@@ -22,6 +23,7 @@ for name in "${targets[@]}"; do
   log=build/tests/fuzz/${name}.log
   rc=0
   "${binary}" -max_total_time="${seconds}" -runs="${runs}" -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="build/tests/fuzz/${name}-" \
     build/tests/fuzz/found_${name} tests/fuzz/corpus/${name} > "${log}" 2>&1 || rc=$?
   grep -E '^(#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==ERROR|SUMMARY)' \
     "${log}" || true
