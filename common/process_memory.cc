@@ -9,9 +9,9 @@
 namespace strider {
 namespace {
 
-// The value of a "Name:  1234 kB" line of /proc/self/status in bytes, 0 if absent.
-int64_t StatusKilobytes(std::string_view name) {
-  std::ifstream status("/proc/self/status");
+// The value of a "Name:  1234 kB" line of /proc/<process>/status in bytes, 0 if absent.
+int64_t StatusKilobytes(std::string_view name, const std::string& process = "self") {
+  std::ifstream status("/proc/" + process + "/status");
   std::string line;
   while (std::getline(status, line)) {
     if (line.size() > name.size() && line.compare(0, name.size(), name) == 0 &&
@@ -30,6 +30,8 @@ void KeepFreedMemoryInHeap() {
 }
 
 int64_t ResidentBytes() { return StatusKilobytes("VmRSS"); }
+
+int64_t ResidentBytesOf(int pid) { return StatusKilobytes("VmRSS", std::to_string(pid)); }
 
 int64_t PeakResidentBytes() { return StatusKilobytes("VmHWM"); }
 

@@ -17,6 +17,10 @@ void KeepFreedMemoryInHeap();
 // does not report it. Pages the allocator keeps free for reuse count as resident.
 int64_t ResidentBytes();
 
+// Another process's resident set now (VmRSS of /proc/<pid>/status) in bytes; 0 where the
+// process is gone or the kernel does not report it.
+int64_t ResidentBytesOf(int pid);
+
 // The largest resident set since the process started or since the last ResetPeakResident
 // (VmHWM) in bytes; 0 where the kernel does not report it.
 int64_t PeakResidentBytes();

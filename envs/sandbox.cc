@@ -169,6 +169,7 @@ class ProcessCap {
     if (cap->procs_fd_ < 0) return nullptr;
     return cap;
   }
+  // Kills every task still in the cgroup, then removes it.
   ~ProcessCap() {
     if (procs_fd_ >= 0) ::close(procs_fd_);
     KillAll();
@@ -413,10 +414,8 @@ Result<SandboxResult> RunSandboxed(const SandboxRequest& request) {
     }
   }
   ::kill(-pid, SIGKILL);  // whatever the tool left running in its group
-  if (cap) {
-    result.process_limit_hit = cap->LimitHit();
-    cap->KillAll();  // and anything that left the group (setsid, setpgid)
-  }
+  // The cap's destructor, on the way out, kills what left the group (setsid, setpgid).
+  if (cap) result.process_limit_hit = cap->LimitHit();
   result.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (WIFEXITED(wait_status)) {

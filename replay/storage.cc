@@ -199,7 +199,8 @@ rocksdb::Options Store::MakeOptions(const StoreOptions& options) {
     o.compression = rocksdb::kLZ4Compression;
   }
   // Segments are large values written once: bigger memtables mean fewer, larger flushes.
-  o.write_buffer_size = std::min<uint64_t>(64 << 20, std::max<uint64_t>(options.memtable_bytes / 4, 1 << 20));
+  o.write_buffer_size =
+      std::clamp<uint64_t>(options.memtable_bytes / 4, uint64_t{1} << 20, uint64_t{64} << 20);
   o.max_write_buffer_number = 4;
   // One budget for the memtables of every column family. Without it each family keeps its own
   // until that one reaches write_buffer_size: the small families (index, trajectories,

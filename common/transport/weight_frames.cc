@@ -154,9 +154,8 @@ ChunkAssembler::ChunkAssembler(Manifest manifest)
 Status ChunkAssembler::Add(std::string_view frame) {
   Reader reader(frame);
   const uint8_t kind = reader.Header();
-  const std::string version_text = std::to_string(manifest_.version);
   if (kind == Code(Kind::kGone)) {
-    return Status::Unavailable("weight stream: version " + version_text +
+    return Status::Unavailable("weight stream: version " + std::to_string(manifest_.version) +
                                " was replaced while it was being fetched");
   }
   uint64_t version = 0;
@@ -165,13 +164,14 @@ Status ChunkAssembler::Add(std::string_view frame) {
   if (kind != Code(Kind::kChunk) || !reader.Get(&version) || !reader.Get(&index) ||
       !reader.Get(&crc) || !reader.GetBytes(&bytes) || version != manifest_.version ||
       index >= manifest_.chunks) {
-    return Status::Corruption("weight stream: malformed chunk reply for version " + version_text);
+    return Status::Corruption("weight stream: malformed chunk reply for version " +
+                              std::to_string(manifest_.version));
   }
   const uint64_t begin = uint64_t{index} * manifest_.chunk_bytes;
   const uint64_t expected = std::min<uint64_t>(manifest_.chunk_bytes, manifest_.total_bytes - begin);
   if (bytes.size() != expected || schema::Crc32c(bytes) != crc) {
     return Status::Corruption("weight stream: chunk " + std::to_string(index) + " of version " +
-                              version_text + " fails its checksum or length");
+                              std::to_string(manifest_.version) + " fails its checksum or length");
   }
   if (have_[index]) return Status::Ok();
   std::memcpy(bytes_.data() + begin, bytes.data(), bytes.size());

@@ -33,16 +33,12 @@ namespace strider {
 namespace {
 
 using strider::testing::ChildProcess;
+using strider::testing::EnvInt;
 using strider::testing::SmallDisk;
 using strider::testing::SourceDir;
 using strider::testing::StriderBinary;
 using strider::testing::TempDir;
 using strider::testing::WaitEvent;
-
-int64_t EnvInt(const char* name, int64_t fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? std::atoll(value) : fallback;
-}
 
 size_t FilesIn(const std::string& dir) {
   size_t count = 0;

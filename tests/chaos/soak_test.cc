@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/process_memory.h"
 #include "replay/client.h"
 #include "replay/inspect.h"
 #include "tests/integration/child_process.h"
@@ -45,6 +46,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using strider::testing::ChildProcess;
+using strider::testing::EnvInt;
 using strider::testing::SourceDir;
 using strider::testing::StriderBinary;
 using strider::testing::TempDir;
@@ -58,25 +60,6 @@ constexpr auto kReadingPeriod = 5s;
 constexpr int kMemtableMb = 32;
 constexpr int kBlockCacheMb = 16;
 constexpr int kMaxOpenFiles = 16;
-
-int64_t EnvInt(const char* name, int64_t fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? std::atoll(value) : fallback;
-}
-
-int64_t ResidentBytesOf(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (status >> key) {
-    if (key == "VmRSS:") {
-      int64_t kib = 0;
-      status >> kib;
-      return kib * 1024;
-    }
-    std::getline(status, key);
-  }
-  return 0;
-}
 
 int64_t OpenDescriptorsOf(pid_t pid) {
   DIR* dir = ::opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/envs/processes.h"
+
 namespace {
 
 std::string Dir(const char* variable) {
@@ -126,20 +128,10 @@ bool HavePythonZmq() {
          std::system("/usr/bin/python3 -c 'import zmq' 2>/dev/null") == 0;
 }
 
-// Pids of python processes whose command line holds `marker` (the command running them names
-// it too, so only the interpreter counts).
+// Python processes whose command line holds `marker` (the command running them names it too,
+// so only the interpreter counts).
 std::vector<pid_t> ProcessesWith(const std::string& marker) {
-  std::vector<pid_t> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream file(entry.path() / "cmdline", std::ios::binary);
-    std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    if (cmdline.rfind("/usr/bin/python3", 0) == 0 && cmdline.find(marker) != std::string::npos) {
-      found.push_back(std::stoi(name));
-    }
-  }
-  return found;
+  return strider::testing::ProcessesWith(marker, "/usr/bin/python3");
 }
 
 TEST(EnvCli, BytesThatAreNotUtf8AreReportedAndTheEnvironmentStops) {

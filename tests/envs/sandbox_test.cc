@@ -12,6 +12,8 @@
 #include <string>
 #include <thread>
 
+#include "tests/envs/processes.h"
+
 namespace strider::envs {
 namespace {
 
@@ -63,19 +65,6 @@ TEST_F(SandboxTest, SleeperIsKilledAtTheWallClockLimitWithItsChildren) {
   EXPECT_LT(run->wall_seconds, 5);
 }
 
-// Processes whose command line contains `marker` (zombies have none, so they do not count).
-int ProcessesWith(const std::string& marker) {
-  int count = 0;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    std::ifstream file(entry.path() / "cmdline", std::ios::binary);
-    const std::string cmdline((std::istreambuf_iterator<char>(file)), {});
-    count += cmdline.find(marker) != std::string::npos ? 1 : 0;
-  }
-  return count;
-}
-
 TEST_F(SandboxTest, AForkBombStopsAtTheProcessCapAndNothingOfItOutlivesTheRun) {
   const std::string marker = "strider-fork-bomb-" + std::to_string(::getpid());
   SandboxRequest request;
@@ -90,7 +79,7 @@ TEST_F(SandboxTest, AForkBombStopsAtTheProcessCapAndNothingOfItOutlivesTheRun) {
   EXPECT_NE(run->Summary(request.limits).find("process limit of 32 reached"), std::string::npos);
   EXPECT_LT(run->wall_seconds, 10);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_EQ(ProcessesWith(marker), 0);
+  EXPECT_EQ(strider::testing::ProcessesWith(marker).size(), 0u);
 }
 
 TEST_F(SandboxTest, AProcessThatLeavesTheGroupIsKilledWithTheRun) {
@@ -105,7 +94,7 @@ TEST_F(SandboxTest, AProcessThatLeavesTheGroupIsKilledWithTheRun) {
   EXPECT_EQ(run->exit_code, 0);
   EXPECT_FALSE(run->process_limit_hit);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_EQ(ProcessesWith(marker), 0) << "the escaped sleeper is still running";
+  EXPECT_EQ(strider::testing::ProcessesWith(marker).size(), 0u) << "the escaped sleeper is still running";
 }
 
 TEST_F(SandboxTest, MemoryHogIsStopped) {

@@ -29,6 +29,12 @@ inline std::string SourceDir() {
   return dir ? dir : ".";
 }
 
+// An integer from the environment (a test's length or seed), or `fallback` when unset.
+inline int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::atoll(value) : fallback;
+}
+
 class ChildProcess {
  public:
   ChildProcess() = default;
