@@ -39,6 +39,32 @@ Status CheckFinite(double value, size_t step, const char* what) {
                                  " is not finite");
 }
 
+// Whether every step before the answer passed the gate's verdict. The answer step (the last,
+// when it carries the outcome) is judged by the outcome itself.
+Result<bool> StepsVerified(const TrajectoryRewards& trajectory, bool answer_in_last,
+                           OutcomeGate gate) {
+  const size_t judged = trajectory.steps.size() - (answer_in_last ? 1 : 0);
+  for (size_t k = 0; k < judged; ++k) {
+    const StepRewards& step = trajectory.steps[k];
+    if (gate == OutcomeGate::kEnvSteps) {
+      if (!step.env_reward.has_value()) {
+        return Status::InvalidArgument("reward shaping: outcome_gate env_steps needs the "
+                                       "environment's step rewards, and step " +
+                                       std::to_string(k) + " has none");
+      }
+      if (!(*step.env_reward > 0)) return false;
+    } else {
+      if (!step.learned.has_value()) {
+        return Status::InvalidArgument("reward shaping: outcome_gate model_steps needs process "
+                                       "model scores, and step " + std::to_string(k) +
+                                       " has none");
+      }
+      if (!(*step.learned > 0)) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string_view OutcomeInAnswerStepName(OutcomeInAnswerStep mode) {
@@ -51,6 +77,18 @@ std::string_view OutcomeInAnswerStepName(OutcomeInAnswerStep mode) {
       return "never";
   }
   return "auto";
+}
+
+std::string_view OutcomeGateName(OutcomeGate gate) {
+  switch (gate) {
+    case OutcomeGate::kNone:
+      return "none";
+    case OutcomeGate::kEnvSteps:
+      return "env_steps";
+    case OutcomeGate::kModelSteps:
+      return "model_steps";
+  }
+  return "none";
 }
 
 Result<ShapingConfig> ReadShapingConfig(ConfigReader& reward) {
@@ -74,6 +112,16 @@ Result<ShapingConfig> ReadShapingConfig(ConfigReader& reward) {
   }
   reward.Check(known, "outcome_in_answer_step",
                "expected auto, always or never, got '" + mode + "'");
+  std::string gate(OutcomeGateName(config.outcome_gate));
+  reward.Optional("outcome_gate", &gate);
+  known = false;
+  for (OutcomeGate candidate : {OutcomeGate::kNone, OutcomeGate::kEnvSteps, OutcomeGate::kModelSteps}) {
+    if (gate == OutcomeGateName(candidate)) {
+      config.outcome_gate = candidate;
+      known = true;
+    }
+  }
+  reward.Check(known, "outcome_gate", "expected none, env_steps or model_steps, got '" + gate + "'");
   for (const auto& [key, value] : {std::pair{"step_weight", config.step_weight},
                                    std::pair{"outcome_weight", config.outcome_weight},
                                    std::pair{"process_model_weight", config.process_model_weight},
@@ -181,6 +229,12 @@ Result<ShapedRewards> Shape(const TrajectoryRewards& trajectory, const ShapingCo
   switch (trajectory.end) {
     case TrajectoryEnd::kFinished:
       shaped.outcome = *trajectory.outcome;
+      if (config.outcome_gate != OutcomeGate::kNone) {
+        STRIDER_ASSIGN_OR_RETURN(const bool verified,
+                                 StepsVerified(trajectory, shaped.outcome_in_answer_step,
+                                               config.outcome_gate));
+        if (!verified) shaped.outcome = 0;
+      }
       break;
     case TrajectoryEnd::kFailed:
       shaped.outcome = config.failed_outcome;

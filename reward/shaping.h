@@ -50,6 +50,9 @@ enum class OutcomeInAnswerStep {
   kNever,   // the outcome is always added to the last step's own rewards
 };
 
+enum class OutcomeGate { kNone, kEnvSteps, kModelSteps };
+std::string_view OutcomeGateName(OutcomeGate gate);
+
 struct ShapingConfig {
   // --- Weights ---
   // Environment step rewards. An outcome worth ten correct steps keeps the answer the main
@@ -68,11 +71,20 @@ struct ShapingConfig {
   // sum taken back on the last step, so credit arrives early but a trajectory's return is its
   // outcome term alone and the optimal policy is the outcome's.
   bool steps_as_potential = false;
+  // Whether a right answer needs right steps. `kNone` pays the outcome as the environment gave
+  // it. `kEnvSteps` pays it only when every step before the answer earned a positive
+  // environment reward, `kModelSteps` only when the process model scored every one of them
+  // above 0.5; otherwise the outcome counts as 0 (a failure), as in process-supervised
+  // verification, where a solution is as good as its worst step. A right answer reached
+  // through a wrong call (calc(12/4) then calc(3-2) for (12-8)/4, or a guess that ignores the
+  // tool's result) is a lucky one: reinforcing it teaches the wrong calls.
+  OutcomeGate outcome_gate = OutcomeGate::kNone;
 };
 
 // Reads the keys of a `reward:` mapping (pass root.Section("reward")), strictly: unknown keys
 // and wrong types are errors naming the file, line and key. The caller calls Finish on its
-// document. Keys are the field names above; outcome_in_answer_step is auto, always or never.
+// document. Keys are the field names above; outcome_in_answer_step is auto, always or never;
+// outcome_gate is none, env_steps or model_steps.
 Result<ShapingConfig> ReadShapingConfig(ConfigReader& reward);
 std::string_view OutcomeInAnswerStepName(OutcomeInAnswerStep mode);
 

@@ -62,6 +62,21 @@ at::Tensor LatentAttentionDecode(const at::Tensor& query, const LatentAttentionP
 at::Tensor LatentAttentionPrefill(const at::Tensor& query, const LatentAttentionPages& pages,
                                   const at::Tensor& new_latent, const at::Tensor& new_rope_key);
 
+// The same attention, differentiable, for training through the absorbed form (chunked passes
+// under autograd). The past is one contiguous tensor per operand, with its graph: the keys are
+// [latent; rope_key] of S = past + T tokens, the new tokens being the last T, and token t sees
+// keys 0 .. past + t. query (B, T, H, Dc+Dr), latent (B, S, Dc), rope_key (B, S, Dr), all of
+// one dtype (float32 or float64); the result is (B, T, H, Dc).
+//
+// Forward and backward run over tiles of query rows and keys (FlashAttention's schedule: an
+// online softmax forward that keeps each query row's log-sum-exp, and a backward that
+// recomputes every tile's probabilities from it), so nothing of size T x S is allocated:
+// memory is O(T x H x Dc) for the saved output plus one (query rows x keys) tile of scores.
+// Tiles wholly in a query tile's future are skipped. Gradients reach the query, the latent
+// (as keys and as values) and the rope keys; double backward is not supported.
+at::Tensor LatentAttentionBlockwise(const at::Tensor& query, const at::Tensor& latent,
+                                    const at::Tensor& rope_key);
+
 // Materialises (B, H, T, past + T) scores; for tests and equality checks only.
 at::Tensor LatentAttentionReference(const at::Tensor& query, const LatentAttentionPages& pages,
                                     const at::Tensor& new_latent, const at::Tensor& new_rope_key);

@@ -190,33 +190,47 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
       all_rope_key = at::cat({past_rope_key.to(x.scalar_type()), rope_key}, 1);
     }
     const int64_t keys = all_latent.size(1);
-    // Masked where the key is in the query's future or, for ragged rows, is past padding.
-    at::Tensor mask = FutureMask(length, keys, x.device());  // (T, S)
-    if (past_lengths.defined() && past_length > 0) {
-      at::Tensor key_position = at::arange(past_length, at::TensorOptions().device(x.device()));
-      at::Tensor padding = key_position.unsqueeze(0) >= past_lengths.unsqueeze(1);  // (B, P)
-      padding = at::cat({padding, at::zeros({batch, length}, padding.options())}, 1);
-      mask = (mask.unsqueeze(0) | padding.unsqueeze(1)).unsqueeze(1);  // (B, 1, T, S)
-    }
-    at::Tensor rope_scores =
-        at::einsum("bthr,bsr->bhts", {query_rope, all_rope_key});  // (B, H, T, S)
+    // Masked where the key is in the query's future or, for ragged rows, is past padding; for
+    // the forms that materialise scores.
+    const auto future_mask = [&] {
+      at::Tensor mask = FutureMask(length, keys, x.device());  // (T, S)
+      if (past_lengths.defined() && past_length > 0) {
+        at::Tensor key_position =
+            at::arange(past_length, at::TensorOptions().device(x.device()));
+        at::Tensor padding = key_position.unsqueeze(0) >= past_lengths.unsqueeze(1);  // (B, P)
+        padding = at::cat({padding, at::zeros({batch, length}, padding.options())}, 1);
+        mask = (mask.unsqueeze(0) | padding.unsqueeze(1)).unsqueeze(1);  // (B, 1, T, S)
+      }
+      return mask;
+    };
+    const auto rope_scores = [&] {  // (B, H, T, S), for the forms that materialise scores
+      return at::einsum("bthr,bsr->bhts", {query_rope, all_rope_key});
+    };
     if (form == LatentAttentionForm::kExplicit) {
       // [k_nope_h; v_h] = (W_ukv c_kv)_h; scores (q_nope . k_nope + q_rope . k_rope) * scale,
       // causal softmax, o_h = sum_s p_s v_s.
       at::Tensor key_nope = at::einsum("bsc,hnc->bhsn", {all_latent, key_up});  // (B,H,S,Dn)
       at::Tensor value = at::einsum("bsc,hvc->bhsv", {all_latent, value_up});   // (B,H,S,Dv)
-      at::Tensor scores = at::einsum("bthn,bhsn->bhts", {query_nope, key_nope}) + rope_scores;
+      at::Tensor scores = at::einsum("bthn,bhsn->bhts", {query_nope, key_nope}) + rope_scores();
       scores = scores * scale;
-      scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
+      scores = scores.masked_fill(future_mask(), -std::numeric_limits<double>::infinity());
       at::Tensor probabilities = at::softmax(scores, -1);
       head_output = at::einsum("bhts,bhsv->bthv", {probabilities, value});
+    } else if (!(past_lengths.defined() && past_length > 0)) {
+      // Absorbed while autograd records (chunked training through the inference path): the
+      // differentiable blockwise kernel, whose memory is one tile of scores, not (T x S).
+      at::Tensor absorbed_query = at::einsum("bthn,hnc->bthc", {query_nope, key_up});
+      at::Tensor scaled_query = at::cat({absorbed_query, query_rope}, -1) * scale;
+      at::Tensor latent_output =
+          kernels::LatentAttentionBlockwise(scaled_query, all_latent, all_rope_key);
+      head_output = at::einsum("bthc,hvc->bthv", {latent_output, value_up});
     } else {
-      // Absorbed while autograd records (chunked training): materialised scores.
+      // Ragged rows while autograd records (not a training path today): materialised scores.
       at::Tensor absorbed_query = at::einsum("bthn,hnc->bhtc", {query_nope, key_up});
       at::Tensor scores =
           at::matmul(absorbed_query, all_latent.unsqueeze(1).transpose(-1, -2));
-      scores = (scores + rope_scores) * scale;
-      scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
+      scores = (scores + rope_scores()) * scale;
+      scores = scores.masked_fill(future_mask(), -std::numeric_limits<double>::infinity());
       at::Tensor probabilities = at::softmax(scores, -1);  // (B, H, T, S)
       at::Tensor latent_output = at::matmul(probabilities, all_latent.unsqueeze(1));
       head_output = at::einsum("bhtc,hvc->bthv", {latent_output, value_up});

@@ -3,8 +3,11 @@
 // dtype, and sizes that cross the kernels' internal blocks (thread shares, tiles, key blocks).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/kernels/latent_attention.h"
@@ -94,6 +97,76 @@ TEST(LatentAttentionKernels, MatchTheReferenceAcrossBlocks) {
                                        tolerance);
     ExpectBothKernelsMatchTheReference(MakeProblem({{300}}, 600, type, type, 4), tolerance);
   }
+}
+
+// Plain autograd through one materialised softmax: the blockwise function's reference.
+at::Tensor MaterialisedAttention(const at::Tensor& query, const at::Tensor& latent,
+                                 const at::Tensor& rope_key) {
+  const int64_t tokens = query.size(1);
+  const int64_t keys = latent.size(1);
+  const int64_t past = keys - tokens;
+  at::Tensor all_keys = at::cat({latent, rope_key}, 2);                  // (B, S, W)
+  at::Tensor scores = at::einsum("bthw,bsw->bths", {query, all_keys});  // (B, T, H, S)
+  at::Tensor future = at::arange(keys, at::kLong).unsqueeze(0) >
+                      (at::arange(tokens, at::kLong) + past).unsqueeze(1);  // (T, S)
+  scores = scores.masked_fill(future.unsqueeze(0).unsqueeze(2),
+                              -std::numeric_limits<double>::infinity());
+  return at::einsum("bths,bsc->bthc", {at::softmax(scores, -1), latent});
+}
+
+// Sizes that cross the blockwise function's tiles (1024 query rows: 256 tokens of 4 heads;
+// 1024 keys) with a past, in fp64: output and every gradient equal plain autograd.
+TEST(LatentAttentionBlockwise, ForwardAndGradientsEqualAutogradThroughTheMaterialisedSoftmax) {
+  for (const auto& [past, tokens] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 1}, {0, 300}, {1500, 700}, {37, 1100}}) {
+    at::manual_seed(past + tokens);
+    const auto options = at::TensorOptions().dtype(at::kDouble);
+    const int64_t batch = 2, keys = past + tokens;
+    at::Tensor query =
+        (at::randn({batch, tokens, kHeads, kLatentRank + kRopeDim}, options) * 0.5)
+            .requires_grad_();
+    at::Tensor latent = at::randn({batch, keys, kLatentRank}, options).requires_grad_();
+    at::Tensor rope_key = at::randn({batch, keys, kRopeDim}, options).requires_grad_();
+    at::Tensor upstream = at::randn({batch, tokens, kHeads, kLatentRank}, options);
+
+    at::Tensor blockwise = LatentAttentionBlockwise(query, latent, rope_key);
+    auto grads = torch::autograd::grad({(blockwise * upstream).sum()}, {query, latent, rope_key});
+    at::Tensor reference = MaterialisedAttention(query, latent, rope_key);
+    auto expected = torch::autograd::grad({(reference * upstream).sum()}, {query, latent, rope_key});
+
+    const std::string where = "past " + std::to_string(past) + ", tokens " +
+                              std::to_string(tokens);
+    EXPECT_LT(MaxDifference(blockwise, reference), 1e-12) << where;
+    const char* names[] = {"query", "latent", "rope key"};
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LT(MaxDifference(grads[i], expected[i]), 1e-10) << names[i] << ", " << where;
+    }
+  }
+}
+
+TEST(LatentAttentionBlockwise, AgreesWithTheInferenceKernelsInFloat32) {
+  Problem p = MakeProblem({{900}}, 600, at::kFloat, at::kFloat, 5);
+  at::Tensor latent = at::cat({p.pages[0][0].latent.contiguous(), p.new_latent[0]}, 0);
+  at::Tensor rope = at::cat({p.pages[0][0].rope_key.contiguous(), p.new_rope_key[0]}, 0);
+  at::Tensor blockwise =
+      LatentAttentionBlockwise(p.query, latent.unsqueeze(0), rope.unsqueeze(0));
+  at::Tensor prefill = LatentAttentionPrefill(p.query, p.pages, p.new_latent, p.new_rope_key);
+  EXPECT_LT(MaxDifference(blockwise, prefill), 1e-5);
+}
+
+TEST(LatentAttentionBlockwise, RefusesMismatchedShapes) {
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor query = at::randn({1, 8, kHeads, kLatentRank + kRopeDim}, options);
+  EXPECT_THROW(LatentAttentionBlockwise(query, at::randn({1, 4, kLatentRank}, options),
+                                        at::randn({1, 4, kRopeDim}, options)),
+               c10::Error)
+      << "fewer keys than queries";
+  EXPECT_THROW(LatentAttentionBlockwise(query, at::randn({1, 8, kLatentRank + 1}, options),
+                                        at::randn({1, 8, kRopeDim}, options)),
+               c10::Error);
+  EXPECT_THROW(LatentAttentionBlockwise(query, at::randn({1, 8, kLatentRank}, options),
+                                        at::randn({1, 8, kRopeDim}, options.dtype(at::kDouble))),
+               c10::Error);
 }
 
 TEST(LatentAttentionKernels, RejectMalformedPages) {

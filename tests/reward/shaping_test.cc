@@ -209,6 +209,65 @@ TEST(Shape, StepsAsAPotentialAreTakenBackOnTheLastStep) {
   ExpectRewards(*shaped, {0.3, 0.3, 0.3});
 }
 
+TEST(Shape, TheOutcomeGateZeroesARightAnswerReachedThroughAWrongStep) {
+  // (12-8)/4 = 1 answered after calc(12/4) and calc(3-2): right by luck.
+  TrajectoryRewards lucky;
+  lucky.steps = {EnvStep(0, "call:calc(12/4)"), EnvStep(1, "call:calc(3-2)"),
+                 EnvStep(1, "text:Answer: 1")};
+  lucky.outcome = 1;
+  TrajectoryRewards clean = lucky;
+  clean.steps[0] = EnvStep(1, "call:calc(12-8)");
+  ShapingConfig config = Weights(0.0, 1.0);
+  Result<ShapedRewards> ungated = Shape(lucky, config);
+  ASSERT_TRUE(ungated.ok());
+  EXPECT_EQ(ungated->outcome, 1.0);
+  config.outcome_gate = OutcomeGate::kEnvSteps;
+  Result<ShapedRewards> gated = Shape(lucky, config);
+  ASSERT_TRUE(gated.ok()) << gated.status().ToString();
+  EXPECT_EQ(gated->outcome, 0.0);
+  ExpectRewards(*gated, {0, 0, 0});
+  Result<ShapedRewards> verified = Shape(clean, config);
+  ASSERT_TRUE(verified.ok());
+  EXPECT_EQ(verified->outcome, 1.0);
+  ExpectRewards(*verified, {0, 0, 1});
+  // The answer step is judged by the outcome alone: a wrong answer after right calls scores 0
+  // with or without the gate, and a steps-only verdict cannot raise it.
+  TrajectoryRewards wrong = clean;
+  wrong.steps.back() = EnvStep(0, "text:Answer: 2");
+  wrong.outcome = 0;
+  EXPECT_EQ(Shape(wrong, config)->outcome, 0.0);
+  // With the outcome not on the answer step (`never`), every step is judged.
+  config.outcome_in_answer_step = OutcomeInAnswerStep::kNever;
+  TrajectoryRewards unpaid_last = clean;
+  unpaid_last.steps.back() = EnvStep(0, "text:Answer: 1");
+  EXPECT_EQ(Shape(unpaid_last, config)->outcome, 0.0);
+  config.outcome_in_answer_step = OutcomeInAnswerStep::kAuto;
+  // The process model's verdict (2 * score - 1) gates with model_steps.
+  config.outcome_gate = OutcomeGate::kModelSteps;
+  TrajectoryRewards judged = lucky;
+  const double scores[] = {0.4, 0.9, 0.0};
+  for (size_t k = 0; k < 3; ++k) judged.steps[k].learned = 2 * scores[k] - 1;
+  EXPECT_EQ(Shape(judged, config)->outcome, 0.0);
+  judged.steps[0].learned = 2 * 0.6 - 1;
+  EXPECT_EQ(Shape(judged, config)->outcome, 1.0);
+  // A gate without its signal is an error naming it, not a silent pass.
+  Result<ShapedRewards> no_scores = Shape(lucky, config);
+  ASSERT_FALSE(no_scores.ok());
+  EXPECT_NE(no_scores.status().message().find("model_steps"), std::string::npos);
+  config.outcome_gate = OutcomeGate::kEnvSteps;
+  TrajectoryRewards silent = clean;
+  silent.steps[0].env_reward.reset();
+  Result<ShapedRewards> no_env = Shape(silent, config);
+  ASSERT_FALSE(no_env.ok());
+  EXPECT_NE(no_env.status().message().find("env_steps"), std::string::npos);
+  // A cut trajectory has no outcome to gate.
+  TrajectoryRewards cut = lucky;
+  cut.steps.pop_back();
+  cut.end = TrajectoryEnd::kTruncated;
+  ASSERT_TRUE(Shape(cut, config).ok());
+  EXPECT_TRUE(Shape(cut, config)->bootstrap);
+}
+
 TEST(Shape, AFailedTrajectoryEndsWithTheFailedOutcome) {
   TrajectoryRewards t;
   t.end = TrajectoryEnd::kFailed;
@@ -266,7 +325,7 @@ TEST(ReadShapingConfig, ReadsEveryKeyStrictly) {
   Result<ConfigReader> root = ConfigReader::FromString(
       "reward:\n  step_weight: 0.2\n  outcome_weight: 2\n  process_model_weight: 0.5\n"
       "  implicit_weight: 0.05\n  pay_repeats_once: false\n  outcome_in_answer_step: never\n"
-      "  failed_outcome: -1\n  steps_as_potential: true\n",
+      "  failed_outcome: -1\n  steps_as_potential: true\n  outcome_gate: env_steps\n",
       "<inline>");
   ASSERT_TRUE(root.ok());
   ConfigReader section = root->Section("reward");
@@ -281,6 +340,7 @@ TEST(ReadShapingConfig, ReadsEveryKeyStrictly) {
   EXPECT_EQ(config->outcome_in_answer_step, OutcomeInAnswerStep::kNever);
   EXPECT_EQ(config->failed_outcome, -1.0);
   EXPECT_TRUE(config->steps_as_potential);
+  EXPECT_EQ(config->outcome_gate, OutcomeGate::kEnvSteps);
 }
 
 TEST(ReadShapingConfig, NamesTheKeyThatIsWrong) {
@@ -299,6 +359,10 @@ TEST(ReadShapingConfig, NamesTheKeyThatIsWrong) {
   Status mode = read("reward:\n  outcome_in_answer_step: twice\n");
   ASSERT_FALSE(mode.ok());
   EXPECT_NE(mode.message().find("auto, always or never"), std::string::npos) << mode.message();
+  Status gate = read("reward:\n  outcome_gate: lucky\n");
+  ASSERT_FALSE(gate.ok());
+  EXPECT_NE(gate.message().find("none, env_steps or model_steps"), std::string::npos)
+      << gate.message();
   Status type = read("reward:\n  outcome_weight: heavy\n");
   ASSERT_FALSE(type.ok());
   EXPECT_NE(type.message().find("rl.yaml:2"), std::string::npos) << type.message();

@@ -1,0 +1,182 @@
+// The differentiable blockwise form of latent attention (common/kernels/latent_attention.h):
+// FlashAttention's forward and backward over (query rows x keys) tiles, written with ATen matrix
+// products so the BLAS does the inner products. Keys and values are shared by the heads, so a
+// tile's query rows are (tokens x heads) and one key row serves all of them.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/kernels/latent_attention.h"
+
+namespace strider::kernels {
+namespace {
+
+// Query rows (tokens x heads) and keys per tile: a 1024 x 1024 tile of scores is 4 MiB in
+// float32, small enough to stay in the last-level cache with its operands, large enough that
+// the products run at the BLAS's matrix rate.
+constexpr int64_t kQueryRows = 1024;
+constexpr int64_t kKeys = 1024;
+
+// Causal visibility inside a tile: query row r (token first_token + r / heads) sees key k0 + j
+// when k0 + j <= past + token. Undefined when the whole tile is visible.
+at::Tensor FutureMask(int64_t first_token, int64_t tokens, int64_t heads, int64_t past,
+                      int64_t k0, int64_t keys) {
+  if (k0 + keys - 1 <= past + first_token) return at::Tensor();
+  at::Tensor key = at::arange(k0, k0 + keys, at::kLong);
+  at::Tensor limit = (at::arange(first_token, first_token + tokens, at::kLong) + past)
+                         .repeat_interleave(heads);
+  return key.unsqueeze(0) > limit.unsqueeze(1);  // (rows, keys)
+}
+
+// Keys a query tile of tokens [t0, t0 + count) needs: 0 .. past + t0 + count - 1.
+int64_t VisibleKeys(int64_t past, int64_t t0, int64_t count) { return past + t0 + count; }
+
+struct Tiles {
+  int64_t batch, tokens, heads, width, latent_rank, keys, past, tile_tokens;
+};
+
+Tiles Shape(const at::Tensor& query, const at::Tensor& latent) {
+  Tiles t;
+  t.batch = query.size(0);
+  t.tokens = query.size(1);
+  t.heads = query.size(2);
+  t.width = query.size(3);
+  t.latent_rank = latent.size(2);
+  t.keys = latent.size(1);
+  t.past = t.keys - t.tokens;
+  t.tile_tokens = std::max<int64_t>(1, kQueryRows / t.heads);
+  return t;
+}
+
+// Returns the output (B, T, H, Dc) and the log-sum-exp of every query row (B, T * H).
+std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& query, const at::Tensor& keys,
+                                          const at::Tensor& latent, const Tiles& s) {
+  const double inf = std::numeric_limits<double>::infinity();
+  at::Tensor out = at::empty({s.batch, s.tokens, s.heads, s.latent_rank}, query.options());
+  at::Tensor lse = at::empty({s.batch, s.tokens * s.heads}, query.options());
+  for (int64_t b = 0; b < s.batch; ++b) {
+    at::Tensor q = query[b].reshape({s.tokens * s.heads, s.width});
+    at::Tensor out_rows = out[b].view({s.tokens * s.heads, s.latent_rank});
+    for (int64_t t0 = 0; t0 < s.tokens; t0 += s.tile_tokens) {
+      const int64_t count = std::min(s.tile_tokens, s.tokens - t0);
+      const int64_t rows = count * s.heads;
+      at::Tensor q_tile = q.narrow(0, t0 * s.heads, rows);
+      at::Tensor max = at::full({rows}, -inf, q.options());
+      at::Tensor sum = at::zeros({rows}, q.options());
+      at::Tensor acc = at::zeros({rows, s.latent_rank}, q.options());
+      const int64_t visible = VisibleKeys(s.past, t0, count);
+      for (int64_t k0 = 0; k0 < visible; k0 += kKeys) {
+        const int64_t n = std::min(kKeys, visible - k0);
+        at::Tensor scores = at::mm(q_tile, keys[b].narrow(0, k0, n).t());
+        at::Tensor future = FutureMask(t0, count, s.heads, s.past, k0, n);
+        if (future.defined()) scores.masked_fill_(future, -inf);
+        at::Tensor top = at::maximum(max, std::get<0>(scores.max(1)));
+        at::Tensor correction = at::exp(max - top);
+        at::Tensor p = at::exp(scores - top.unsqueeze(1));
+        sum.mul_(correction).add_(p.sum(1));
+        acc.mul_(correction.unsqueeze(1)).addmm_(p, latent[b].narrow(0, k0, n));
+        max = top;
+      }
+      // Every query row sees at least its own key, so sum >= 1 at the maximum.
+      out_rows.narrow(0, t0 * s.heads, rows).copy_(acc / sum.unsqueeze(1));
+      lse[b].narrow(0, t0 * s.heads, rows).copy_(max + at::log(sum));
+    }
+  }
+  return {out, lse};
+}
+
+class BlockwiseFunction : public torch::autograd::Function<BlockwiseFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& query,
+                            const at::Tensor& latent, const at::Tensor& rope_key) {
+    at::NoGradGuard no_grad;
+    const Tiles s = Shape(query, latent);
+    at::Tensor q = query.contiguous();
+    at::Tensor keys = at::cat({latent, rope_key}, 2).contiguous();  // (B, S, W)
+    at::Tensor values = latent.contiguous();
+    auto [out, lse] = Forward(q, keys, values, s);
+    ctx->save_for_backward({q, keys, out, lse});
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    at::NoGradGuard no_grad;
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& query = saved[0];
+    const at::Tensor& keys = saved[1];
+    const at::Tensor& out = saved[2];
+    const at::Tensor& lse = saved[3];
+    const int64_t latent_rank = out.size(3);
+    const Tiles s = Shape(query, keys.narrow(2, 0, latent_rank));
+    const double inf = std::numeric_limits<double>::infinity();
+    at::Tensor d_out = grads[0].contiguous();
+    at::Tensor d_query = at::zeros_like(query);
+    at::Tensor d_keys = at::zeros_like(keys);  // as keys: (B, S, W)
+    at::Tensor d_values = at::zeros({s.batch, s.keys, latent_rank}, keys.options());
+    for (int64_t b = 0; b < s.batch; ++b) {
+      at::Tensor q = query[b].view({s.tokens * s.heads, s.width});
+      at::Tensor dq = d_query[b].view({s.tokens * s.heads, s.width});
+      at::Tensor o = out[b].view({s.tokens * s.heads, latent_rank});
+      at::Tensor d_o = d_out[b].view({s.tokens * s.heads, latent_rank});
+      // D_r = sum_c dO_rc O_rc: the softmax's backward in one number per query row.
+      at::Tensor delta = (d_o * o).sum(1);
+      at::Tensor k_all = keys[b];
+      at::Tensor v_all = k_all.narrow(1, 0, latent_rank);
+      for (int64_t t0 = 0; t0 < s.tokens; t0 += s.tile_tokens) {
+        const int64_t count = std::min(s.tile_tokens, s.tokens - t0);
+        const int64_t rows = count * s.heads;
+        const int64_t r0 = t0 * s.heads;
+        at::Tensor q_tile = q.narrow(0, r0, rows);
+        at::Tensor d_o_tile = d_o.narrow(0, r0, rows);
+        at::Tensor lse_tile = lse[b].narrow(0, r0, rows).unsqueeze(1);
+        at::Tensor delta_tile = delta.narrow(0, r0, rows).unsqueeze(1);
+        at::Tensor dq_tile = dq.narrow(0, r0, rows);
+        const int64_t visible = VisibleKeys(s.past, t0, count);
+        for (int64_t k0 = 0; k0 < visible; k0 += kKeys) {
+          const int64_t n = std::min(kKeys, visible - k0);
+          at::Tensor k = k_all.narrow(0, k0, n);
+          at::Tensor v = v_all.narrow(0, k0, n);
+          at::Tensor scores = at::mm(q_tile, k.t());
+          at::Tensor future = FutureMask(t0, count, s.heads, s.past, k0, n);
+          if (future.defined()) scores.masked_fill_(future, -inf);
+          at::Tensor p = at::exp(scores.sub_(lse_tile));       // (rows, n)
+          d_values[b].narrow(0, k0, n).addmm_(p.t(), d_o_tile);  // dV += P^T dO
+          at::Tensor d_scores = at::mm(d_o_tile, v.t());        // dP = dO V^T
+          d_scores.sub_(delta_tile).mul_(p);                     // dS = P (dP - D)
+          dq_tile.addmm_(d_scores, k);                           // dQ += dS K
+          d_keys[b].narrow(0, k0, n).addmm_(d_scores.t(), q_tile);  // dK += dS^T Q
+        }
+      }
+    }
+    at::Tensor d_latent = d_keys.narrow(2, 0, latent_rank) + d_values;
+    at::Tensor d_rope = d_keys.narrow(2, latent_rank, s.width - latent_rank).contiguous();
+    return {d_query, d_latent, d_rope};
+  }
+};
+
+}  // namespace
+
+at::Tensor LatentAttentionBlockwise(const at::Tensor& query, const at::Tensor& latent,
+                                    const at::Tensor& rope_key) {
+  TORCH_CHECK(query.dim() == 4 && latent.dim() == 3 && rope_key.dim() == 3,
+              "latent attention (blockwise): query (B, T, H, W), latent (B, S, Dc) and rope key "
+              "(B, S, Dr)");
+  TORCH_CHECK(query.scalar_type() == at::kFloat || query.scalar_type() == at::kDouble,
+              "latent attention (blockwise): float32 or float64");
+  TORCH_CHECK(latent.scalar_type() == query.scalar_type() &&
+                  rope_key.scalar_type() == query.scalar_type(),
+              "latent attention (blockwise): query, latent and rope key in one dtype");
+  TORCH_CHECK(latent.size(0) == query.size(0) && rope_key.size(0) == query.size(0) &&
+                  rope_key.size(1) == latent.size(1) &&
+                  query.size(3) == latent.size(2) + rope_key.size(2) &&
+                  latent.size(1) >= query.size(1),
+              "latent attention (blockwise): ", query.sizes(), " queries against ",
+              latent.sizes(), " latent and ", rope_key.sizes(), " rope rows");
+  return BlockwiseFunction::apply(query, latent, rope_key);
+}
+
+}  // namespace strider::kernels
