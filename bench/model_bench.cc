@@ -8,11 +8,14 @@
 //           1M), the hybrid IIIG config (to 256K) and an equal-size full multi-head attention
 //           baseline written here (to where its KV cache fits the memory budget).
 //   cache   Cache bytes per token of latent attention against the multi-head baseline.
+//   attention  Latent attention's long prefill and its blockwise training kernel (forward and
+//           backward) as FLOP rates against the matmul peak, small and tiny configs, at 16K,
+//           64K and a 4K chunk after a 256K past.
 //
 // Output: one JSON object per line on stdout, {"bench","metric","value","unit","baseline",
 // "ratio"} plus descriptive extra keys; progress goes to stderr.
 //
-//   model_bench [--quick] [--only train|decode|cache] [--config PATH] [--threads N]
+//   model_bench [--quick] [--only train|decode|cache|attention] [--config PATH] [--threads N]
 //               [--mha-budget-gib G] [--max-context N] [--hybrid-max-context N]
 #include <ATen/ATen.h>
 
@@ -29,12 +32,14 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "bench/bench_json.h"
 #include "bench/bench_util.h"
 #include "bench/ceiling.h"
+#include "common/kernels/latent_attention.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/model/ops.h"
@@ -646,11 +651,144 @@ void RunCache(const Options& options) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Latent attention's long prefill (kernels::LatentAttentionPrefill, the inference path) and the
+// blockwise training kernel (kernels::LatentAttentionBlockwise, forward and backward), as
+// attention FLOP rates against the fp32 matmul peak and against the matmul rate at the kernels'
+// own tile shapes, both measured in this run.
+//
+// FLOPs count query-key pairs the causal mask keeps, per head: 2W for the score and 2Dc for the
+// weighted latent forward (W = Dc + Dr); the backward recomputes the score and adds dV, dP, dQ
+// and dK: 6W + 4Dc. Exponentials and the softmax's bookkeeping are not counted, which is what
+// bounds narrow heads: with Dc 16 a score costs 80 counted FLOPs and about as much elementwise
+// work again.
+
+// Best rate of (rows x inner) @ (inner x columns) products, GFLOP/s.
+double TileMatmulRate(int64_t rows, int64_t inner, int64_t columns) {
+  at::Tensor a = at::randn({rows, inner});
+  at::Tensor b = at::randn({inner, columns});
+  at::Tensor c = at::empty({rows, columns});
+  at::mm_out(c, a, b);
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    const int reps = 20;
+    const double t0 = Seconds();
+    for (int i = 0; i < reps; ++i) at::mm_out(c, a, b);
+    const double dt = Seconds() - t0;
+    best = std::max(best, 2.0 * rows * inner * columns * reps / dt / 1e9);
+  }
+  return best;
+}
+
+void RunAttention(const Options& options) {
+  bench::CeilingSpec spec;
+  spec.threads = options.threads;
+  const bench::Ceiling ceiling = Unwrap(bench::MeasureCeiling(spec), "matmul peak");
+  const std::string configs_dir = std::string(STRIDER_SOURCE_DIR) + "/configs/model/";
+  struct Shape {
+    std::string label;
+    int64_t tokens, past;
+    bool backward;
+  };
+  std::vector<Shape> shapes;
+  if (options.quick) {
+    shapes = {{"2K", 2 * kKi, 0, true}, {"1K_after_8K", kKi, 8 * kKi, false}};
+  } else {
+    shapes = {{"16K", 16 * kKi, 0, true},
+              {"64K", 64 * kKi, 0, false},
+              {"4K_after_256K", 4 * kKi, 256 * kKi, false}};
+  }
+  for (const std::string name : {"small", "tiny"}) {
+    const ModelConfig config =
+        Unwrap(LoadModelConfig(configs_dir + name + ".yaml"), name + " config");
+    const LatentAttentionConfig& c = config.latent;
+    const int64_t heads = c.heads, rank = c.kv_rank, width = c.kv_rank + c.rope_dim;
+    // The kernels' products: prefill tiles of 2048 query rows against 512 keys (scores, then
+    // the weighted latent), blockwise tiles of 1024 x 1024.
+    const double prefill_tile = std::min(TileMatmulRate(2048, width, 512),
+                                         TileMatmulRate(2048, 512, rank));
+    const double blockwise_tile = std::min(TileMatmulRate(1024, width, 1024),
+                                           TileMatmulRate(1024, 1024, rank));
+    for (const Shape& shape : shapes) {
+      const int64_t keys = shape.past + shape.tokens;
+      const double pairs = static_cast<double>(shape.tokens) * shape.past +
+                           0.5 * static_cast<double>(shape.tokens) * (shape.tokens + 1);
+      const double forward_flops = pairs * heads * (2.0 * width + 2.0 * rank);
+      const double backward_flops = pairs * heads * (6.0 * width + 4.0 * rank);
+      at::Tensor query = at::randn({1, shape.tokens, heads, width}) * 0.1;
+      at::Tensor latent = at::randn({1, keys, rank});
+      at::Tensor rope = at::randn({1, keys, c.rope_dim});
+      kernels::LatentAttentionPages pages(1);
+      if (shape.past > 0) {
+        pages[0].push_back({latent[0].narrow(0, 0, shape.past), rope[0].narrow(0, 0, shape.past)});
+      }
+      at::Tensor new_latent = latent.narrow(1, shape.past, shape.tokens).contiguous();
+      at::Tensor new_rope = rope.narrow(1, shape.past, shape.tokens).contiguous();
+      Progress("attention: " + config.name + " " + shape.label + " prefill");
+      double t0 = Seconds();
+      at::Tensor out = kernels::LatentAttentionPrefill(query, pages, new_latent, new_rope);
+      const double prefill_seconds = Seconds() - t0;
+      const double prefill_rate = forward_flops / prefill_seconds / 1e9;
+      Extras extras = {{"config", config.name},
+                       {"tokens", shape.tokens},
+                       {"past", shape.past},
+                       {"heads", heads},
+                       {"kv_rank", rank},
+                       {"rope_dim", c.rope_dim},
+                       {"seconds", prefill_seconds},
+                       {"attention_gflop", forward_flops / 1e9},
+                       {"tile_matmul_gflops", prefill_tile},
+                       {"ratio_to_tile_matmul", RatioOrNull(prefill_rate, prefill_tile)},
+                       {"target_ratio_min", config.name == "small" ? JsonValue(0.5) : JsonValue::Null()}};
+      Emit("prefill_attention_flop_rate_" + config.name + "_" + shape.label, prefill_rate,
+           "GFLOP/s", ceiling.value, RatioOrNull(prefill_rate, ceiling.value),
+           WithCeiling(extras, ceiling));
+      if (!shape.backward) continue;
+      Progress("attention: " + config.name + " " + shape.label + " blockwise forward and backward");
+      at::Tensor q = query.clone().requires_grad_();
+      at::Tensor l = latent.clone().requires_grad_();
+      at::Tensor r = rope.clone().requires_grad_();
+      t0 = Seconds();
+      at::Tensor y = kernels::LatentAttentionBlockwise(q, l, r);
+      const double forward_seconds = Seconds() - t0;
+      at::Tensor upstream = at::randn_like(y);
+      t0 = Seconds();
+      y.backward(upstream);
+      const double backward_seconds = Seconds() - t0;
+      const double difference = (y.detach() - out).abs().max().item<double>();
+      if (!(difference < 1e-3)) {
+        std::cerr << "model_bench: the blockwise forward differs from the prefill kernel by "
+                  << difference << "\n";
+        std::exit(1);
+      }
+      for (const auto& [metric, flops, seconds] :
+           {std::tuple{"blockwise_forward", forward_flops, forward_seconds},
+            std::tuple{"blockwise_backward", backward_flops, backward_seconds}}) {
+        const double rate = flops / seconds / 1e9;
+        Extras more = {{"config", config.name},
+                       {"tokens", shape.tokens},
+                       {"past", shape.past},
+                       {"seconds", seconds},
+                       {"attention_gflop", flops / 1e9},
+                       {"tile_matmul_gflops", blockwise_tile},
+                       {"ratio_to_tile_matmul", RatioOrNull(rate, blockwise_tile)},
+                       {"scores_bytes_materialised",
+                        static_cast<double>(heads) * shape.tokens * keys * 4.0},
+                       {"note", "memory O(T x H x Dc) plus one 1024 x 1024 tile; the "
+                                "materialised form would hold scores_bytes_materialised"}};
+        Emit(std::string(metric) + "_flop_rate_" + config.name + "_" + shape.label, rate,
+             "GFLOP/s", ceiling.value, RatioOrNull(rate, ceiling.value),
+             WithCeiling(more, ceiling));
+      }
+    }
+  }
+}
+
 Options ParseOptions(int argc, char** argv) {
   Options options;
   auto usage = [&]() {
     std::cerr << "usage: " << argv[0]
-              << " [--quick] [--only train|decode|cache] [--config PATH] [--threads N]"
+              << " [--quick] [--only train|decode|cache|attention] [--config PATH] [--threads N]"
                  " [--mha-budget-gib G] [--max-context N] [--hybrid-max-context N]\n";
     std::exit(2);
   };
@@ -664,7 +802,10 @@ Options ParseOptions(int argc, char** argv) {
       options.quick = true;
     } else if (arg == "--only") {
       options.only = next();
-      if (options.only != "train" && options.only != "decode" && options.only != "cache") usage();
+      if (options.only != "train" && options.only != "decode" && options.only != "cache" &&
+          options.only != "attention") {
+        usage();
+      }
     } else if (arg == "--config") {
       options.config_path = next();
     } else if (arg == "--threads") {
@@ -696,6 +837,7 @@ int main(int argc, char** argv) {
   if (options.only.empty() || options.only == "cache") RunCache(options);
   if (options.only.empty() || options.only == "train") RunTraining(options);
   if (options.only.empty() || options.only == "decode") RunDecode(options);
+  if (options.only.empty() || options.only == "attention") RunAttention(options);
   Progress("done in " + std::to_string(static_cast<int64_t>(Seconds() - start)) + " s");
   return 0;
 }

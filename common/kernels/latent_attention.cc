@@ -250,11 +250,17 @@ at::Tensor TileKernel(const at::Tensor& query, const LatentAttentionPages& pages
       at::Tensor q_rope = q_tile.narrow(1, latent_rank, rope_dim);
       TileState state{at::full({rows}, -std::numeric_limits<double>::infinity(), q.options()),
                       at::zeros({rows}, q.options()), at::zeros({rows, latent_rank}, q.options())};
+      // The past in blocks of kTileKeys: a page may be a whole contiguous cache (256K rows),
+      // whose scores against a tile would be gigabytes.
       for (const LatentAttentionPage& page : pages[b]) {
-        at::Tensor latent = page.latent.to(type);
-        at::Tensor scores = at::mm(q_latent, latent.t());
-        scores.addmm_(q_rope, page.rope_key.to(type).t());
-        state.Update(scores, latent, 0, rows);
+        const int64_t n = page.latent.size(0);
+        for (int64_t k0 = 0; k0 < n; k0 += kTileKeys) {
+          const int64_t keys = std::min(kTileKeys, n - k0);
+          at::Tensor latent = page.latent.narrow(0, k0, keys).to(type);
+          at::Tensor scores = at::mm(q_latent, latent.t());
+          scores.addmm_(q_rope, page.rope_key.narrow(0, k0, keys).to(type).t());
+          state.Update(scores, latent, 0, rows);
+        }
       }
       // The new tokens' own rows: key k is seen by tokens t >= k.
       for (int64_t k0 = 0; k0 < t0 + count; k0 += kTileKeys) {

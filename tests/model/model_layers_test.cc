@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <unistd.h>
 
@@ -392,6 +393,48 @@ TEST(LatentAttention, AbsorbedDecodeEqualsExplicitAndTrainingPath) {
   EXPECT_EQ(absorbed_cache.length, length);
   EXPECT_EQ(absorbed_cache.Latent().size(2) + absorbed_cache.RopeKey().size(2), per_token);
   EXPECT_EQ(absorbed_cache.Bytes(), length * batch * per_token * 4);
+}
+
+// Chunked training through the absorbed form (the blockwise kernel, under autograd) against
+// the explicit form after a prefill longer than the kernels' tiles: outputs and the gradients
+// of every weight and of the new chunk's input agree in fp64.
+TEST(LatentAttention, BlockwiseTrainingChunkEqualsTheExplicitFormWithGradients) {
+  const ModelConfig config = LoadConfig("tiny");
+  const LatentAttentionConfig& c = config.latent;
+  const TensorMap tensors = RandomWeights(config, kLatentPrefix, at::kDouble, 61);
+  const auto weights = model::LatentAttentionWeights::Bind(tensors, kLatentPrefix);
+  const double eps = config.norm_epsilon;
+  const at::TensorOptions options = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor past_x = Randn({1, 2500, config.width}, 62, at::kDouble);
+  const at::Tensor x = Randn({1, 700, config.width}, 63, at::kDouble);
+  auto cache = model::LatentAttentionCache::Empty(c, 1, options);
+  {
+    at::NoGradGuard no_grad;
+    model::LatentAttentionForward(weights, c, past_x, &cache, eps);  // the prefill kernel
+  }
+  std::vector<at::Tensor> leaves;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.rfind(kLatentPrefix, 0) == 0) leaves.push_back(tensor);
+  }
+  const at::Tensor upstream = Randn({1, 700, config.width}, 64, at::kDouble);
+  std::vector<at::Tensor> outputs;
+  std::vector<std::vector<at::Tensor>> gradients;
+  for (const auto form :
+       {model::LatentAttentionForm::kAbsorbed, model::LatentAttentionForm::kExplicit}) {
+    for (at::Tensor leaf : leaves) leaf.requires_grad_(true);
+    at::Tensor input = x.clone().requires_grad_(true);
+    model::LatentAttentionCache copy = cache;
+    at::Tensor y = model::LatentAttentionForward(weights, c, input, &copy, eps, form);
+    std::vector<at::Tensor> wrt = leaves;
+    wrt.push_back(input);
+    gradients.push_back(torch::autograd::grad({(y * upstream).sum()}, wrt));
+    outputs.push_back(y.detach());
+    for (at::Tensor leaf : leaves) leaf.requires_grad_(false);
+  }
+  EXPECT_LT(RelativeError(outputs[0], outputs[1]), 1e-12);
+  for (size_t i = 0; i < gradients[0].size(); ++i) {
+    EXPECT_LT(RelativeError(gradients[0][i], gradients[1][i]), 1e-10) << "gradient " << i;
+  }
 }
 
 TEST(LatentAttention, PermutingPastCacheEntriesLeavesCurrentOutputUnchanged) {
