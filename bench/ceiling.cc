@@ -36,15 +36,7 @@ double MeasureHere(const CeilingSpec& spec) {
   at::NoGradGuard no_grad;
   double best = 0;
   if (spec.kind == CeilingKind::kMatmul) {
-    const int64_t n = spec.size;
-    at::Tensor a = at::randn({n, n});
-    at::Tensor b = at::randn({n, n});
-    at::Tensor c = at::mm(a, b);  // warm-up: thread pool and BLAS buffers
-    for (int i = 0; i < spec.repeats; ++i) {
-      const double start = Seconds();
-      at::mm_out(c, a, b);
-      best = std::max(best, 2.0 * n * n * n / (Seconds() - start) / 1e9);
-    }
+    best = MatmulRateHere(spec.size, spec.size, spec.size, spec.repeats);
   } else {
     at::Tensor source = at::rand({spec.size});
     at::Tensor target = at::empty_like(source);
@@ -57,6 +49,24 @@ double MeasureHere(const CeilingSpec& spec) {
   }
   return best;
 }
+
+}  // namespace
+
+double MatmulRateHere(int64_t rows, int64_t inner, int64_t columns, int runs, int products) {
+  at::NoGradGuard no_grad;
+  at::Tensor a = at::randn({rows, inner});
+  at::Tensor b = at::randn({inner, columns});
+  at::Tensor c = at::mm(a, b);  // warm-up: thread pool and BLAS buffers
+  double best = 0;
+  for (int i = 0; i < runs; ++i) {
+    const double start = Seconds();
+    for (int k = 0; k < products; ++k) at::mm_out(c, a, b);
+    best = std::max(best, 2.0 * rows * inner * columns * products / (Seconds() - start) / 1e9);
+  }
+  return best;
+}
+
+namespace {
 
 // This environment without OMP_WAIT_POLICY, as execve takes it. The strings stay owned by
 // `environ`; nothing here runs between fork and exec.

@@ -55,6 +55,11 @@ std::string WaitPolicy();
 // Fails when the child cannot be started or does not print a positive number.
 Result<Ceiling> MeasureCeiling(const CeilingSpec& spec);
 
+// Best rate of `runs` timed runs of `products` back-to-back (rows x inner) @ (inner x columns)
+// fp32 products, in this process, after one untimed product; GFLOP/s. The matmul ceiling is
+// the square case; kernels compare against their own tile shapes with it.
+double MatmulRateHere(int64_t rows, int64_t inner, int64_t columns, int runs, int products = 1);
+
 // The child's side. When argv is the command line MeasureCeiling gives its child, measures,
 // prints the value on stdout and returns the exit status for main; otherwise returns nullopt
 // and main goes on with its own arguments.

@@ -663,23 +663,6 @@ void RunCache(const Options& options) {
 // bounds narrow heads: with Dc 16 a score costs 80 counted FLOPs and about as much elementwise
 // work again.
 
-// Best rate of (rows x inner) @ (inner x columns) products, GFLOP/s.
-double TileMatmulRate(int64_t rows, int64_t inner, int64_t columns) {
-  at::Tensor a = at::randn({rows, inner});
-  at::Tensor b = at::randn({inner, columns});
-  at::Tensor c = at::empty({rows, columns});
-  at::mm_out(c, a, b);
-  double best = 0;
-  for (int r = 0; r < 5; ++r) {
-    const int reps = 20;
-    const double t0 = Seconds();
-    for (int i = 0; i < reps; ++i) at::mm_out(c, a, b);
-    const double dt = Seconds() - t0;
-    best = std::max(best, 2.0 * rows * inner * columns * reps / dt / 1e9);
-  }
-  return best;
-}
-
 void RunAttention(const Options& options) {
   bench::CeilingSpec spec;
   spec.threads = options.threads;
@@ -705,10 +688,10 @@ void RunAttention(const Options& options) {
     const int64_t heads = c.heads, rank = c.kv_rank, width = c.kv_rank + c.rope_dim;
     // The kernels' products: prefill tiles of 2048 query rows against 512 keys (scores, then
     // the weighted latent), blockwise tiles of 1024 x 1024.
-    const double prefill_tile = std::min(TileMatmulRate(2048, width, 512),
-                                         TileMatmulRate(2048, 512, rank));
-    const double blockwise_tile = std::min(TileMatmulRate(1024, width, 1024),
-                                           TileMatmulRate(1024, 1024, rank));
+    const double prefill_tile = std::min(bench::MatmulRateHere(2048, width, 512, 5, 20),
+                                         bench::MatmulRateHere(2048, 512, rank, 5, 20));
+    const double blockwise_tile = std::min(bench::MatmulRateHere(1024, width, 1024, 5, 20),
+                                           bench::MatmulRateHere(1024, 1024, rank, 5, 20));
     for (const Shape& shape : shapes) {
       const int64_t keys = shape.past + shape.tokens;
       const double pairs = static_cast<double>(shape.tokens) * shape.past +

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <initializer_list>
 #include <set>
 
 #include "envs/tools.h"
@@ -65,6 +66,22 @@ Result<bool> StepsVerified(const TrajectoryRewards& trajectory, bool answer_in_l
   return true;
 }
 
+// An optional key whose value is one of `choices` by name; `*value` holds the default.
+template <typename Choice>
+void ReadChoice(ConfigReader& section, const char* key, std::initializer_list<Choice> choices,
+                std::string_view (*name)(Choice), const char* expected, Choice* value) {
+  std::string text(name(*value));
+  section.Optional(key, &text);
+  bool known = false;
+  for (Choice candidate : choices) {
+    if (text == name(candidate)) {
+      *value = candidate;
+      known = true;
+    }
+  }
+  section.Check(known, key, std::string("expected ") + expected + ", got '" + text + "'");
+}
+
 }  // namespace
 
 std::string_view OutcomeInAnswerStepName(OutcomeInAnswerStep mode) {
@@ -100,28 +117,13 @@ Result<ShapingConfig> ReadShapingConfig(ConfigReader& reward) {
   reward.Optional("pay_repeats_once", &config.pay_repeats_once);
   reward.Optional("failed_outcome", &config.failed_outcome);
   reward.Optional("steps_as_potential", &config.steps_as_potential);
-  std::string mode(OutcomeInAnswerStepName(config.outcome_in_answer_step));
-  reward.Optional("outcome_in_answer_step", &mode);
-  bool known = false;
-  for (OutcomeInAnswerStep candidate :
-       {OutcomeInAnswerStep::kAuto, OutcomeInAnswerStep::kAlways, OutcomeInAnswerStep::kNever}) {
-    if (mode == OutcomeInAnswerStepName(candidate)) {
-      config.outcome_in_answer_step = candidate;
-      known = true;
-    }
-  }
-  reward.Check(known, "outcome_in_answer_step",
-               "expected auto, always or never, got '" + mode + "'");
-  std::string gate(OutcomeGateName(config.outcome_gate));
-  reward.Optional("outcome_gate", &gate);
-  known = false;
-  for (OutcomeGate candidate : {OutcomeGate::kNone, OutcomeGate::kEnvSteps, OutcomeGate::kModelSteps}) {
-    if (gate == OutcomeGateName(candidate)) {
-      config.outcome_gate = candidate;
-      known = true;
-    }
-  }
-  reward.Check(known, "outcome_gate", "expected none, env_steps or model_steps, got '" + gate + "'");
+  ReadChoice(reward, "outcome_in_answer_step",
+             {OutcomeInAnswerStep::kAuto, OutcomeInAnswerStep::kAlways,
+              OutcomeInAnswerStep::kNever},
+             OutcomeInAnswerStepName, "auto, always or never", &config.outcome_in_answer_step);
+  ReadChoice(reward, "outcome_gate",
+             {OutcomeGate::kNone, OutcomeGate::kEnvSteps, OutcomeGate::kModelSteps},
+             OutcomeGateName, "none, env_steps or model_steps", &config.outcome_gate);
   for (const auto& [key, value] : {std::pair{"step_weight", config.step_weight},
                                    std::pair{"outcome_weight", config.outcome_weight},
                                    std::pair{"process_model_weight", config.process_model_weight},

@@ -79,6 +79,11 @@ struct ShapingConfig {
   // through a wrong call (calc(12/4) then calc(3-2) for (12-8)/4, or a guess that ignores the
   // tool's result) is a lucky one: reinforcing it teaches the wrong calls.
   OutcomeGate outcome_gate = OutcomeGate::kNone;
+
+  // Whether shaping reads process model scores (their weight, or the gate's verdict).
+  bool UsesProcessModel() const {
+    return process_model_weight != 0 || outcome_gate == OutcomeGate::kModelSteps;
+  }
 };
 
 // Reads the keys of a `reward:` mapping (pass root.Section("reward")), strictly: unknown keys

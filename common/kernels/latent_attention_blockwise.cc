@@ -38,28 +38,31 @@ struct Tiles {
   int64_t batch, tokens, heads, width, latent_rank, keys, past, tile_tokens;
 };
 
-Tiles Shape(const at::Tensor& query, const at::Tensor& latent) {
+// query (B, T, H, W), keys (B, S, W), the latent being the keys' first `latent_rank` columns.
+Tiles Shape(const at::Tensor& query, const at::Tensor& keys, int64_t latent_rank) {
   Tiles t;
   t.batch = query.size(0);
   t.tokens = query.size(1);
   t.heads = query.size(2);
   t.width = query.size(3);
-  t.latent_rank = latent.size(2);
-  t.keys = latent.size(1);
+  t.latent_rank = latent_rank;
+  t.keys = keys.size(1);
   t.past = t.keys - t.tokens;
   t.tile_tokens = std::max<int64_t>(1, kQueryRows / t.heads);
   return t;
 }
 
 // Returns the output (B, T, H, Dc) and the log-sum-exp of every query row (B, T * H).
+// The values are the keys' first Dc columns (the latent).
 std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& query, const at::Tensor& keys,
-                                          const at::Tensor& latent, const Tiles& s) {
+                                          const Tiles& s) {
   const double inf = std::numeric_limits<double>::infinity();
   at::Tensor out = at::empty({s.batch, s.tokens, s.heads, s.latent_rank}, query.options());
   at::Tensor lse = at::empty({s.batch, s.tokens * s.heads}, query.options());
   for (int64_t b = 0; b < s.batch; ++b) {
     at::Tensor q = query[b].reshape({s.tokens * s.heads, s.width});
     at::Tensor out_rows = out[b].view({s.tokens * s.heads, s.latent_rank});
+    at::Tensor values = keys[b].narrow(1, 0, s.latent_rank);
     for (int64_t t0 = 0; t0 < s.tokens; t0 += s.tile_tokens) {
       const int64_t count = std::min(s.tile_tokens, s.tokens - t0);
       const int64_t rows = count * s.heads;
@@ -77,7 +80,7 @@ std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& query, const at::Ten
         at::Tensor correction = at::exp(max - top);
         at::Tensor p = at::exp(scores - top.unsqueeze(1));
         sum.mul_(correction).add_(p.sum(1));
-        acc.mul_(correction.unsqueeze(1)).addmm_(p, latent[b].narrow(0, k0, n));
+        acc.mul_(correction.unsqueeze(1)).addmm_(p, values.narrow(0, k0, n));
         max = top;
       }
       // Every query row sees at least its own key, so sum >= 1 at the maximum.
@@ -93,11 +96,10 @@ class BlockwiseFunction : public torch::autograd::Function<BlockwiseFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& query,
                             const at::Tensor& latent, const at::Tensor& rope_key) {
     at::NoGradGuard no_grad;
-    const Tiles s = Shape(query, latent);
     at::Tensor q = query.contiguous();
-    at::Tensor keys = at::cat({latent, rope_key}, 2).contiguous();  // (B, S, W)
-    at::Tensor values = latent.contiguous();
-    auto [out, lse] = Forward(q, keys, values, s);
+    at::Tensor keys = at::cat({latent, rope_key}, 2);  // (B, S, W), contiguous
+    const Tiles s = Shape(q, keys, latent.size(2));
+    auto [out, lse] = Forward(q, keys, s);
     ctx->save_for_backward({q, keys, out, lse});
     return out;
   }
@@ -111,7 +113,7 @@ class BlockwiseFunction : public torch::autograd::Function<BlockwiseFunction> {
     const at::Tensor& out = saved[2];
     const at::Tensor& lse = saved[3];
     const int64_t latent_rank = out.size(3);
-    const Tiles s = Shape(query, keys.narrow(2, 0, latent_rank));
+    const Tiles s = Shape(query, keys, latent_rank);
     const double inf = std::numeric_limits<double>::infinity();
     at::Tensor d_out = grads[0].contiguous();
     at::Tensor d_query = at::zeros_like(query);

@@ -99,9 +99,7 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
     Result<reward::ShapingConfig> shaping = reward::ReadShapingConfig(reward);
     if (shaping.ok()) config.reward = *shaping;
     reward.Optional("process_model", &config.process_model);
-    const bool needs_model = config.reward.process_model_weight != 0 ||
-                             config.reward.outcome_gate == reward::OutcomeGate::kModelSteps;
-    reward.Check(!needs_model || !config.process_model.empty(), "process_model",
+    reward.Check(!config.reward.UsesProcessModel() || !config.process_model.empty(), "process_model",
                  "is required with process_model_weight or outcome_gate: model_steps: a "
                  "directory of strider reward train-prm");
   }

@@ -135,8 +135,7 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> reference, LoadReference(config));
 
   std::unique_ptr<reward::ProcessRewardModel> process_model;
-  if (config.reward.process_model_weight != 0 ||
-      config.reward.outcome_gate == reward::OutcomeGate::kModelSteps) {
+  if (config.reward.UsesProcessModel()) {
     STRIDER_ASSIGN_OR_RETURN(process_model, reward::ProcessRewardModel::Load(config.process_model));
   }
   StepSettings settings;

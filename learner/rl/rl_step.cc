@@ -169,9 +169,7 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
       for (size_t k = 0; k < rewards.steps.size() && k < implicit_steps.size(); ++k) {
         rewards.steps[k].implicit = implicit_steps[k];
       }
-      if (settings.process_model != nullptr &&
-          (settings.reward.process_model_weight != 0 ||
-           settings.reward.outcome_gate == reward::OutcomeGate::kModelSteps)) {
+      if (settings.process_model != nullptr && settings.reward.UsesProcessModel()) {
         STRIDER_ASSIGN_OR_RETURN(std::vector<double> judged,
                                  settings.process_model->ScoreSteps(t.prepared.joined));
         for (size_t k = 0; k < rewards.steps.size() && k < judged.size(); ++k) {
