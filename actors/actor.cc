@@ -316,6 +316,8 @@ class ActorImpl final : public Actor {
   int64_t next_group_ = 0;
   std::shared_ptr<Wake> wake_ = std::make_shared<Wake>();
   std::shared_ptr<std::atomic<int64_t>> calls_running_ = std::make_shared<std::atomic<int64_t>>(0);
+  // Nanoseconds inside environment calls, added by the call threads.
+  std::shared_ptr<std::atomic<int64_t>> env_call_ns_ = std::make_shared<std::atomic<int64_t>>(0);
   Clock::time_point env_log_window_{};
   int env_logged_ = 0;
   int64_t env_log_suppressed_ = 0;
@@ -477,8 +479,9 @@ void ActorImpl::LaunchReset(Episode& episode) {
   episode.call = call;
   ++*calls_running_;
   std::thread([call, box = episode.box, config = options_.env, seed = episode.seed, wake = wake_,
-               running = calls_running_] {
+               running = calls_running_, spent = env_call_ns_] {
     std::optional<Result<envs::Observation>> result;
+    const auto start = Clock::now();
     try {
       Result<std::unique_ptr<envs::Environment>> made = envs::MakeEnvironment(config);
       if (!made.ok()) {
@@ -491,6 +494,7 @@ void ActorImpl::LaunchReset(Episode& episode) {
     } catch (const std::exception& e) {
       result = Status::Internal(std::string("environment threw: ") + e.what());
     }
+    *spent += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
     {
       std::lock_guard<std::mutex> lock(call->mutex);
       call->reset = std::move(result);
@@ -506,13 +510,15 @@ void ActorImpl::LaunchStep(Episode& episode, envs::Action action) {
   episode.call = call;
   ++*calls_running_;
   std::thread([call, box = episode.box, action = std::move(action), wake = wake_,
-               running = calls_running_] {
+               running = calls_running_, spent = env_call_ns_] {
     std::optional<Result<envs::StepResult>> result;
+    const auto start = Clock::now();
     try {
       result = box->env->Step(action);
     } catch (const std::exception& e) {
       result = Status::Internal(std::string("environment threw: ") + e.what());
     }
+    *spent += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
     {
       std::lock_guard<std::mutex> lock(call->mutex);
       call->step = std::move(result);
@@ -1046,6 +1052,7 @@ void ActorImpl::Snapshot() {
   metrics_.elapsed_s = std::chrono::duration<double>(Clock::now() - started_).count();
   metrics_.live_episodes = static_cast<int64_t>(episodes_.size());
   metrics_.env_calls_running = *calls_running_;
+  metrics_.env_call_seconds = static_cast<double>(env_call_ns_->load()) * 1e-9;
   metrics_.engine_sequences = engine_->Stats().live_sequences;
   metrics_.send_queue_segments = sent.queued_segments;
   metrics_.send_queue_bytes = sent.queued_bytes;
@@ -1134,8 +1141,15 @@ Status ActorImpl::Run(std::stop_token stop) {
       const auto step_start = Clock::now();
       Result<rollout::StepResult> step = engine_->Step();
       ++metrics_.engine_steps;
-      metrics_.engine_step_seconds +=
-          std::chrono::duration<double>(Clock::now() - step_start).count();
+      const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+      metrics_.engine_step_seconds += step_seconds;
+      if (step.ok()) {
+        metrics_.prefill_steps += step->prefill_tokens > 0 ? 1 : 0;
+        (step->prefill_tokens > 0 ? metrics_.prefill_step_seconds
+                                  : metrics_.decode_step_seconds) += step_seconds;
+        metrics_.prefill_tokens += step->prefill_tokens;
+        metrics_.decode_tokens += step->decode_tokens;
+      }
       if (!step.ok()) {
         failure = step.status().WithContext("rollout engine");
         std::vector<int64_t> live;

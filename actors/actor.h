@@ -183,6 +183,17 @@ struct ActorMetrics {
   bool waiting_for_weights = false;
   int64_t engine_steps = 0;           // Engine::Step calls
   double engine_step_seconds = 0;     // time inside them (the rest is the actor's own)
+  // The same time split by what a step did: a step that fed any appended tokens (a prompt,
+  // a tool result, an observation; chunked at prefill_chunk_tokens) counts as prefill, even
+  // when it also sampled; a step that only sampled counts as decode.
+  int64_t prefill_steps = 0;
+  double prefill_step_seconds = 0;
+  double decode_step_seconds = 0;
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+  // Time inside environment calls (making, Reset, Step), summed over calls. They run on their
+  // own threads, so with several in flight this can exceed elapsed_s.
+  double env_call_seconds = 0;
   // Queue depths now.
   int64_t live_episodes = 0;
   int64_t env_calls_running = 0;

@@ -16,11 +16,13 @@
 // set aside is (process CPU - server CPU) / the engine alone's process CPU - 1.
 //
 //   actor_bench [--quick] [--model NAME|PATH] [--batch B (only this one)] [--interleave]
-//               [--long-tokens N] [--long-model NAME|PATH]
+//               [--long-tokens N] [--long-model NAME|PATH] [--long-keep DIR]
 // --interleave runs the actor again after the engine alone and reports the wall overhead
 // against the mean of the two actor runs, which cancels load that drifts steadily.
 // A model NAME is configs/model/NAME.yaml; the long run defaults to tiny_incremental, whose
-// context holds 1,048,576 tokens.
+// context holds 1,048,576 tokens; tiny_1m is the hybrid tiny with that context. --long-keep
+// keeps the long episode's replay store in DIR/db (for `strider replay inspect` and the
+// learner's pass over it).
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -41,6 +43,7 @@
 
 #include "actors/actor.h"
 #include "bench/bench_json.h"
+#include "bench/ceiling.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
 #include "common/process_memory.h"
@@ -106,6 +109,7 @@ struct Run {
   std::string source = STRIDER_SOURCE_DIR;
   std::string model = "small";
   std::string long_model = "tiny_incremental";
+  std::string long_keep;    // where the long episode's store stays; empty: a temporary one
   bool interleave = false;  // the actor again after the engine alone
 };
 
@@ -433,27 +437,26 @@ Status Calculator(const Run& r, int64_t batch, int64_t episodes) {
   return Status::Ok();
 }
 
-// One retrieval episode of `tokens` document tokens, revealed in parts, end to end.
-Status LongRetrieval(const Run& r, int64_t tokens) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / "strider-actor-bench-long").string();
+struct LongEpisode {
+  double seconds = 0;
+  actors::ActorMetrics metrics;
+  int64_t tokens = 0;      // in the trajectory: context and sampled
+  int64_t peak_rss = 0;    // of this process while it played (the high-water mark reset first)
+  replay::VerifyReport verify;
+};
+
+// One retrieval episode of `tokens` document tokens (revealed in parts of at most 262,144)
+// through an actor and a replay server storing in `dir`/db, which stays for inspection.
+Result<LongEpisode> PlayLongEpisode(const Run& r, int64_t tokens, const std::string& dir) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  const replay::ServerOptions server_options = ReplayOptions(dir);
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
-                           replay::ReplayServer::Start(server_options));
+                           replay::ReplayServer::Start(ReplayOptions(dir)));
   STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions o, BaseOptions(r, r.long_model, dir));
-  STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.model_config));
-  if (tokens + 8192 > config.context) {
-    return Status::InvalidArgument(
-        "actor_bench: --long-tokens " + std::to_string(tokens) + " (plus 8192 for the prompt " +
-        "and turns) exceeds the context of model '" + config.name + "' (" +
-        std::to_string(config.context) + "); use --long-model tiny_incremental");
-  }
-  const int64_t parts = std::max<int64_t>(1, tokens / 262144);
+  const int64_t parts = std::max<int64_t>(1, (tokens + 262143) / 262144);
   o.env.name = "retrieval";
   o.env.options = {{"total_tokens", std::to_string(tokens)}, {"parts", std::to_string(parts)}};
-  o.env.step_timeout_ms = 600000;
+  o.env.step_timeout_ms = 3600000;
   o.episodes_in_flight = 1;
   o.episodes = 1;
   o.max_turns = parts + 2;
@@ -464,41 +467,145 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
   o.prefill_chunk_tokens = 8192;
   o.replay_endpoint = server->actor_endpoint();
   ResetPeakResident();
-  const int64_t rss_before = PeakResidentBytes();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(o));
   const auto start = Clock::now();
   std::stop_source never;
   STRIDER_RETURN_IF_ERROR(actor->Run(never.get_token()));
-  const double seconds = Seconds(start);
-  const actors::ActorMetrics m = actor->metrics();
-  const int64_t total = m.generated_tokens + m.context_tokens;
-  if (m.segments == 0) {
+  LongEpisode episode;
+  episode.seconds = Seconds(start);
+  episode.metrics = actor->metrics();
+  episode.peak_rss = PeakResidentBytes();
+  episode.tokens = episode.metrics.generated_tokens + episode.metrics.context_tokens;
+  actor.reset();
+  server->Stop();
+  server.reset();
+  if (episode.metrics.segments == 0) {
     std::string errors;
-    for (const auto& [kind, n] : m.errors) errors += " " + kind + "=" + std::to_string(n);
+    for (const auto& [kind, n] : episode.metrics.errors) {
+      errors += " " + kind + "=" + std::to_string(n);
+    }
     return Status::FailedPrecondition("the long retrieval episode produced nothing; endings:" +
                                       errors + " (the model's context must hold the trajectory)");
   }
-  bench::PrintResult("actor", "retrieval_trajectory_seconds tokens=" + std::to_string(total),
-                     seconds, "s");
-  bench::PrintResult("actor", "retrieval_peak_rss_bytes tokens=" + std::to_string(total),
-                     static_cast<double>(PeakResidentBytes()), "bytes",
-                     static_cast<double>(rss_before));
-  bench::PrintResult("actor", "retrieval_segments", static_cast<double>(m.segments), "segments");
-  // The formula (`strider model info`): constant state plus the latent cache per token.
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::Inspector> inspector,
+                           replay::Inspector::Open(dir + "/db"));
+  STRIDER_ASSIGN_OR_RETURN(episode.verify, inspector->Verify());
+  return episode;
+}
+
+// The long episode end to end: wall time against the bound its latent attention sets, the time
+// split, and memory against `strider model info`'s formula plus a constant measured by a short
+// episode of the same kind first.
+//
+// The bound is the episode's latent-attention FLOPs (every causal query-key pair of every latent
+// layer, 2W + 2Dc per pair and head, as model_bench counts them) at the matmul rate of the
+// prefill kernel's own tile products, measured here before the episodes. The episode does more
+// than that attention (the incremental layers, the experts, decoding, the environment), so a
+// ratio near 1 says the attention runs at its tiles' rate and the rest is small beside it.
+Status LongRetrieval(const Run& r, int64_t tokens) {
+  const bool keep = !r.long_keep.empty();
+  const std::string dir =
+      keep ? r.long_keep
+           : (std::filesystem::temp_directory_path() / "strider-actor-bench-long").string();
+  STRIDER_ASSIGN_OR_RETURN(std::string model_path, ModelConfigPath(r, r.long_model));
+  STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_path));
+  if (tokens + 8192 > config.context) {
+    return Status::InvalidArgument(
+        "actor_bench: --long-tokens " + std::to_string(tokens) + " (plus 8192 for the prompt " +
+        "and turns) exceeds the context of model '" + config.name + "' (" +
+        std::to_string(config.context) + "); use --long-model tiny_incremental or tiny_1m");
+  }
+  const LatentAttentionConfig& g = config.latent;
+  const int64_t latent_layers = config.CountLayers('G');
+  const int64_t width = g.kv_rank + g.rope_dim;
+  const double tile_rate = latent_layers > 0 ? bench::LatentPrefillTileRate(width, g.kv_rank) : 0;
+  const int64_t rss_before = ResidentBytes();
+
+  // Long enough for a full-size segment, so the segments in flight weigh what they will.
+  constexpr int64_t kShortTokens = 65536;
+  STRIDER_ASSIGN_OR_RETURN(LongEpisode brief, PlayLongEpisode(r, kShortTokens, dir + "/short"));
+  std::filesystem::remove_all(dir + "/short");
+  STRIDER_ASSIGN_OR_RETURN(LongEpisode e, PlayLongEpisode(r, tokens, dir));
+  const actors::ActorMetrics& m = e.metrics;
+  const std::string at = " tokens=" + std::to_string(e.tokens);
+  const bench::JsonFields model_field = {{"model", bench::JsonString(config.name)}};
+
+  // Time: the episode against its attention bound, then where it went.
+  const double n = static_cast<double>(e.tokens);
+  const double attention_flops =
+      latent_layers * 0.5 * n * (n + 1) * g.heads * (2.0 * width + 2.0 * g.kv_rank);
+  std::optional<double> bound;
+  if (tile_rate > 0) bound = attention_flops / (tile_rate * 1e9);
+  bench::PrintResult("actor", "retrieval_trajectory_seconds" + at, e.seconds, "s", bound,
+                     {{"model", bench::JsonString(config.name)},
+                      {"baseline_is", bench::JsonString("latent-attention FLOPs at the prefill "
+                                                        "tiles' matmul rate, measured here")},
+                      {"attention_gflop", bench::JsonNumber(attention_flops / 1e9)},
+                      {"tile_matmul_gflops", bench::JsonNumber(tile_rate)}});
+  const double env = m.env_call_seconds;
+  const double other = std::max(0.0, e.seconds - m.engine_step_seconds - env);
+  const int64_t decode_steps = m.engine_steps - m.prefill_steps;
+  for (const auto& [part, seconds] : {std::pair{"prefill", m.prefill_step_seconds},
+                                      std::pair{"decode", m.decode_step_seconds},
+                                      std::pair{"environment", env}, std::pair{"other", other}}) {
+    bench::PrintResult("actor", std::string("retrieval_split_") + part + "_seconds" + at,
+                       seconds, "s", e.seconds, model_field);
+  }
+  bench::PrintResult("actor", "retrieval_prefill_tokens_per_second" + at,
+                     m.prefill_tokens / std::max(1e-9, m.prefill_step_seconds), "tokens/s",
+                     std::nullopt, model_field);
+  if (decode_steps > 0) {
+    // One sequence, so a decode-only step is one token at the context it has reached: these
+    // come after each part of the document, the last ones near the full length.
+    bench::PrintResult("actor", "retrieval_decode_ms_per_token" + at,
+                       1e3 * m.decode_step_seconds / decode_steps, "ms", std::nullopt,
+                       {{"model", bench::JsonString(config.name)},
+                        {"decode_steps", std::to_string(decode_steps)}});
+  }
+
+  // Memory: growth over the process before both episodes, against the formula at this length
+  // plus the constant the short episode showed (its growth less its own formula).
   const CacheAccounting caches = AccountCaches(config);
-  const int64_t formula =
-      caches.state_bytes_per_sequence + caches.kv_cache_bytes_per_token * total;
-  bench::PrintResult("actor", "retrieval_sequence_formula_bytes tokens=" + std::to_string(total),
-                     static_cast<double>(formula), "bytes");
-  bench::PrintResult("actor", "retrieval_peak_rss_growth_bytes tokens=" + std::to_string(total),
-                     static_cast<double>(PeakResidentBytes() - rss_before), "bytes",
-                     static_cast<double>(formula));
+  auto formula = [&](int64_t length) {
+    return static_cast<double>(caches.state_bytes_per_sequence +
+                               caches.kv_cache_bytes_per_token * length);
+  };
+  const double constant =
+      static_cast<double>(brief.peak_rss - rss_before) - formula(brief.tokens);
+  const double growth = static_cast<double>(e.peak_rss - rss_before);
+  bench::PrintResult("actor", "retrieval_peak_rss_growth_bytes" + at, growth, "bytes",
+                     formula(e.tokens) + constant,
+                     {{"model", bench::JsonString(config.name)},
+                      {"baseline_is", bench::JsonString("formula + constant")},
+                      {"formula_bytes", bench::JsonNumber(formula(e.tokens))},
+                      {"kv_cache_bytes_per_token",
+                       std::to_string(caches.kv_cache_bytes_per_token)},
+                      {"state_bytes_per_sequence",
+                       std::to_string(caches.state_bytes_per_sequence)},
+                      {"constant_bytes", bench::JsonNumber(constant)},
+                      {"constant_from_tokens", std::to_string(brief.tokens)},
+                      {"rss_before_bytes", std::to_string(rss_before)}});
+
+  // Delivery: every segment acknowledged and the store consistent.
+  bench::PrintResult("actor", "retrieval_segments_acknowledged" + at,
+                     static_cast<double>(m.acked_segments), "segments",
+                     static_cast<double>(m.segments),
+                     {{"model", bench::JsonString(config.name)},
+                      {"verify_ok", e.verify.ok() ? "true" : "false"},
+                      {"verify_segments", std::to_string(e.verify.segments)},
+                      {"verify_problems", std::to_string(e.verify.problems.size())}});
+  for (const std::string& problem : e.verify.problems) {
+    std::fprintf(stderr, "verify: %s\n", problem.c_str());
+  }
   std::fprintf(stderr, "long retrieval (%s): %lld tokens in %.1f s, %lld segments, %s\n",
-               config.name.c_str(), static_cast<long long>(total), seconds,
+               config.name.c_str(), static_cast<long long>(e.tokens), e.seconds,
                static_cast<long long>(m.segments), m.ToJson().c_str());
-  actor.reset();
-  server->Stop();
-  std::filesystem::remove_all(dir);
+  if (keep) {
+    std::fprintf(stderr, "the store stays in %s/db (strider replay inspect %s/db verify)\n",
+                 dir.c_str(), dir.c_str());
+  } else {
+    std::filesystem::remove_all(dir);
+  }
   return Status::Ok();
 }
 
@@ -523,12 +630,14 @@ int main(int argc, char** argv) {
       run.long_model = argv[++i];
     } else if (!std::strcmp(argv[i], "--long-tokens") && i + 1 < argc) {
       long_tokens = std::stoll(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--long-keep") && i + 1 < argc) {
+      run.long_keep = argv[++i];
     } else {
       std::fprintf(
           stderr,
           "usage: actor_bench [--quick] [--model NAME|PATH] [--batch B] [--interleave] "
           "[--long-tokens N] "
-          "[--long-model NAME|PATH]\n");
+          "[--long-model NAME|PATH] [--long-keep DIR]\n");
       return 2;
     }
   }

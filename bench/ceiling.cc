@@ -66,6 +66,10 @@ double MatmulRateHere(int64_t rows, int64_t inner, int64_t columns, int runs, in
   return best;
 }
 
+double LatentPrefillTileRate(int64_t width, int64_t rank) {
+  return std::min(MatmulRateHere(2048, width, 512, 5, 20), MatmulRateHere(2048, 512, rank, 5, 20));
+}
+
 namespace {
 
 // This environment without OMP_WAIT_POLICY, as execve takes it. The strings stay owned by

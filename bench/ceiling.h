@@ -60,6 +60,11 @@ Result<Ceiling> MeasureCeiling(const CeilingSpec& spec);
 // the square case; kernels compare against their own tile shapes with it.
 double MatmulRateHere(int64_t rows, int64_t inner, int64_t columns, int runs, int products = 1);
 
+// The matmul rate at the latent-attention prefill kernel's own products, the slower of its two:
+// 2048 query rows against 512 keys of width `width` (Dc + Dr, the scores), then those scores
+// against the keys' `rank` (Dc) latent columns. What a long prefill's attention can reach here.
+double LatentPrefillTileRate(int64_t width, int64_t rank);
+
 // The child's side. When argv is the command line MeasureCeiling gives its child, measures,
 // prints the value on stdout and returns the exit status for main; otherwise returns nullopt
 // and main goes on with its own arguments.

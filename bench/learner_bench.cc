@@ -19,12 +19,17 @@
 //      bench runs itself with --long-child N): time and peak resident memory, split into what
 //      the learner holds of the trajectory (linear in its length by nature: tokens, the
 //      routing record) and what the passes add on top (bounded by the chunk and the state).
+//      With --long-store DIR instead: one step (no reference pass) over the one trajectory of
+//      the replay store in DIR that actor_bench --long-keep left, played by --long-model with
+//      its seed-0 weights (the hybrid tiny_1m's million-token episode): time of each pass per
+//      token, peak memory against the latent cache it must hold (this alone, nothing else).
 //   4. The busy fraction of the RL learner service (rl_learner.h) stepping over a replay group
 //      table filled before it starts with the group of part 1: time outside the sample wait
 //      over wall time, as the learner's metrics.jsonl reports it (target >= 90%).
 //
 //   learner_bench [--quick] [--model NAME|PATH] [--members N] [--turn-tokens N] [--repeats N]
 //                 [--long] [--no-long] [--long-tokens N] [--long-chunk N] [--busy-steps N]
+//                 [--long-model NAME|PATH --long-store DIR]
 //
 // A model NAME is configs/model/NAME.yaml. --quick: the tiny config, 2 members, no long run
 // unless --long asks for it.
@@ -64,6 +69,7 @@
 #include "learner/rl/rl_learner.h"
 #include "learner/rl/rl_step.h"
 #include "replay/client.h"
+#include "replay/inspect.h"
 #include "replay/replay.h"
 
 namespace strider {
@@ -669,6 +675,103 @@ int RunLongChild(const std::string& model_name, int64_t length, int64_t chunk) {
   return 0;
 }
 
+// One learner step over a trajectory an actor stored: the only trajectory of the replay store
+// in `store` (actor_bench --long-tokens N --long-keep DIR keeps one), with the weights the actor
+// played it with (model_seed 0: Model::Create(config, 0)), so the log-prob mismatch check sees
+// the same policy. No reference pass (kl_coef 0): it would be one more forward of the scoring
+// pass's cost. Peak memory is split into what the passes must hold (the latent cache of the
+// whole trajectory, what the learner keeps of the trajectory) and the rest, one chunk's
+// activations and the optimiser's state; a shorter stored trajectory, run the same way, shows
+// that the rest does not grow with the length.
+int RunStoredLong(const std::string& model_name, const std::string& store, int64_t chunk) {
+  const ModelConfig config = bench::Unwrap(LoadModelConfig(ModelPath(model_name)), "model config");
+  ConfigureRuntime(config.threads);
+  const std::string bench = "learner_" + config.name;
+  std::unique_ptr<replay::Inspector> inspector =
+      bench::Unwrap(replay::Inspector::Open(store), "opening the replay store " + store);
+  const std::vector<schema::TrajectorySummary> listed =
+      bench::Unwrap(inspector->List({}), "listing the store");
+  if (listed.size() != 1) {
+    std::fprintf(stderr, "learner_bench: --long-store wants a store of one trajectory, %s has %zu\n",
+                 store.c_str(), listed.size());
+    return 1;
+  }
+  rl::SampledGroup group;
+  group.group_id = listed.front().trajectory_id;
+  group.members.emplace_back();
+  for (replay::StoredSegment& stored :
+       bench::Unwrap(inspector->Trajectory(listed.front().trajectory_id), "reading it")) {
+    group.members.back().push_back(std::move(stored.segment));
+  }
+  inspector.reset();
+  const int64_t segments = static_cast<int64_t>(group.members.back().size());
+
+  TrainerOptions trainer_options;
+  trainer_options.init_seed = 0;  // the actor's model_seed
+  std::unique_ptr<Trainer> trainer =
+      bench::Unwrap(Trainer::Create(config, trainer_options), "trainer");
+  const Model& model = trainer->model();
+  rl::StepSettings settings = BenchStepSettings(chunk);
+  settings.objective.loss.kl_coef = 0;
+
+  const int64_t before = ResidentBytes();
+  ResetPeakResident();
+  auto started = Clock::now();
+  const rl::PreparedBatch batch = bench::Unwrap(
+      rl::PrepareBatch(model, nullptr, {group}, settings), "scoring the stored trajectory");
+  const double prepare_seconds = Seconds(started);
+  const int64_t after_scoring = PeakResidentBytes();
+  const std::vector<const rl::TrainingTrajectory*> kept = Kept(batch);
+  if (kept.empty()) {
+    std::fprintf(stderr, "learner_bench: the stored trajectory was excluded: %s\n",
+                 batch.trajectories.front().excluded_reason.c_str());
+    return 1;
+  }
+  trainer->ZeroGrad();
+  RoutingRecord routing;
+  started = Clock::now();
+  (void)bench::Unwrap(rl::AccumulateGradients(model, kept, settings, &routing), "update pass");
+  const double update_seconds = Seconds(started);
+  started = Clock::now();
+  (void)bench::Unwrap(trainer->Step(0), "optimiser step");
+  const int64_t held = HeldBytes(*kept.front(), routing);
+  (void)bench::Unwrap(trainer->BalanceRouting(std::move(routing)), "routing balance");
+  const double optimizer_seconds = Seconds(started);
+  const int64_t peak = PeakResidentBytes();
+  const int64_t tokens = batch.tokens;
+  const CacheAccounting caches = AccountCaches(config);
+  const double cache = static_cast<double>(caches.kv_cache_bytes_per_token) * tokens;
+  const double mib = 1 << 20;
+  const std::string at = " tokens=" + std::to_string(tokens);
+  const bench::JsonFields fields = {
+      {"tokens", bench::JsonNumber(static_cast<double>(tokens))},
+      {"action_tokens", bench::JsonNumber(static_cast<double>(batch.action_tokens))},
+      {"segments", bench::JsonNumber(static_cast<double>(segments))},
+      {"chunk_tokens", bench::JsonNumber(static_cast<double>(chunk))},
+      {"prepare_seconds", bench::JsonNumber(prepare_seconds)},
+      {"update_seconds", bench::JsonNumber(update_seconds)},
+      {"optimizer_and_balance_seconds", bench::JsonNumber(optimizer_seconds)},
+      {"logprob_mismatch_max", bench::JsonNumber(batch.mismatch_max)}};
+  bench::PrintResult(bench, "stored_step_seconds" + at,
+                     prepare_seconds + update_seconds + optimizer_seconds, "s", std::nullopt,
+                     fields);
+  // Time per token of each pass; the scoring pass is a no-gradient forward along the inference
+  // path, the prefill's work in chunks of `chunk`.
+  bench::PrintResult(bench, "stored_scoring_us_per_token" + at, 1e6 * prepare_seconds / tokens,
+                     "us");
+  bench::PrintResult(bench, "stored_update_us_per_token" + at, 1e6 * update_seconds / tokens,
+                     "us", 1e6 * prepare_seconds / tokens,
+                     {{"baseline_is", bench::JsonString("the scoring pass per token")}});
+  bench::PrintResult(bench, "stored_peak_memory" + at, (peak - before) / mib, "MiB",
+                     std::nullopt,
+                     {{"scoring_peak_mib", bench::JsonNumber((after_scoring - before) / mib)},
+                      {"latent_cache_mib", bench::JsonNumber(cache / mib)},
+                      {"held_mib", bench::JsonNumber(held / mib)},
+                      {"rest_mib", bench::JsonNumber((peak - before - held - cache) / mib)},
+                      {"resident_before_mib", bench::JsonNumber(before / mib)}});
+  return 0;
+}
+
 // Runs the long step at 1/4, 1/2 and all of `length`, each in a fresh process (memory freed
 // by one stays in the heap and would read as the next one's), passes their lines through and
 // prints how the passes' memory changed from a quarter of the length to all of it.
@@ -795,12 +898,14 @@ struct Arguments {
   int64_t long_tokens = 1 << 20;
   int64_t long_chunk = 512;  // configs/rl chunk_tokens
   int64_t long_child = 0;
+  std::string long_store;  // a replay store of one long trajectory (actor_bench --long-keep)
   int64_t busy_steps = 0;
   std::string only;  // step | publish | busy | long; empty: all of them
 };
 
 int Run(const Arguments& a) {
   if (a.long_child > 0) return RunLongChild(a.long_model, a.long_child, a.long_chunk);
+  if (!a.long_store.empty()) return RunStoredLong(a.long_model, a.long_store, a.long_chunk);
   StepBenchOptions step;
   step.model = !a.model.empty() ? a.model : a.quick ? "tiny" : "small";
   step.members = a.members > 0 ? a.members : a.quick ? 2 : 4;
@@ -863,6 +968,8 @@ int main(int argc, char** argv) {
       a.long_tokens = std::stoll(argv[++i]);
     } else if (!std::strcmp(argv[i], "--long-chunk") && has_value) {
       a.long_chunk = std::stoll(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--long-store") && has_value) {
+      a.long_store = argv[++i];
     } else if (!std::strcmp(argv[i], "--long-child") && has_value) {
       a.long_child = std::stoll(argv[++i]);
     } else if (!std::strcmp(argv[i], "--busy-steps") && has_value) {
@@ -873,7 +980,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: learner_bench [--quick] [--model NAME|PATH] [--members N] "
                    "[--turn-tokens N] [--repeats N] [--long] [--no-long] [--long-tokens N] "
-                   "[--long-chunk N] [--long-model NAME|PATH] [--busy-steps N] "
+                   "[--long-chunk N] [--long-model NAME|PATH] [--long-store DIR] [--busy-steps N] "
                    "[--only step|publish|busy|long]\n");
       return 2;
     }

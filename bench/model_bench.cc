@@ -688,8 +688,7 @@ void RunAttention(const Options& options) {
     const int64_t heads = c.heads, rank = c.kv_rank, width = c.kv_rank + c.rope_dim;
     // The kernels' products: prefill tiles of 2048 query rows against 512 keys (scores, then
     // the weighted latent), blockwise tiles of 1024 x 1024.
-    const double prefill_tile = std::min(bench::MatmulRateHere(2048, width, 512, 5, 20),
-                                         bench::MatmulRateHere(2048, 512, rank, 5, 20));
+    const double prefill_tile = bench::LatentPrefillTileRate(width, rank);
     const double blockwise_tile = std::min(bench::MatmulRateHere(1024, width, 1024, 5, 20),
                                            bench::MatmulRateHere(1024, 1024, rank, 5, 20));
     for (const Shape& shape : shapes) {
