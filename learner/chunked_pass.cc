@@ -159,6 +159,12 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
         forward.replay_routing = &replay;
       }
       ForwardOutput out;
+      // A chunk without a loss under truncated backpropagation only moves the state on.
+      const bool record = options.backward && !(chunked && options.truncated &&
+                                                options.chunk_has_loss &&
+                                                !options.chunk_has_loss(begin, count));
+      at::AutoGradMode chunk_grad_mode(record);
+      forward.enable_grad = record;
       if (chunked) {
         STRIDER_ASSIGN_OR_RETURN(out, model.Append(&state, part, forward));
       } else {
@@ -188,8 +194,12 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
       view.hidden = std::move(out.hidden);
       STRIDER_ASSIGN_OR_RETURN(at::Tensor loss, objective(view));
       if (!options.backward) continue;
+      if (!record && loss.defined()) {
+        return Status::Internal("chunked pass: the chunk at " + std::to_string(begin) +
+                                " was declared loss-free but its objective returned a loss");
+      }
       if (chunked && options.truncated) {
-        if (loss.defined()) loss.backward();
+        if (loss.defined() && record) loss.backward();
         // Also after a chunk without a loss (an RL trajectory's context): otherwise the next
         // chunk's backward runs through it, and a long context before the first action keeps
         // its whole graph alive.

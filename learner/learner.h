@@ -185,6 +185,12 @@ struct ChunkedPassOptions {
   // left as it is), e.g. the prefix of a trajectory scored earlier. Null: an empty state.
   const InferenceState* initial_state = nullptr;
   bool keep_final_state = false;  // ChunkedPassResult::final_state (detached)
+  // kInference with backward and truncated: whether the chunk [begin, begin + count) can give
+  // a loss. A chunk that cannot (an RL trajectory's context: a prompt, a document, a tool
+  // result) only carries the state forward, and with gradients stopping at chunk boundaries
+  // nothing of it would reach a parameter, so it runs without recording a graph; the objective
+  // still sees it. Unset: every chunk records.
+  std::function<bool(int64_t begin, int64_t count)> chunk_has_loss;
 };
 
 // What the objective sees of one chunk. Positions are those of the input's sequences.

@@ -387,7 +387,9 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       }
     }
     if (violation < 0) line["max_violation"] = nullptr;
-    progress.WriteLine(line.dump());
+    const std::string written = line.dump();
+    progress.WriteLine(written);
+    if (options.on_step) options.on_step(written);
     spdlog::info(
         "learner step {}/{}: v{} reward {:.3f} success {:.2f} kept {}/{} mismatch {:.2e} "
         "clip {:.3f} entropy {:.3f} {:.1f} s",

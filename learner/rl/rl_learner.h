@@ -45,6 +45,8 @@ struct RlRunOptions {
   // Called once the weights are served and replay is connected, with the weight endpoint
   // (empty when nothing is published).
   std::function<void(const std::string& publish_endpoint)> on_ready;
+  // Called after every step with the line it wrote to metrics.jsonl (a JSON object).
+  std::function<void(const std::string& step_json)> on_step;
 };
 
 struct RlRunSummary {

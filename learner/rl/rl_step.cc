@@ -265,6 +265,15 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
       pass.chunk_tokens = settings.chunk_tokens;
       pass.backward = true;
       pass.truncated = settings.truncated_backprop;
+      // A chunk's logits at p - 1 score the action at p: the chunk [begin, begin + count) has a
+      // loss when some action lies in [begin + 1, begin + count].
+      const std::vector<int64_t>& actions = t.prepared.positions;
+      if (std::is_sorted(actions.begin(), actions.end())) {
+        pass.chunk_has_loss = [&actions](int64_t begin, int64_t count) {
+          auto first = std::lower_bound(actions.begin(), actions.end(), begin + 1);
+          return first != actions.end() && *first <= begin + count;
+        };
+      }
       pass.values = values;
       pass.record_routing = routing != nullptr;
       // The balance needs a sample of positions: at most kBalancePositions per trajectory.

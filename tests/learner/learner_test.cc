@@ -597,6 +597,26 @@ TEST(ChunkedPass, TruncationCutsAfterChunksWithoutALoss) {
   const std::vector<at::Tensor> alone = last_chunk_gradients(tail, tail_options, 0);
   EXPECT_LT(max_difference(truncated, alone), 1e-12);
 
+  // Declared loss-free, the context chunks run without a graph: the same gradients.
+  ChunkedPassOptions declared = options;
+  int64_t recorded_chunks = 0;
+  declared.chunk_has_loss = [&](int64_t begin, int64_t) {
+    recorded_chunks += begin >= 64 ? 1 : 0;
+    return begin >= 64;
+  };
+  const std::vector<at::Tensor> skipped = last_chunk_gradients(whole, declared, 64);
+  EXPECT_EQ(recorded_chunks, 1);
+  EXPECT_LT(max_difference(truncated, skipped), 1e-12);
+  // A chunk declared loss-free whose objective returns a loss is an error, not a lost gradient.
+  declared.chunk_has_loss = [](int64_t, int64_t) { return false; };
+  auto lying = [&](const ChunkView& chunk) -> Result<at::Tensor> {
+    return chunk.logits.pow(2).mean();
+  };
+  Result<ChunkedPassResult> refused = RunChunkedPass(model, whole, declared, lying);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("declared loss-free"), std::string::npos)
+      << refused.status().ToString();
+
   // Full backpropagation reaches the earlier chunks through the state, so the two differ there.
   options.truncated = false;
   const std::vector<at::Tensor> full = last_chunk_gradients(whole, options, 64);
