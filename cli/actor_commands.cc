@@ -5,11 +5,13 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <memory>
 #include <stop_token>
 #include <thread>
 
 #include "actors/actor.h"
 #include "cli/commands.h"
+#include "cli/service_http.h"
 
 namespace strider::cli {
 namespace {
@@ -25,6 +27,7 @@ struct ActorArgs {
   std::string weights;
   std::string weights_endpoint;
   std::string id;
+  std::string http;
   int64_t episodes = -1;
   int64_t seed = -1;
   bool no_progress = false;
@@ -46,9 +49,19 @@ Status RunActor(const ActorArgs& args) {
   if (args.no_progress) options.progress = false;
   Status valid = actors::ValidateActorOptions(options);
   if (!valid.ok()) return valid.WithContext(args.config);
+  // The pages first, so a bad or taken address fails before the model loads; until the actor
+  // exists they show an empty metrics object.
+  auto playing = std::make_shared<std::atomic<actors::Actor*>>(nullptr);
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<http::StatusServer> pages,
+                           ServeStatusPages(args.http, "actor", options.actor_id, [playing] {
+                             actors::Actor* actor = playing->load();
+                             return actor ? actor->metrics().ToJson() : std::string("{}");
+                           }));
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(options));
-  std::printf("{\"event\":\"ready\",\"actor\":\"%s\",\"env\":\"%s\",\"replay\":\"%s\"}\n",
-              options.actor_id.c_str(), options.env.name.c_str(), options.replay_endpoint.c_str());
+  playing->store(actor.get());
+  std::printf("{\"event\":\"ready\",\"actor\":\"%s\",\"env\":\"%s\",\"replay\":\"%s\"%s}\n",
+              options.actor_id.c_str(), options.env.name.c_str(), options.replay_endpoint.c_str(),
+              pages ? (",\"http\":\"" + pages->address() + "\"").c_str() : "");
   std::fflush(stdout);
   std::signal(SIGINT, OnActorSignal);
   std::signal(SIGTERM, OnActorSignal);
@@ -64,6 +77,7 @@ Status RunActor(const ActorArgs& args) {
   });
   Status status = actor->Run(stop.get_token());
   watcher.request_stop();
+  pages.reset();  // before the actor it reads goes
   std::printf("{\"event\":\"finished\",\"ok\":%s,\"metrics\":%s}\n", status.ok() ? "true" : "false",
               actor->metrics().ToJson().c_str());
   std::fflush(stdout);
@@ -99,6 +113,8 @@ void AddActorCommands(CLI::App& app, int& exit_code) {
   actor->add_option("--episodes", args->episodes, "Episodes to run, 0: until stopped (overrides)");
   actor->add_option("--seed", args->seed, "Episode seed (overrides)");
   actor->add_flag("--no-progress", args->no_progress, "No progress line on a terminal");
+  actor->add_option("--http", args->http,
+                    "Serve /metrics (Prometheus) and /status (JSON) on HOST:PORT (0: any port)");
   actor->callback([args, &exit_code] {
     Status status = RunActor(*args);
     if (!status.ok()) exit_code = ReportError(status);

@@ -46,6 +46,7 @@ struct RlLearnerFlags {
   std::string replay;
   std::string publish;
   std::string init;  // overrides the config's init (starting weights, also the reference policy)
+  std::string http;  // HOST:PORT for /metrics and /status; empty: none
 };
 int RunRlLearnerCommand(const RlLearnerFlags& flags);
 

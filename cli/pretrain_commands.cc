@@ -87,12 +87,21 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
                       "mode rl: starting weights, safetensors (overrides init; also the reference "
                       "policy of scoring.reference: initial)")
       ->check(CLI::ExistingFile);
+  learner->add_option("--http", rl_flags->http,
+                      "mode rl: serve /metrics (Prometheus) and /status (JSON) on HOST:PORT "
+                      "(0: any port)");
   learner_flags->run_dir.clear();
   learner->callback([learner_flags, rl_flags, &exit_code] {
     Result<std::string> mode = ReadLearnerMode(learner_flags->config);
     if (!mode.ok()) {
       exit_code = ReportError(mode.status());
     } else if (*mode == "pretrain") {
+      if (!rl_flags->http.empty()) {
+        exit_code = ReportError(Status::InvalidArgument(
+            "--http is for mode rl; " + learner_flags->config +
+            " has mode: pretrain (its progress is in RUN_DIR/metrics.jsonl)"));
+        return;
+      }
       if (!rl_flags->init.empty()) {
         exit_code = ReportError(Status::InvalidArgument(
             "--init is for mode rl; " + learner_flags->config + " has mode: pretrain"));

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/service_http.h"
 #include "replay/inspect.h"
 #include "replay/replay.h"
 
@@ -25,6 +26,7 @@ struct ServeArgs {
   std::string bind;
   std::string sample_bind;
   std::string config;
+  std::string http;
   bool accept_loss = false;
   bool verify = false;
 };
@@ -46,17 +48,24 @@ Status Serve(const ServeArgs& args) {
   options.verify_on_start = options.verify_on_start || args.verify;
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
                            replay::ReplayServer::Start(options));
+  replay::ReplayServer* served = server.get();
+  STRIDER_ASSIGN_OR_RETURN(
+      std::unique_ptr<http::StatusServer> pages,
+      ServeStatusPages(args.http, "replay", server->actor_endpoint(),
+                       [served] { return served->StatsJson(); }));
   // One JSON line with the resolved endpoints, so scripts can bind port 0 and connect.
   nlohmann::json ready = {{"event", "ready"},
                           {"actor_endpoint", server->actor_endpoint()},
                           {"learner_endpoint", server->learner_endpoint()},
                           {"db", options.db_path}};
+  if (pages) ready["http"] = pages->address();
   std::printf("%s\n", ready.dump().c_str());
   std::fflush(stdout);
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const std::string stats = server->StatsJson();
+  pages.reset();
   server->Stop();
   std::printf("{\"event\":\"stopped\",\"stats\":%s}\n", stats.c_str());
   return Status::Ok();
@@ -245,6 +254,8 @@ void AddReplayCommands(CLI::App& app, int& exit_code) {
                   "Check every table file's checksums before serving (reads the whole store)");
   serve->add_option("--config", serve_args->config, "Server and table config (YAML)")
       ->check(CLI::ExistingFile);
+  serve->add_option("--http", serve_args->http,
+                    "Serve /metrics (Prometheus) and /status (JSON) on HOST:PORT (0: any port)");
   serve->callback([serve_args, &exit_code] {
     Status status = Serve(*serve_args);
     if (!status.ok()) exit_code = ReportError(status);

@@ -4,9 +4,11 @@
 #include <atomic>
 #include <csignal>
 #include <iostream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/service_http.h"
 #include "common/model/model.h"
 #include "learner/rl/rl_config.h"
 #include "learner/rl/rl_learner.h"
@@ -31,16 +33,34 @@ int RunRlLearnerCommand(const RlLearnerFlags& flags) {
   options.replay_endpoint = flags.replay;
   options.publish_endpoint = flags.publish;
   options.stop = &g_learner_stop;
+  // The last step's metrics line, for /metrics and /status; read on the HTTP thread.
+  auto last_step = std::make_shared<std::pair<std::mutex, std::string>>();
+  last_step->second = "{}";
+  options.on_step = [last_step](const std::string& line) {
+    std::lock_guard<std::mutex> lock(last_step->first);
+    last_step->second = line;
+  };
+  // Served from the start (an empty object until the first step), so a bad address fails
+  // before anything is loaded.
+  Result<std::unique_ptr<http::StatusServer>> started =
+      ServeStatusPages(flags.http, "learner", options.run_dir, [last_step] {
+        std::lock_guard<std::mutex> lock(last_step->first);
+        return last_step->second;
+      });
+  if (!started.ok()) return ReportError(started.status());
+  std::unique_ptr<http::StatusServer> pages = std::move(*started);
   options.on_ready = [&](const std::string& endpoint) {
     nlohmann::ordered_json ready = {{"event", "ready"},
                                     {"mode", "rl"},
                                     {"weights", endpoint},
                                     {"run_dir", options.run_dir}};
+    if (pages) ready["http"] = pages->address();
     std::cout << ready.dump() << std::endl;
   };
   std::signal(SIGINT, OnLearnerSignal);
   std::signal(SIGTERM, OnLearnerSignal);
   Result<rl::RlRunSummary> summary = rl::RunRlLearner(*config, options);
+  pages.reset();
   if (!summary.ok()) return ReportError(summary.status());
   nlohmann::ordered_json finished = {{"event", "finished"},
                                      {"steps", summary->steps},

@@ -14,6 +14,7 @@ packages=(
   libboost-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libgtest-dev
   clang python3-zmq python3-numpy python3-torch
   chromium zlib1g-dev   # tests/integration/report_browser_test.cc renders report.html headless
+  python3-prometheus-client   # tests read the services' /metrics with its parser
 )
 missing=()
 for package in "${packages[@]}"; do
