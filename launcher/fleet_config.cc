@@ -37,6 +37,7 @@ Result<FleetConfig> LoadFleetConfig(const std::string& path) {
   root.Check(!fleet.run_dir.empty(), "run_dir", "must not be empty");
   root.Optional("weights", &fleet.weights);
   root.Optional("ready_timeout_s", &fleet.ready_timeout_s);
+  root.Optional("http", &fleet.http);
   root.Check(fleet.ready_timeout_s > 0, "ready_timeout_s", "must be positive");
   if (!fleet.weights.empty()) ResolveExisting(root, "weights", path, &fleet.weights);
 

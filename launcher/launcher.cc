@@ -149,6 +149,7 @@ struct Child {
   std::array<char, 4096> read_buffer{};
   std::string line_buffer;
   std::string result_line;  // eval: its {"event":"eval",...} line
+  std::string http;         // with the fleet's `http`: HOST:PORT of its pages, from its ready line
   bool final_eval = false;
   std::string eval_weights;  // eval: a weights file to evaluate instead of the learner's endpoint
   std::optional<int64_t> eval_version;  // eval: the version that file holds, when known
@@ -209,6 +210,10 @@ class Supervisor {
   void CheckStopRules();
   void MaybeStartEval();
   void Emit(const json& event) const;
+  // With the fleet's `http`: {role: "HOST:PORT"} of the children serving pages now, also
+  // written to RUN_DIR/http.json whenever one changes.
+  json HttpAddresses() const;
+  void WriteHttpAddresses() const;
   void Log(const std::string& message) const;
   double Elapsed() const { return std::chrono::duration<double>(Clock::now() - started_).count(); }
   std::string LogPath(const Child& child) const {
@@ -266,6 +271,29 @@ class Supervisor {
   Clock::time_point eval_retry_after_{};
   std::string start_weights_;  // the start evaluation's weights file, when it reads one
 };
+
+json Supervisor::HttpAddresses() const {
+  json addresses = json::object();
+  for (const Child* child : {replay_, learner_}) {
+    if (child != nullptr && !child->http.empty()) addresses[child->name] = child->http;
+  }
+  for (const Child* actor : actors_) {
+    if (!actor->http.empty()) addresses[actor->name] = actor->http;
+  }
+  return addresses;
+}
+
+void Supervisor::WriteHttpAddresses() const {
+  const fs::path path = run_dir_ / "http.json";
+  const fs::path temporary = run_dir_ / "http.json.tmp";
+  {
+    std::ofstream out(temporary);
+    out << HttpAddresses().dump() << "\n";
+  }
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  if (error) Log("cannot write " + path.string() + ": " + error.message());
+}
 
 void Supervisor::Emit(const json& event) const {
   if (options_.on_event) options_.on_event(event.dump());
@@ -343,18 +371,21 @@ uint64_t Supervisor::ActorSeed(const Child& child) const {
 std::vector<std::string> Supervisor::Arguments(const Child& child) const {
   const std::string any_port = "tcp://127.0.0.1:0";
   switch (child.role) {
-    case Role::kReplay:
-      return {binary_,
-              "replay",
-              "serve",
-              "--db",
-              (run_dir_ / "replay").string(),
-              "--config",
-              fleet_.replay_config,
-              "--bind",
-              actor_endpoint_.empty() ? any_port : actor_endpoint_,
-              "--sample-bind",
-              sample_endpoint_.empty() ? any_port : sample_endpoint_};
+    case Role::kReplay: {
+      std::vector<std::string> args = {binary_,
+                                       "replay",
+                                       "serve",
+                                       "--db",
+                                       (run_dir_ / "replay").string(),
+                                       "--config",
+                                       fleet_.replay_config,
+                                       "--bind",
+                                       actor_endpoint_.empty() ? any_port : actor_endpoint_,
+                                       "--sample-bind",
+                                       sample_endpoint_.empty() ? any_port : sample_endpoint_};
+      if (fleet_.http) args.insert(args.end(), {"--http", "127.0.0.1:0"});
+      return args;
+    }
     case Role::kLearner: {
       std::vector<std::string> args = {
           binary_,     "learner",
@@ -364,6 +395,7 @@ std::vector<std::string> Supervisor::Arguments(const Child& child) const {
           "--publish", weights_endpoint_.empty() ? any_port : weights_endpoint_};
       // The initial weights stay the reference policy of a resumed run, so --init goes along.
       if (!fleet_.weights.empty()) args.insert(args.end(), {"--init", fleet_.weights});
+      if (fleet_.http) args.insert(args.end(), {"--http", "127.0.0.1:0"});
       if (options_.resume || child.restarts > 0) {
         const std::string checkpoint = NewestCheckpoint();
         if (!checkpoint.empty()) args.insert(args.end(), {"--resume", checkpoint});
@@ -397,6 +429,7 @@ std::vector<std::string> Supervisor::Arguments(const Child& child) const {
                                        (dir / "metrics.jsonl").string(),
                                        "--no-progress"};
       if (!fleet_.weights.empty()) args.insert(args.end(), {"--weights", fleet_.weights});
+      if (fleet_.http) args.insert(args.end(), {"--http", "127.0.0.1:0"});
       return args;
     }
     case Role::kEval: {
@@ -547,6 +580,11 @@ void Supervisor::OnReady(Child& child, const json& ready) {
   child.ready = true;
   child.ever_ready = true;
   child.ready_timer.cancel();
+  if (fleet_.http) {
+    // A restarted child serves its pages on a new port: the file always has the current ones.
+    child.http = ready.value("http", "");
+    WriteHttpAddresses();
+  }
   if (child.role == Role::kReplay) {
     if (actor_endpoint_.empty()) {
       actor_endpoint_ = ready.value("actor_endpoint", "");
@@ -569,12 +607,14 @@ void Supervisor::OnReady(Child& child, const json& ready) {
   } else if (!announced_ &&
              std::all_of(actors_.begin(), actors_.end(), [](Child* a) { return a->ever_ready; })) {
     announced_ = true;
-    Emit({{"event", "ready"},
-          {"run_dir", run_dir_.string()},
-          {"replay", actor_endpoint_},
-          {"replay_sample", sample_endpoint_},
-          {"weights", weights_endpoint_},
-          {"actors", actors_.size()}});
+    json announcement = {{"event", "ready"},
+                         {"run_dir", run_dir_.string()},
+                         {"replay", actor_endpoint_},
+                         {"replay_sample", sample_endpoint_},
+                         {"weights", weights_endpoint_},
+                         {"actors", actors_.size()}};
+    if (fleet_.http) announcement["http"] = HttpAddresses();
+    Emit(announcement);
     // A resumed run may be past a stop rule already: the first tick is now, not in tick_s.
     Tick();
     if (phase_ == Phase::kRunning) StartTick();

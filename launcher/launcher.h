@@ -63,6 +63,9 @@ struct FleetConfig {
   StopRules stop;
   RestartPolicy restart;
   double ready_timeout_s = 120;  // a child that prints no ready line this long has failed
+  // Replay server, learner and actors serve /metrics and /status on free loopback ports
+  // (`--http 127.0.0.1:0`); their addresses are in the ready line and RUN_DIR/http.json.
+  bool http = false;
 };
 
 // Reads a fleet file strictly: unknown keys, wrong types, missing files and impossible values are

@@ -22,6 +22,7 @@
 #include "tests/integration/child_process.h"
 #include "tests/integration/tiny_fleet.h"
 #include "tests/replay/temp_dir.h"
+#include "tests/transport/http_get.h"
 
 namespace strider {
 namespace {
@@ -29,6 +30,9 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 using strider::testing::ChildProcess;
+using strider::testing::HttpGet;
+using strider::testing::HttpReply;
+using strider::testing::PortOf;
 using strider::testing::SourceDir;
 using strider::testing::StriderBinary;
 using strider::testing::TempDir;
@@ -279,13 +283,23 @@ TEST(Launch, FleetWeightsStartTheLearnerAndTheActorsFromTheSameFile) {
 
 TEST(Launch, SigintEndsEveryChildWithinTenSeconds) {
   TempDir dir;
-  const std::string fleet = WriteFleet(dir, "fleet.yaml", "  wall_time_s: 600\n");
+  const std::string fleet = WriteFleet(dir, "fleet.yaml", "  wall_time_s: 600\n", 1, "http: true\n");
   Launcher launcher;
   // Without OMP_WAIT_POLICY in its environment (ctest sets it), to see the launcher add it.
   ASSERT_TRUE(launcher.Start(
       {"/bin/sh", "-c", "exec env -u OMP_WAIT_POLICY " + StriderBinary() + " launch " + fleet},
       /*raw=*/true));
-  ASSERT_TRUE(launcher.Wait("ready", 120000).is_object());
+  const nlohmann::json ready = launcher.Wait("ready", 120000);
+  ASSERT_TRUE(ready.is_object());
+  // `http: true`: every service's pages, named in the ready line and in RUN_DIR/http.json.
+  ASSERT_TRUE(ready.contains("http")) << ready.dump();
+  EXPECT_EQ(nlohmann::json::parse(ReadFile(dir.Sub("run/http.json"))), ready["http"]);
+  for (const std::string role : {"replay", "learner", "actor-0"}) {
+    ASSERT_TRUE(ready["http"].contains(role)) << ready.dump();
+    const HttpReply metrics = HttpGet(PortOf(ready["http"][role].get<std::string>()), "/metrics");
+    EXPECT_EQ(metrics.status, 200) << role;
+    EXPECT_NE(metrics.body.find("strider_up{"), std::string::npos) << role << ": " << metrics.body;
+  }
   std::string environment =
       ReadFile("/proc/" + std::to_string(launcher.pids().at("actor-0").at(0)) + "/environ");
   std::replace(environment.begin(), environment.end(), '\0', '\n');
