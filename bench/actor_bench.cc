@@ -17,6 +17,7 @@
 //
 //   actor_bench [--quick] [--model NAME|PATH] [--batch B (only this one)] [--interleave]
 //               [--long-tokens N] [--long-model NAME|PATH] [--long-keep DIR]
+//               [--long-block-tokens N (4096)]
 // --interleave runs the actor again after the engine alone and reports the wall overhead
 // against the mean of the two actor runs, which cancels load that drifts steadily.
 // A model NAME is configs/model/NAME.yaml; the long run defaults to tiny_incremental, whose
@@ -110,6 +111,9 @@ struct Run {
   std::string model = "small";
   std::string long_model = "tiny_incremental";
   std::string long_keep;    // where the long episode's store stays; empty: a temporary one
+  // The long episode's cache blocks: the prefill kernel reads the past block by block, so at
+  // 256 tokens (the actor's default) every tile has half the 512 keys it takes.
+  int64_t long_block_tokens = 4096;
   bool interleave = false;  // the actor again after the engine alone
 };
 
@@ -450,8 +454,12 @@ struct LongEpisode {
 Result<LongEpisode> PlayLongEpisode(const Run& r, int64_t tokens, const std::string& dir) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  replay::ServerOptions server_options = ReplayOptions(dir);
+  // One part of a million-token document can take longer than the server's default silence
+  // before it closes a trajectory as abandoned (1800 s); this actor is alive throughout.
+  server_options.abandon_after_s = 0;
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
-                           replay::ReplayServer::Start(ReplayOptions(dir)));
+                           replay::ReplayServer::Start(server_options));
   STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions o, BaseOptions(r, r.long_model, dir));
   const int64_t parts = std::max<int64_t>(1, (tokens + 262143) / 262144);
   o.env.name = "retrieval";
@@ -464,6 +472,7 @@ Result<LongEpisode> PlayLongEpisode(const Run& r, int64_t tokens, const std::str
   o.max_episode_tokens = tokens + 8192;
   o.segment_tokens = 65536;
   o.cache_budget_bytes = int64_t{8} << 30;
+  o.block_tokens = r.long_block_tokens;
   o.prefill_chunk_tokens = 8192;
   o.replay_endpoint = server->actor_endpoint();
   ResetPeakResident();
@@ -538,6 +547,7 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
   if (tile_rate > 0) bound = attention_flops / (tile_rate * 1e9);
   bench::PrintResult("actor", "retrieval_trajectory_seconds" + at, e.seconds, "s", bound,
                      {{"model", bench::JsonString(config.name)},
+                      {"block_tokens", std::to_string(r.long_block_tokens)},
                       {"baseline_is", bench::JsonString("latent-attention FLOPs at the prefill "
                                                         "tiles' matmul rate, measured here")},
                       {"attention_gflop", bench::JsonNumber(attention_flops / 1e9)},
@@ -632,12 +642,14 @@ int main(int argc, char** argv) {
       long_tokens = std::stoll(argv[++i]);
     } else if (!std::strcmp(argv[i], "--long-keep") && i + 1 < argc) {
       run.long_keep = argv[++i];
+    } else if (!std::strcmp(argv[i], "--long-block-tokens") && i + 1 < argc) {
+      run.long_block_tokens = std::stoll(argv[++i]);
     } else {
       std::fprintf(
           stderr,
           "usage: actor_bench [--quick] [--model NAME|PATH] [--batch B] [--interleave] "
           "[--long-tokens N] "
-          "[--long-model NAME|PATH] [--long-keep DIR]\n");
+          "[--long-model NAME|PATH] [--long-keep DIR] [--long-block-tokens N]\n");
       return 2;
     }
   }

@@ -599,6 +599,51 @@ int64_t HeldBytes(const rl::TrainingTrajectory& t, const RoutingRecord& balance)
   return held;
 }
 
+// One learner step on `groups` as the service runs it, each part timed, and the process's
+// resident memory around it: scoring (PrepareBatch), the update pass, the AdamW step and the
+// routing balance. Fails naming the reason when the trajectories are all excluded.
+struct TimedStep {
+  double prepare_seconds = 0, update_seconds = 0, optimizer_seconds = 0;
+  int64_t before = 0, after_scoring = 0, peak = 0;  // resident bytes; peaks since `before`
+  int64_t held = 0;                                 // HeldBytes of the first kept trajectory
+  int64_t tokens = 0, action_tokens = 0;
+  double mismatch_max = 0;
+};
+
+Result<TimedStep> TimeOneStep(Trainer& trainer, const Model* reference,
+                              const std::vector<rl::SampledGroup>& groups,
+                              const rl::StepSettings& settings) {
+  const Model& model = trainer.model();
+  TimedStep t;
+  t.before = ResidentBytes();
+  ResetPeakResident();
+  auto started = Clock::now();
+  STRIDER_ASSIGN_OR_RETURN(const rl::PreparedBatch batch,
+                           rl::PrepareBatch(model, reference, groups, settings));
+  t.prepare_seconds = Seconds(started);
+  t.after_scoring = PeakResidentBytes();
+  const std::vector<const rl::TrainingTrajectory*> kept = Kept(batch);
+  if (kept.empty()) {
+    return Status::FailedPrecondition("the trajectory was excluded: " +
+                                      batch.trajectories.front().excluded_reason);
+  }
+  trainer.ZeroGrad();
+  RoutingRecord routing;
+  started = Clock::now();
+  STRIDER_RETURN_IF_ERROR(rl::AccumulateGradients(model, kept, settings, &routing).status());
+  t.update_seconds = Seconds(started);
+  started = Clock::now();
+  STRIDER_RETURN_IF_ERROR(trainer.Step(0).status());
+  t.held = HeldBytes(*kept.front(), routing);
+  STRIDER_RETURN_IF_ERROR(trainer.BalanceRouting(std::move(routing)).status());
+  t.optimizer_seconds = Seconds(started);
+  t.peak = PeakResidentBytes();
+  t.tokens = batch.tokens;
+  t.action_tokens = batch.action_tokens;
+  t.mismatch_max = batch.mismatch_max;
+  return t;
+}
+
 // The child's side: plays one trajectory of about `length` tokens, then runs one step on it.
 int RunLongChild(const std::string& model_name, int64_t length, int64_t chunk) {
   const ModelConfig config = bench::Unwrap(LoadModelConfig(ModelPath(model_name)), "model config");
@@ -625,31 +670,13 @@ int RunLongChild(const std::string& model_name, int64_t length, int64_t chunk) {
 
   rl::StepSettings settings = BenchStepSettings(chunk);
   settings.objective.advantages.estimator = "process_gae";
-  const int64_t before = ResidentBytes();
-  ResetPeakResident();
-  started = Clock::now();
-  const rl::PreparedBatch batch = bench::Unwrap(
-      rl::PrepareBatch(model, reference.get(), groups, settings), "scoring the long trajectory");
-  const double prepare_seconds = Seconds(started);
-  const int64_t after_scoring = PeakResidentBytes();
-  const std::vector<const rl::TrainingTrajectory*> kept = Kept(batch);
-  if (kept.empty()) {
-    std::fprintf(stderr, "learner_bench: long trajectory excluded: %s\n",
-                 batch.trajectories.front().excluded_reason.c_str());
-    return 1;
-  }
-  trainer->ZeroGrad();
-  RoutingRecord routing;
-  started = Clock::now();
-  (void)bench::Unwrap(rl::AccumulateGradients(model, kept, settings, &routing), "update pass");
-  const double update_seconds = Seconds(started);
-  started = Clock::now();
-  (void)bench::Unwrap(trainer->Step(0), "optimiser step");
-  const int64_t held = HeldBytes(*kept.front(), routing);
-  (void)bench::Unwrap(trainer->BalanceRouting(std::move(routing)), "routing balance");
-  const double optimizer_seconds = Seconds(started);
-  const int64_t peak = PeakResidentBytes();
-  const int64_t tokens = batch.tokens;
+  const TimedStep step = bench::Unwrap(TimeOneStep(*trainer, reference.get(), groups, settings),
+                                       "the long trajectory's step");
+  const double prepare_seconds = step.prepare_seconds, update_seconds = step.update_seconds,
+               optimizer_seconds = step.optimizer_seconds;
+  const int64_t before = step.before, after_scoring = step.after_scoring, peak = step.peak,
+                held = step.held, tokens = step.tokens;
+  const double mismatch_max = step.mismatch_max;
 
   const std::string suffix = "_" + std::to_string(length);
   const double mib = 1 << 20;
@@ -661,7 +688,7 @@ int RunLongChild(const std::string& model_name, int64_t length, int64_t chunk) {
       {"prepare_seconds", bench::JsonNumber(prepare_seconds)},
       {"update_seconds", bench::JsonNumber(update_seconds)},
       {"optimizer_and_balance_seconds", bench::JsonNumber(optimizer_seconds)},
-      {"logprob_mismatch_max", bench::JsonNumber(batch.mismatch_max)}};
+      {"logprob_mismatch_max", bench::JsonNumber(mismatch_max)}};
   bench::PrintResult(bench, "long_step_seconds" + suffix,
                      prepare_seconds + update_seconds + optimizer_seconds, "s", std::nullopt,
                      fields);
@@ -710,48 +737,27 @@ int RunStoredLong(const std::string& model_name, const std::string& store, int64
   trainer_options.init_seed = 0;  // the actor's model_seed
   std::unique_ptr<Trainer> trainer =
       bench::Unwrap(Trainer::Create(config, trainer_options), "trainer");
-  const Model& model = trainer->model();
   rl::StepSettings settings = BenchStepSettings(chunk);
   settings.objective.loss.kl_coef = 0;
-
-  const int64_t before = ResidentBytes();
-  ResetPeakResident();
-  auto started = Clock::now();
-  const rl::PreparedBatch batch = bench::Unwrap(
-      rl::PrepareBatch(model, nullptr, {group}, settings), "scoring the stored trajectory");
-  const double prepare_seconds = Seconds(started);
-  const int64_t after_scoring = PeakResidentBytes();
-  const std::vector<const rl::TrainingTrajectory*> kept = Kept(batch);
-  if (kept.empty()) {
-    std::fprintf(stderr, "learner_bench: the stored trajectory was excluded: %s\n",
-                 batch.trajectories.front().excluded_reason.c_str());
-    return 1;
-  }
-  trainer->ZeroGrad();
-  RoutingRecord routing;
-  started = Clock::now();
-  (void)bench::Unwrap(rl::AccumulateGradients(model, kept, settings, &routing), "update pass");
-  const double update_seconds = Seconds(started);
-  started = Clock::now();
-  (void)bench::Unwrap(trainer->Step(0), "optimiser step");
-  const int64_t held = HeldBytes(*kept.front(), routing);
-  (void)bench::Unwrap(trainer->BalanceRouting(std::move(routing)), "routing balance");
-  const double optimizer_seconds = Seconds(started);
-  const int64_t peak = PeakResidentBytes();
-  const int64_t tokens = batch.tokens;
+  const TimedStep step =
+      bench::Unwrap(TimeOneStep(*trainer, nullptr, {group}, settings), "the stored trajectory's step");
+  const double prepare_seconds = step.prepare_seconds, update_seconds = step.update_seconds,
+               optimizer_seconds = step.optimizer_seconds;
+  const int64_t before = step.before, after_scoring = step.after_scoring, peak = step.peak,
+                held = step.held, tokens = step.tokens;
   const CacheAccounting caches = AccountCaches(config);
   const double cache = static_cast<double>(caches.kv_cache_bytes_per_token) * tokens;
   const double mib = 1 << 20;
   const std::string at = " tokens=" + std::to_string(tokens);
   const bench::JsonFields fields = {
       {"tokens", bench::JsonNumber(static_cast<double>(tokens))},
-      {"action_tokens", bench::JsonNumber(static_cast<double>(batch.action_tokens))},
+      {"action_tokens", bench::JsonNumber(static_cast<double>(step.action_tokens))},
       {"segments", bench::JsonNumber(static_cast<double>(segments))},
       {"chunk_tokens", bench::JsonNumber(static_cast<double>(chunk))},
       {"prepare_seconds", bench::JsonNumber(prepare_seconds)},
       {"update_seconds", bench::JsonNumber(update_seconds)},
       {"optimizer_and_balance_seconds", bench::JsonNumber(optimizer_seconds)},
-      {"logprob_mismatch_max", bench::JsonNumber(batch.mismatch_max)}};
+      {"logprob_mismatch_max", bench::JsonNumber(step.mismatch_max)}};
   bench::PrintResult(bench, "stored_step_seconds" + at,
                      prepare_seconds + update_seconds + optimizer_seconds, "s", std::nullopt,
                      fields);

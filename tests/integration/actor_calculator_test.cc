@@ -318,6 +318,16 @@ TEST(ActorProcess, CalculatorTrajectoriesReassembleAndLogProbsMatchTheModel) {
   EXPECT_EQ(metrics["acked_segments"], metrics["segments"]);
   EXPECT_EQ(metrics["spill"]["files"], 0);
   EXPECT_TRUE(std::filesystem::exists(dir.Sub("m.jsonl")));
+  // The engine's time split: the two parts add up to the whole, every sampled token is a decode
+  // token, and a group's shared prompt is fed once for its four episodes.
+  EXPECT_NEAR(metrics["prefill_step_seconds"].get<double>() +
+                  metrics["decode_step_seconds"].get<double>(),
+              metrics["engine_step_seconds"].get<double>(), 1e-6);
+  EXPECT_EQ(metrics["decode_tokens"], metrics["generated_tokens"]);
+  EXPECT_GT(metrics["prefill_tokens"].get<int64_t>(), 0);
+  EXPECT_LT(metrics["prefill_tokens"].get<int64_t>(), metrics["context_tokens"].get<int64_t>());
+  EXPECT_GT(metrics["prefill_steps"].get<int64_t>(), 0);
+  EXPECT_GT(metrics["env_call_seconds"].get<double>(), 0.0);
 
   std::vector<Trajectory> trajectories = ReadTrajectories(dir.Sub("db"));
   ASSERT_EQ(trajectories.size(), 16u);
