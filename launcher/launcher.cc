@@ -678,6 +678,10 @@ void Supervisor::OnExit(Child& child, int status) {
   Drain(child);
   child.pid = -1;
   child.ready_timer.cancel();
+  if (fleet_.http && !child.http.empty()) {
+    child.http.clear();  // its pages went with it; a restart names new ones
+    WriteHttpAddresses();
+  }
   Emit({{"event", "exited"},
         {"role", child.name},
         {"pid", pid},

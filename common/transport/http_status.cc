@@ -1,6 +1,7 @@
 #include "common/transport/http_status.h"
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -114,9 +115,22 @@ class StatusServerImpl : public StatusServer {
       return Status::Unavailable("http: cannot listen on " + bind + ": " + error.message());
     }
     const tcp::endpoint bound = acceptor_.local_endpoint();
-    address_ = bound.address().to_string() + ":" + std::to_string(bound.port());
+    const std::string host_text = bound.address().to_string();
+    address_ = (bound.address().is_v6() ? "[" + host_text + "]" : host_text) + ":" +
+               std::to_string(bound.port());
     Accept();
-    thread_ = std::thread([this] { context_.run(); });
+    thread_ = std::thread([this] {
+      // A failure outside a page function (an allocation, a socket error thrown) must not end
+      // the service this thread serves; it ends at most the connection it was on.
+      while (true) {
+        try {
+          context_.run();
+          return;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "http %s: %s\n", address_.c_str(), e.what());
+        }
+      }
+    });
     return Status::Ok();
   }
 
@@ -139,14 +153,21 @@ class StatusServerImpl : public StatusServer {
                              if (error == asio::error::operation_aborted) return;
                              if (!error) {
                                std::make_shared<Session>(std::move(socket), &pages_)->Begin();
+                               Accept();
+                               return;
                              }
-                             Accept();
+                             // Out of descriptors, say: retry shortly rather than spin.
+                             retry_.expires_after(std::chrono::milliseconds(100));
+                             retry_.async_wait([this](beast::error_code waited) {
+                               if (!waited) Accept();
+                             });
                            });
   }
 
   const Pages pages_;
   asio::io_context context_{1};
   tcp::acceptor acceptor_;
+  asio::steady_timer retry_{context_};
   std::thread thread_;
   std::string address_;
   std::atomic<bool> stopped_{false};
@@ -255,6 +276,9 @@ void MetricsText::Add(const std::string& name, const std::string& type, const st
     }
     sample += "}";
   }
+  // Two keys can clean up to one name ("a.b" and "a_b"): the format allows one sample per
+  // name and labels, so the first stays.
+  if (!family->second.seen.insert(sample).second) return;
   family->second.samples.push_back(sample + " " + Number(value));
 }
 

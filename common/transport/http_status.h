@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,7 @@ class MetricsText {
   struct Family {
     std::string type, help;
     std::vector<std::string> samples;  // "name{labels} value"
+    std::set<std::string> seen;        // "name{labels}" of those samples
   };
   std::vector<std::string> order_;
   std::map<std::string, Family> families_;

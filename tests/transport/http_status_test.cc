@@ -103,6 +103,7 @@ TEST(MetricsText, ParsesAsPrometheusTextWithValidNamesAndEscapedLabels) {
               {{"role", "actor"}, {"id", "a \"quoted\" \\ id\nwith a newline"}});
   metrics.Add("replay.segments-stored", "counter", "", 1234567890123.0);
   metrics.Add("9lives", "gauge", "", -0.25);
+  metrics.Add("9.lives", "gauge", "", 7.0);  // cleans up to the same name: the first stays
   metrics.Add("strider_up", "gauge", "ignored: the family has its help", 0.0, {{"role", "learner"}});
   ASSERT_TRUE(metrics
                   .AddJson("strider_actor",
