@@ -52,7 +52,7 @@ Status Serve(const ServeArgs& args) {
   STRIDER_ASSIGN_OR_RETURN(
       std::unique_ptr<http::StatusServer> pages,
       ServeStatusPages(args.http, "replay", server->actor_endpoint(),
-                       [served] { return served->StatsJson(); }));
+                       [served] { return served->StatsSnapshotJson(); }));
   // One JSON line with the resolved endpoints, so scripts can bind port 0 and connect.
   nlohmann::json ready = {{"event", "ready"},
                           {"actor_endpoint", server->actor_endpoint()},

@@ -153,8 +153,12 @@ class ReplayServer {
   // The bound endpoints, connectable from this host (wildcards and port 0 resolved).
   virtual std::string actor_endpoint() const = 0;
   virtual std::string learner_endpoint() const = 0;
-  // Ingest rate, bytes, rejects by reason, table fill, sample latency (docs/replay.md).
+  // Ingest rate, bytes, rejects by reason, table fill, sample latency (docs/replay.md). The
+  // rates cover the time since the previous StatsJson, which starts a new window.
   virtual std::string StatsJson() = 0;
+  // The same for an outside reader (the HTTP pages): the rates cover the current window so
+  // far, and the window is left as it is, so scrapes do not change the periodic log's rates.
+  virtual std::string StatsSnapshotJson() = 0;
   // Stops accepting, finishes writes in progress, closes the store. Idempotent.
   virtual void Stop() = 0;
 };

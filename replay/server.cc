@@ -275,7 +275,7 @@ void ServerImpl::Stop() {
   });
 }
 
-std::string ServerImpl::StatsJson() {
+std::string ServerImpl::Stats(bool new_window) {
   nlohmann::json j;
   const auto now = Clock::now();
   j["instance"] = instance_;
@@ -297,9 +297,11 @@ std::string ServerImpl::StatsJson() {
       rate_mb = static_cast<double>(bytes - rate_bytes_) / seconds / 1e6;
       rate_segments = static_cast<double>(segments - rate_segments_) / seconds;
     }
-    rate_since_ = now;
-    rate_bytes_ = bytes;
-    rate_segments_ = segments;
+    if (new_window) {
+      rate_since_ = now;
+      rate_bytes_ = bytes;
+      rate_segments_ = segments;
+    }
   }
   j["ingest"] = {{"segments", segments},
                  {"bytes", bytes},

@@ -149,7 +149,9 @@ class ServerImpl : public ReplayServer {
   Status Init();
   std::string actor_endpoint() const override { return actor_endpoint_; }
   std::string learner_endpoint() const override { return learner_endpoint_; }
-  std::string StatsJson() override;
+  std::string StatsJson() override { return Stats(true); }
+  std::string StatsSnapshotJson() override { return Stats(false); }
+  std::string Stats(bool new_window);
   void Stop() override;
 
  private:

@@ -131,8 +131,17 @@ TEST(ReplayServer, ConcurrentActorsArriveOnceEachInAConsistentIndex) {
   }
   for (auto& t : threads) t.join();
   ASSERT_EQ(failures, 0);
+  // An outside reader's snapshot leaves the rate window alone: twice the same window, both
+  // with the ingest in it; StatsJson then starts a new one, which the next call sees empty.
+  for (int i = 0; i < 2; ++i) {
+    auto snapshot = nlohmann::json::parse(server->StatsSnapshotJson());
+    EXPECT_GT(snapshot["ingest"]["segments_per_s"].get<double>(), 0.0) << i;
+  }
   auto stats = nlohmann::json::parse(server->StatsJson());
   EXPECT_EQ(stats["ingest"]["segments"], kActors * kPerActor);
+  EXPECT_GT(stats["ingest"]["segments_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(nlohmann::json::parse(server->StatsJson())["ingest"]["segments_per_s"].get<double>(),
+            0.0);
 
   // fifo hands each segment to a learner exactly once.
   auto learner = Learner(*server, "learner-0");
