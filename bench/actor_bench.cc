@@ -575,11 +575,10 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
 
   // Memory: growth over the process before both episodes, against the formula at this length
   // plus the constant the short episode showed (its growth less its own formula).
+  // The rollout engine's formula per token (blocks of 1: the rows written, not the block
+  // rounding, which at 4,096-token blocks is at most 393 KB here).
   const CacheAccounting caches = AccountCaches(config);
-  auto formula = [&](int64_t length) {
-    return static_cast<double>(caches.state_bytes_per_sequence +
-                               caches.kv_cache_bytes_per_token * length);
-  };
+  auto formula = [&](int64_t length) { return rollout::SequenceBytesFormula(config, length, 1); };
   const double constant =
       static_cast<double>(brief.peak_rss - rss_before) - formula(brief.tokens);
   const double growth = static_cast<double>(e.peak_rss - rss_before);

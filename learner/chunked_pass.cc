@@ -127,7 +127,6 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
     const int64_t chunk = chunked ? std::max<int64_t>(1, options.chunk_tokens) : length;
     ForwardOptions forward;
     forward.record_routing = options.record_routing;
-    forward.enable_grad = options.backward;
     forward.compute_values = options.values;
     forward.return_hidden = options.hidden;
     InferenceState state;
