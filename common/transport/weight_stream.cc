@@ -1,5 +1,6 @@
 #include "common/transport/weight_stream.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -51,6 +52,7 @@ zmq::message_t Frame(const std::string& bytes) { return zmq::message_t(bytes.dat
 struct WeightPublisher::Impl {
   WeightPublisherOptions options;
   zmq::context_t context{1};
+  std::unique_ptr<CurveServer> curve;  // before `context` is terminated: its ZAP socket lives there
   zmq::socket_t socket;
   std::string endpoint;
   std::mutex mutex;
@@ -122,6 +124,7 @@ WeightPublisher::~WeightPublisher() {
 Result<std::unique_ptr<WeightPublisher>> WeightPublisher::Start(
     const WeightPublisherOptions& options) {
   STRIDER_RETURN_IF_ERROR(CheckEndpoint(options.endpoint));
+  STRIDER_RETURN_IF_ERROR(CheckBindAllowed(options.endpoint, options.auth, "weight publisher"));
   if (options.chunk_bytes == 0) {
     return Status::InvalidArgument("weight publisher: chunk_bytes must be > 0");
   }
@@ -132,6 +135,11 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::Start(
   impl->options = options;
   STRIDER_ASSIGN_OR_RETURN(impl->socket,
                            MakeSocket(impl->context, zmq::socket_type::router, size_t{1} << 20));
+  if (options.auth.enabled()) {
+    STRIDER_ASSIGN_OR_RETURN(impl->curve,
+                             CurveServer::Start(impl->context, options.auth, "weight publisher"));
+    STRIDER_RETURN_IF_ERROR(impl->curve->Secure(impl->socket));
+  }
   STRIDER_ASSIGN_OR_RETURN(std::string bound, Bind(impl->socket, options.endpoint));
   impl->endpoint = LocalEndpoint(bound);
   std::unique_ptr<WeightPublisher> publisher(new WeightPublisher(std::move(impl)));
@@ -176,25 +184,45 @@ uint64_t WeightPublisher::chunks_served() const { return impl_->chunks_served; }
 struct WeightSubscriber::Impl {
   WeightSubscriberOptions options;
   zmq::context_t context{1};
+  std::optional<CurveClient> curve;
   zmq::socket_t socket;
+  std::unique_ptr<HandshakeWatch> watch;  // of `socket`
   bool connected = false;
 
   Status Reconnect() {
+    watch.reset();
     socket.close();
     STRIDER_ASSIGN_OR_RETURN(socket,
                              MakeSocket(context, zmq::socket_type::dealer, size_t{1} << 31));
+    if (curve) STRIDER_RETURN_IF_ERROR(curve->Secure(socket));
+    STRIDER_ASSIGN_OR_RETURN(watch, HandshakeWatch::Start(context, socket));
     STRIDER_RETURN_IF_ERROR(transport::Connect(socket, options.endpoint));
     connected = true;
     return Status::Ok();
   }
 
   // The next reply, or Unavailable after the timeout (the socket is then dropped, so late
-  // replies of this exchange never mix into the next one).
+  // replies of this exchange never mix into the next one), or at once the reason a security
+  // handshake failed.
   Result<zmq::message_t> Receive() {
-    STRIDER_ASSIGN_OR_RETURN(bool readable, WaitReadable(socket, options.reply_timeout));
-    if (readable) {
-      STRIDER_ASSIGN_OR_RETURN(std::vector<zmq::message_t> parts, ReceiveParts(socket));
-      if (!parts.empty()) return std::move(parts.back());
+    const auto deadline = std::chrono::steady_clock::now() + options.reply_timeout;
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      STRIDER_ASSIGN_OR_RETURN(
+          bool readable,
+          WaitReadable(socket, std::clamp(left, std::chrono::milliseconds(0),
+                                          std::chrono::milliseconds(20))));
+      if (readable) {
+        STRIDER_ASSIGN_OR_RETURN(std::vector<zmq::message_t> parts, ReceiveParts(socket));
+        if (!parts.empty()) return std::move(parts.back());
+      }
+      if (Status handshake = watch->Check("weight publisher at " + options.endpoint);
+          !handshake.ok()) {
+        connected = false;
+        return handshake;
+      }
+      if (left.count() <= 0) break;
     }
     connected = false;
     return Status::Unavailable("weight publisher at " + options.endpoint + " did not answer in " +
@@ -235,7 +263,10 @@ struct WeightSubscriber::Impl {
 };
 
 WeightSubscriber::WeightSubscriber(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-WeightSubscriber::~WeightSubscriber() { impl_->socket.close(); }
+WeightSubscriber::~WeightSubscriber() {
+  impl_->watch.reset();
+  impl_->socket.close();
+}
 
 Result<std::unique_ptr<WeightSubscriber>> WeightSubscriber::Connect(
     const WeightSubscriberOptions& options) {
@@ -243,6 +274,11 @@ Result<std::unique_ptr<WeightSubscriber>> WeightSubscriber::Connect(
   if (options.window < 1) return Status::InvalidArgument("weight subscriber: window must be >= 1");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  if (options.auth.enabled()) {
+    Result<CurveClient> curve = CurveClient::Load(options.auth);
+    if (!curve.ok()) return curve.status().WithContext("weight subscriber: auth");
+    impl->curve = std::move(*curve);
+  }
   STRIDER_RETURN_IF_ERROR(impl->Reconnect());
   return std::unique_ptr<WeightSubscriber>(new WeightSubscriber(std::move(impl)));
 }

@@ -33,6 +33,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/transport/curve.h"
 
 namespace strider::transport {
 
@@ -40,6 +41,9 @@ struct WeightPublisherOptions {
   std::string endpoint = "tcp://127.0.0.1:0";  // port 0: any free port
   uint32_t chunk_bytes = 1 << 20;
   int keep_versions = 2;
+  // CURVE (common/transport/curve.h): with auth.secret_key only the authorised actors' keys
+  // connect; without it, binding a non-loopback address needs auth.insecure.
+  ServerAuth auth;
 };
 
 class WeightPublisher {
@@ -70,6 +74,7 @@ struct WeightSubscriberOptions {
   int window = 4;                                 // chunk requests in flight
   std::chrono::milliseconds reply_timeout{5000};  // no reply this long: Unavailable
   size_t max_total_bytes = size_t{16} << 30;      // a manifest over this is refused
+  ClientAuth auth;  // this actor's key pair and the publisher's public key; empty: no CURVE
 };
 
 // Single-threaded: one caller at a time (the actor runs it on its own thread).
@@ -79,7 +84,8 @@ class WeightSubscriber {
   ~WeightSubscriber();
   // The newest version if it is newer than `have_version`, fetched and verified; nullopt when
   // there is nothing newer. Unavailable when the publisher does not answer in time (the next
-  // call reconnects), Corruption when a checksum fails.
+  // call reconnects), Corruption when a checksum fails, FailedPrecondition when the publisher
+  // refused this subscriber's key or the two disagree on CURVE (the next call tries again).
   Result<std::optional<WeightUpdate>> FetchNewer(uint64_t have_version);
 
  private:
