@@ -1,5 +1,7 @@
 // `strider launch FLEET.yaml [--run-dir DIR] [--resume]`: replay server, learner and actors as
 // child processes of one supervisor (launcher/launcher.h, docs/launcher.md).
+// `strider launch FLEET.yaml --print-commands [--json]`: the commands that run the same fleet
+// across its hosts, started nowhere (docs/fleet.md, "Multi-node launch").
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -13,6 +15,8 @@ struct LaunchArgs {
   std::string fleet;
   std::string run_dir;
   bool resume = false;
+  bool print_commands = false;
+  bool json = false;
 };
 
 // Every child's config through its own loader, so a broken one fails here, before anything
@@ -32,7 +36,44 @@ Result<uint64_t> CheckChildConfigs(const launcher::FleetConfig& fleet) {
   return *seed;
 }
 
+// What the commands leave to the operator, on stderr so stdout stays the commands alone.
+void NoteWhatIsNotPrinted(const launcher::FleetConfig& fleet) {
+  const launcher::StopRules& stop = fleet.stop;
+  if (stop.samples > 0 || stop.wall_time_s > 0 || stop.success_rate > 0) {
+    std::fprintf(stderr,
+                 "launch: the stop rules samples, wall_time_s and success_rate are the "
+                 "launcher's; these commands stop at learner_steps (--max-steps) or when "
+                 "stopped\n");
+  }
+  if (fleet.evaluation) {
+    std::fprintf(stderr,
+                 "launch: evaluation is the launcher's; run `strider eval --config %s "
+                 "--weights-endpoint ENDPOINT` against the learner's weight stream instead\n",
+                 fleet.evaluation->config.c_str());
+  }
+}
+
+Status PrintCommands(const LaunchArgs& args) {
+  if (args.resume) {
+    return Status::InvalidArgument(
+        "--print-commands prints a fresh fleet's commands; a rank or actor restarted by its "
+        "scheduler continues from its own files (docs/fleet.md)");
+  }
+  STRIDER_ASSIGN_OR_RETURN(launcher::FleetConfig fleet,
+                           launcher::LoadFleetForLaunch(args.fleet, args.run_dir, false));
+  STRIDER_ASSIGN_OR_RETURN(const uint64_t actor_seed, CheckChildConfigs(fleet));
+  const std::vector<launcher::HostCommand> commands = launcher::HostCommands(fleet, actor_seed);
+  const std::string out = args.json ? launcher::HostCommandsJsonLines(commands)
+                                    : launcher::HostCommandsText(commands);
+  std::fputs(out.c_str(), stdout);
+  std::fflush(stdout);
+  NoteWhatIsNotPrinted(fleet);
+  return Status::Ok();
+}
+
 Status RunLaunch(const LaunchArgs& args) {
+  if (args.print_commands) return PrintCommands(args);
+  if (args.json) return Status::InvalidArgument("--json goes with --print-commands");
   STRIDER_ASSIGN_OR_RETURN(launcher::FleetConfig fleet,
                            launcher::LoadFleetForLaunch(args.fleet, args.run_dir, args.resume));
   launcher::LaunchOptions options;
@@ -57,11 +98,17 @@ void AddLaunchCommands(CLI::App& app, int& exit_code) {
   CLI::App* launch = app.add_subcommand(
       "launch",
       "Run a fleet on this machine: replay server, RL learner, actors and evaluations as child "
-      "processes, restarted when they crash, until a stop rule or SIGINT/SIGTERM");
+      "processes, restarted when they crash, until a stop rule or SIGINT/SIGTERM; or print "
+      "the commands that run it across its hosts (--print-commands)");
   launch->add_option("fleet", args->fleet, "Fleet file (YAML, configs/fleet/)");
   launch->add_option("--run-dir", args->run_dir, "Run directory (overrides the file's run_dir)");
   launch->add_flag("--resume", args->resume,
                    "Continue the run in the run directory with the fleet file it recorded");
+  launch->add_flag("--print-commands", args->print_commands,
+                   "Start nothing: print the commands that run this fleet, grouped by host "
+                   "(the fleet's hosts, else 127.0.0.1)");
+  launch->add_flag("--json", args->json,
+                   "With --print-commands: one JSON object a line, {host, role, name, argv}");
   launch->callback([args, &exit_code] {
     Status status = RunLaunch(*args);
     if (!status.ok()) exit_code = ReportError(status);

@@ -43,6 +43,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "launcher/child_commands.h"
 #include "learner/report.h"
 
 namespace strider::launcher {
@@ -370,68 +371,35 @@ uint64_t Supervisor::ActorSeed(const Child& child) const {
 
 std::vector<std::string> Supervisor::Arguments(const Child& child) const {
   const std::string any_port = "tcp://127.0.0.1:0";
+  const std::string http = fleet_.http ? "127.0.0.1:0" : "";
+  const CommandBase base = {binary_,
+                            run_dir_.string(),
+                            fleet_.replay_config,
+                            fleet_.learner_config,
+                            fleet_.actor_config,
+                            fleet_.weights};
   switch (child.role) {
-    case Role::kReplay: {
-      std::vector<std::string> args = {binary_,
-                                       "replay",
-                                       "serve",
-                                       "--db",
-                                       (run_dir_ / "replay").string(),
-                                       "--config",
-                                       fleet_.replay_config,
-                                       "--bind",
-                                       actor_endpoint_.empty() ? any_port : actor_endpoint_,
-                                       "--sample-bind",
-                                       sample_endpoint_.empty() ? any_port : sample_endpoint_};
-      if (fleet_.http) args.insert(args.end(), {"--http", "127.0.0.1:0"});
-      return args;
-    }
+    case Role::kReplay:
+      return ReplayServeCommand(base, actor_endpoint_.empty() ? any_port : actor_endpoint_,
+                                sample_endpoint_.empty() ? any_port : sample_endpoint_, http);
     case Role::kLearner: {
-      std::vector<std::string> args = {
-          binary_,     "learner",
-          "--config",  fleet_.learner_config,
-          "--run-dir", (run_dir_ / "learner").string(),
-          "--replay",  sample_endpoint_,
-          "--publish", weights_endpoint_.empty() ? any_port : weights_endpoint_};
-      // The initial weights stay the reference policy of a resumed run, so --init goes along.
-      if (!fleet_.weights.empty()) args.insert(args.end(), {"--init", fleet_.weights});
-      if (fleet_.http) args.insert(args.end(), {"--http", "127.0.0.1:0"});
+      LearnerCommandOptions learner;
+      learner.replay = sample_endpoint_;
+      learner.publish = weights_endpoint_.empty() ? any_port : weights_endpoint_;
+      learner.http = http;
       if (options_.resume || child.restarts > 0) {
-        const std::string checkpoint = NewestCheckpoint();
-        if (!checkpoint.empty()) args.insert(args.end(), {"--resume", checkpoint});
-      } else if (fleet_.stop.learner_steps > 0) {
+        learner.resume = NewestCheckpoint();
+      } else {
         // A fresh learner counts from 0, so it can stop exactly at the rule instead of a tick
         // later. A resumed one continues from a checkpoint step the launcher does not know; the
         // tick enforces the rule then.
-        args.insert(args.end(), {"--max-steps", std::to_string(fleet_.stop.learner_steps)});
+        learner.max_steps = fleet_.stop.learner_steps;
       }
-      return args;
+      return LearnerCommand(base, learner);
     }
-    case Role::kActor: {
-      const fs::path dir = run_dir_ / "actors" / child.name;
-      std::vector<std::string> args = {binary_,
-                                       "actor",
-                                       "--config",
-                                       fleet_.actor_config,
-                                       "--id",
-                                       child.name,
-                                       "--seed",
-                                       std::to_string(ActorSeed(child)),
-                                       "--episodes",
-                                       "0",
-                                       "--replay",
-                                       actor_endpoint_,
-                                       "--weights-endpoint",
-                                       weights_endpoint_,
-                                       "--spill-dir",
-                                       (dir / "spill").string(),
-                                       "--metrics",
-                                       (dir / "metrics.jsonl").string(),
-                                       "--no-progress"};
-      if (!fleet_.weights.empty()) args.insert(args.end(), {"--weights", fleet_.weights});
-      if (fleet_.http) args.insert(args.end(), {"--http", "127.0.0.1:0"});
-      return args;
-    }
+    case Role::kActor:
+      return ActorCommand(base, child.name, ActorSeed(child), actor_endpoint_, weights_endpoint_,
+                          http);
     case Role::kEval: {
       std::vector<std::string> args = {binary_, "eval", "--config", fleet_.evaluation->config};
       if (!child.eval_weights.empty()) {
@@ -1091,6 +1059,13 @@ Result<LaunchSummary> Supervisor::Run() {
 }  // namespace
 
 Result<LaunchSummary> Launch(const FleetConfig& fleet, const LaunchOptions& options) {
+  if (fleet.hosts) {
+    return Status::InvalidArgument(
+        fleet.origin +
+        ": names hosts, and the launcher starts its children on this machine only; "
+        "`strider launch " + fleet.origin +
+        " --print-commands` prints the commands to run on each host (docs/fleet.md)");
+  }
   Supervisor supervisor(fleet, options);
   return supervisor.Run();
 }

@@ -51,6 +51,37 @@ struct RestartPolicy {
   std::vector<int64_t> backoff_s = {1, 2, 4, 8, 16};
 };
 
+// Where each role runs when the fleet spans machines (docs/launcher.md, "Hosts"). Nothing here
+// starts anything: `strider launch --print-commands` turns it into the commands to run on each
+// host, and the deploy examples (configs/deploy/) carry the same commands.
+struct ReplayHost {
+  std::string host;              // the name or address actors and learner ranks connect to
+  std::string bind = "0.0.0.0";  // the address the server binds on its host
+  int64_t port = 5555;           // actor endpoint (`replay serve --bind`)
+  int64_t sample_port = 5556;    // learner endpoint (`--sample-bind`)
+};
+
+struct LearnerHosts {
+  std::vector<std::string> hosts;  // rank r runs on hosts[r / (world_size / hosts.size())]
+  int64_t world_size = 0;          // learner ranks; a multiple of hosts.size()
+  // c10d rendezvous (TCPStore) that rank 0 serves; HOST should name hosts[0]'s machine.
+  std::string rendezvous_host;
+  int64_t rendezvous_port = 29500;
+  std::string bind = "0.0.0.0";  // where rank 0 binds its weight publisher
+  int64_t publish_port = 5557;   // rank 0's weight stream, which every actor subscribes to
+};
+
+struct ActorHost {
+  std::string host;
+  int64_t count = 1;  // actors on this host
+};
+
+struct FleetHosts {
+  ReplayHost replay;
+  LearnerHosts learner;
+  std::vector<ActorHost> actors;  // in order: actor ids count up through them
+};
+
 struct FleetConfig {
   std::string origin;  // the fleet file read
   std::string run_dir = "runs/fleet";
@@ -66,6 +97,23 @@ struct FleetConfig {
   // Replay server, learner and actors serve /metrics and /status on free loopback ports
   // (`--http 127.0.0.1:0`); their addresses are in the ready line and RUN_DIR/http.json.
   bool http = false;
+
+  // With hosts, `http: true` serves each command's pages on http_port, http_port + 1, ... in the
+  // order the commands run on their host: ports are known in advance, as scrapers need.
+  int64_t http_port = 9100;
+  // The strider that printed commands run (a name on the hosts' PATH, or a path there); the
+  // launcher's own children run the launcher's binary instead.
+  std::string binary = "strider";
+  // Absent: every role on this machine, as `strider launch` runs it.
+  std::optional<FleetHosts> hosts;
+  // The paths above as the fleet file writes them, before this machine resolved them: commands
+  // for other hosts carry these, to be resolved there (from the directory they run in).
+  struct {
+    std::string weights;
+    std::string replay_config;
+    std::string learner_config;
+    std::string actor_config;
+  } as_written;
 };
 
 // Reads a fleet file strictly: unknown keys, wrong types, missing files and impossible values are
@@ -77,6 +125,30 @@ Result<FleetConfig> LoadFleetConfig(const std::string& path);
 // fleet file's. `run_dir`, when given, replaces the file's.
 Result<FleetConfig> LoadFleetForLaunch(const std::string& fleet_path, const std::string& run_dir,
                                        bool resume);
+
+// One command of a fleet, for the host it runs on.
+struct HostCommand {
+  std::string host;
+  std::string role;  // replay | learner | actor
+  std::string name;  // replay, learner-R (rank R), actor-i
+  std::vector<std::string> argv;
+};
+
+// The commands that run `fleet` across its hosts, grouped by host (hosts in the order they first
+// appear: replay, learner ranks, actors) and in start order within a host: `strider replay serve`
+// binding its ports, each learner rank (with --rank, --world-size and --rendezvous when the world
+// is larger than one) and each actor, connected to the replay host and rank 0's weight stream.
+// Actor i plays with seed actor_base_seed + i. Paths are as the fleet file writes them. A fleet
+// without hosts gives the same commands on 127.0.0.1 with the default ports (nothing else is
+// bound there) and one learner. Evaluations and the stop rules other than learner_steps (each
+// rank's --max-steps) are the launcher's own and have no command here.
+std::vector<HostCommand> HostCommands(const FleetConfig& fleet, uint64_t actor_base_seed);
+
+// `commands` for a terminal: each host's commands under a "# host" line, one shell-quoted
+// command a line.
+std::string HostCommandsText(const std::vector<HostCommand>& commands);
+// One JSON object a line: {"host", "role", "name", "argv"}.
+std::string HostCommandsJsonLines(const std::vector<HostCommand>& commands);
 
 struct LaunchOptions {
   bool resume = false;  // the learner continues from its newest checkpoint in RUN_DIR
@@ -103,7 +175,8 @@ struct LaunchSummary {
 // Runs the fleet until a stop rule, SIGINT/SIGTERM or the learner finishing its steps; every
 // child has been reaped when it returns. Errors: InvalidArgument for a run directory that cannot
 // hold this launch (nothing started), Unavailable when a child did not become ready or a role
-// exceeded its restarts (the message quotes the end of the child's log). Installs handlers for
+// exceeded its restarts (the message quotes the end of the child's log); InvalidArgument for a
+// fleet with hosts, whose commands run elsewhere (HostCommands). Installs handlers for
 // SIGINT, SIGTERM and SIGCHLD for its duration; not to be called from two threads at once.
 Result<LaunchSummary> Launch(const FleetConfig& fleet, const LaunchOptions& options);
 
