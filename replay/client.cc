@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <random>
 #include <thread>
 #include <zmq.hpp>
 
+#include "common/transport/curve.h"
 #include "common/transport/zmq_util.h"
 
 namespace strider::replay {
@@ -33,7 +35,9 @@ Status FromErrorReply(const schema::ErrorReply& error) {
 
 struct ActorClient::Socket {
   zmq::context_t context{1};
+  std::optional<transport::CurveClient> curve;
   zmq::socket_t socket;
+  std::unique_ptr<transport::HandshakeWatch> watch;  // of `socket`
   std::deque<schema::SegmentKey> send_queue;
   bool needs_reconnect = false;
 };
@@ -42,7 +46,9 @@ ActorClient::ActorClient(ActorClientOptions options)
     : options_(std::move(options)), socket_(std::make_unique<Socket>()) {}
 
 ActorClient::~ActorClient() {
-  if (socket_) socket_->socket.close();
+  if (!socket_) return;
+  socket_->watch.reset();
+  socket_->socket.close();
 }
 
 bool IsResent(const schema::ErrorReply& error) {
@@ -53,6 +59,11 @@ bool IsResent(const schema::ErrorReply& error) {
 Result<std::unique_ptr<ActorClient>> ActorClient::Connect(const ActorClientOptions& options) {
   STRIDER_RETURN_IF_ERROR(transport::CheckEndpoint(options.endpoint));
   std::unique_ptr<ActorClient> client(new ActorClient(options));
+  if (options.auth.enabled()) {
+    Result<transport::CurveClient> curve = transport::CurveClient::Load(options.auth);
+    if (!curve.ok()) return curve.status().WithContext("replay actor client: auth");
+    client->socket_->curve = std::move(*curve);
+  }
   STRIDER_RETURN_IF_ERROR(client->Reconnect());
   client->reconnects_ = 0;
   return client;
@@ -63,10 +74,14 @@ Status ActorClient::Reconnect() {
                                            ? options_.connect_timeout
                                            : options_.give_up_after);
   while (true) {
+    socket_->watch.reset();
     socket_->socket.close();
     STRIDER_ASSIGN_OR_RETURN(socket_->socket,
                              transport::MakeSocket(socket_->context, zmq::socket_type::dealer));
     socket_->socket.set(zmq::sockopt::routing_id, options_.client_id + "-" + RandomSuffix());
+    if (socket_->curve) STRIDER_RETURN_IF_ERROR(socket_->curve->Secure(socket_->socket));
+    STRIDER_ASSIGN_OR_RETURN(socket_->watch,
+                             transport::HandshakeWatch::Start(socket_->context, socket_->socket));
     STRIDER_RETURN_IF_ERROR(transport::Connect(socket_->socket, options_.endpoint));
     ++reconnects_;
     socket_->needs_reconnect = false;
@@ -86,6 +101,7 @@ Status ActorClient::Reconnect() {
     const auto hello_deadline = std::min(Clock::now() + options_.ack_timeout, give_up);
     while (credit_bytes_ == 0 && Clock::now() < hello_deadline) {
       STRIDER_RETURN_IF_ERROR(Pump(milliseconds(20)));
+      STRIDER_RETURN_IF_ERROR(socket_->watch->Check("replay server at " + options_.endpoint));
     }
     if (credit_bytes_ > 0) {
       last_progress_ = Clock::now();
@@ -329,31 +345,44 @@ Result<std::string> ActorClient::Stats(milliseconds timeout) {
 struct LearnerClient::Socket {
   // Requests and replies only: its I/O thread should not wait behind bulk work on this machine.
   transport::LatencySensitiveContext context;
+  std::optional<transport::CurveClient> curve;
   zmq::socket_t socket;
+  std::unique_ptr<transport::HandshakeWatch> watch;  // of `socket`
 };
 
 LearnerClient::LearnerClient(LearnerClientOptions options)
     : options_(std::move(options)), socket_(std::make_unique<Socket>()) {}
 
 LearnerClient::~LearnerClient() {
-  if (socket_) socket_->socket.close();
+  if (!socket_) return;
+  socket_->watch.reset();
+  socket_->socket.close();
 }
 
 Result<std::unique_ptr<LearnerClient>> LearnerClient::Connect(
     const LearnerClientOptions& options) {
   STRIDER_RETURN_IF_ERROR(transport::CheckEndpoint(options.endpoint));
   std::unique_ptr<LearnerClient> client(new LearnerClient(options));
+  if (options.auth.enabled()) {
+    Result<transport::CurveClient> curve = transport::CurveClient::Load(options.auth);
+    if (!curve.ok()) return curve.status().WithContext("replay learner client: auth");
+    client->socket_->curve = std::move(*curve);
+  }
   STRIDER_RETURN_IF_ERROR(client->Reconnect());
   return client;
 }
 
 Status LearnerClient::Reconnect() {
+  socket_->watch.reset();
   socket_->socket.close();
   // Sample replies carry whole segments: no receive limit beyond the decoder's own.
   STRIDER_ASSIGN_OR_RETURN(socket_->socket,
                            transport::MakeSocket(socket_->context.get(), zmq::socket_type::dealer));
   socket_->context.MarkIoThreads();
   socket_->socket.set(zmq::sockopt::routing_id, options_.learner_id + "-" + RandomSuffix());
+  if (socket_->curve) STRIDER_RETURN_IF_ERROR(socket_->curve->Secure(socket_->socket));
+  STRIDER_ASSIGN_OR_RETURN(socket_->watch, transport::HandshakeWatch::Start(
+                                               socket_->context.get(), socket_->socket));
   return transport::Connect(socket_->socket, options_.endpoint);
 }
 
@@ -365,12 +394,17 @@ Result<schema::Message> LearnerClient::Call(const std::string& request,
   schema::DecodeLimits reply_limits = options_.limits;
   reply_limits.max_message_bytes = std::numeric_limits<size_t>::max();
   while (true) {
+    // A socket whose handshake failed has no peer: a send on it would block for good.
+    STRIDER_RETURN_IF_ERROR(socket_->watch->Check("replay server at " + options_.endpoint));
     STRIDER_RETURN_IF_ERROR(transport::SendParts(socket_->socket, {request}));
     const auto resend_at = std::min(deadline, Clock::now() + options_.request_timeout);
     while (Clock::now() < resend_at) {
       STRIDER_ASSIGN_OR_RETURN(bool readable,
                                transport::WaitReadable(socket_->socket, milliseconds(10)));
-      if (!readable) continue;
+      if (!readable) {
+        STRIDER_RETURN_IF_ERROR(socket_->watch->Check("replay server at " + options_.endpoint));
+        continue;
+      }
       STRIDER_ASSIGN_OR_RETURN(std::vector<zmq::message_t> parts,
                                transport::ReceiveParts(socket_->socket));
       if (parts.empty()) continue;
@@ -435,8 +469,10 @@ Result<SampleBatch> LearnerClient::Fetch(const std::string& request) {
 
 Result<SampleBatch> LearnerClient::Sample(uint64_t step, uint32_t count, uint64_t policy_version,
                                           milliseconds timeout) {
-  const std::string request = schema::EncodeSampleRequest(
-      {options_.table, options_.learner_id, step, count, policy_version});
+  schema::SampleRequest sample{options_.table, options_.learner_id, step, count, policy_version};
+  sample.rank = options_.rank;
+  sample.world_size = std::max<uint32_t>(1, options_.world_size);
+  const std::string request = schema::EncodeSampleRequest(sample);
   const auto deadline = Clock::now() + timeout;
   while (true) {
     // `timeout` bounds the wait for data, not the server's answer: the last poll before the

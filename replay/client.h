@@ -12,6 +12,7 @@
 
 #include "common/schema/messages.h"
 #include "common/status.h"
+#include "common/transport/auth.h"
 
 namespace strider::replay {
 
@@ -34,6 +35,9 @@ struct ActorClientOptions {
   // goes out in frames of this size. Flush sends what waits. 0: one segment per frame.
   uint64_t batch_bytes = 4 << 20;
   schema::DecodeLimits limits;
+  // This actor's key pair and the server's public key; empty: no CURVE. A server that refuses
+  // the key (or wants one) makes Connect fail with FailedPrecondition saying so.
+  transport::ClientAuth auth;
 };
 
 // Whether the client sends the segment of this error reply again by itself (credit exhausted,
@@ -123,9 +127,16 @@ struct LearnerClientOptions {
   std::string endpoint;  // the server's learner endpoint
   std::string learner_id = "learner";
   std::string table;     // empty: the server's first table
+  // Data-parallel learner ranks: the `world_size` ranks of one learner id share each step's
+  // draw, and rank r gets units [r n / world_size, (r + 1) n / world_size) of the n drawn
+  // (schema 1.3; `count` in Sample is the whole group's).
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
   // A request unanswered for this long is sent again on a fresh connection (it is idempotent).
   std::chrono::milliseconds request_timeout{3000};
   schema::DecodeLimits limits;
+  // As ActorClientOptions::auth; a refusal is FailedPrecondition from the call that met it.
+  transport::ClientAuth auth;
 };
 
 struct SampledItem {

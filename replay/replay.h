@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/transport/auth.h"
 #include "replay/samplers/interface.h"
 
 namespace strider::replay {
@@ -72,6 +73,13 @@ struct ServerOptions {
   std::string learner_endpoint;
   // Empty: one fifo table named "main" with default limits.
   std::vector<TableConfig> tables;
+
+  // CURVE on both endpoints (`server.auth`, docs/replay.md): the server's key pair and the
+  // clients let in. Without a key, binding a non-loopback address needs auth.insecure.
+  transport::ServerAuth auth;
+  // The clients let in on the learner endpoint; empty: auth.authorized_keys. Separate lists keep
+  // actors from sampling and learners from writing.
+  std::vector<std::string> learner_keys;
 
   // Limits on what clients send.
   uint64_t max_message_bytes = 64ull << 20;

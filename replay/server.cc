@@ -85,6 +85,20 @@ Status ServerImpl::Init() {
   // full pipe makes ZeroMQ stop reading that connection, so the rest waits in the actor's socket.
   actor_socket_.set(zmq::sockopt::rcvhwm, 4);
   actor_socket_.set(zmq::sockopt::sndhwm, 100000);
+  if (options_.auth.enabled()) {
+    // A refused client never completes its handshake: the actor and learner threads never see
+    // a message of it, so it can neither write nor sample.
+    STRIDER_ASSIGN_OR_RETURN(actor_curve_,
+                             transport::CurveServer::Start(actor_context_.get(), options_.auth,
+                                                           "replay server (actor endpoint)"));
+    transport::ServerAuth learner_auth = options_.auth;
+    if (!options_.learner_keys.empty()) learner_auth.authorized_keys = options_.learner_keys;
+    STRIDER_ASSIGN_OR_RETURN(learner_curve_,
+                             transport::CurveServer::Start(learner_context_.get(), learner_auth,
+                                                           "replay server (learner endpoint)"));
+    STRIDER_RETURN_IF_ERROR(actor_curve_->Secure(actor_socket_));
+    STRIDER_RETURN_IF_ERROR(learner_curve_->Secure(learner_socket_));
+  }
   STRIDER_ASSIGN_OR_RETURN(std::string actor_bound,
                            transport::Bind(actor_socket_, options_.actor_endpoint));
   STRIDER_ASSIGN_OR_RETURN(std::string learner_bound,
@@ -120,8 +134,9 @@ Status ServerImpl::Init() {
     transport::NameThisThread("replay-learner");
     LearnerLoop();
   });
-  spdlog::info("replay server: store {}, actors on {}, learners on {}, {} table(s)",
-               options_.db_path, actor_endpoint_, learner_endpoint_, tables_.size());
+  spdlog::info("replay server: store {}, actors on {}, learners on {}, {} table(s){}",
+               options_.db_path, actor_endpoint_, learner_endpoint_, tables_.size(),
+               options_.auth.enabled() ? ", CURVE with ZAP" : "");
   return Status::Ok();
 }
 
@@ -271,6 +286,8 @@ void ServerImpl::Stop() {
     learner_socket_.close();
     wake_receiver_.close();
     wake_sender_.close();
+    actor_curve_.reset();
+    learner_curve_.reset();
     store_.reset();
   });
 }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/config.h"
+#include "common/transport/curve.h"
 #include "common/transport/zmq_util.h"
 #include "replay/server_impl.h"
 
@@ -50,8 +51,35 @@ Status CompleteAndCheckOptions(ServerOptions& options) {
   }
   STRIDER_RETURN_IF_ERROR(
       transport::CheckEndpoint(options.actor_endpoint).WithContext("replay server: actor endpoint"));
-  return transport::CheckEndpoint(options.learner_endpoint)
-      .WithContext("replay server: learner endpoint");
+  STRIDER_RETURN_IF_ERROR(transport::CheckEndpoint(options.learner_endpoint)
+                              .WithContext("replay server: learner endpoint"));
+  STRIDER_RETURN_IF_ERROR(transport::CheckBindAllowed(options.actor_endpoint, options.auth,
+                                                      "replay server: actor endpoint"));
+  STRIDER_RETURN_IF_ERROR(transport::CheckBindAllowed(options.learner_endpoint, options.auth,
+                                                      "replay server: learner endpoint"));
+  if (!options.auth.enabled()) {
+    if (!options.learner_keys.empty()) {
+      return Status::InvalidArgument("replay server: auth.learner_keys needs auth.secret_key");
+    }
+    return Status::Ok();
+  }
+  if (options.auth.authorized_keys.empty()) {
+    return Status::InvalidArgument(
+        "replay server: auth.authorized_keys is required with auth.secret_key");
+  }
+  // Every key file is read now, so a bad one stops the start before the store is touched.
+  STRIDER_RETURN_IF_ERROR(transport::LoadCurveKeyPair(options.auth.secret_key)
+                              .status()
+                              .WithContext("replay server: auth.secret_key"));
+  STRIDER_RETURN_IF_ERROR(transport::LoadAuthorizedKeys(options.auth.authorized_keys)
+                              .status()
+                              .WithContext("replay server: auth.authorized_keys"));
+  if (!options.learner_keys.empty()) {
+    STRIDER_RETURN_IF_ERROR(transport::LoadAuthorizedKeys(options.learner_keys)
+                                .status()
+                                .WithContext("replay server: auth.learner_keys"));
+  }
+  return Status::Ok();
 }
 
 }  // namespace internal
@@ -102,6 +130,11 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   options.max_store_bytes = static_cast<uint64_t>(std::max<int64_t>(max_store_bytes, 0));
   server.Optional("sample_log_steps", &options.sample_log_steps);
   server.Optional("stats_interval_s", &options.stats_interval_s);
+  ConfigReader auth = server.Section("auth");
+  options.auth = transport::ReadServerAuth(auth);
+  auth.Optional("learner_keys", &options.learner_keys);
+  auth.Check(options.learner_keys.empty() || options.auth.enabled(), "learner_keys",
+             "needs secret_key");
   server.Check(max_message_bytes >= 4096, "max_message_bytes", "must be at least 4096");
   server.Check(credit_bytes >= max_message_bytes, "credit_bytes",
                "must be at least max_message_bytes");

@@ -49,6 +49,7 @@
 
 #include "common/schema/messages.h"
 #include "common/status.h"
+#include "common/transport/curve.h"
 #include "common/transport/zmq_util.h"
 #include "replay/replay.h"
 #include "replay/storage.h"
@@ -229,6 +230,10 @@ class ServerImpl : public ReplayServer {
   // Its I/O thread, like the learner thread, is latency-sensitive (transport::MarkLatencySensitive):
   // on waking it runs ahead of the writers and the actors' I/O instead of waiting out their slices.
   transport::LatencySensitiveContext learner_context_;
+  // With auth: each context's ZAP handler and the key pair (released in Stop, before the
+  // contexts end).
+  std::unique_ptr<transport::CurveServer> actor_curve_;
+  std::unique_ptr<transport::CurveServer> learner_curve_;
   zmq::socket_t actor_socket_;
   zmq::socket_t learner_socket_;
   zmq::socket_t wake_receiver_;  // actor thread

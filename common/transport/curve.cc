@@ -475,9 +475,10 @@ Status HandshakeWatch::Check(const std::string& peer) {
       case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
         if (++no_detail_in_a_row_ >= kNoDetailFailures) {
           failure_ = Status::FailedPrecondition(
-              peer + " closed the connection during the security handshake " +
+              peer + ": security handshake failed: the connection closed during it " +
               std::to_string(kNoDetailFailures) +
-              " times in a row: is auth.server_key this server's public key?");
+              " times in a row: the server wants CURVE keys this client lacks (auth:), or "
+              "auth.server_key is not the server's public key");
         }
         break;
       default:

@@ -30,6 +30,7 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "common/transport/auth.h"
 
 namespace strider::transport {
 
@@ -58,24 +59,6 @@ Result<std::string> LoadCurvePublicKey(const std::string& path);
 // The public keys of each path: a key file, or a directory whose *.key files are all read (one
 // without any is an error, as is an empty list).
 Result<std::set<std::string>> LoadAuthorizedKeys(const std::vector<std::string>& paths);
-
-// The `auth:` block of a service that binds an endpoint (replay server, weight publisher).
-struct ServerAuth {
-  // This service's NAME.key_secret; empty: no CURVE (plain ZeroMQ, anyone may connect).
-  std::string secret_key;
-  // Key files or directories of *.key files: the clients allowed in. Required with secret_key.
-  std::vector<std::string> authorized_keys;
-  // Allows binding a non-loopback address without secret_key.
-  bool insecure = false;
-  bool enabled() const { return !secret_key.empty(); }
-};
-
-// The `auth:` block of a service that connects (actor, learner client).
-struct ClientAuth {
-  std::string secret_key;  // this client's NAME.key_secret; empty: no CURVE
-  std::string server_key;  // the server's NAME.key (or NAME.key_secret); needed with secret_key
-  bool enabled() const { return !secret_key.empty(); }
-};
 
 // Reads `secret_key`, `authorized_keys` and `insecure` from an `auth:` section, checking that
 // they come together (authorized_keys without secret_key and the reverse are errors).
