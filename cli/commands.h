@@ -47,6 +47,10 @@ struct RlLearnerFlags {
   std::string publish;
   std::string init;  // overrides the config's init (starting weights, also the reference policy)
   std::string http;  // HOST:PORT for /metrics and /status; empty: none
+  // Data-parallel ranks (override the config's distributed block; -1 / empty: the config's).
+  int64_t rank = -1;
+  int64_t world_size = -1;
+  std::string rendezvous;
 };
 int RunRlLearnerCommand(const RlLearnerFlags& flags);
 

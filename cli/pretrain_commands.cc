@@ -87,6 +87,14 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
                       "mode rl: starting weights, safetensors (overrides init; also the reference "
                       "policy of scoring.reference: initial)")
       ->check(CLI::ExistingFile);
+  learner->add_option("--rank", rl_flags->rank,
+                      "mode rl: this process's rank among --world-size data-parallel learner "
+                      "ranks (overrides distributed.rank)");
+  learner->add_option("--world-size", rl_flags->world_size,
+                      "mode rl: data-parallel learner ranks (overrides distributed.world_size)");
+  learner->add_option("--rendezvous", rl_flags->rendezvous,
+                      "mode rl: HOST:PORT where rank 0 hosts the ranks' TCPStore (overrides "
+                      "distributed.rendezvous)");
   learner->add_option("--http", rl_flags->http,
                       "mode rl: serve /metrics (Prometheus) and /status (JSON) on HOST:PORT "
                       "(0: any port)");
@@ -105,6 +113,12 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
       if (!rl_flags->init.empty()) {
         exit_code = ReportError(Status::InvalidArgument(
             "--init is for mode rl; " + learner_flags->config + " has mode: pretrain"));
+        return;
+      }
+      if (rl_flags->rank >= 0 || rl_flags->world_size >= 0 || !rl_flags->rendezvous.empty()) {
+        exit_code = ReportError(Status::InvalidArgument(
+            "--rank, --world-size and --rendezvous are for mode rl; " + learner_flags->config +
+            " has mode: pretrain"));
         return;
       }
       PretrainFlags flags = *learner_flags;

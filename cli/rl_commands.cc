@@ -26,6 +26,18 @@ int RunRlLearnerCommand(const RlLearnerFlags& flags) {
   Result<rl::RlLearnerConfig> config = rl::LoadRlLearnerConfig(flags.config);
   if (!config.ok()) return ReportError(config.status());
   if (!flags.init.empty()) config->init = flags.init;
+  rl::RlDistributedConfig& dist = config->distributed;
+  if (flags.world_size >= 0) dist.world_size = flags.world_size;
+  if (flags.rank >= 0) dist.rank = flags.rank;
+  if (!flags.rendezvous.empty()) dist.rendezvous = flags.rendezvous;
+  if (dist.world_size < 1 || dist.rank < 0 || dist.rank >= dist.world_size) {
+    return ReportError(Status::InvalidArgument(
+        "--rank " + std::to_string(dist.rank) + " must be in [0, --world-size " +
+        std::to_string(dist.world_size) + ")"));
+  }
+  if (Result<rl::Rendezvous> rendezvous = rl::ParseRendezvous(dist.rendezvous); !rendezvous.ok()) {
+    return ReportError(rendezvous.status().WithContext("--rendezvous"));
+  }
   rl::RlRunOptions options;
   options.run_dir = flags.run_dir.empty() ? "runs/rl" : flags.run_dir;
   options.resume = flags.resume;
@@ -54,6 +66,10 @@ int RunRlLearnerCommand(const RlLearnerFlags& flags) {
                                     {"mode", "rl"},
                                     {"weights", endpoint},
                                     {"run_dir", options.run_dir}};
+    if (dist.world_size > 1) {
+      ready["rank"] = dist.rank;
+      ready["world_size"] = dist.world_size;
+    }
     if (pages) ready["http"] = pages->address();
     std::cout << ready.dump() << std::endl;
   };

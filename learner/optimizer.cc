@@ -48,6 +48,12 @@ Status AdamW::SetLearningRateScale(const std::string& name, double scale) {
   return Status::NotFound("optimizer has no parameter " + name);
 }
 
+std::vector<at::Tensor> AdamW::MomentTensors() const {
+  std::vector<at::Tensor> out = exp_avg_;
+  out.insert(out.end(), exp_avg_sq_.begin(), exp_avg_sq_.end());
+  return out;
+}
+
 void AdamW::ZeroGrad() {
   for (auto& [name, tensor] : parameters_) {
     if (tensor.grad().defined()) tensor.mutable_grad() = at::Tensor();

@@ -48,6 +48,10 @@ class AdamW {
   Status SetLearningRateScale(const std::string& name, double scale);
 
   int64_t step() const { return step_; }
+  // The moments (first, then second, in parameter order), in place: data-parallel ranks take
+  // rank 0's when they resume together.
+  std::vector<at::Tensor> MomentTensors() const;
+  void set_step(int64_t step) { step_ = step; }
   const AdamWOptions& options() const { return options_; }
 
   Status Save(const std::string& path) const;

@@ -70,7 +70,8 @@ schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Sta
         items.push_back(DecodeU64(std::string_view(raw).substr(at, 8)));
       }
       reply.replayed = true;
-      samples_replayed_++;
+      // A rank of a group reads the draw another rank made: that is no replay.
+      if (request.world_size <= 1) samples_replayed_++;
     } else if (request.step <= state.last_step) {
       *error = Status::OutOfRange(
           std::string(schema::reject::kRange) + ": learner '" + request.learner_id +
@@ -116,6 +117,17 @@ schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Sta
         return reply;
       }
       learners_[{name, request.learner_id}] = state;
+      // A group's later ranks find the draw recorded: the client stops waiting on this flag
+      // even when a rank's slice is empty.
+      reply.replayed = request.world_size > 1;
+    }
+    if (request.world_size > 1) {
+      // Learner ranks share the step's draw; each takes its slice of the units, so the group
+      // trains on every drawn unit exactly once (and a resumed rank on the same slice again).
+      const size_t n = items.size();
+      const size_t begin = n * request.rank / request.world_size;
+      const size_t end = n * (request.rank + 1) / request.world_size;
+      items = std::vector<uint64_t>(items.begin() + begin, items.begin() + end);
     }
     for (uint64_t item : items) {
       const ItemInfo* info = table->Find(item);

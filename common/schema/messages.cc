@@ -658,6 +658,8 @@ Status ReadMessage(wire::Message::Reader root, const DecodeLimits& limits,
       r.step = request.getStep();
       r.count = request.getCount();
       r.policy_version = request.getPolicyVersion();
+      r.rank = request.getRank();
+      r.world_size = std::max<uint32_t>(1, request.getWorldSize());
       if (request.hasFetchTrajectory()) {
         auto key = request.getFetchTrajectory();
         r.fetch_trajectory.assign(reinterpret_cast<const char*>(key.begin()), key.size());
@@ -680,6 +682,11 @@ Status ReadMessage(wire::Message::Reader root, const DecodeLimits& limits,
       if (r.count == 0 || r.count > 65536) {
         return Reject(reject::kRange, "sampleRequest.count must be in [1, 65536], got " +
                                           std::to_string(r.count));
+      }
+      if (r.world_size > 65536 || r.rank >= r.world_size) {
+        return Reject(reject::kRange, "sampleRequest.rank " + std::to_string(r.rank) +
+                                          " is not below worldSize " +
+                                          std::to_string(r.world_size) + " (at most 65536)");
       }
       return Status::Ok();
     }
@@ -1003,6 +1010,10 @@ std::string EncodeSampleRequest(const SampleRequest& request) {
   out.setStep(request.step);
   out.setCount(request.count);
   out.setPolicyVersion(request.policy_version);
+  if (request.world_size > 1) {
+    out.setRank(request.rank);
+    out.setWorldSize(request.world_size);
+  }
   if (!request.fetch_trajectory.empty()) out.setFetchTrajectory(AsData(request.fetch_trajectory));
   if (!request.fetch_group.empty()) out.setFetchGroup(AsData(request.fetch_group));
   return Seal(builder);

@@ -28,7 +28,8 @@ namespace strider::schema {
 inline constexpr uint16_t kSchemaMajor = 1;
 // 1.1: Credit::max_frame_bytes. 1.2: step labels and positions, group, end reason, sampling
 // settings and context routing on segments; end reason and conflicts in trajectory summaries.
-inline constexpr uint16_t kSchemaMinor = 2;
+// 1.3: SampleRequest::rank and world_size (learner ranks sharing one draw per step).
+inline constexpr uint16_t kSchemaMinor = 3;
 inline constexpr uint32_t kEnvelopeMagic = 0x44525453;  // "STRD" little-endian
 inline constexpr size_t kEnvelopeHeaderBytes = 24;
 
@@ -226,6 +227,10 @@ struct SampleRequest {
   // step and count are ignored and no draw is recorded.
   std::string fetch_trajectory;
   std::string fetch_group;
+  // Since 1.3: this learner's rank in a group of world_size ranks sharing the learner id; the
+  // step's draw is shared and each rank gets its slice of the units (replay.capnp).
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
   bool is_fetch() const { return !fetch_trajectory.empty() || !fetch_group.empty(); }
 };
 

@@ -187,6 +187,12 @@ struct SampleRequest {
   # trajectories, in order; nothing is sampled, step and count are ignored.
   fetchTrajectory @5 :Data;
   fetchGroup @6 :Data;
+  # Since 1.3, a learner group of worldSize ranks (data parallel) shares one draw per step: the
+  # first rank to ask for a step draws `count` units for the whole group and every rank gets
+  # its slice, units [rank * n / worldSize, (rank + 1) * n / worldSize) of the n drawn. 0 and 1
+  # both mean a learner alone.
+  rank @7 :UInt32;
+  worldSize @8 :UInt32;
 }
 
 struct SampledSegment {

@@ -4,6 +4,29 @@
 
 namespace strider::rl {
 
+Result<Rendezvous> ParseRendezvous(const std::string& text) {
+  const size_t colon = text.rfind(':');
+  auto bad = [&] {
+    return Status::InvalidArgument("rendezvous '" + text +
+                                   "': expected HOST:PORT with a port in [1, 65535]");
+  };
+  if (colon == std::string::npos || colon == 0) return bad();
+  Rendezvous out;
+  out.host = text.substr(0, colon);
+  if (out.host.front() == '[') {
+    if (out.host.size() < 3 || out.host.back() != ']') return bad();
+    out.host = out.host.substr(1, out.host.size() - 2);
+  }
+  const std::string port = text.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) {
+    return bad();
+  }
+  const unsigned long value = std::stoul(port);
+  if (value < 1 || value > 65535) return bad();
+  out.port = static_cast<uint16_t>(value);
+  return out;
+}
+
 Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
   STRIDER_ASSIGN_OR_RETURN(ConfigReader root, ConfigReader::FromFile(path));
   RlLearnerConfig config;
@@ -107,6 +130,24 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
     ConfigReader checkpoint = root.Section("checkpoint");
     checkpoint.Optional("every_steps", &config.checkpoint_every_steps);
     checkpoint.Check(config.checkpoint_every_steps >= 0, "every_steps", "must not be negative");
+  }
+  {
+    ConfigReader distributed = root.Section("distributed");
+    RlDistributedConfig& d = config.distributed;
+    distributed.Optional("world_size", &d.world_size);
+    distributed.Check(d.world_size >= 1 && d.world_size <= 65536, "world_size",
+                      "must be in [1, 65536]");
+    distributed.Optional("rank", &d.rank);
+    distributed.Check(d.rank >= 0 && d.rank < d.world_size, "rank",
+                      "must be in [0, world_size)");
+    distributed.Optional("rendezvous", &d.rendezvous);
+    distributed.Check(ParseRendezvous(d.rendezvous).ok(), "rendezvous",
+                      "must be HOST:PORT with a port in [1, 65535]");
+    distributed.Optional("interface", &d.interface);
+    distributed.Optional("timeout_s", &d.timeout_s);
+    distributed.Check(d.timeout_s > 0, "timeout_s", "must be positive");
+    distributed.Optional("bucket_mb", &d.bucket_mb);
+    distributed.Check(d.bucket_mb >= 1, "bucket_mb", "must be at least 1");
   }
   const PolicyLossOptions& loss = config.objective.loss;
   if (loss.kl_coef > 0 || config.reward.implicit_weight != 0) {

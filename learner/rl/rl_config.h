@@ -59,6 +59,20 @@ struct RlScoringConfig {
   std::string reference = "initial";
 };
 
+// Data-parallel learner ranks (learner/distributed.h, docs/fleet.md): world_size processes with
+// one config, each told its rank (`--rank`), meeting at rank 0's TCPStore (`--rendezvous`);
+// the command-line flags win over these keys.
+struct RlDistributedConfig {
+  int64_t world_size = 1;
+  int64_t rank = 0;
+  std::string rendezvous = "127.0.0.1:29500";  // HOST:PORT rank 0 listens on
+  // The network interface Gloo's connections use (eth0, ib0); empty: the address of this
+  // host's name, or loopback when the rendezvous host is a loopback address.
+  std::string interface;
+  double timeout_s = 120;  // rendezvous, and any one collective: a lost rank's bound
+  int64_t bucket_mb = 25;  // gradients all-reduced in buckets of about this size
+};
+
 struct RlLearnerConfig {
   std::string origin;             // the file it came from
   std::string model_config_path;  // resolved
@@ -82,7 +96,15 @@ struct RlLearnerConfig {
   // scores are the learned process rewards (required when reward.process_model_weight != 0).
   std::string process_model;
   int64_t checkpoint_every_steps = 0;  // 0: only at exit
+  RlDistributedConfig distributed;
 };
+
+struct Rendezvous {
+  std::string host;  // without brackets for IPv6
+  uint16_t port = 0;
+};
+// HOST:PORT ([::1]:PORT for IPv6), the port in [1, 65535].
+Result<Rendezvous> ParseRendezvous(const std::string& text);
 
 // Reads a `mode: rl` learner config. Paths (model_config, init, scoring.reference) are resolved
 // against the working directory, then the config file's directory and its parents.

@@ -17,6 +17,7 @@
 #include "common/model/model.h"
 #include "common/transport/weight_stream.h"
 #include "learner/checkpoint.h"
+#include "learner/distributed.h"
 #include "learner/learner.h"
 #include "learner/progress.h"
 #include "learner/rl/rl_step.h"
@@ -90,6 +91,37 @@ Result<std::unique_ptr<Model>> LoadReference(const RlLearnerConfig& config) {
   return model;
 }
 
+// The router's record of a rank that trained nothing this step: every sparse layer with no
+// positions, so the rank still takes part in gathering the group's record.
+RoutingRecord EmptyRouting(const Model& model) {
+  const ModelConfig& c = model.config();
+  RoutingRecord record;
+  for (int64_t layer = 0; layer < c.layers; ++layer) {
+    if (!c.IsMoeLayer(layer)) continue;
+    record.layers.push_back(
+        {at::zeros({1, 0, c.feed_forward.experts_per_token}, at::kLong),
+         at::zeros({1, 0, c.feed_forward.routed_experts}, at::TensorOptions(model.dtype()))});
+  }
+  return record;
+}
+
+// Every rank's routing record joined along the positions, so each rank fits the router
+// biases on the same statistics and the weights stay identical.
+Result<RoutingRecord> GatherRouting(LearnerGroup& group, const Model& model,
+                                    RoutingRecord record) {
+  if (record.layers.empty()) record = EmptyRouting(model);
+  RoutingRecord joined;
+  for (RoutingRecord::Layer& layer : record.layers) {
+    RoutingRecord::Layer out;
+    STRIDER_ASSIGN_OR_RETURN(out.experts, group.AllGatherAlong(layer.experts.reshape(
+                                              {1, -1, layer.experts.size(-1)}), 1));
+    STRIDER_ASSIGN_OR_RETURN(out.scores, group.AllGatherAlong(layer.scores.reshape(
+                                             {1, -1, layer.scores.size(-1)}), 1));
+    joined.layers.push_back(std::move(out));
+  }
+  return joined;
+}
+
 double Mean(const std::vector<double>& values, size_t begin, size_t end) {
   if (end <= begin) return 0;
   double sum = 0;
@@ -102,11 +134,18 @@ double Mean(const std::vector<double>& values, size_t begin, size_t end) {
 Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOptions& options) {
   ConfigureRuntime(config.threads > 0 ? config.threads : config.model.threads);
   const auto run_started = Clock::now();
+  const RlDistributedConfig& dist = config.distributed;
+  const bool distributed = dist.world_size > 1;
+  // Rank 0 owns the run directory (published versions, the metrics the launcher reads); the
+  // other ranks keep their metrics and checkpoints beside it.
+  const std::string run_dir =
+      distributed && dist.rank > 0 ? options.run_dir + "/rank-" + std::to_string(dist.rank)
+                                   : options.run_dir;
   std::error_code error;
-  fs::create_directories(options.run_dir, error);
-  if (error) return Status::IoError("cannot create run directory " + options.run_dir);
+  fs::create_directories(run_dir, error);
+  if (error) return Status::IoError("cannot create run directory " + run_dir);
   STRIDER_ASSIGN_OR_RETURN(Progress progress,
-                           Progress::Open(options.run_dir + "/metrics.jsonl", /*bar=*/0));
+                           Progress::Open(run_dir + "/metrics.jsonl", /*bar=*/0));
 
   // Where to start.
   CheckpointState state;
@@ -134,6 +173,45 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
   Model& model = trainer->model();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> reference, LoadReference(config));
 
+  std::unique_ptr<LearnerGroup> group;
+  if (distributed) {
+    STRIDER_ASSIGN_OR_RETURN(Rendezvous rendezvous, ParseRendezvous(dist.rendezvous));
+    LearnerGroupOptions group_options;
+    group_options.rank = static_cast<int>(dist.rank);
+    group_options.world_size = static_cast<int>(dist.world_size);
+    group_options.host = rendezvous.host;
+    group_options.port = rendezvous.port;
+    group_options.interface = dist.interface;
+    group_options.timeout_s = dist.timeout_s;
+    group_options.bucket_bytes = dist.bucket_mb << 20;
+    STRIDER_ASSIGN_OR_RETURN(group, LearnerGroup::Join(group_options));
+    // Resumed together, from rank 0's checkpoint: its weights, optimiser moments and position
+    // are the group's. A rank whose own checkpoint is of another step (it was killed between
+    // two checkpoints, or has none) takes them all and says so; only its mini-batch order
+    // then differs from an uninterrupted run's.
+    STRIDER_ASSIGN_OR_RETURN(
+        std::vector<std::vector<int64_t>> positions,
+        group->AllGather({state.step, static_cast<int64_t>(state.policy_version),
+                          state.sample_step, state.total_tokens, trainer->optimizer().step()}));
+    const std::vector<int64_t>& lead = positions[0];
+    if (lead[0] != state.step) {
+      spdlog::warn("learner rank {}: its checkpoint is at step {}, rank 0's at step {}; taking "
+                   "rank 0's weights, optimiser state and position",
+                   dist.rank, state.step, lead[0]);
+    }
+    state.step = lead[0];
+    state.policy_version = static_cast<uint64_t>(lead[1]);
+    state.sample_step = lead[2];
+    state.total_tokens = lead[3];
+    trainer->optimizer().set_step(lead[4]);
+    std::vector<at::Tensor> tensors;
+    for (const auto& [name, tensor] : model.tensors()) tensors.push_back(tensor);
+    for (const at::Tensor& moment : trainer->optimizer().MomentTensors()) {
+      tensors.push_back(moment);
+    }
+    STRIDER_RETURN_IF_ERROR(group->Broadcast(tensors, 0));
+  }
+
   std::unique_ptr<reward::ProcessRewardModel> process_model;
   if (config.reward.UsesProcessModel()) {
     STRIDER_ASSIGN_OR_RETURN(process_model, reward::ProcessRewardModel::Load(config.process_model));
@@ -151,7 +229,7 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
   if (options.resume.empty()) settings.weights_version = state.policy_version;
 
   // Versions: above every one this run directory published, whatever the checkpoint says.
-  STRIDER_ASSIGN_OR_RETURN(const uint64_t published_before, ReadPublishedVersion(options.run_dir));
+  STRIDER_ASSIGN_OR_RETURN(const uint64_t published_before, ReadPublishedVersion(run_dir));
   uint64_t version = std::max(state.policy_version, published_before);
   RlRunSummary summary;
   const std::string publish_endpoint =
@@ -159,10 +237,18 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
   std::unique_ptr<transport::WeightPublisher> publisher;
   double publish_seconds = 0;
   auto publish = [&]() -> Status {
-    if (publisher == nullptr) return Status::Ok();
+    if (publisher == nullptr) {
+      // The other ranks of a group count the versions rank 0 publishes, so their samples ask
+      // for the same version and their mismatch checks compare the same policy.
+      if (distributed && dist.rank > 0) {
+        ++version;
+        settings.weights_version = version;
+      }
+      return Status::Ok();
+    }
     const auto started = Clock::now();
     STRIDER_ASSIGN_OR_RETURN(std::string bytes, model.SaveToBytes());
-    STRIDER_RETURN_IF_ERROR(WritePublishedVersion(options.run_dir, version + 1));
+    STRIDER_RETURN_IF_ERROR(WritePublishedVersion(run_dir, version + 1));
     ++version;
     STRIDER_RETURN_IF_ERROR(publisher->Publish(version, std::move(bytes), config.model.name));
     settings.weights_version = version;
@@ -170,7 +256,7 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
     spdlog::info("learner: published version {} in {:.3f} s", version, publish_seconds);
     return Status::Ok();
   };
-  if (!publish_endpoint.empty()) {
+  if (!publish_endpoint.empty() && (!distributed || dist.rank == 0)) {
     transport::WeightPublisherOptions publisher_options;
     publisher_options.endpoint = publish_endpoint;
     publisher_options.chunk_bytes = static_cast<uint32_t>(config.publish.chunk_bytes);
@@ -182,12 +268,28 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       STRIDER_RETURN_IF_ERROR(publish());
     }
   }
+  if (group != nullptr) {
+    // Rank 0's versions are the group's: it alone knows what its run directory published.
+    STRIDER_ASSIGN_OR_RETURN(
+        std::vector<std::vector<int64_t>> versions,
+        group->AllGather({static_cast<int64_t>(version),
+                          settings.weights_version ? static_cast<int64_t>(*settings.weights_version)
+                                                   : int64_t{-1}}));
+    version = static_cast<uint64_t>(versions[0][0]);
+    if (versions[0][1] >= 0) {
+      settings.weights_version = static_cast<uint64_t>(versions[0][1]);
+    } else {
+      settings.weights_version.reset();
+    }
+  }
 
   replay::LearnerClientOptions client_options;
   client_options.endpoint =
       options.replay_endpoint.empty() ? config.replay.endpoint : options.replay_endpoint;
   client_options.learner_id = config.replay.learner_id;
   client_options.table = config.replay.table;
+  client_options.rank = static_cast<uint32_t>(dist.rank);
+  client_options.world_size = static_cast<uint32_t>(dist.world_size);
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::LearnerClient> client,
                            replay::LearnerClient::Connect(client_options));
   spdlog::info("learner: mode rl, model {}, replay {} table '{}', weights {}, from step {}",
@@ -212,18 +314,20 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
     out.sample_step = step;
     out.total_tokens = total_tokens;
     out.sampler_cursor = config.replay.learner_id;
-    return trainer->WriteCheckpoint(options.run_dir + "/checkpoints/" + name, out);
+    return trainer->WriteCheckpoint(run_dir + "/checkpoints/" + name, out);
   };
 
+  auto stop_requested = [&] { return options.stop != nullptr && options.stop->load(); };
   while (step < last_step) {
-    if (options.stop != nullptr && options.stop->load()) break;
+    // A group stops together (below), at the step one of its ranks was asked to stop at.
+    if (stop_requested() && group == nullptr) break;
     const auto step_started = Clock::now();
     // 1. Sample, in short waits so a stop request is seen.
     Result<replay::SampleBatch> batch = Status::ResourceExhausted("not sampled");
     const auto deadline =
         step_started + std::chrono::duration_cast<Clock::duration>(
                            std::chrono::duration<double>(config.replay.sample_timeout_s));
-    while (true) {
+    while (!stop_requested()) {
       batch = client->Sample(static_cast<uint64_t>(step + 1),
                              static_cast<uint32_t>(config.replay.units_per_step), version,
                              std::chrono::milliseconds(1000));
@@ -236,10 +340,19 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
         spdlog::warn("learner step {}: {}; retrying", step + 1, batch.status().ToString());
       }
     }
-    if (!batch.ok()) {
-      if (options.stop != nullptr && options.stop->load()) break;
+    const bool stopping = !batch.ok() && stop_requested();
+    if (!batch.ok() && !stopping) {
       return batch.status().WithContext("learner step " + std::to_string(step + 1) +
                                         ": sampling from " + client_options.endpoint);
+    }
+    if (group != nullptr) {
+      // The ranks that sampled leave their draws unused: the server keeps each step's draw, so
+      // a resumed group trains on exactly these units.
+      std::vector<double> anyone_stopping = {stopping ? 1.0 : 0.0};
+      STRIDER_RETURN_IF_ERROR(group->AllReduceSum(anyone_stopping));
+      if (anyone_stopping[0] > 0) break;
+    } else if (stopping) {
+      break;
     }
     const double sample_seconds = Seconds(step_started);
     const auto compute_started = Clock::now();
@@ -268,7 +381,24 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       }
       kept.push_back(&t);
     }
-    const double trajectories = static_cast<double>(prepared.trajectories.size());
+    // The group's step in one set of figures: the batch is the union of the ranks' slices.
+    std::vector<double> totals = {reward_sum,
+                                  staleness_sum,
+                                  static_cast<double>(successes),
+                                  static_cast<double>(finished),
+                                  static_cast<double>(prepared.trajectories.size()),
+                                  static_cast<double>(kept.size()),
+                                  static_cast<double>(prepared.tokens),
+                                  static_cast<double>(prepared.action_tokens)};
+    if (group != nullptr) STRIDER_RETURN_IF_ERROR(group->AllReduceSum(totals));
+    reward_sum = totals[0];
+    staleness_sum = totals[1];
+    successes = static_cast<int64_t>(totals[2]);
+    finished = static_cast<int64_t>(totals[3]);
+    const double trajectories = totals[4];
+    const int64_t kept_total = static_cast<int64_t>(totals[5]);
+    const int64_t batch_tokens = static_cast<int64_t>(totals[6]);
+    const int64_t batch_action_tokens = static_cast<int64_t>(totals[7]);
 
     // 4. Epochs and mini-batches.
     const auto update_started = Clock::now();
@@ -276,10 +406,15 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
     TrainerStep last;
     double violation = -1;
     int64_t updates = 0;
-    if (!kept.empty()) {
+    const double allreduce_before = group != nullptr ? group->stats().allreduce_seconds : 0;
+    if (kept_total > 0) {
       RoutingRecord routing;
+      // Every rank runs the same number of updates (collectives pair up), some of them perhaps
+      // on an empty share.
       const int64_t minibatches =
-          std::min<int64_t>(config.train.minibatches, static_cast<int64_t>(kept.size()));
+          group != nullptr
+              ? config.train.minibatches
+              : std::min<int64_t>(config.train.minibatches, static_cast<int64_t>(kept.size()));
       for (int64_t epoch = 0; epoch < config.train.ppo_epochs; ++epoch) {
         std::vector<const TrainingTrajectory*> order = kept;
         if (kept.size() > 1) {
@@ -295,10 +430,31 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
           const size_t end = order.size() * (m + 1) / minibatches;
           std::span<const TrainingTrajectory* const> part(order.data() + begin, end - begin);
           trainer->ZeroGrad();
+          // The loss is aggregated over the group's mini-batch: every rank weighs its share by
+          // the action-token counts of all of it (rank order).
+          std::vector<int64_t> all_counts;
+          size_t offset = 0;
+          if (group != nullptr) {
+            std::vector<int64_t> own;
+            for (const TrainingTrajectory* t : part) {
+              own.push_back(static_cast<int64_t>(t->prepared.positions.size()));
+            }
+            STRIDER_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> counts,
+                                     group->AllGather(own));
+            for (int r = 0; r < group->world_size(); ++r) {
+              if (r < group->rank()) offset += counts[r].size();
+              all_counts.insert(all_counts.end(), counts[r].begin(), counts[r].end());
+            }
+            if (all_counts.empty()) continue;  // an empty share on every rank
+          }
           STRIDER_ASSIGN_OR_RETURN(
               UpdateMetrics metrics,
               AccumulateGradients(model, part, settings,
-                                  config.balance && epoch == 0 ? &routing : nullptr));
+                                  config.balance && epoch == 0 ? &routing : nullptr,
+                                  group != nullptr ? &all_counts : nullptr, offset));
+          if (group != nullptr) {
+            STRIDER_RETURN_IF_ERROR(group->AllReduceGradients(model.TrainableParameters()));
+          }
           STRIDER_ASSIGN_OR_RETURN(last, trainer->Step(trainer->optimizer().step()));
           settings.weights_version.reset();
           ++updates;
@@ -311,13 +467,17 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
           update.tokens += metrics.tokens;
         }
       }
-      if (config.balance && !routing.layers.empty()) {
+      if (config.balance && group != nullptr) {
+        STRIDER_ASSIGN_OR_RETURN(RoutingRecord joined,
+                                 GatherRouting(*group, model, std::move(routing)));
+        STRIDER_ASSIGN_OR_RETURN(violation, trainer->BalanceRouting(std::move(joined)));
+      } else if (config.balance && !routing.layers.empty()) {
         STRIDER_ASSIGN_OR_RETURN(violation, trainer->BalanceRouting(std::move(routing)));
       }
     }
     const double update_seconds = Seconds(update_started);
     ++step;
-    total_tokens += prepared.tokens;
+    total_tokens += batch_tokens;
 
     // 5. Publish.
     publish_seconds = 0;
@@ -341,10 +501,9 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
         {"policy_version", version},
         {"reward_mean", reward_mean},
         {"success_rate", finished > 0 ? static_cast<double>(successes) / finished : 0.0},
-        {"trajectories", static_cast<int64_t>(prepared.trajectories.size())},
-        {"trained_trajectories", static_cast<int64_t>(kept.size())},
-        {"excluded_trajectories",
-         static_cast<int64_t>(prepared.trajectories.size() - kept.size())},
+        {"trajectories", static_cast<int64_t>(trajectories)},
+        {"trained_trajectories", kept_total},
+        {"excluded_trajectories", static_cast<int64_t>(trajectories) - kept_total},
         {"mismatch_excluded", prepared.mismatch_excluded},
         {"filtered_groups", prepared.filtered_groups},
         {"logprob_mismatch_max", prepared.mismatch_max},
@@ -363,9 +522,9 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
         {"learning_rate", last.learning_rate},
         {"gradient_norm", last.gradient_norm},
         {"updates", updates},
-        {"tokens", prepared.tokens},
-        {"action_tokens", prepared.action_tokens},
-        {"tokens_per_second", prepared.tokens / std::max(step_seconds, 1e-9)},
+        {"tokens", batch_tokens},
+        {"action_tokens", batch_action_tokens},
+        {"tokens_per_second", batch_tokens / std::max(step_seconds, 1e-9)},
         {"sample_seconds", sample_seconds},
         {"score_seconds", prepared.score_seconds},
         {"update_seconds", update_seconds},
@@ -373,6 +532,12 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
         {"step_seconds", step_seconds},
         {"busy_fraction", compute_seconds / std::max(step_seconds, 1e-9)},
     };
+    if (group != nullptr) {
+      // Counts above are the group's; mismatch, loss and timing figures this rank's.
+      line["rank"] = group->rank();
+      line["world_size"] = group->world_size();
+      line["allreduce_seconds"] = group->stats().allreduce_seconds - allreduce_before;
+    }
     if (!std::isfinite(last.gradient_norm)) line["gradient_norm"] = nullptr;
     // Nothing measured is not a measured zero.
     if (prepared.mismatch_measured == 0) {
@@ -394,8 +559,8 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
         "learner step {}/{}: v{} reward {:.3f} success {:.2f} kept {}/{} mismatch {:.2e} "
         "clip {:.3f} entropy {:.3f} {:.1f} s",
         step, config.train.steps, version, reward_mean,
-        finished > 0 ? static_cast<double>(successes) / finished : 0.0, kept.size(),
-        prepared.trajectories.size(), prepared.mismatch_max, update.metrics.clip_fraction(),
+        finished > 0 ? static_cast<double>(successes) / finished : 0.0, kept_total,
+        static_cast<int64_t>(trajectories), prepared.mismatch_max, update.metrics.clip_fraction(),
         update.metrics.entropy(), step_seconds);
     if (config.checkpoint_every_steps > 0 && step % config.checkpoint_every_steps == 0 &&
         step < last_step) {

@@ -226,16 +226,29 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
 
 Result<UpdateMetrics> AccumulateGradients(const Model& model,
                                           std::span<const TrainingTrajectory* const> trajectories,
-                                          const StepSettings& settings, RoutingRecord* routing) {
+                                          const StepSettings& settings, RoutingRecord* routing,
+                                          const std::vector<int64_t>* all_counts, size_t offset) {
   UpdateMetrics result;
   const PolicyLossOptions& loss_options = settings.objective.loss;
   std::vector<int64_t> counts;
   for (const TrainingTrajectory* t : trajectories) {
     counts.push_back(static_cast<int64_t>(t->prepared.positions.size()));
   }
+  if (all_counts != nullptr) {
+    if (offset + counts.size() > all_counts->size() ||
+        !std::equal(counts.begin(), counts.end(), all_counts->begin() + offset)) {
+      return Status::InvalidArgument("update pass: this rank's action-token counts are not at " +
+                                     std::to_string(offset) + " of the group's " +
+                                     std::to_string(all_counts->size()));
+    }
+  } else {
+    offset = 0;
+  }
   STRIDER_ASSIGN_OR_RETURN(
       std::vector<double> weights,
-      SequenceLossWeights(loss_options.aggregation, counts, loss_options.loss_constant));
+      SequenceLossWeights(loss_options.aggregation, all_counts ? *all_counts : counts,
+                          loss_options.loss_constant));
+  weights.erase(weights.begin(), weights.begin() + offset);
   const bool values = loss_options.value_coef > 0;
   // Entropy is always measured (a metric); it is in the graph only when it has a weight.
   const bool entropy_bonus = loss_options.entropy_coef > 0;

@@ -117,9 +117,13 @@ struct UpdateMetrics {
 // With `routing` not null, the router's choices and scores of a strided sample of each
 // trajectory's positions (at most 16,384 of them) are appended to
 // it (one row, positions concatenated), for routing balance.
+// Data-parallel ranks aggregate over the whole group's mini-batch: `all_counts` holds the
+// action-token counts of every trajectory of it (rank order), this rank's at `offset`.
 Result<UpdateMetrics> AccumulateGradients(const Model& model,
                                           std::span<const TrainingTrajectory* const> trajectories,
                                           const StepSettings& settings,
-                                          RoutingRecord* routing = nullptr);
+                                          RoutingRecord* routing = nullptr,
+                                          const std::vector<int64_t>* all_counts = nullptr,
+                                          size_t offset = 0);
 
 }  // namespace strider::rl

@@ -15,6 +15,7 @@
 #include "common/model/model.h"
 #include "common/transport/weight_stream.h"
 #include "tests/integration/child_process.h"
+#include "tests/integration/rl_fixture.h"
 #include "tests/replay/temp_dir.h"
 
 namespace strider {
@@ -25,7 +26,11 @@ using strider::testing::ChildProcess;
 using strider::testing::SourceDir;
 using strider::testing::StriderBinary;
 using strider::testing::TempDir;
+using strider::testing::PlayEpisodes;
+using strider::testing::ReadFile;
+using strider::testing::ReadMetrics;
 using strider::testing::WaitEvent;
+using strider::testing::WriteLearnerConfig;
 
 // A group table that keeps everything sampleable (no staleness bound): these tests replay a
 // fixed set of version-0 trajectories.
@@ -33,45 +38,6 @@ constexpr char kReplayConfig[] =
     "server: {stats_interval_s: 0}\n"
     "tables:\n  - name: groups\n    unit: group\n    sampler: fifo\n"
     "    capacity: 1000\n    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n";
-
-// `episodes` calculator episodes in groups of 4 from the tiny model's seed-0 weights.
-void PlayEpisodes(const TempDir& dir, const std::string& endpoint, int episodes) {
-  const std::string config = dir.Sub("actor.yaml");
-  std::ofstream(config) << "actor:\n  model: " << SourceDir() << "/configs/model/tiny.yaml\n"
-                        << "  model_seed: 0\n  threads: 1\n  episodes: " << episodes
-                        << "\n  episodes_in_flight: 8\n  group_size: 4\n  max_turns: 2\n"
-                        << "  max_episode_tokens: 1024\n  seed: 3\n  segment_tokens: 128\n"
-                        << "  sampling: {temperature: 1.0, max_new_tokens: 32}\n"
-                        << "  engine: {cache_budget_mb: 64}\n"
-                        << "  replay: {endpoint: tcp://127.0.0.1:1}\n"
-                        << "  metrics: {interval_s: 5, progress: false}\n"
-                        << "env:\n  name: calculator\n  options: {difficulty: 1}\n";
-  ChildProcess actor;
-  ASSERT_TRUE(actor.Start({StriderBinary(), "actor", "--config", config, "--replay", endpoint,
-                           "--spill-dir", dir.Sub("spill")}));
-  nlohmann::json finished = WaitEvent(actor, "finished", 120000);
-  ASSERT_EQ(actor.Wait(), 0);
-  ASSERT_TRUE(finished.is_object());
-  ASSERT_EQ(finished["metrics"]["episodes"], episodes);
-}
-
-std::string WriteLearnerConfig(const TempDir& dir, const std::string& name,
-                               const std::string& extra = "", int init_seed = 0) {
-  const std::string path = dir.Sub(name);
-  std::ofstream(path) << "mode: rl\nmodel_config: " << SourceDir()
-                      << "/configs/model/tiny.yaml\ninit_seed: " << init_seed
-                      << "\nseed: 7\nthreads: 1\n"
-                      << "replay: {table: groups, learner_id: l0, units_per_step: 2, "
-                         "sample_timeout_s: 60}\n"
-                      << "publish: {every_steps: 1}\n"
-                      << "optimizer: {learning_rate: 0.001, weight_decay: 0.0}\n"
-                      << "train: {steps: 4, ppo_epochs: 2, minibatches: 2, chunk_tokens: 64}\n"
-                      << "objective:\n  advantages: {estimator: outcome_group}\n"
-                      << "  policy: {entropy_coef: 0.001}\n"
-                      << "checkpoint: {every_steps: 2}\n"
-                      << extra;
-  return path;
-}
 
 struct LearnerRun {
   int exit_code = -1;
@@ -118,20 +84,6 @@ LearnerRun RunLearner(const std::vector<std::string>& args, bool subscribe) {
   done.store(true);
   if (subscriber.joinable()) subscriber.join();
   return run;
-}
-
-std::vector<nlohmann::json> ReadMetrics(const std::string& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
 }
 
 class LearnerProcess : public ::testing::Test {

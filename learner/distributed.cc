@@ -1,0 +1,363 @@
+#include "learner/distributed.h"
+
+#include <ATen/ATen.h>
+#include <spdlog/spdlog.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+namespace strider {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+std::string JoinRanks(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// Tensors flattened into buckets of one dtype each, about `bucket_bytes` apiece, in order.
+struct Bucket {
+  std::vector<size_t> members;  // indices into the tensor list
+  at::Tensor flat;
+};
+
+std::vector<Bucket> MakeBuckets(const std::vector<at::Tensor>& tensors, int64_t bucket_bytes) {
+  std::vector<Bucket> buckets;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t size = tensors[i].numel() * static_cast<int64_t>(tensors[i].element_size());
+    const bool fits = !buckets.empty() && bytes + size <= bucket_bytes &&
+                      tensors[buckets.back().members.front()].scalar_type() ==
+                          tensors[i].scalar_type();
+    if (!fits) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().members.push_back(i);
+    bytes += size;
+  }
+  for (Bucket& bucket : buckets) {
+    std::vector<at::Tensor> parts;
+    for (size_t i : bucket.members) parts.push_back(tensors[i].reshape({-1}));
+    bucket.flat = at::cat(parts);
+  }
+  return buckets;
+}
+
+void Unflatten(const Bucket& bucket, const std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (size_t i : bucket.members) {
+    const int64_t n = tensors[i].numel();
+    tensors[i].copy_(bucket.flat.narrow(0, offset, n).view_as(tensors[i]));
+    offset += n;
+  }
+}
+
+}  // namespace
+
+struct LearnerGroup::Impl {
+  LearnerGroupOptions options;
+  c10::intrusive_ptr<c10d::Store> store;        // the rendezvous (rank 0 hosts it)
+  c10::intrusive_ptr<c10d::Store> own_keys;     // this class's keys, apart from Gloo's
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  int64_t collectives = 0;  // the same count on every rank: names a failed collective
+  LearnerGroupStats stats;
+
+  milliseconds timeout() const {
+    return milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  }
+
+  // Waits for every work item, then names the ranks that stopped answering if one failed.
+  Status Wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works, const std::string& what) {
+    std::string failure;
+    for (auto& work : works) {
+      try {
+        work->wait(timeout());
+      } catch (const std::exception& error) {
+        if (failure.empty()) failure = error.what();
+      }
+    }
+    if (failure.empty()) return Status::Ok();
+    return Lost(what, failure);
+  }
+
+  // After a failed collective the survivors check in at the store under the collective's
+  // number; whoever has not checked in within a few seconds is the lost rank. The store lives
+  // in rank 0, so when it cannot be reached, rank 0 is the one gone.
+  Status Lost(const std::string& what, std::string detail) {
+    const size_t newline = detail.find('\n');
+    if (newline != std::string::npos) detail.resize(newline);
+    const std::string prefix = "after " + what + " (collective " + std::to_string(collectives) +
+                               ") failed: " + detail;
+    const std::string key = "alive/" + std::to_string(collectives) + "/";
+    std::vector<int> missing;
+    try {
+      own_keys->set(key + std::to_string(options.rank), std::vector<uint8_t>{1});
+      const auto deadline =
+          Clock::now() + std::min<Clock::duration>(std::chrono::seconds(10), timeout());
+      while (true) {
+        missing.clear();
+        for (int r = 0; r < options.world_size; ++r) {
+          if (!own_keys->check({key + std::to_string(r)})) missing.push_back(r);
+        }
+        if (missing.empty() || Clock::now() >= deadline) break;
+        std::this_thread::sleep_for(milliseconds(100));
+      }
+    } catch (const std::exception&) {
+      return Status::Unavailable("learner rank 0, which hosts the rendezvous at " +
+                                 options.host + ":" + std::to_string(options.port) +
+                                 ", is gone (this is rank " + std::to_string(options.rank) +
+                                 " of " + std::to_string(options.world_size) + ") " + prefix);
+    }
+    if (missing.empty()) {
+      return Status::Unavailable("learner rank " + std::to_string(options.rank) + ": " + prefix +
+                                 " though every rank still answers at the rendezvous");
+    }
+    return Status::Unavailable(
+        std::string(missing.size() == 1 ? "learner rank " : "learner ranks ") + JoinRanks(missing) +
+        " of " + std::to_string(options.world_size) + " stopped answering (seen by rank " +
+        std::to_string(options.rank) + ") " + prefix);
+  }
+
+  template <typename Body>
+  Status Run(const std::string& what, Body body) {
+    ++collectives;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    try {
+      body(works);
+    } catch (const std::exception& error) {
+      return Lost(what, error.what());
+    }
+    return Wait(works, what);
+  }
+};
+
+LearnerGroup::LearnerGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LearnerGroup::~LearnerGroup() = default;
+
+int LearnerGroup::rank() const { return impl_->options.rank; }
+int LearnerGroup::world_size() const { return impl_->options.world_size; }
+const LearnerGroupStats& LearnerGroup::stats() const { return impl_->stats; }
+
+Result<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const LearnerGroupOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    return Status::InvalidArgument("learner group: rank " + std::to_string(options.rank) +
+                                   " is not in [0, " + std::to_string(options.world_size) + ")");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  const std::string where = options.host + ":" + std::to_string(options.port);
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = options.port;
+    store_options.isServer = options.rank == 0;
+    store_options.numWorkers = static_cast<size_t>(options.world_size);
+    store_options.waitWorkers = true;
+    store_options.timeout = impl->timeout();
+    impl->store = c10::make_intrusive<c10d::TCPStore>(options.host, store_options);
+    impl->own_keys = c10::make_intrusive<c10d::PrefixStore>("strider", impl->store);
+  } catch (const std::exception& error) {
+    std::string detail = error.what();
+    detail.resize(std::min(detail.find('\n'), detail.size()));
+    return Status::Unavailable(
+        "learner rank " + std::to_string(options.rank) + " of " +
+        std::to_string(options.world_size) + ": rendezvous at " + where +
+        (options.rank == 0 ? " (this rank hosts it)" : "") + " failed within " +
+        std::to_string(options.timeout_s) + " s: " + detail);
+  }
+  try {
+    auto gloo = c10d::ProcessGroupGloo::Options::create(impl->timeout());
+    // Gloo listens on the address it is given; the peers connect to what it publishes.
+    if (!options.interface.empty()) {
+      gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
+    } else if (IsLoopback(options.host)) {
+      gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    gloo->threads = 2;
+    impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, options.rank,
+                                                              options.world_size, gloo);
+  } catch (const std::exception& error) {
+    std::string detail = error.what();
+    detail.resize(std::min(detail.find('\n'), detail.size()));
+    return Status::Unavailable("learner rank " + std::to_string(options.rank) + " of " +
+                               std::to_string(options.world_size) +
+                               ": Gloo connections (rendezvous " + where + ") failed: " + detail);
+  }
+  spdlog::info("learner rank {} of {}: joined at {}", options.rank, options.world_size, where);
+  return std::unique_ptr<LearnerGroup>(new LearnerGroup(std::move(impl)));
+}
+
+Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameters) {
+  const auto started = Clock::now();
+  std::vector<at::Tensor> grads;
+  at::Tensor present;
+  std::vector<Bucket> buckets;
+  try {
+    at::NoGradGuard no_grad;
+    present = at::zeros({static_cast<int64_t>(parameters.size())}, at::kFloat);
+    float* flag = present.data_ptr<float>();
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      at::Tensor grad = parameters[i].grad();
+      if (grad.defined()) {
+        flag[i] = 1;
+      } else {
+        grad = at::zeros_like(parameters[i]);
+      }
+      grads.push_back(grad);
+    }
+    buckets = MakeBuckets(grads, impl_->options.bucket_bytes);
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("gradient buckets: ") + error.what_without_backtrace());
+  }
+  STRIDER_RETURN_IF_ERROR(impl_->Run("gradient all-reduce", [&](auto& works) {
+    for (Bucket& bucket : buckets) {
+      std::vector<at::Tensor> one{bucket.flat};
+      works.push_back(impl_->group->allreduce(one));
+    }
+    std::vector<at::Tensor> flags{present};
+    works.push_back(impl_->group->allreduce(flags));
+  }));
+  try {
+    at::NoGradGuard no_grad;
+    for (const Bucket& bucket : buckets) Unflatten(bucket, grads);
+    const float* flag = present.data_ptr<float>();
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      at::Tensor parameter = parameters[i];
+      parameter.mutable_grad() = flag[i] > 0 ? grads[i] : at::Tensor();
+      impl_->stats.bytes += grads[i].numel() * static_cast<int64_t>(grads[i].element_size());
+    }
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("gradient all-reduce: ") + error.what_without_backtrace());
+  }
+  impl_->stats.allreduces += 1;
+  impl_->stats.allreduce_seconds +=
+      std::chrono::duration<double>(Clock::now() - started).count();
+  return Status::Ok();
+}
+
+Status LearnerGroup::AllReduceSum(std::vector<double>& values) {
+  at::Tensor sums;
+  try {
+    sums = at::tensor(values, at::kDouble);
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("all-reduce: ") + error.what_without_backtrace());
+  }
+  STRIDER_RETURN_IF_ERROR(impl_->Run("all-reduce", [&](auto& works) {
+    std::vector<at::Tensor> one{sums};
+    works.push_back(impl_->group->allreduce(one));
+  }));
+  const double* data = sums.data_ptr<double>();
+  values.assign(data, data + values.size());
+  return Status::Ok();
+}
+
+Status LearnerGroup::Broadcast(const std::vector<at::Tensor>& tensors, int root) {
+  std::vector<at::Tensor> views;
+  std::vector<Bucket> buckets;
+  try {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& t : tensors) views.push_back(t.detach());
+    buckets = MakeBuckets(views, impl_->options.bucket_bytes);
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("broadcast: ") + error.what_without_backtrace());
+  }
+  STRIDER_RETURN_IF_ERROR(impl_->Run("weight broadcast", [&](auto& works) {
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    for (Bucket& bucket : buckets) {
+      std::vector<at::Tensor> one{bucket.flat};
+      works.push_back(impl_->group->broadcast(one, options));
+    }
+  }));
+  try {
+    at::NoGradGuard no_grad;
+    for (const Bucket& bucket : buckets) Unflatten(bucket, views);
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("broadcast: ") + error.what_without_backtrace());
+  }
+  return Status::Ok();
+}
+
+Result<at::Tensor> LearnerGroup::AllGatherAlong(const at::Tensor& tensor, int64_t dim) {
+  const int world = impl_->options.world_size;
+  std::vector<std::vector<at::Tensor>> lengths(1);
+  std::vector<at::Tensor> own_length;
+  try {
+    own_length.push_back(at::full({1}, tensor.size(dim), at::kLong));
+    for (int r = 0; r < world; ++r) lengths[0].push_back(at::zeros({1}, at::kLong));
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
+  }
+  STRIDER_RETURN_IF_ERROR(impl_->Run("length all-gather", [&](auto& works) {
+    works.push_back(impl_->group->allgather(lengths, own_length));
+  }));
+  std::vector<int64_t> sizes;
+  int64_t longest = 0;
+  for (const at::Tensor& l : lengths[0]) {
+    sizes.push_back(l.item<int64_t>());
+    longest = std::max(longest, sizes.back());
+  }
+  std::vector<std::vector<at::Tensor>> gathered(1);
+  std::vector<at::Tensor> own;
+  try {
+    std::vector<int64_t> shape = tensor.sizes().vec();
+    shape[dim] = longest;
+    at::Tensor padded = at::zeros(shape, tensor.options());
+    padded.narrow(dim, 0, tensor.size(dim)).copy_(tensor);
+    own.push_back(padded);
+    for (int r = 0; r < world; ++r) gathered[0].push_back(at::empty_like(padded));
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
+  }
+  STRIDER_RETURN_IF_ERROR(impl_->Run("all-gather", [&](auto& works) {
+    works.push_back(impl_->group->allgather(gathered, own));
+  }));
+  try {
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < world; ++r) parts.push_back(gathered[0][r].narrow(dim, 0, sizes[r]));
+    return at::cat(parts, dim);
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
+  }
+}
+
+Result<std::vector<std::vector<int64_t>>> LearnerGroup::AllGather(
+    const std::vector<int64_t>& values) {
+  // Each rank's count first, to split the joined values by.
+  std::vector<int64_t> counts;
+  at::Tensor joined;
+  try {
+    const at::Tensor own_count = at::full({1, 1}, static_cast<int64_t>(values.size()), at::kLong);
+    STRIDER_ASSIGN_OR_RETURN(at::Tensor all_counts, AllGatherAlong(own_count, 1));
+    const at::Tensor c = all_counts.contiguous();
+    counts.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+    const at::Tensor own = at::tensor(values, at::kLong).reshape({1, -1});
+    STRIDER_ASSIGN_OR_RETURN(at::Tensor all, AllGatherAlong(own, 1));
+    joined = all.contiguous();
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
+  }
+  std::vector<std::vector<int64_t>> out;
+  const int64_t* data = joined.data_ptr<int64_t>();
+  int64_t offset = 0;
+  for (int64_t n : counts) {
+    out.emplace_back(data + offset, data + offset + n);
+    offset += n;
+  }
+  return out;
+}
+
+}  // namespace strider

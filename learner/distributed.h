@@ -1,0 +1,75 @@
+// Data-parallel learner ranks on PyTorch's c10d: a TCPStore rendezvous hosted by rank 0 and a
+// Gloo process group over TCP (CPU tensors). A group of `world_size` learner processes with one
+// config trains as one learner with the whole batch: each rank computes gradients on its share
+// of the step's units, the gradients are summed across ranks (AllReduceGradients), and every
+// rank applies the same optimiser step to the same weights.
+//
+// A collective that fails (a rank's process died, its host went away) or waits longer than the
+// timeout (a rank hung) returns an error naming the ranks that no longer answer: the survivors
+// meet once more at the store and whoever does not show up is named. The group is unusable
+// after an error; the learner stops and `--resume` starts the ranks again together.
+//
+// docs/fleet.md, "Data-parallel learners", has the protocol and the measured costs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strider {
+
+struct LearnerGroupOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string host;    // rendezvous: rank 0 listens on port, the others connect to host
+  uint16_t port = 0;
+  std::string interface;  // Gloo's network interface; empty: see ResolveDevice in the .cc
+  double timeout_s = 120;
+  int64_t bucket_bytes = int64_t{25} << 20;
+};
+
+struct LearnerGroupStats {
+  int64_t allreduces = 0;         // gradient all-reduces (one per optimiser update)
+  int64_t bytes = 0;              // gradient bytes this rank contributed
+  double allreduce_seconds = 0;   // wall time in gradient all-reduces
+};
+
+class LearnerGroup {
+ public:
+  // Blocks until all world_size ranks have joined (or timeout_s passed: an error naming the
+  // rendezvous and how many ranks came).
+  static Result<std::unique_ptr<LearnerGroup>> Join(const LearnerGroupOptions& options);
+  ~LearnerGroup();
+
+  int rank() const;
+  int world_size() const;
+
+  // Sums the gradients of `parameters` across ranks in place, flattened into buckets of about
+  // bucket_bytes that are all in flight at once. A parameter without a gradient on this rank
+  // takes part as zeros; one without a gradient on every rank is left without one, as a lone
+  // learner would leave it.
+  Status AllReduceGradients(const std::vector<at::Tensor>& parameters);
+  // Element-wise sums across ranks, in place (a step's counts and flags).
+  Status AllReduceSum(std::vector<double>& values);
+  // In place: every rank ends with root's values (weights at the start of a run).
+  Status Broadcast(const std::vector<at::Tensor>& tensors, int root);
+  // Every rank's `values`, in rank order (lengths may differ).
+  Result<std::vector<std::vector<int64_t>>> AllGather(const std::vector<int64_t>& values);
+  // Every rank's `tensor` joined along `dim` in rank order; the tensors' sizes may differ only
+  // along `dim` (routing records of different lengths).
+  Result<at::Tensor> AllGatherAlong(const at::Tensor& tensor, int64_t dim);
+
+  const LearnerGroupStats& stats() const;
+
+ private:
+  struct Impl;
+  explicit LearnerGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strider
