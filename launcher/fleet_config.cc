@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <filesystem>
 #include <map>
@@ -130,13 +131,17 @@ void ReadHosts(ConfigReader& root, ConfigReader& replay, ConfigReader& learner,
     }
     return;
   }
-  const std::string why = "is required: the fleet names hosts for ";
-  const std::string which = std::string(named[0] ? "replay.host " : "") +
-                            (named[1] ? "learner.hosts " : "") + (named[2] ? "actors.hosts " : "");
-  const std::string all = which.substr(0, which.size() - 1) + ", and every role needs them";
-  if (!named[0]) replay.Fail("host", why + all);
-  if (!named[1]) learner.Fail("hosts", why + all);
-  if (!named[2]) actors.Fail("hosts", why + all);
+  std::string which;
+  for (int i = 0; i < 3; ++i) {
+    if (!named[i]) continue;
+    if (!which.empty()) which += " and ";
+    which += std::array{"replay.host", "learner.hosts", "actors.hosts"}[i];
+  }
+  const std::string why =
+      "is required: the fleet names hosts for " + which + ", and every role needs them";
+  if (!named[0]) replay.Fail("host", why);
+  if (!named[1]) learner.Fail("hosts", why);
+  if (!named[2]) actors.Fail("hosts", why);
 
   CheckHost(replay, "host", hosts.replay.host);
   CheckHost(replay, "bind", hosts.replay.bind);

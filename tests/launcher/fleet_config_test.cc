@@ -7,25 +7,13 @@
 #include <string>
 
 #include "launcher/launcher.h"
+#include "tests/launcher/fleet_files.h"
 #include "tests/replay/temp_dir.h"
 
 namespace strider::launcher {
 namespace {
 
 using strider::testing::TempDir;
-
-// A fleet naming three files that exist in `dir`, plus `extra` YAML.
-std::string WriteFleet(const TempDir& dir, const std::string& extra) {
-  for (const char* name : {"replay.yaml", "learner.yaml", "actor.yaml"}) {
-    std::ofstream(dir.Sub(name)) << "# placeholder\n";
-  }
-  const std::string path = dir.Sub("fleet.yaml");
-  std::ofstream(path) << "replay: {config: " << dir.Sub("replay.yaml") << "}\n"
-                      << "learner: {config: " << dir.Sub("learner.yaml") << "}\n"
-                      << "actors: {config: " << dir.Sub("actor.yaml") << "}\n"
-                      << extra;
-  return path;
-}
 
 TEST(FleetConfig, DefaultsFillWhatTheFileLeavesOut) {
   TempDir dir;
@@ -82,7 +70,7 @@ TEST(FleetConfig, EachMistakeIsNamedWithItsKey) {
             std::string::npos);
   const std::string typo = Problem("stop: {wall_time_s: 1, learner_stpes: 3}\n");
   EXPECT_NE(
-      typo.find("fleet.yaml:4: stop.learner_stpes: unknown key (did you mean learner_steps?)"),
+      typo.find("fleet.yaml:7: stop.learner_stpes: unknown key (did you mean learner_steps?)"),
       std::string::npos)
       << typo;
 }
