@@ -207,6 +207,64 @@ TEST(TrajectoryTable, OpenTrajectoriesAreNeverSampledAndBookkeepingSurvivesARest
   EXPECT_EQ(Keys(*replayed), (std::vector<std::string>{"21/0", "21/1"}));
 }
 
+// Learner ranks sharing one id (schema 1.3): the first rank to ask for a step draws for the
+// group; every rank gets its own slice, and together they get every drawn unit once.
+TEST(TrajectoryTable, RanksOfOneLearnerSplitEachStepsDrawExactlyOnce) {
+  TempDir dir;
+  ServerOptions options = Options(dir, SampleUnit::kTrajectory);
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto actor = Actor(*server);
+  for (uint64_t seed = 30; seed < 40; ++seed) SendTrajectory(*actor, seed, 2);
+  ASSERT_TRUE(actor->Flush(milliseconds(10000)).ok());
+  auto rank = [&](uint32_t r, uint32_t world) {
+    LearnerClientOptions o;
+    o.endpoint = server->learner_endpoint();
+    o.learner_id = "group";
+    o.table = "rl";
+    o.rank = r;
+    o.world_size = world;
+    Result<std::unique_ptr<LearnerClient>> client = LearnerClient::Connect(o);
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    return std::move(*client);
+  };
+  auto r0 = rank(0, 3);
+  auto r1 = rank(1, 3);
+  auto r2 = rank(2, 3);
+  std::set<uint64_t> seen;
+  size_t units = 0;
+  for (uint64_t step = 1; step <= 2; ++step) {
+    // Rank 2 asks first this time: whichever rank comes first draws for all.
+    std::map<uint32_t, std::set<uint64_t>> slices;
+    for (uint32_t r : {2u, 0u, 1u}) {
+      LearnerClient& client = r == 0 ? *r0 : r == 1 ? *r1 : *r2;
+      Result<SampleBatch> batch = client.Sample(step, 4, 0, milliseconds(2000));
+      ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+      slices[r] = Handles(*batch);
+    }
+    // Four units over three ranks: slices [0, 1), [1, 2), [2, 4).
+    EXPECT_EQ(slices[0].size(), 1u);
+    EXPECT_EQ(slices[1].size(), 1u);
+    EXPECT_EQ(slices[2].size(), 2u);
+    for (const auto& [r, handles] : slices) {
+      for (uint64_t h : handles) EXPECT_TRUE(seen.insert(h).second) << "unit " << h << " twice";
+      units += handles.size();
+    }
+  }
+  EXPECT_EQ(units, 8u);
+  // A rank asking again for an answered step (it resumed) gets its same slice.
+  Result<SampleBatch> again = r1->Sample(1, 4, 0, milliseconds(2000));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(Handles(*again).size(), 1u);
+  EXPECT_EQ(seen.count(*Handles(*again).begin()), 1u);
+  // A lone learner of the same id would see what the group has not drawn: the cursor is shared.
+  auto lone = Learner(*server, "group");
+  Result<SampleBatch> rest = lone->Sample(3, 4, 0, milliseconds(2000));
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  for (uint64_t h : Handles(*rest)) EXPECT_EQ(seen.count(h), 0u);
+  EXPECT_EQ(Handles(*rest).size(), 2u);
+}
+
 TEST(TrajectoryTable, RetentionDeletesWholeTrajectories) {
   TempDir dir;
   ServerOptions options = Options(dir, SampleUnit::kTrajectory);

@@ -109,6 +109,22 @@ TEST(SegmentCodec, ServiceMessagesRoundTrip) {
   EXPECT_EQ(m->sample_request.step, 9u);
   EXPECT_EQ(m->sample_request.policy_version, 12u);
   EXPECT_FALSE(m->sample_request.is_fetch());
+  EXPECT_EQ(m->sample_request.rank, 0u);
+  EXPECT_EQ(m->sample_request.world_size, 1u);  // a 1.2 request: a learner alone
+
+  // Since 1.3: a rank of a learner group; a rank outside the group is refused.
+  SampleRequest ranked{"main", "learner-0", 9, 4, 12};
+  ranked.rank = 3;
+  ranked.world_size = 4;
+  m = Decode(EncodeSampleRequest(ranked));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->sample_request.rank, 3u);
+  EXPECT_EQ(m->sample_request.world_size, 4u);
+  ranked.rank = 4;
+  Result<Message> outside = Decode(EncodeSampleRequest(ranked));
+  ASSERT_FALSE(outside.ok());
+  EXPECT_NE(outside.status().message().find("rank 4"), std::string::npos)
+      << outside.status().ToString();
 
   SampleRequest fetch{"main", "learner-0", 0, 1, 0};
   fetch.fetch_group = std::string(strider::testing::MakeTrajectoryId(7).View());
