@@ -360,6 +360,7 @@ void ActorImpl::WeightLoop(std::stop_token stop) {
   subscriber_options.endpoint = options_.weights_endpoint;
   subscriber_options.reply_timeout =
       milliseconds(std::max<int64_t>(2000, options_.weights_poll_ms));
+  subscriber_options.auth = options_.weights_auth;
   std::unique_ptr<transport::WeightSubscriber> subscriber;
   uint64_t have = options_.policy_version;
   while (!stop.stop_requested()) {
@@ -1217,6 +1218,7 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
     sender_options.spill_max_bytes = static_cast<uint64_t>(options.spill_max_bytes);
     sender_options.queue_max_bytes = static_cast<uint64_t>(options.send_queue_max_bytes);
     sender_options.spill_after = milliseconds(options.spill_after_ms);
+    sender_options.auth = options.replay_auth;
     STRIDER_ASSIGN_OR_RETURN(sender, Sender::Start(sender_options));
   }
   return std::unique_ptr<Actor>(new ActorImpl(options, std::move(config), std::move(shared),

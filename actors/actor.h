@@ -32,6 +32,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/transport/auth.h"
 #include "envs/environment.h"
 #include "rollout_engine/sampling.h"
 
@@ -130,10 +131,14 @@ struct ActorOptions {
   int64_t spill_max_bytes = int64_t{1} << 30;
   int64_t spill_after_ms = 3000;                     // no progress from the server this long: spill
   int64_t send_queue_max_bytes = int64_t{64} << 20;  // over this, no new episodes start
+  // CURVE to the replay server (`replay.auth`): this actor's key pair and the server's public
+  // key; empty: none. A refused key is logged and its segments wait in the spill directory.
+  transport::ClientAuth replay_auth;
 
   // --- Weights ---
   std::string weights_endpoint;  // a WeightPublisher; empty: keep the initial weights
   int64_t weights_poll_ms = 1000;
+  transport::ClientAuth weights_auth;  // `weight_stream.auth`: as replay_auth, for the publisher
   // Synchronous on-policy rounds (a learner with max_staleness 0 takes turns with the actors):
   // a round is `round_groups` groups started under one policy version; once all of them have
   // ended the actor starts nothing until a newer version has arrived, and it swaps weights only

@@ -3,6 +3,7 @@
 
 #include "actors/actor.h"
 #include "common/config.h"
+#include "common/transport/curve.h"
 #include "envs/registry.h"
 
 namespace strider::actors {
@@ -51,6 +52,13 @@ Status ValidateActorOptions(const ActorOptions& o) {
     return bad("weight_stream.round_groups", "applies only with sync: true");
   }
   if (o.metrics_interval_s <= 0) return bad("metrics.interval_s", "must be > 0");
+  // Key files are read now, so a bad one stops the actor before it loads its model.
+  for (const auto& [auth, key] : {std::pair{&o.replay_auth, "actor.replay.auth"},
+                                  std::pair{&o.weights_auth, "actor.weight_stream.auth"}}) {
+    if (auth->enabled()) {
+      STRIDER_RETURN_IF_ERROR(transport::CurveClient::Load(*auth).status().WithContext(key));
+    }
+  }
   if (o.env.name.empty() && o.env.library.empty() && o.env.command.empty()) {
     return Status::InvalidArgument("env: name, library or command is required");
   }
@@ -109,12 +117,16 @@ Result<ActorOptions> LoadActorConfig(const std::string& path) {
   o.spill_max_bytes = spill_mb << 20;
   o.send_queue_max_bytes = queue_mb << 20;
   replay.Optional("spill_after_ms", &o.spill_after_ms);
+  ConfigReader replay_auth = replay.Section("auth");
+  o.replay_auth = transport::ReadClientAuth(replay_auth);
 
   ConfigReader weights = actor.Section("weight_stream");
   weights.Optional("endpoint", &o.weights_endpoint);
   weights.Optional("poll_ms", &o.weights_poll_ms);
   weights.Optional("sync", &o.weights_sync);
   weights.Optional("round_groups", &o.round_groups);
+  ConfigReader weights_auth = weights.Section("auth");
+  o.weights_auth = transport::ReadClientAuth(weights_auth);
 
   ConfigReader metrics = actor.Section("metrics");
   metrics.Optional("path", &o.metrics_path);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "common/transport/curve.h"
+
 namespace strider::actors {
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -16,6 +18,12 @@ Result<std::unique_ptr<Sender>> Sender::Start(const SenderOptions& options) {
   }
   if (options.spill_dir.empty()) {
     return Status::InvalidArgument("sender: a spill directory is required");
+  }
+  if (options.auth.enabled()) {
+    // The key files are read again on each connection; a bad one is an error now, not a
+    // connection that silently never happens.
+    STRIDER_RETURN_IF_ERROR(
+        transport::CurveClient::Load(options.auth).status().WithContext("replay.auth"));
   }
   STRIDER_ASSIGN_OR_RETURN(SpillDirectory spill,
                            SpillDirectory::Open(options.spill_dir, options.spill_max_bytes));
@@ -83,13 +91,23 @@ bool Sender::TryConnect() {
   // Short, so a server that is gone blocks this thread only briefly: what the actor queues
   // meanwhile reaches the spill directory between attempts (Loop).
   client_options.connect_timeout = std::min(options_.spill_after, milliseconds(500));
+  client_options.auth = options_.auth;
   Result<std::unique_ptr<replay::ActorClient>> client =
       replay::ActorClient::Connect(client_options);
+  // A refused key stays refused until the server's list changes: said once, not every retry.
+  // The segments wait in the spill directory meanwhile.
+  if (!client.ok() && client.status().code() == StatusCode::kFailedPrecondition &&
+      client.status().message() != last_refusal_) {
+    last_refusal_ = client.status().message();
+    spdlog::error("sender: {}; segments wait in {} and the connection is retried",
+                  last_refusal_, options_.spill_dir);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (!client.ok()) {
     stats_.connected = false;
     return false;
   }
+  last_refusal_.clear();
   client_ = std::move(*client);
   last_progress_ = Clock::now();
   ++stats_.reconnects;

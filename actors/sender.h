@@ -42,6 +42,7 @@ struct SenderOptions {
   uint64_t queue_max_bytes = uint64_t{64} << 20;  // Backlogged() above this
   std::chrono::milliseconds spill_after{3000};    // no progress this long: spill, reconnect
   std::chrono::milliseconds retry_every{1000};
+  transport::ClientAuth auth;  // CURVE keys for the replay server; empty: none
 };
 
 struct SenderStats {
@@ -107,6 +108,7 @@ class Sender {
   std::chrono::steady_clock::time_point last_progress_;
   std::chrono::steady_clock::time_point next_connect_;
   bool unreachable_ = false;  // a connection attempt failed or a connection was dropped
+  std::string last_refusal_;  // the server's refusal of our key, once logged (sender thread)
   std::thread thread_;
 };
 

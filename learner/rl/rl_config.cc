@@ -1,6 +1,7 @@
 #include "learner/rl/rl_config.h"
 
 #include "common/config.h"
+#include "common/transport/curve.h"
 
 namespace strider::rl {
 
@@ -69,6 +70,8 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
                  "must be in [1, 65535]");
     replay.Optional("sample_timeout_s", &r.sample_timeout_s);
     replay.Check(r.sample_timeout_s > 0, "sample_timeout_s", "must be positive");
+    ConfigReader auth = replay.Section("auth");
+    r.auth = transport::ReadClientAuth(auth);
   }
   {
     ConfigReader publish = root.Section("publish");
@@ -81,6 +84,8 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
                   "must be in [1024, 2^30]");
     publish.Optional("keep_versions", &p.keep_versions);
     publish.Check(p.keep_versions >= 1, "keep_versions", "must be at least 1");
+    ConfigReader auth = publish.Section("auth");
+    p.auth = transport::ReadServerAuth(auth);
   }
   {
     ConfigReader train = root.Section("train");

@@ -8,6 +8,7 @@
 
 #include "common/model/config.h"
 #include "common/status.h"
+#include "common/transport/auth.h"
 #include "learner/optimizer.h"
 #include "learner/rl/objective_config.h"
 #include "reward/shaping.h"
@@ -23,6 +24,9 @@ struct RlReplayConfig {
   // How long one step waits for the table to become ready before the learner gives up (the
   // actors are gone or too slow): an error naming the server's reason.
   double sample_timeout_s = 600;
+  // CURVE to the replay server (`replay.auth`, docs/fleet.md): this learner's key pair and the
+  // server's public key; empty: none.
+  transport::ClientAuth auth;
 };
 
 struct RlPublishConfig {
@@ -32,6 +36,9 @@ struct RlPublishConfig {
   int64_t every_steps = 1;  // publish after every N-th update
   int64_t chunk_bytes = 1 << 20;
   int64_t keep_versions = 2;
+  // CURVE on the publisher (`publish.auth`): its key pair and the actors let in; without keys a
+  // non-loopback endpoint needs insecure: true.
+  transport::ServerAuth auth;
 };
 
 struct RlTrainConfig {

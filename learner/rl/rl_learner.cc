@@ -261,6 +261,7 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
     publisher_options.endpoint = publish_endpoint;
     publisher_options.chunk_bytes = static_cast<uint32_t>(config.publish.chunk_bytes);
     publisher_options.keep_versions = static_cast<int>(config.publish.keep_versions);
+    publisher_options.auth = config.publish.auth;
     STRIDER_ASSIGN_OR_RETURN(publisher, transport::WeightPublisher::Start(publisher_options));
     summary.publish_endpoint = publisher->endpoint();
     // A resumed learner's weights are older than what the actors may hold: move them onto it.
@@ -288,6 +289,7 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       options.replay_endpoint.empty() ? config.replay.endpoint : options.replay_endpoint;
   client_options.learner_id = config.replay.learner_id;
   client_options.table = config.replay.table;
+  client_options.auth = config.replay.auth;
   client_options.rank = static_cast<uint32_t>(dist.rank);
   client_options.world_size = static_cast<uint32_t>(dist.world_size);
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::LearnerClient> client,
