@@ -11,8 +11,10 @@
 // Ingest, stream and latency are measured over tcp loopback and, as `*_ipc`, over ipc:// (unix
 // sockets, what co-located actors use); the raw RocksDB baseline is the same for both.
 //
-//   replay_bench [--quick] [--only ingest|latency|verify] [--size 64KiB|1MiB] [--batch-bytes N]
-//                [--actor-nice N] [--intake-nice N]
+//   replay_bench [--quick] [--only ingest|curve|latency|verify] [--size 64KiB|1MiB]
+//                [--batch-bytes N] [--actor-nice N] [--intake-nice N]
+//
+// --only curve: ingest over tcp with CURVE against the same ingest without it, in one run.
 //
 // --batch-bytes sets the actor clients' frame size for batched segments (0: one segment per
 // frame; default the library's), to compare batching with sending segments one by one.
@@ -49,6 +51,7 @@
 
 #include "bench/bench_json.h"
 #include "common/schema/messages.h"
+#include "common/transport/curve.h"
 #include "common/transport/zmq_util.h"
 #include "replay/client.h"
 #include "replay/replay.h"
@@ -70,14 +73,16 @@ int intake_nice = replay::ServerOptions().intake_nice;
 // A stand-in actor's client, connected from the calling thread, the actor's own: the thread
 // first lowers its priority (--actor-nice), and the client's ZeroMQ I/O thread, started when it
 // connects, inherits it.
-std::unique_ptr<replay::ActorClient> ConnectStandInActor(const std::string& endpoint,
-                                                         const std::string& client_id) {
+std::unique_ptr<replay::ActorClient> ConnectStandInActor(
+    const std::string& endpoint, const std::string& client_id,
+    const transport::ClientAuth& auth = {}) {
   transport::NameThisThread("bench-actor");
   (void)transport::LowerPriority(0, actor_nice);
   replay::ActorClientOptions client;
   client.endpoint = endpoint;
   client.client_id = client_id;
   client.batch_bytes = batch_bytes;
+  client.auth = auth;
   return replay::ActorClient::Connect(client).value();
 }
 
@@ -252,10 +257,19 @@ double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) 
 
 // 4 actors streaming the frames into a fresh in-process server until every one is acked.
 // `endpoint`: tcp://127.0.0.1:0 or an ipc:// path.
+// With `keys` (--only curve) both ends use CURVE: the server a key pair and the ZAP handler,
+// every actor its own authorised pair.
+struct CurveKeys {
+  transport::ServerAuth server;
+  transport::ClientAuth client;
+};
+
 double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir,
-                        const std::string& endpoint, bool keep = false) {
+                        const std::string& endpoint, bool keep = false,
+                        const CurveKeys* keys = nullptr) {
   std::filesystem::remove_all(dir);
   replay::ServerOptions options;
+  if (keys != nullptr) options.auth = keys->server;
   options.db_path = dir;
   options.actor_endpoint = endpoint;
   options.stats_interval_s = 0;
@@ -274,8 +288,9 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
   std::vector<std::thread> threads;
   for (int a = 0; a < kActors; ++a) {
     threads.emplace_back([&, a] {
-      std::unique_ptr<replay::ActorClient> actor =
-          ConnectStandInActor((*server)->actor_endpoint(), "bench-" + std::to_string(a));
+      std::unique_ptr<replay::ActorClient> actor = ConnectStandInActor(
+          (*server)->actor_endpoint(), "bench-" + std::to_string(a),
+          keys != nullptr ? keys->client : transport::ClientAuth{});
       connected.count_down();
       go.wait(false);
       for (size_t i = a; i < frames.size(); i += kActors) {
@@ -291,7 +306,8 @@ double ReplayIngestRate(const std::vector<Frame>& frames, const std::string& dir
   go.notify_all();
   for (auto& t : threads) t.join();
   const auto elapsed = Clock::now() - start;
-  cost.Report("replay " + endpoint.substr(0, 3), TotalBytes(frames));
+  cost.Report(std::string("replay ") + (keys != nullptr ? "curve " : "") + endpoint.substr(0, 3),
+              TotalBytes(frames));
   if (failures > 0) std::fprintf(stderr, "replay_bench: %d ingest failures\n", failures.load());
   (*server)->Stop();
   server->reset();
@@ -555,6 +571,61 @@ void VerifyCost(const std::vector<Frame>& frames, const std::string& dir) {
   std::filesystem::remove_all(dir);
 }
 
+// --only curve: the same ingest over tcp loopback with and without CURVE, alternating in one
+// run: what encrypting every frame (and the handshake, once per actor) costs. The keys are made
+// here, as `strider keys generate` makes them.
+void CurveCost(const std::vector<Frame>& frames, const std::string& label, const std::string& dir,
+               bool quick) {
+  const std::string key_dir = dir + "_keys";
+  std::filesystem::remove_all(key_dir);
+  for (const auto& [sub, name] : {std::pair{std::string(), "replay"},
+                                  std::pair{std::string("/actors"), "bench-actor"}}) {
+    Result<transport::CurveKeyPair> pair = transport::GenerateCurveKeyPair();
+    Status written = pair.ok() ? transport::WriteCurveKeyFiles(key_dir + sub, name, *pair, true)
+                               : pair.status();
+    if (!written.ok()) {
+      std::fprintf(stderr, "replay_bench: %s\n", written.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  CurveKeys keys;
+  keys.server.secret_key = key_dir + "/replay.key_secret";
+  keys.server.authorized_keys = {key_dir + "/actors"};
+  keys.client.secret_key = key_dir + "/actors/bench-actor.key_secret";
+  keys.client.server_key = key_dir + "/replay.key";
+  const std::string tcp = "tcp://127.0.0.1:0";
+  std::vector<double> plain, curve;
+  auto measure_plain = [&] { return ReplayIngestRate(frames, dir + "_ours", tcp); };
+  auto measure_curve = [&] { return ReplayIngestRate(frames, dir + "_ours", tcp, false, &keys); };
+  if (!quick) {
+    (void)measure_plain();
+    (void)measure_curve();
+  }
+  const int rounds = quick ? 1 : 6;
+  for (int round = 0; round < rounds; ++round) {
+    // Each goes first in half the rounds (the run after another is sometimes slower here).
+    if (round % 2 == 0) {
+      plain.push_back(measure_plain());
+      curve.push_back(measure_curve());
+    } else {
+      curve.push_back(measure_curve());
+      plain.push_back(measure_plain());
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  PrintWithBaseline("ingest_" + label + "_4_actors_curve", median(curve), "MB/s", median(plain),
+                    "the same ingest without CURVE (4 actors over tcp loopback, 64 MiB credit), "
+                    "same run, median of " + std::to_string(rounds) +
+                        " rounds alternating which goes first" +
+                        (quick ? std::string() : std::string(" after a warm-up of each")) +
+                        "; ours: server key pair, ZAP handler, every frame encrypted; " +
+                        PrioritiesText());
+  std::filesystem::remove_all(key_dir);
+}
+
 }  // namespace
 }  // namespace strider::bench
 
@@ -568,6 +639,7 @@ int main(int argc, char** argv) {
     if (arg == "--quick") {
       quick = true;
     } else if (arg == "--only" && i + 1 < argc && (std::string(argv[i + 1]) == "ingest" ||
+                                                   std::string(argv[i + 1]) == "curve" ||
                                                    std::string(argv[i + 1]) == "latency" ||
                                                    std::string(argv[i + 1]) == "verify")) {
       only = argv[++i];
@@ -582,7 +654,7 @@ int main(int argc, char** argv) {
       only_size = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "usage: replay_bench [--quick] [--only ingest|latency|verify] [--size 64KiB|1MiB] "
+                   "usage: replay_bench [--quick] [--only ingest|curve|latency|verify] [--size 64KiB|1MiB] "
                    "[--batch-bytes N] [--actor-nice N] [--intake-nice N]\n");
       return 2;
     }
@@ -606,6 +678,14 @@ int main(int argc, char** argv) {
   const uint64_t volume = quick ? (32ull << 20) : (256ull << 20);
   if (only == "verify") {
     VerifyCost(MakeFrames(size_t{1} << 20, volume >> 20, 4), dir + "_verify");
+    return 0;
+  }
+  if (only == "curve") {
+    for (size_t size : {size_t{64} << 10, size_t{1} << 20}) {
+      const std::string label = size == (size_t{64} << 10) ? "64KiB" : "1MiB";
+      if (!only_size.empty() && only_size != label) continue;
+      CurveCost(MakeFrames(size, volume / size, size), label, dir, quick);
+    }
     return 0;
   }
   for (size_t size : {size_t{64} << 10, size_t{1} << 20}) {
