@@ -5,7 +5,9 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "common/transport/curve.h"
 #include "launcher/launcher.h"
+#include "learner/rl/rl_config.h"
 #include "replay/replay.h"
 
 namespace strider::cli {
@@ -36,6 +38,11 @@ Result<uint64_t> CheckChildConfigs(const launcher::FleetConfig& fleet) {
   return *seed;
 }
 
+std::string Endpoint(const std::string& host, int64_t port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 // What the commands leave to the operator, on stderr so stdout stays the commands alone.
 void NoteWhatIsNotPrinted(const launcher::FleetConfig& fleet) {
   const launcher::StopRules& stop = fleet.stop;
@@ -44,6 +51,31 @@ void NoteWhatIsNotPrinted(const launcher::FleetConfig& fleet) {
                  "launch: the stop rules samples, wall_time_s and success_rate are the "
                  "launcher's; these commands stop at learner_steps (--max-steps) or when "
                  "stopped\n");
+  }
+  if (fleet.hosts) {
+    // Caught here rather than by a server that exits 2 on a machine far away.
+    const launcher::ReplayHost& replay = fleet.hosts->replay;
+    Result<replay::ServerOptions> server = replay::LoadServerConfig(fleet.replay_config);
+    if (server.ok()) {
+      const Status allowed = transport::CheckBindAllowed(
+          Endpoint(replay.bind, replay.port), server->auth,
+          "replay server on " + replay.host);
+      if (!allowed.ok()) {
+        std::fprintf(stderr, "launch: %s: %s\n", fleet.replay_config.c_str(),
+                     allowed.message().c_str());
+      }
+    }
+    const launcher::LearnerHosts& learner = fleet.hosts->learner;
+    Result<rl::RlLearnerConfig> rl = rl::LoadRlLearnerConfig(fleet.learner_config);
+    if (rl.ok()) {
+      const Status allowed = transport::CheckBindAllowed(
+          Endpoint(learner.bind, learner.publish_port),
+          rl->publish.auth, "weight publisher of learner rank 0 on " + learner.hosts.front());
+      if (!allowed.ok()) {
+        std::fprintf(stderr, "launch: %s: %s\n", fleet.learner_config.c_str(),
+                     allowed.message().c_str());
+      }
+    }
   }
   if (fleet.evaluation) {
     std::fprintf(stderr,
