@@ -32,14 +32,15 @@ struct Bucket {
   at::Tensor flat;
 };
 
-std::vector<Bucket> MakeBuckets(const std::vector<at::Tensor>& tensors, int64_t bucket_bytes) {
+// Zeroed buckets for tensors like `like`, with each tensor's view into its bucket.
+std::vector<Bucket> AllocateBuckets(const std::vector<at::Tensor>& like, int64_t bucket_bytes,
+                                    std::vector<at::Tensor>* views) {
   std::vector<Bucket> buckets;
   int64_t bytes = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const int64_t size = tensors[i].numel() * static_cast<int64_t>(tensors[i].element_size());
+  for (size_t i = 0; i < like.size(); ++i) {
+    const int64_t size = like[i].numel() * static_cast<int64_t>(like[i].element_size());
     const bool fits = !buckets.empty() && bytes + size <= bucket_bytes &&
-                      tensors[buckets.back().members.front()].scalar_type() ==
-                          tensors[i].scalar_type();
+                      like[buckets.back().members.front()].scalar_type() == like[i].scalar_type();
     if (!fits) {
       buckets.emplace_back();
       bytes = 0;
@@ -47,11 +48,25 @@ std::vector<Bucket> MakeBuckets(const std::vector<at::Tensor>& tensors, int64_t 
     buckets.back().members.push_back(i);
     bytes += size;
   }
+  views->assign(like.size(), at::Tensor());
   for (Bucket& bucket : buckets) {
-    std::vector<at::Tensor> parts;
-    for (size_t i : bucket.members) parts.push_back(tensors[i].reshape({-1}));
-    bucket.flat = at::cat(parts);
+    int64_t elements = 0;
+    for (size_t i : bucket.members) elements += like[i].numel();
+    bucket.flat = at::zeros({elements}, like[bucket.members.front()].options());
+    int64_t offset = 0;
+    for (size_t i : bucket.members) {
+      (*views)[i] = bucket.flat.narrow(0, offset, like[i].numel()).view(like[i].sizes());
+      offset += like[i].numel();
+    }
   }
+  return buckets;
+}
+
+// Buckets holding copies of `tensors`.
+std::vector<Bucket> MakeBuckets(const std::vector<at::Tensor>& tensors, int64_t bucket_bytes) {
+  std::vector<at::Tensor> views;
+  std::vector<Bucket> buckets = AllocateBuckets(tensors, bucket_bytes, &views);
+  for (size_t i = 0; i < tensors.size(); ++i) views[i].copy_(tensors[i]);
   return buckets;
 }
 
@@ -73,6 +88,26 @@ struct LearnerGroup::Impl {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   int64_t collectives = 0;  // the same count on every rank: names a failed collective
   LearnerGroupStats stats;
+
+  // Gradient storage for one parameter list (PrepareGradients): the parameters' gradients are
+  // views into these buckets, so backward accumulates straight into what is reduced. The last
+  // tensor laid out is the per-parameter "has a gradient" flags, set by hooks as gradients
+  // arrive; they ride in the last float bucket.
+  struct Gradients {
+    std::vector<const c10::TensorImpl*> owners;
+    std::vector<Bucket> buckets;
+    std::vector<at::Tensor> views;  // per parameter, then the flags
+    std::shared_ptr<std::vector<uint8_t>> touched;  // written by the parameters' hooks
+  };
+  std::unique_ptr<Gradients> gradients;
+
+  bool Owns(const std::vector<at::Tensor>& parameters) const {
+    if (gradients == nullptr || gradients->owners.size() != parameters.size()) return false;
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      if (gradients->owners[i] != parameters[i].unsafeGetTensorImpl()) return false;
+    }
+    return true;
+  }
 
   milliseconds timeout() const {
     return milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
@@ -200,44 +235,95 @@ Result<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const LearnerGroupOptio
   return std::unique_ptr<LearnerGroup>(new LearnerGroup(std::move(impl)));
 }
 
-Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameters) {
-  const auto started = Clock::now();
-  std::vector<at::Tensor> grads;
-  at::Tensor present;
-  std::vector<Bucket> buckets;
+Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters) {
   try {
     at::NoGradGuard no_grad;
-    present = at::zeros({static_cast<int64_t>(parameters.size())}, at::kFloat);
-    float* flag = present.data_ptr<float>();
-    for (size_t i = 0; i < parameters.size(); ++i) {
-      at::Tensor grad = parameters[i].grad();
-      if (grad.defined()) {
-        flag[i] = 1;
-      } else {
-        grad = at::zeros_like(parameters[i]);
+    if (!impl_->Owns(parameters)) {
+      auto g = std::make_unique<Impl::Gradients>();
+      std::vector<at::Tensor> like = parameters;
+      like.push_back(at::zeros({static_cast<int64_t>(parameters.size())}, at::kFloat));
+      g->buckets = AllocateBuckets(like, impl_->options.bucket_bytes, &g->views);
+      g->touched = std::make_shared<std::vector<uint8_t>>(parameters.size(), 0);
+      for (size_t i = 0; i < parameters.size(); ++i) {
+        g->owners.push_back(parameters[i].unsafeGetTensorImpl());
+        // Fires for every gradient that reaches the parameter; holds only the flags.
+        std::shared_ptr<std::vector<uint8_t>> touched = g->touched;
+        at::Tensor parameter = parameters[i];
+        parameter.register_hook([touched, i](const at::Tensor&) { (*touched)[i] = 1; });
       }
-      grads.push_back(grad);
+      impl_->gradients = std::move(g);
     }
-    buckets = MakeBuckets(grads, impl_->options.bucket_bytes);
+    Impl::Gradients& g = *impl_->gradients;
+    for (Bucket& bucket : g.buckets) bucket.flat.zero_();
+    std::fill(g.touched->begin(), g.touched->end(), 0);
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      at::Tensor parameter = parameters[i];
+      parameter.mutable_grad() = g.views[i];
+    }
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("gradient buckets: ") + error.what_without_backtrace());
+  }
+  return Status::Ok();
+}
+
+Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameters) {
+  const auto started = Clock::now();
+  std::vector<at::Tensor> scratch;  // without PrepareGradients: copies of the gradients
+  std::vector<Bucket> scratch_buckets;
+  std::vector<Bucket>* buckets = nullptr;
+  std::vector<at::Tensor>* grads = nullptr;
+  at::Tensor present;
+  try {
+    at::NoGradGuard no_grad;
+    if (impl_->Owns(parameters)) {
+      Impl::Gradients& g = *impl_->gradients;
+      present = g.views.back();
+      float* flag = present.data_ptr<float>();
+      for (size_t i = 0; i < parameters.size(); ++i) {
+        const at::Tensor grad = parameters[i].grad();
+        flag[i] = (*g.touched)[i] != 0 ? 1.0f : 0.0f;
+        // Autograd accumulates into a defined gradient in place; anything else set since is
+        // copied in.
+        if (grad.defined() && !grad.is_same(g.views[i])) {
+          g.views[i].copy_(grad);
+          flag[i] = 1;
+        }
+      }
+      buckets = &g.buckets;
+      grads = &g.views;
+    } else {
+      std::vector<at::Tensor> like = parameters;
+      like.push_back(at::zeros({static_cast<int64_t>(parameters.size())}, at::kFloat));
+      scratch_buckets = AllocateBuckets(like, impl_->options.bucket_bytes, &scratch);
+      present = scratch.back();
+      float* flag = present.data_ptr<float>();
+      for (size_t i = 0; i < parameters.size(); ++i) {
+        const at::Tensor grad = parameters[i].grad();
+        if (grad.defined()) {
+          scratch[i].copy_(grad);
+          flag[i] = 1;
+        }
+      }
+      buckets = &scratch_buckets;
+      grads = &scratch;
+    }
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("gradient buckets: ") + error.what_without_backtrace());
   }
   STRIDER_RETURN_IF_ERROR(impl_->Run("gradient all-reduce", [&](auto& works) {
-    for (Bucket& bucket : buckets) {
+    for (Bucket& bucket : *buckets) {
       std::vector<at::Tensor> one{bucket.flat};
       works.push_back(impl_->group->allreduce(one));
     }
-    std::vector<at::Tensor> flags{present};
-    works.push_back(impl_->group->allreduce(flags));
   }));
   try {
     at::NoGradGuard no_grad;
-    for (const Bucket& bucket : buckets) Unflatten(bucket, grads);
     const float* flag = present.data_ptr<float>();
     for (size_t i = 0; i < parameters.size(); ++i) {
       at::Tensor parameter = parameters[i];
-      parameter.mutable_grad() = flag[i] > 0 ? grads[i] : at::Tensor();
-      impl_->stats.bytes += grads[i].numel() * static_cast<int64_t>(grads[i].element_size());
+      // A parameter no rank gave a gradient keeps none, as a lone learner would leave it.
+      parameter.mutable_grad() = flag[i] > 0 ? (*grads)[i] : at::Tensor();
+      impl_->stats.bytes += (*grads)[i].numel() * static_cast<int64_t>((*grads)[i].element_size());
     }
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("gradient all-reduce: ") + error.what_without_backtrace());

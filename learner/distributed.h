@@ -49,10 +49,14 @@ class LearnerGroup {
   int rank() const;
   int world_size() const;
 
-  // Sums the gradients of `parameters` across ranks in place, flattened into buckets of about
-  // bucket_bytes that are all in flight at once. A parameter without a gradient on this rank
-  // takes part as zeros; one without a gradient on every rank is left without one, as a lone
-  // learner would leave it.
+  // Before an update's backward passes: gives each parameter a zeroed gradient that is a view
+  // into flat buckets of about bucket_bytes (allocated once per parameter list), so backward
+  // accumulates straight into the buffers AllReduceGradients sends, with no copy either way.
+  Status PrepareGradients(const std::vector<at::Tensor>& parameters);
+  // Sums the gradients of `parameters` across ranks in place, bucket by bucket, all buckets in
+  // flight at once. A parameter without a gradient on this rank takes part as zeros; one
+  // without a gradient on every rank is left without one, as a lone learner would leave it.
+  // Without PrepareGradients for these parameters, the gradients are copied into buckets first.
   Status AllReduceGradients(const std::vector<at::Tensor>& parameters);
   // Element-wise sums across ranks, in place (a step's counts and flags).
   Status AllReduceSum(std::vector<double>& values);

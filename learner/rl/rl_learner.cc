@@ -432,6 +432,9 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
           const size_t end = order.size() * (m + 1) / minibatches;
           std::span<const TrainingTrajectory* const> part(order.data() + begin, end - begin);
           trainer->ZeroGrad();
+          if (group != nullptr) {
+            STRIDER_RETURN_IF_ERROR(group->PrepareGradients(model.TrainableParameters()));
+          }
           // The loss is aggregated over the group's mini-batch: every rank weighs its share by
           // the action-token counts of all of it (rank order).
           std::vector<int64_t> all_counts;

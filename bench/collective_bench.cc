@@ -1,0 +1,216 @@
+// Collectives of data-parallel learner ranks against raw c10d (DESIGN.md section 9 protocol):
+//   allreduce_gradients   LearnerGroup::AllReduceGradients over a model's trainable parameters
+//                         (their gradients in the group's buckets, as PrepareGradients leaves
+//                         them for backward; 25 MB buckets all in flight) against one raw
+//                         ProcessGroupGloo::allreduce of a flat tensor of the same bytes, on the
+//                         same ranks in the same run; both as bytes per second of wall time
+//                         (the gradient bytes over the time to sum them across ranks).
+// The ranks are this program's own children on loopback: the parent spawns --world copies of
+// itself, rank 0 prints the lines.
+//
+//   collective_bench [--world N] [--model CONFIG] [--iterations N] [--quick]
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_json.h"
+#include "common/model/model.h"
+#include "learner/distributed.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+uint16_t FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+struct Args {
+  int world = 2;
+  int rank = -1;  // -1: the parent
+  uint16_t port = 0;
+  uint16_t raw_port = 0;
+  std::string model = std::string(STRIDER_SOURCE_DIR) + "/configs/model/calc.yaml";
+  int iterations = 30;
+};
+
+int Rank(const Args& args) {
+  at::set_num_threads(1);
+  strider::LearnerGroupOptions options;
+  options.rank = args.rank;
+  options.world_size = args.world;
+  options.host = "127.0.0.1";
+  options.port = args.port;
+  options.timeout_s = 120;
+  auto group = strider::LearnerGroup::Join(options);
+  if (!group.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", args.rank, group.status().ToString().c_str());
+    return 1;
+  }
+  // The raw baseline: its own store and process group, the same transport.
+  c10d::TCPStoreOptions store_options;
+  store_options.port = args.raw_port;
+  store_options.isServer = args.rank == 0;
+  store_options.numWorkers = static_cast<size_t>(args.world);
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+  auto gloo = c10d::ProcessGroupGloo::Options::create();
+  gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  gloo->threads = 2;
+  auto raw = c10::make_intrusive<c10d::ProcessGroupGloo>(store, args.rank, args.world, gloo);
+
+  auto config = strider::LoadModelConfig(args.model);
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
+    return 1;
+  }
+  auto model = strider::Model::Create(*config, 0);
+  if (!model.ok()) return 1;
+  (*model)->SetRequiresGrad(true);
+  std::vector<at::Tensor> parameters = (*model)->TrainableParameters();
+  std::vector<at::Tensor> sources;
+  int64_t elements = 0;
+  for (const at::Tensor& p : parameters) {
+    sources.push_back(at::randn_like(p));
+    elements += p.numel();
+  }
+  const int64_t bytes = elements * 4;
+  // What an update's backward passes leave: gradients in the group's buckets (untimed).
+  auto reset = [&] {
+    const strider::Status prepared = (*group)->PrepareGradients(parameters);
+    if (!prepared.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", args.rank, prepared.ToString().c_str());
+      std::exit(1);
+    }
+    for (size_t i = 0; i < parameters.size(); ++i) parameters[i].grad().copy_(sources[i]);
+  };
+
+  // Alternate the two so drift in the machine's load hits both alike.
+  double ours = 0, theirs = 0;
+  at::Tensor flat = at::randn({elements});
+  for (int i = -3; i < args.iterations; ++i) {
+    reset();
+    auto started = Clock::now();
+    strider::Status status = (*group)->AllReduceGradients(parameters);
+    const double ours_seconds = Seconds(started);
+    if (!status.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", args.rank, status.ToString().c_str());
+      return 1;
+    }
+    std::vector<at::Tensor> one{flat};
+    started = Clock::now();
+    raw->allreduce(one)->wait();
+    const double raw_seconds = Seconds(started);
+    if (i >= 0) {
+      ours += ours_seconds;
+      theirs += raw_seconds;
+    }
+  }
+  if (args.rank == 0) {
+    const double n = static_cast<double>(args.iterations);
+    const double ours_rate = static_cast<double>(bytes) * n / ours;
+    const double raw_rate = static_cast<double>(bytes) * n / theirs;
+    strider::bench::PrintResult(
+        "collective_bench", "allreduce_gradients_bytes_per_second", ours_rate, "B/s", raw_rate,
+        {{"world_size", strider::bench::JsonNumber(args.world)},
+         {"model", strider::bench::JsonString(config->name)},
+         {"gradient_bytes", strider::bench::JsonNumber(static_cast<double>(bytes))},
+         {"tensors", strider::bench::JsonNumber(static_cast<double>(parameters.size()))},
+         {"ours_ms", strider::bench::JsonNumber(ours / n * 1e3)},
+         {"raw_ms", strider::bench::JsonNumber(theirs / n * 1e3)},
+         {"baseline_is", strider::bench::JsonString(
+                             "one raw ProcessGroupGloo allreduce of a flat tensor of the same "
+                             "bytes, same ranks, same run")},
+         {"cores", strider::bench::JsonNumber(std::thread::hardware_concurrency())}});
+  }
+  return 0;
+}
+
+int Usage(const char* why) {
+  std::fprintf(stderr,
+               "collective_bench: %s\nusage: collective_bench [--world N] [--model CONFIG] "
+               "[--iterations N] [--quick]\n",
+               why);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    if (arg == "--quick") {
+      args.iterations = 5;
+    } else if (arg == "--world" || arg == "--rank" || arg == "--port" || arg == "--raw-port" ||
+               arg == "--model" || arg == "--iterations") {
+      const char* v = value();
+      if (v == nullptr) return Usage(("missing value for " + arg).c_str());
+      if (arg == "--world") args.world = std::atoi(v);
+      if (arg == "--rank") args.rank = std::atoi(v);
+      if (arg == "--port") args.port = static_cast<uint16_t>(std::atoi(v));
+      if (arg == "--raw-port") args.raw_port = static_cast<uint16_t>(std::atoi(v));
+      if (arg == "--model") args.model = v;
+      if (arg == "--iterations") args.iterations = std::atoi(v);
+    } else {
+      return Usage(("unknown argument " + arg).c_str());
+    }
+  }
+  if (args.world < 2) return Usage("--world must be at least 2");
+  if (args.iterations < 1) return Usage("--iterations must be positive");
+  if (args.rank >= 0) return Rank(args);
+
+  args.port = FreePort();
+  args.raw_port = FreePort();
+  while (args.raw_port == args.port) args.raw_port = FreePort();
+  std::vector<pid_t> children;
+  for (int r = 0; r < args.world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::vector<std::string> words = {argv[0], "--world", std::to_string(args.world),
+                                        "--rank", std::to_string(r), "--port",
+                                        std::to_string(args.port), "--raw-port",
+                                        std::to_string(args.raw_port), "--model", args.model,
+                                        "--iterations", std::to_string(args.iterations)};
+      std::vector<char*> exec_args;
+      for (std::string& w : words) exec_args.push_back(w.data());
+      exec_args.push_back(nullptr);
+      ::execv("/proc/self/exe", exec_args.data());
+      std::_Exit(127);
+    }
+    children.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  return failed == 0 ? 0 : 1;
+}
