@@ -15,6 +15,10 @@
 // 10 s. Each child leads its own process group, so a terminal's Ctrl-C reaches the launcher
 // only, and that ordered stop runs for it too. docs/launcher.md describes the fleet file, the run
 // directory and the events.
+//
+// A fleet file may instead place its roles on hosts (FleetHosts). The launcher does not start
+// such a fleet; HostCommands gives the commands to run on each host (`strider launch
+// --print-commands`), built by the same functions as the children's command lines.
 #pragma once
 
 #include <cstdint>
