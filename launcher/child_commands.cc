@@ -25,11 +25,10 @@ std::string TcpEndpoint(const std::string& host, int64_t port) {
 std::vector<std::string> ReplayServeCommand(const CommandBase& base, const std::string& bind,
                                             const std::string& sample_bind,
                                             const std::string& http) {
-  std::vector<std::string> args = {base.binary,        "replay", "serve",
-                                   "--db",             Under(base.run_dir, "replay"),
-                                   "--config",         base.replay_config,
-                                   "--bind",           bind,
-                                   "--sample-bind",    sample_bind};
+  std::vector<std::string> args = {
+      base.binary, "replay",           "serve",  "--db", Under(base.run_dir, "replay"),
+      "--config",  base.replay_config, "--bind", bind,   "--sample-bind",
+      sample_bind};
   if (!http.empty()) args.insert(args.end(), {"--http", http});
   return args;
 }
@@ -57,8 +56,8 @@ std::vector<std::string> LearnerCommand(const CommandBase& base,
   return args;
 }
 
-std::vector<std::string> ActorCommand(const CommandBase& base, const std::string& id,
-                                      uint64_t seed, const std::string& replay,
+std::vector<std::string> ActorCommand(const CommandBase& base, const std::string& id, uint64_t seed,
+                                      const std::string& replay,
                                       const std::string& weights_endpoint,
                                       const std::string& http) {
   const std::string dir = Under(Under(base.run_dir, "actors"), id);

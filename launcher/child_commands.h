@@ -40,11 +40,11 @@ struct LearnerRank {
 };
 
 struct LearnerCommandOptions {
-  std::string replay;   // the replay server's learner (sample) endpoint
-  std::string publish;  // the weight publisher's bind address
-  std::string http;     // empty: no pages
-  std::string resume;   // a checkpoint directory; else a fresh learner
-  int64_t max_steps = 0;  // with a fresh learner: stop after this many steps; 0: none
+  std::string replay;               // the replay server's learner (sample) endpoint
+  std::string publish;              // the weight publisher's bind address
+  std::string http;                 // empty: no pages
+  std::string resume;               // a checkpoint directory; else a fresh learner
+  int64_t max_steps = 0;            // with a fresh learner: stop after this many steps; 0: none
   std::optional<LearnerRank> rank;  // a learner group of more than one rank
 };
 
@@ -53,9 +53,8 @@ std::vector<std::string> LearnerCommand(const CommandBase& base,
                                         const LearnerCommandOptions& options);
 
 // `actor` `id` (its files under RUN_DIR/actors/ID), playing until stopped.
-std::vector<std::string> ActorCommand(const CommandBase& base, const std::string& id,
-                                      uint64_t seed, const std::string& replay,
-                                      const std::string& weights_endpoint,
-                                      const std::string& http);
+std::vector<std::string> ActorCommand(const CommandBase& base, const std::string& id, uint64_t seed,
+                                      const std::string& replay,
+                                      const std::string& weights_endpoint, const std::string& http);
 
 }  // namespace strider::launcher

@@ -55,7 +55,7 @@ std::vector<HostCommand> HostCommands(const FleetConfig& fleet, uint64_t actor_b
   // Here the resolved paths are the ones that work from this directory; elsewhere only the
   // fleet file's own words mean anything.
   const CommandBase base =
-      loopback ? CommandBase{fleet.binary, fleet.run_dir, fleet.replay_config,
+      loopback ? CommandBase{fleet.binary,         fleet.run_dir,      fleet.replay_config,
                              fleet.learner_config, fleet.actor_config, fleet.weights}
                : CommandBase{fleet.binary,
                              fleet.run_dir,
@@ -77,8 +77,7 @@ std::vector<HostCommand> HostCommands(const FleetConfig& fleet, uint64_t actor_b
                                          http(replay.host, replay.bind))});
 
   const LearnerHosts& learner = hosts.learner;
-  const int64_t ranks_per_host =
-      learner.world_size / static_cast<int64_t>(learner.hosts.size());
+  const int64_t ranks_per_host = learner.world_size / static_cast<int64_t>(learner.hosts.size());
   for (int64_t rank = 0; rank < learner.world_size; ++rank) {
     const std::string& host = learner.hosts[static_cast<size_t>(rank / ranks_per_host)];
     LearnerCommandOptions options;
@@ -102,11 +101,10 @@ std::vector<HostCommand> HostCommands(const FleetConfig& fleet, uint64_t actor_b
   for (const ActorHost& host : hosts.actors) {
     for (int64_t k = 0; k < host.count; ++k, ++index) {
       const std::string id = "actor-" + std::to_string(index);
-      commands.push_back(
-          {host.host, "actor", id,
-           ActorCommand(base, id, actor_base_seed + static_cast<uint64_t>(index),
-                        TcpEndpoint(replay.host, replay.port), weights,
-                        http(host.host, loopback ? kLoopback : "0.0.0.0"))});
+      commands.push_back({host.host, "actor", id,
+                          ActorCommand(base, id, actor_base_seed + static_cast<uint64_t>(index),
+                                       TcpEndpoint(replay.host, replay.port), weights,
+                                       http(host.host, loopback ? kLoopback : "0.0.0.0"))});
     }
   }
 

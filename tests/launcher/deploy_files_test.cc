@@ -8,11 +8,10 @@
 // containers) with `srun` and `strider` on PATH replaced by scripts that print their arguments,
 // and Kubernetes' own $(VAR) expansion is applied first, as the kubelet does.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -104,15 +103,15 @@ std::string Joined(const Argv& argv) {
 
 // What --print-commands gives for `fleet`, run from the repository root.
 std::vector<Printed> PrintCommands(const std::string& fleet) {
-  const Ran ran = Run({StriderBinary(), "launch", fleet, "--print-commands", "--json"}, nullptr,
-                      SourceDir());
+  const Ran ran =
+      Run({StriderBinary(), "launch", fleet, "--print-commands", "--json"}, nullptr, SourceDir());
   EXPECT_EQ(ran.status, 0) << "strider launch --print-commands failed";
   std::vector<Printed> printed;
   std::istringstream lines(ran.out);
   for (std::string line; std::getline(lines, line);) {
     const nlohmann::json command = nlohmann::json::parse(line);
-    printed.push_back({command["host"], command["role"], command["name"],
-                       command["argv"].get<Argv>()});
+    printed.push_back(
+        {command["host"], command["role"], command["name"], command["argv"].get<Argv>()});
   }
   return printed;
 }
@@ -165,8 +164,7 @@ void Compare(const std::string& what, std::map<std::string, std::vector<Instance
               [](const Instance& a, const Instance& b) { return a.index < b.index; });
     if (ran.size() != commands.size()) {
       problems->push_back(what + ": " + std::to_string(ran.size()) + " " + role +
-                          " commands, --print-commands gives " +
-                          std::to_string(commands.size()));
+                          " commands, --print-commands gives " + std::to_string(commands.size()));
       continue;
     }
     std::vector<std::string> hosts;  // the role's hosts in the order its instances fill them
@@ -182,7 +180,7 @@ void Compare(const std::string& what, std::map<std::string, std::vector<Instance
                             Joined(commands[i].argv));
       }
       if (ran[i].node >= 0 && (ran[i].node >= static_cast<int64_t>(hosts.size()) ||
-                                hosts[static_cast<size_t>(ran[i].node)] != commands[i].host)) {
+                               hosts[static_cast<size_t>(ran[i].node)] != commands[i].host)) {
         problems->push_back(ran[i].where + " runs on the component's node " +
                             std::to_string(ran[i].node) + ", where the fleet has " +
                             commands[i].name + " on " + commands[i].host);
@@ -256,8 +254,10 @@ void CheckSlurm(const std::string& path, const std::vector<Printed>& printed,
       if (args[at].rfind("--het-group=", 0) == 0) group = std::stoll(args[at].substr(12));
     }
     if (group < 0 || group >= static_cast<int64_t>(components.size()) || at == args.size()) {
-      problems->push_back(path + ": an srun line without --het-group=N of a component and a "
-                                 "command:\n" + step);
+      problems->push_back(path +
+                          ": an srun line without --het-group=N of a component and a "
+                          "command:\n" +
+                          step);
       continue;
     }
     const Component& component = components[static_cast<size_t>(group)];
@@ -271,14 +271,14 @@ void CheckSlurm(const std::string& path, const std::vector<Printed>& printed,
       task_env["SLURM_LOCALID"] = std::to_string(task % component.tasks_per_node);
       const Ran ran = Run(command, &task_env);
       Instance instance;
-      instance.where = path + " het-group " + std::to_string(group) + " task " +
-                       std::to_string(task);
+      instance.where =
+          path + " het-group " + std::to_string(group) + " task " + std::to_string(task);
       instance.index = task;
       instance.node = task / component.tasks_per_node;  // srun's default block distribution
       instance.argv = SplitNul(ran.out);
       if (ran.status != 0) {
-        problems->push_back(instance.where + ": its command failed (" +
-                            std::to_string(ran.status) + ")");
+        problems->push_back(instance.where + ": its command failed (" + std::to_string(ran.status) +
+                            ")");
       }
       instances[RoleOf(instance.argv)].push_back(instance);
     }
@@ -439,8 +439,9 @@ void CheckKubernetes(const std::string& dir, const std::vector<Printed>& printed
              s["spec"]["clusterIP"].as<std::string>() == "None";
     });
     if (learner["kind"].as<std::string>() != "StatefulSet" || !headless) {
-      problems->push_back(dir + ": learner ranks need a StatefulSet whose serviceName is a "
-                                "headless Service (clusterIP: None)");
+      problems->push_back(dir +
+                          ": learner ranks need a StatefulSet whose serviceName is a "
+                          "headless Service (clusterIP: None)");
     } else {
       const Argv& argv = printed_of("learner")->argv;
       for (const std::string flag : {"--rendezvous", "--publish"}) {
@@ -453,9 +454,10 @@ void CheckKubernetes(const std::string& dir, const std::vector<Printed>& printed
     }
   }
   if (workload_of.count("replay") && printed_of("replay")) {
-    const YAML::Node labels = workload_of["replay"].second["spec"]["template"]["metadata"]["labels"];
-    const std::optional<YAML::Node> replay = service(
-        [&](const YAML::Node& s) { return Matches(s["spec"]["selector"], labels); });
+    const YAML::Node labels =
+        workload_of["replay"].second["spec"]["template"]["metadata"]["labels"];
+    const std::optional<YAML::Node> replay =
+        service([&](const YAML::Node& s) { return Matches(s["spec"]["selector"], labels); });
     if (!replay) {
       problems->push_back(dir + ": no Service selects the replay server's pods");
     } else {

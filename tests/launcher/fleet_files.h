@@ -30,8 +30,8 @@ inline std::string WriteFleet(const testing::TempDir& dir, const std::string& ex
   };
   const std::string path = dir.Sub("fleet.yaml");
   std::ofstream(path) << "replay:\n  config: " << dir.Sub("replay.yaml") << "\n"
-                      << indented(replay_extra) << "learner:\n  config: "
-                      << dir.Sub("learner.yaml") << "\n"
+                      << indented(replay_extra) << "learner:\n  config: " << dir.Sub("learner.yaml")
+                      << "\n"
                       << indented(learner_extra) << "actors:\n  config: " << dir.Sub("actor.yaml")
                       << "\n"
                       << indented(actors_extra) << extra;

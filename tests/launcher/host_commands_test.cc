@@ -177,31 +177,49 @@ TEST(HostCommands, EachHostGetsItsCommandsWithTheFleetFilesPaths) {
   const std::vector<HostCommand> commands = HostCommands(*fleet, 100);
   std::vector<std::string> placed;
   for (const HostCommand& command : commands) placed.push_back(command.host + " " + command.name);
-  EXPECT_EQ(placed, (std::vector<std::string>{
-                        "replay-0 replay", "replay-0 actor-2", "learner-0 learner-0",
-                        "learner-0 learner-1", "learner-1 learner-2", "learner-1 learner-3",
-                        "actor-0 actor-0", "actor-0 actor-1"}))
+  EXPECT_EQ(placed,
+            (std::vector<std::string>{"replay-0 replay", "replay-0 actor-2", "learner-0 learner-0",
+                                      "learner-0 learner-1", "learner-1 learner-2",
+                                      "learner-1 learner-3", "actor-0 actor-0", "actor-0 actor-1"}))
       << "grouped by host, hosts in order of first appearance, start order within one";
-  EXPECT_EQ(commands[0].argv,
-            (Argv{"strider", "replay", "serve", "--db", "/shared/run/replay", "--config",
-                  "replay.yaml", "--bind", "tcp://0.0.0.0:7000", "--sample-bind",
-                  "tcp://0.0.0.0:7001"}));
+  EXPECT_EQ(commands[0].argv, (Argv{"strider", "replay", "serve", "--db", "/shared/run/replay",
+                                    "--config", "replay.yaml", "--bind", "tcp://0.0.0.0:7000",
+                                    "--sample-bind", "tcp://0.0.0.0:7001"}));
   for (int rank = 0; rank < 4; ++rank) {
     const HostCommand& learner = commands[2 + rank];
     EXPECT_EQ(learner.role, "learner");
-    EXPECT_EQ(learner.argv,
-              (Argv{"strider", "learner", "--config", "learner.yaml", "--run-dir",
-                    "/shared/run/learner", "--replay", "tcp://replay-0:7001", "--publish",
-                    "tcp://0.0.0.0:7002", "--init", "/shared/warm.safetensors", "--max-steps",
-                    "9", "--rank", std::to_string(rank), "--world-size", "4", "--rendezvous",
-                    "[fd00::1]:29400"}));
+    EXPECT_EQ(learner.argv, (Argv{"strider",      "learner",
+                                  "--config",     "learner.yaml",
+                                  "--run-dir",    "/shared/run/learner",
+                                  "--replay",     "tcp://replay-0:7001",
+                                  "--publish",    "tcp://0.0.0.0:7002",
+                                  "--init",       "/shared/warm.safetensors",
+                                  "--max-steps",  "9",
+                                  "--rank",       std::to_string(rank),
+                                  "--world-size", "4",
+                                  "--rendezvous", "[fd00::1]:29400"}));
   }
-  EXPECT_EQ(commands[1].argv,
-            (Argv{"strider", "actor", "--config", "actor.yaml", "--id", "actor-2", "--seed", "102",
-                  "--episodes", "0", "--replay", "tcp://replay-0:7000", "--weights-endpoint",
-                  "tcp://learner-0:7002", "--spill-dir", "/shared/run/actors/actor-2/spill",
-                  "--metrics", "/shared/run/actors/actor-2/metrics.jsonl", "--no-progress",
-                  "--weights", "/shared/warm.safetensors"}))
+  EXPECT_EQ(commands[1].argv, (Argv{"strider",
+                                    "actor",
+                                    "--config",
+                                    "actor.yaml",
+                                    "--id",
+                                    "actor-2",
+                                    "--seed",
+                                    "102",
+                                    "--episodes",
+                                    "0",
+                                    "--replay",
+                                    "tcp://replay-0:7000",
+                                    "--weights-endpoint",
+                                    "tcp://learner-0:7002",
+                                    "--spill-dir",
+                                    "/shared/run/actors/actor-2/spill",
+                                    "--metrics",
+                                    "/shared/run/actors/actor-2/metrics.jsonl",
+                                    "--no-progress",
+                                    "--weights",
+                                    "/shared/warm.safetensors"}))
       << "actors subscribe to rank 0's weight stream on its host";
 }
 
@@ -216,11 +234,10 @@ TEST(HostCommands, PagesTakeKnownPortsUpwardsOnEachHost) {
     ASSERT_NE(flag, command.argv.end()) << command.name;
     pages.push_back(command.host + " " + *(flag + 1));
   }
-  EXPECT_EQ(pages, (std::vector<std::string>{
-                       "replay-0 0.0.0.0:9100", "replay-0 0.0.0.0:9101",
-                       "learner-0 0.0.0.0:9100", "learner-0 0.0.0.0:9101",
-                       "learner-1 0.0.0.0:9100", "learner-1 0.0.0.0:9101",
-                       "actor-0 0.0.0.0:9100", "actor-0 0.0.0.0:9101"}));
+  EXPECT_EQ(pages, (std::vector<std::string>{"replay-0 0.0.0.0:9100", "replay-0 0.0.0.0:9101",
+                                             "learner-0 0.0.0.0:9100", "learner-0 0.0.0.0:9101",
+                                             "learner-1 0.0.0.0:9100", "learner-1 0.0.0.0:9101",
+                                             "actor-0 0.0.0.0:9100", "actor-0 0.0.0.0:9101"}));
 }
 
 TEST(HostCommands, TextQuotesForTheShellAndJsonCarriesEachCommand) {
