@@ -100,16 +100,42 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
 
   // model info
   auto info_config = std::make_shared<std::string>();
+  auto info_degree = std::make_shared<int64_t>(0);
   CLI::App* info = model->add_subcommand(
       "info", "Parameter counts and cache sizes, computed from the config without allocating");
   info->add_option("--config", *info_config, "Model config YAML")->required();
-  info->callback([info_config, &exit_code] {
+  info->add_option("--expert-parallel", *info_degree,
+                   "Also the per-rank parameters and memory with the routed experts split over "
+                   "N ranks (N divides routed_experts)");
+  info->callback([info_config, info_degree, &exit_code] {
     Result<ModelConfig> config = LoadModelConfig(*info_config);
     if (!config.ok()) {
       exit_code = ReportError(config.status());
       return;
     }
-    PrintJson(InfoJson(*config));
+    Json json = InfoJson(*config);
+    if (*info_degree != 0) {
+      const int64_t n = config->feed_forward.routed_experts;
+      if (*info_degree < 1 || n % *info_degree != 0) {
+        exit_code = ReportError(Status::InvalidArgument(
+            "--expert-parallel " + std::to_string(*info_degree) + " must divide the " +
+            std::to_string(n) + " routed experts of " + *info_config));
+        return;
+      }
+      const ExpertParallelFootprint f = ExpertParallelFootprintOf(*config, *info_degree);
+      json["expert_parallel"] = {
+          {"degree", f.degree},
+          {"experts_per_rank", n / f.degree},
+          {"routed_params_total", f.routed_parameters_total},
+          {"routed_params_per_rank", f.routed_parameters_per_rank},
+          {"replicated_params", f.replicated_parameters},
+          {"params_per_rank", f.parameters_per_rank},
+          {"weight_bytes_per_rank", f.weight_bytes_per_rank},
+          {"training_bytes_per_rank", f.training_bytes_per_rank},
+          {"training_bytes_note",
+           "fp32 weights, gradients and two AdamW moments; activations not included"}};
+    }
+    PrintJson(json);
   });
 
   // model init

@@ -6,6 +6,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "common/model/expert_parallel.h"
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -81,6 +83,21 @@ void Unflatten(const Bucket& bucket, const std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
+// All-to-all of routed rows over the group's Gloo process group; a failure names the lost
+// rank like every other collective, thrown because it runs inside LibTorch's forward and
+// backward.
+class GlooExpertExchange : public model::ExpertExchange {
+ public:
+  explicit GlooExpertExchange(LearnerGroup::Impl* impl) : impl_(impl) {}
+  int rank() const override;
+  int world_size() const override;
+  at::Tensor AllToAll(const at::Tensor& rows, const std::vector<int64_t>& send_counts,
+                      const std::vector<int64_t>& recv_counts) override;
+
+ private:
+  LearnerGroup::Impl* impl_;
+};
+
 struct LearnerGroup::Impl {
   LearnerGroupOptions options;
   c10::intrusive_ptr<c10d::Store> store;        // the rendezvous (rank 0 hosts it)
@@ -100,6 +117,7 @@ struct LearnerGroup::Impl {
     std::shared_ptr<std::vector<uint8_t>> touched;  // written by the parameters' hooks
   };
   std::unique_ptr<Gradients> gradients;
+  GlooExpertExchange exchange{this};
 
   bool Owns(const std::vector<at::Tensor>& parameters) const {
     if (gradients == nullptr || gradients->owners.size() != parameters.size()) return false;
@@ -178,7 +196,29 @@ struct LearnerGroup::Impl {
   }
 };
 
+int GlooExpertExchange::rank() const { return impl_->options.rank; }
+int GlooExpertExchange::world_size() const { return impl_->options.world_size; }
+
+at::Tensor GlooExpertExchange::AllToAll(const at::Tensor& rows,
+                                        const std::vector<int64_t>& send_counts,
+                                        const std::vector<int64_t>& recv_counts) {
+  int64_t total = 0;
+  for (int64_t n : recv_counts) total += n;
+  std::vector<int64_t> shape = rows.sizes().vec();
+  shape[0] = total;
+  at::Tensor input = rows.contiguous();
+  at::Tensor output = at::empty(shape, rows.options());
+  std::vector<int64_t> out_counts = recv_counts;
+  std::vector<int64_t> in_counts = send_counts;
+  const Status status = impl_->Run("expert all-to-all", [&](auto& works) {
+    works.push_back(impl_->group->alltoall_base(output, input, out_counts, in_counts));
+  });
+  TORCH_CHECK(status.ok(), status.message());
+  return output;
+}
+
 LearnerGroup::LearnerGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+model::ExpertExchange& LearnerGroup::experts() { return impl_->exchange; }
 LearnerGroup::~LearnerGroup() = default;
 
 int LearnerGroup::rank() const { return impl_->options.rank; }

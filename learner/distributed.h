@@ -23,6 +23,10 @@
 
 namespace strider {
 
+namespace model {
+class ExpertExchange;
+}
+
 struct LearnerGroupOptions {
   int rank = 0;
   int world_size = 1;
@@ -38,6 +42,8 @@ struct LearnerGroupStats {
   int64_t bytes = 0;              // gradient bytes this rank contributed
   double allreduce_seconds = 0;   // wall time in gradient all-reduces
 };
+
+class GlooExpertExchange;
 
 class LearnerGroup {
  public:
@@ -68,9 +74,14 @@ class LearnerGroup {
   // along `dim` (routing records of different lengths).
   Result<at::Tensor> AllGatherAlong(const at::Tensor& tensor, int64_t dim);
 
+  // The ranks as an expert-parallel group (common/model/expert_parallel.h): the model's sparse
+  // layers exchange routed tokens over it with c10d all-to-all. Lives as long as this group.
+  model::ExpertExchange& experts();
+
   const LearnerGroupStats& stats() const;
 
  private:
+  friend class GlooExpertExchange;
   struct Impl;
   explicit LearnerGroup(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

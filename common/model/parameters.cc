@@ -155,4 +155,23 @@ CacheAccounting AccountCaches(const ModelConfig& c) {
   return a;
 }
 
+ExpertShard ExpertShardOf(int64_t routed_experts, int64_t rank, int64_t world_size) {
+  const int64_t per_rank = routed_experts / world_size;
+  return {rank * per_rank, per_rank};
+}
+
+ExpertParallelFootprint ExpertParallelFootprintOf(const ModelConfig& config, int64_t degree) {
+  ExpertParallelFootprint f;
+  f.degree = degree;
+  const ParameterCounts counts = CountParameters(config);
+  auto routed = counts.total_by_component.find("routed_experts");
+  f.routed_parameters_total = routed != counts.total_by_component.end() ? routed->second : 0;
+  f.routed_parameters_per_rank = f.routed_parameters_total / static_cast<double>(degree);
+  f.replicated_parameters = counts.total - f.routed_parameters_total;
+  f.parameters_per_rank = f.replicated_parameters + f.routed_parameters_per_rank;
+  f.weight_bytes_per_rank = 4 * f.parameters_per_rank;
+  f.training_bytes_per_rank = 16 * f.parameters_per_rank;
+  return f;
+}
+
 }  // namespace strider

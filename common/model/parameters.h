@@ -46,6 +46,28 @@ struct ParameterCounts {
 
 ParameterCounts CountParameters(const ModelConfig& config);
 
+// Expert parallelism (common/model/expert_parallel.h): rank r of `world_size` holds experts
+// [first, first + count) of every sparse layer; routed_experts must be divisible by world_size.
+struct ExpertShard {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+ExpertShard ExpertShardOf(int64_t routed_experts, int64_t rank, int64_t world_size);
+
+// What one rank holds under expert-parallel degree `degree` (`strider model info
+// --expert-parallel N`): the routed experts split, every other parameter whole on each rank.
+struct ExpertParallelFootprint {
+  int64_t degree = 1;
+  double routed_parameters_total = 0;  // every sparse layer's routed experts, unsharded
+  double routed_parameters_per_rank = 0;
+  double replicated_parameters = 0;    // everything else, on every rank
+  double parameters_per_rank = 0;
+  double weight_bytes_per_rank = 0;    // at the config's parameter dtype
+  // Training with AdamW: weights, gradients and two moments per parameter, fp32.
+  double training_bytes_per_rank = 0;
+};
+ExpertParallelFootprint ExpertParallelFootprintOf(const ModelConfig& config, int64_t degree);
+
 // Memory of the inference state (MODEL.md s.1 and s.2), from the config alone.
 struct CacheAccounting {
   // Latent attention: (d_c + d_rope) values per token per latent layer, in the cache dtype.

@@ -8,6 +8,7 @@
 
 #include "common/kernels/routing.h"
 #include "common/kernels/situ.h"
+#include "common/model/expert_parallel.h"
 
 namespace strider::model {
 namespace {
@@ -160,7 +161,8 @@ SparseExpertWeights SparseExpertWeights::Bind(const TensorMap& t, const std::str
 
 at::Tensor SparseExpertForward(const SparseExpertWeights& w, const FeedForwardConfig& c,
                                const at::Tensor& x, const at::Tensor& replay_experts,
-                               RoutingRecordEntry* record, double norm_epsilon) {
+                               RoutingRecordEntry* record, double norm_epsilon,
+                               ExpertExchange* exchange) {
   const int64_t batch = x.size(0);
   const int64_t length = x.size(1);
   const int64_t width = x.size(2);
@@ -183,7 +185,9 @@ at::Tensor SparseExpertForward(const SparseExpertWeights& w, const FeedForwardCo
 
   at::Tensor latent = inputs[1];  // (M, l)
   at::Tensor combined;
-  if (!c10::GradMode::is_enabled() && decision.experts.device().is_cpu()) {
+  if (exchange != nullptr) {
+    combined = RoutedExpertsParallel(w, c, latent, decision.experts, decision.weights, *exchange);
+  } else if (!c10::GradMode::is_enabled() && decision.experts.device().is_cpu()) {
     combined = RoutedExpertsInference(w, c, latent, decision.experts, decision.weights);
   } else {
     combined = RoutedExpertsGrouped(w, c, latent, decision);

@@ -56,10 +56,14 @@ struct RoutingRecordEntry {
   at::Tensor scores;   // (M, n) router scores, detached; input to quantile balancing
 };
 
+class ExpertExchange;
+
 // x: (B, T, d). `replay_experts` (M, k), when defined, fixes the choice (routing replay).
+// With `exchange` (expert parallelism, expert_parallel.h) the weights' routed_* hold only this
+// rank's shard of the experts, and the routed pairs travel to the ranks holding their experts.
 at::Tensor SparseExpertForward(const SparseExpertWeights& weights,
                                const FeedForwardConfig& config, const at::Tensor& x,
                                const at::Tensor& replay_experts, RoutingRecordEntry* record,
-                               double norm_epsilon);
+                               double norm_epsilon, ExpertExchange* exchange = nullptr);
 
 }  // namespace strider::model

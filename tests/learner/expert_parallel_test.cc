@@ -1,0 +1,223 @@
+// Expert parallelism (common/model/expert_parallel.h) over real Gloo ranks on loopback, one
+// thread per rank: each rank holds its shard of the routed experts and its own tokens; the
+// layer's outputs and every gradient equal the unsharded layer's over the same tokens (fp64,
+// so the comparison is to rounding, not to a loose tolerance).
+#include <ATen/ATen.h>
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/model/expert_parallel.h"
+#include "common/model/parameters.h"
+#include "common/model/sparse_experts.h"
+#include "learner/distributed.h"
+
+namespace strider {
+namespace {
+
+using model::SparseExpertWeights;
+
+uint16_t FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+FeedForwardConfig Config() {
+  FeedForwardConfig c;
+  c.routed_experts = 8;
+  c.experts_per_token = 2;
+  c.latent_width = 6;
+  c.expert_hidden = 10;
+  c.shared_experts = 1;
+  c.shared_hidden = 12;
+  return c;
+}
+
+constexpr int64_t kWidth = 16;
+
+// Every tensor of the layer, from one seed, fp64.
+std::map<std::string, at::Tensor> FullWeights(const FeedForwardConfig& c) {
+  at::manual_seed(11);
+  const auto o = at::TensorOptions().dtype(at::kDouble);
+  const int64_t n = c.routed_experts, l = c.latent_width, e = c.expert_hidden;
+  const int64_t s = c.shared_hidden;
+  return {{"router", at::randn({n, kWidth}, o) * 0.5},
+          {"router_bias", at::randn({n}, o) * 0.1},
+          {"latent_down", at::randn({l, kWidth}, o) * 0.3},
+          {"latent_norm", at::ones({l}, o) + at::randn({l}, o) * 0.1},
+          {"latent_up", at::randn({kWidth, l}, o) * 0.3},
+          {"routed_gate", at::randn({n, e, l}, o) * 0.4},
+          {"routed_up", at::randn({n, e, l}, o) * 0.4},
+          {"routed_down", at::randn({n, l, e}, o) * 0.4},
+          {"shared_gate", at::randn({1, s, kWidth}, o) * 0.3},
+          {"shared_up", at::randn({1, s, kWidth}, o) * 0.3},
+          {"shared_down", at::randn({1, kWidth, s}, o) * 0.3}};
+}
+
+bool IsRouted(const std::string& name) { return name.rfind("routed_", 0) == 0; }
+
+// Leaves requiring gradients: whole tensors, or this rank's experts of the routed ones.
+std::map<std::string, at::Tensor> Leaves(const std::map<std::string, at::Tensor>& full,
+                                         const ExpertShard* shard) {
+  std::map<std::string, at::Tensor> leaves;
+  for (const auto& [name, tensor] : full) {
+    at::Tensor t = shard != nullptr && IsRouted(name)
+                       ? tensor.narrow(0, shard->first, shard->count).clone()
+                       : tensor.clone();
+    leaves[name] = name == "router_bias" ? t : t.requires_grad_(true);
+  }
+  return leaves;
+}
+
+SparseExpertWeights Bind(const std::map<std::string, at::Tensor>& t) {
+  SparseExpertWeights w;
+  w.router = t.at("router");
+  w.router_bias = t.at("router_bias");
+  w.latent_down = t.at("latent_down");
+  w.latent_norm = t.at("latent_norm");
+  w.latent_up = t.at("latent_up");
+  w.routed_gate = t.at("routed_gate");
+  w.routed_up = t.at("routed_up");
+  w.routed_down = t.at("routed_down");
+  w.shared_gate = t.at("shared_gate");
+  w.shared_up = t.at("shared_up");
+  w.shared_down = t.at("shared_down");
+  return w;
+}
+
+struct RankInputs {
+  at::Tensor x;           // (B, T, d), requires grad
+  at::Tensor projection;  // the loss is sum(y * projection)
+};
+
+RankInputs InputsOf(int rank, int64_t length) {
+  at::manual_seed(100 + rank);
+  const auto o = at::TensorOptions().dtype(at::kDouble);
+  return {at::randn({2, length, kWidth}, o).requires_grad_(true), at::randn({2, length, kWidth}, o)};
+}
+
+void ExpectClose(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  ASSERT_TRUE(a.defined()) << what;
+  ASSERT_TRUE(b.defined()) << what;
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  EXPECT_LT((a - b).abs().max().item<double>(), 1e-10) << what;
+}
+
+void CheckAgainstUnsharded(int world, const std::vector<int64_t>& lengths) {
+  const FeedForwardConfig c = Config();
+  const std::map<std::string, at::Tensor> full = FullWeights(c);
+
+  // The unsharded layer over every rank's tokens: one loss, gradients summed over the ranks.
+  std::map<std::string, at::Tensor> reference = Leaves(full, nullptr);
+  std::vector<at::Tensor> reference_y, reference_dx;
+  {
+    at::Tensor loss = at::zeros({}, at::kDouble);
+    std::vector<RankInputs> inputs;
+    for (int r = 0; r < world; ++r) {
+      inputs.push_back(InputsOf(r, lengths[r]));
+      at::Tensor y = model::SparseExpertForward(Bind(reference), c, inputs[r].x, at::Tensor(),
+                                                nullptr, 1e-6);
+      reference_y.push_back(y.detach());
+      loss = loss + (y * inputs[r].projection).sum();
+    }
+    loss.backward();
+    for (int r = 0; r < world; ++r) reference_dx.push_back(inputs[r].x.grad());
+  }
+
+  const uint16_t port = FreePort();
+  std::vector<std::map<std::string, at::Tensor>> leaves(world);
+  std::vector<at::Tensor> ys(world), dxs(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      LearnerGroupOptions options;
+      options.rank = r;
+      options.world_size = world;
+      options.host = "127.0.0.1";
+      options.port = port;
+      options.timeout_s = 60;
+      auto group = LearnerGroup::Join(options);
+      if (!group.ok()) {
+        errors[r] = group.status().ToString();
+        return;
+      }
+      const ExpertShard shard = ExpertShardOf(c.routed_experts, r, world);
+      leaves[r] = Leaves(full, &shard);
+      RankInputs in = InputsOf(r, lengths[r]);
+      try {
+        at::Tensor y = model::SparseExpertForward(Bind(leaves[r]), c, in.x, at::Tensor(), nullptr,
+                                                  1e-6, &(*group)->experts());
+        (y * in.projection).sum().backward();
+        ys[r] = y.detach();
+        dxs[r] = in.x.grad();
+      } catch (const c10::Error& error) {
+        errors[r] = error.what_without_backtrace();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < world; ++r) ASSERT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
+
+  for (int r = 0; r < world; ++r) {
+    const std::string rank = "rank " + std::to_string(r) + " of " + std::to_string(world);
+    ExpectClose(ys[r], reference_y[r], rank + ": output");
+    ExpectClose(dxs[r], reference_dx[r], rank + ": input gradient");
+    const ExpertShard shard = ExpertShardOf(c.routed_experts, r, world);
+    for (const char* name : {"routed_gate", "routed_up", "routed_down"}) {
+      // The shard's experts collected gradients from every rank's tokens.
+      ExpectClose(leaves[r].at(name).grad(),
+                  reference.at(name).grad().narrow(0, shard.first, shard.count),
+                  rank + ": " + name + " gradient");
+    }
+  }
+  // Replicated weights: each rank's gradient is its own tokens'; their sum is the whole batch's
+  // (what the data-parallel all-reduce adds).
+  for (const char* name : {"router", "latent_down", "latent_norm", "latent_up", "shared_gate",
+                           "shared_up", "shared_down"}) {
+    at::Tensor sum = at::zeros_like(reference.at(name));
+    for (int r = 0; r < world; ++r) sum = sum + leaves[r].at(name).grad();
+    ExpectClose(sum, reference.at(name).grad(), std::string(name) + " gradient summed over ranks");
+  }
+}
+
+TEST(ExpertParallel, TwoRanksEqualTheUnshardedLayerForwardAndBackward) {
+  CheckAgainstUnsharded(2, {7, 5});
+}
+
+TEST(ExpertParallel, FourRanksEqualTheUnshardedLayerForwardAndBackward) {
+  // One rank with a single token: most ranks send it nothing.
+  CheckAgainstUnsharded(4, {6, 1, 9, 4});
+}
+
+TEST(ExpertParallel, ShardsAndPerRankFootprint) {
+  EXPECT_EQ(ExpertShardOf(896, 3, 8).first, 336);
+  EXPECT_EQ(ExpertShardOf(896, 3, 8).count, 112);
+  ModelConfig config;
+  config.feed_forward.routed_experts = 8;
+  const ExpertParallelFootprint one = ExpertParallelFootprintOf(config, 1);
+  const ExpertParallelFootprint four = ExpertParallelFootprintOf(config, 4);
+  EXPECT_GT(one.routed_parameters_total, 0);
+  EXPECT_DOUBLE_EQ(four.routed_parameters_per_rank, one.routed_parameters_total / 4);
+  EXPECT_DOUBLE_EQ(four.replicated_parameters, one.replicated_parameters);
+  EXPECT_DOUBLE_EQ(one.parameters_per_rank,
+                   one.replicated_parameters + one.routed_parameters_total);
+  EXPECT_DOUBLE_EQ(four.training_bytes_per_rank, 16 * four.parameters_per_rank);
+}
+
+}  // namespace
+}  // namespace strider
