@@ -8,7 +8,10 @@
 // The ranks are this program's own children on loopback: the parent spawns --world copies of
 // itself, rank 0 prints the lines.
 //
-//   collective_bench [--world N] [--model CONFIG] [--iterations N] [--quick]
+//   expert_alltoall       one expert-parallel sparse layer's exchanges (LearnerGroup::experts())
+//                         against raw c10d all-to-all of the same latent rows
+//
+//   collective_bench [--world N] [--model CONFIG] [--iterations N] [--tokens N] [--quick]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <arpa/inet.h>
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "bench/bench_json.h"
+#include "common/model/expert_parallel.h"
 #include "common/model/model.h"
 #include "learner/distributed.h"
 
@@ -58,6 +62,7 @@ struct Args {
   uint16_t raw_port = 0;
   std::string model = std::string(STRIDER_SOURCE_DIR) + "/configs/model/calc.yaml";
   int iterations = 30;
+  int64_t tokens = 4096;  // per rank, for the expert all-to-all
 };
 
 int Rank(const Args& args) {
@@ -131,6 +136,55 @@ int Rank(const Args& args) {
       theirs += raw_seconds;
     }
   }
+  // Expert all-to-all: the four exchanges of one expert-parallel sparse layer's forward as
+  // RoutedExpertsParallel issues them (row counts, expert ids, latent rows there, outputs back)
+  // against two raw alltoall_base calls moving the same rows there and back.
+  const int64_t tokens = args.tokens;
+  const int64_t k = config->feed_forward.experts_per_token;
+  const int64_t latent = config->feed_forward.latent_width;
+  const int64_t pairs = tokens * k;
+  std::vector<int64_t> send(static_cast<size_t>(args.world), 0);
+  at::manual_seed(1000 + args.rank);
+  // Uniform routing: each pair's expert lives on any rank alike.
+  const at::Tensor owners =
+      at::randint(args.world, {pairs}, at::TensorOptions().dtype(at::kLong)).contiguous();
+  for (int64_t i = 0; i < pairs; ++i) ++send[owners.data_ptr<int64_t>()[i]];
+  const std::vector<int64_t> ones(static_cast<size_t>(args.world), 1);
+  strider::model::ExpertExchange& exchange = (*group)->experts();
+  const std::vector<int64_t> recv = [&] {
+    at::Tensor c = exchange.AllToAll(at::tensor(send, at::kLong).reshape({args.world, 1}), ones,
+                                     ones);
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }();
+  int64_t received = 0;
+  for (int64_t n : recv) received += n;
+  const at::Tensor rows = at::randn({pairs, latent});
+  const at::Tensor ids = at::randint(1 << 20, {pairs, 1}, at::TensorOptions().dtype(at::kLong));
+  double ours_exchange = 0, raw_exchange = 0;
+  for (int i = -3; i < args.iterations; ++i) {
+    auto started = Clock::now();
+    exchange.AllToAll(at::tensor(send, at::kLong).reshape({args.world, 1}), ones, ones);
+    exchange.AllToAll(ids, send, recv);
+    at::Tensor there = exchange.AllToAll(rows, send, recv);
+    exchange.AllToAll(there, recv, send);
+    const double ours_seconds = Seconds(started);
+    started = Clock::now();
+    at::Tensor out = at::empty({received, latent});
+    at::Tensor in = rows;
+    // c10d moves the count vectors into its work item: fresh copies per call.
+    std::vector<int64_t> out_counts = recv, in_counts = send;
+    raw->alltoall_base(out, in, out_counts, in_counts)->wait();
+    at::Tensor back = at::empty({pairs, latent});
+    out_counts = send;
+    in_counts = recv;
+    raw->alltoall_base(back, out, out_counts, in_counts)->wait();
+    const double raw_seconds = Seconds(started);
+    if (i >= 0) {
+      ours_exchange += ours_seconds;
+      raw_exchange += raw_seconds;
+    }
+  }
+
   if (args.rank == 0) {
     const double n = static_cast<double>(args.iterations);
     const double ours_rate = static_cast<double>(bytes) * n / ours;
@@ -147,6 +201,22 @@ int Rank(const Args& args) {
                              "one raw ProcessGroupGloo allreduce of a flat tensor of the same "
                              "bytes, same ranks, same run")},
          {"cores", strider::bench::JsonNumber(std::thread::hardware_concurrency())}});
+    const double row_bytes = static_cast<double>((pairs + received) * latent * 4);
+    strider::bench::PrintResult(
+        "collective_bench", "expert_alltoall_bytes_per_second", row_bytes * n / ours_exchange,
+        "B/s", row_bytes * n / raw_exchange,
+        {{"world_size", strider::bench::JsonNumber(args.world)},
+         {"model", strider::bench::JsonString(config->name)},
+         {"tokens_per_rank", strider::bench::JsonNumber(static_cast<double>(tokens))},
+         {"experts_per_token", strider::bench::JsonNumber(static_cast<double>(k))},
+         {"latent_width", strider::bench::JsonNumber(static_cast<double>(latent))},
+         {"row_bytes_rank0", strider::bench::JsonNumber(row_bytes)},
+         {"ours_ms", strider::bench::JsonNumber(ours_exchange / n * 1e3)},
+         {"raw_ms", strider::bench::JsonNumber(raw_exchange / n * 1e3)},
+         {"baseline_is", strider::bench::JsonString(
+                             "two raw ProcessGroupGloo alltoall_base calls moving the same latent "
+                             "rows there and back; ours adds the row counts and expert ids")},
+         {"cores", strider::bench::JsonNumber(std::thread::hardware_concurrency())}});
   }
   return 0;
 }
@@ -154,7 +224,7 @@ int Rank(const Args& args) {
 int Usage(const char* why) {
   std::fprintf(stderr,
                "collective_bench: %s\nusage: collective_bench [--world N] [--model CONFIG] "
-               "[--iterations N] [--quick]\n",
+               "[--iterations N] [--tokens N] [--quick]\n",
                why);
   return 2;
 }
@@ -169,7 +239,7 @@ int main(int argc, char** argv) {
     if (arg == "--quick") {
       args.iterations = 5;
     } else if (arg == "--world" || arg == "--rank" || arg == "--port" || arg == "--raw-port" ||
-               arg == "--model" || arg == "--iterations") {
+               arg == "--model" || arg == "--iterations" || arg == "--tokens") {
       const char* v = value();
       if (v == nullptr) return Usage(("missing value for " + arg).c_str());
       if (arg == "--world") args.world = std::atoi(v);
@@ -178,6 +248,7 @@ int main(int argc, char** argv) {
       if (arg == "--raw-port") args.raw_port = static_cast<uint16_t>(std::atoi(v));
       if (arg == "--model") args.model = v;
       if (arg == "--iterations") args.iterations = std::atoi(v);
+      if (arg == "--tokens") args.tokens = std::atoll(v);
     } else {
       return Usage(("unknown argument " + arg).c_str());
     }
@@ -197,7 +268,8 @@ int main(int argc, char** argv) {
                                         "--rank", std::to_string(r), "--port",
                                         std::to_string(args.port), "--raw-port",
                                         std::to_string(args.raw_port), "--model", args.model,
-                                        "--iterations", std::to_string(args.iterations)};
+                                        "--iterations", std::to_string(args.iterations),
+                                        "--tokens", std::to_string(args.tokens)};
       std::vector<char*> exec_args;
       for (std::string& w : words) exec_args.push_back(w.data());
       exec_args.push_back(nullptr);
