@@ -124,7 +124,42 @@ void InferenceState::DetachGraph() {
   }
 }
 
-Model::Model(ModelConfig config) : config_(std::move(config)) {}
+Model::Model(ModelConfig config) : config_(std::move(config)) {
+  expert_shard_ = {0, config_.feed_forward.routed_experts};
+}
+
+Status Model::ShardExperts(int64_t rank, int64_t world_size) {
+  const int64_t n = config_.feed_forward.routed_experts;
+  if (sharded_) return Status::FailedPrecondition("the model's experts are sharded already");
+  if (world_size < 1 || rank < 0 || rank >= world_size || n % world_size != 0) {
+    return Status::InvalidArgument("expert parallelism: rank " + std::to_string(rank) + " of " +
+                                   std::to_string(world_size) + " does not split the " +
+                                   std::to_string(n) + " routed experts of '" + config_.name +
+                                   "' (the degree must divide them)");
+  }
+  const ExpertShard shard = ExpertShardOf(n, rank, world_size);
+  auto routed = [](const std::string& name) {
+    for (const char* suffix : {".experts.routed_gate", ".experts.routed_up", ".experts.routed_down"}) {
+      const std::string s(suffix);
+      if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
+        return true;
+      }
+    }
+    return false;
+  };
+  STRIDER_RETURN_IF_ERROR(Guarded("sharding the experts", [&] {
+    for (auto& [name, tensor] : tensors_) {
+      if (!routed(name)) continue;
+      const bool requires_grad = tensor.requires_grad();
+      tensor = tensor.detach().narrow(0, shard.first, shard.count).clone().requires_grad_(
+          requires_grad);
+    }
+    Bind();
+  }));
+  expert_shard_ = shard;
+  sharded_ = true;
+  return Status::Ok();
+}
 Model::~Model() = default;
 
 at::ScalarType Model::dtype() const { return layers_->embedding.scalar_type(); }
@@ -468,8 +503,13 @@ ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
         replay = replay.reshape({batch * length, -1});
       }
       model::RoutingRecordEntry record;
+      TORCH_CHECK(sharded_ == (options.expert_exchange != nullptr),
+                  sharded_ ? "this model holds a shard of the experts: forward needs the ranks' "
+                             "expert exchange"
+                           : "an expert exchange was given, but this model holds every expert");
       feed_forward = model::SparseExpertForward(layer.experts, config_.feed_forward, normed,
-                                                replay, &record, epsilon);
+                                                replay, &record, epsilon,
+                                                options.expert_exchange);
       if (options.record_routing) {
         RoutingRecord::Layer entry;
         entry.experts = record.experts.view({batch, length, -1});

@@ -55,6 +55,7 @@
 #include "common/model/config.h"
 #include "common/model/incremental_attention.h"
 #include "common/model/latent_attention.h"
+#include "common/model/parameters.h"
 #include "common/model/sparse_experts.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -98,6 +99,9 @@ struct ForwardOptions {
   // Append and Step: logits (and values) only for the last position of each row, (B, 1, V).
   // Long prefills need only the next-token distribution; this keeps their output small.
   bool last_position_only = false;
+  // Expert parallelism (expert_parallel.h): required, and only allowed, on a model whose
+  // experts were sharded (ShardExperts); every rank of the exchange runs the same layers.
+  model::ExpertExchange* expert_exchange = nullptr;
 };
 
 struct ForwardOutput {
@@ -199,6 +203,13 @@ class Model {
 
   Status CheckInput(const ModelInput& input) const;
 
+  // Keeps only rank `rank` of `world_size`'s experts of every sparse layer's routed_* tensors
+  // (expert_parallel.h; routed_experts divisible by world_size): what an expert-parallel rank
+  // trains. Forward then needs ForwardOptions::expert_exchange. Save writes the shards.
+  Status ShardExperts(int64_t rank, int64_t world_size);
+  // This model's shard: {0, routed_experts} when not sharded.
+  ExpertShard expert_shard() const { return expert_shard_; }
+
   ~Model();
 
  private:
@@ -217,6 +228,8 @@ class Model {
   std::vector<std::pair<std::string, at::Tensor>> tensors_;
   std::vector<bool> trainable_;
   std::unique_ptr<Layers> layers_;
+  ExpertShard expert_shard_;
+  bool sharded_ = false;
 };
 
 // log p(tokens[t+1] | ..t) from logits (B, T, V) and tokens (B, T): (B, T-1), in fp32 or fp64.

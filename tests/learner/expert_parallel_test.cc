@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/model/expert_parallel.h"
+#include "common/model/model.h"
 #include "common/model/parameters.h"
 #include "common/model/sparse_experts.h"
 #include "learner/distributed.h"
@@ -202,6 +203,130 @@ TEST(ExpertParallel, TwoRanksEqualTheUnshardedLayerForwardAndBackward) {
 TEST(ExpertParallel, FourRanksEqualTheUnshardedLayerForwardAndBackward) {
   // One rank with a single token: most ranks send it nothing.
   CheckAgainstUnsharded(4, {6, 1, 9, 4});
+}
+
+// The whole model: each rank holds its shard of every sparse layer's experts and its own
+// sequence; training-path logits and every gradient, and inference-path logits, equal the
+// unsharded model's (fp64).
+TEST(ExpertParallel, ShardedModelsEqualTheWholeModelForwardAndBackward) {
+  constexpr int kWorld = 2;
+  auto config = LoadModelConfig(std::string(STRIDER_SOURCE_DIR) + "/configs/model/tiny.yaml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto make = [&]() {
+    auto model = Model::Create(*config, 3);
+    EXPECT_TRUE(model.ok());
+    EXPECT_TRUE((*model)->ConvertTo(at::kDouble).ok());
+    (*model)->SetRequiresGrad(true);
+    return std::move(*model);
+  };
+  std::vector<at::Tensor> tokens;
+  for (int r = 0; r < kWorld; ++r) {
+    at::manual_seed(40 + r);
+    tokens.push_back(at::randint(config->vocabulary, {1, 10 + 3 * r}, at::kLong));
+  }
+  auto loss_of = [](const at::Tensor& logits, const at::Tensor& t) {
+    return NextTokenLogProbs(logits, t).sum();
+  };
+
+  std::unique_ptr<Model> whole = make();
+  std::vector<at::Tensor> whole_logits, whole_inference;
+  {
+    at::Tensor loss = at::zeros({}, at::kDouble);
+    for (int r = 0; r < kWorld; ++r) {
+      auto out = whole->Forward({tokens[r]});
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      whole_logits.push_back(out->logits.detach());
+      loss = loss + loss_of(out->logits, tokens[r]);
+      at::NoGradGuard no_grad;
+      auto state = whole->NewState(1);
+      ASSERT_TRUE(state.ok());
+      auto appended = whole->Append(&*state, {tokens[r]});
+      ASSERT_TRUE(appended.ok()) << appended.status().ToString();
+      whole_inference.push_back(appended->logits);
+    }
+    loss.backward();
+  }
+
+  const uint16_t port = FreePort();
+  std::vector<std::unique_ptr<Model>> shards(kWorld);
+  std::vector<at::Tensor> logits(kWorld), inference(kWorld);
+  std::vector<std::string> errors(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    shards[r] = make();
+    threads.emplace_back([&, r] {
+      LearnerGroupOptions options;
+      options.rank = r;
+      options.world_size = kWorld;
+      options.host = "127.0.0.1";
+      options.port = port;
+      options.timeout_s = 60;
+      auto group = LearnerGroup::Join(options);
+      if (!group.ok()) {
+        errors[r] = group.status().ToString();
+        return;
+      }
+      Status sharded = shards[r]->ShardExperts(r, kWorld);
+      if (!sharded.ok()) {
+        errors[r] = sharded.ToString();
+        return;
+      }
+      ForwardOptions forward;
+      forward.expert_exchange = &(*group)->experts();
+      auto out = shards[r]->Forward({tokens[r]}, forward);
+      if (!out.ok()) {
+        errors[r] = out.status().ToString();
+        return;
+      }
+      try {
+        loss_of(out->logits, tokens[r]).backward();
+      } catch (const c10::Error& error) {
+        errors[r] = error.what_without_backtrace();
+        return;
+      }
+      logits[r] = out->logits.detach();
+      at::NoGradGuard no_grad;
+      auto state = shards[r]->NewState(1);
+      auto appended = shards[r]->Append(&*state, {tokens[r]}, forward);
+      if (!appended.ok()) {
+        errors[r] = appended.status().ToString();
+        return;
+      }
+      inference[r] = appended->logits;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
+
+  for (int r = 0; r < kWorld; ++r) {
+    ExpectClose(logits[r], whole_logits[r], "rank " + std::to_string(r) + ": training logits");
+    ExpectClose(inference[r], whole_inference[r],
+                "rank " + std::to_string(r) + ": inference logits");
+  }
+  const auto& reference = whole->tensors();
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const std::string& name = reference[i].first;
+    if (!reference[i].second.grad().defined()) continue;  // the router biases, the value head
+    const bool routed = name.find(".experts.routed_") != std::string::npos;
+    at::Tensor sum;
+    for (int r = 0; r < kWorld; ++r) {
+      const at::Tensor grad = shards[r]->tensors()[i].second.grad();
+      ASSERT_TRUE(grad.defined()) << name << " on rank " << r;
+      if (routed) {
+        const ExpertShard shard = shards[r]->expert_shard();
+        ExpectClose(grad, reference[i].second.grad().narrow(0, shard.first, shard.count),
+                    name + " on rank " + std::to_string(r));
+      } else {
+        sum = sum.defined() ? sum + grad : grad.clone();
+      }
+    }
+    if (!routed) ExpectClose(sum, reference[i].second.grad(), name + " summed over ranks");
+  }
+  // A sharded model without the exchange, and a whole one given one, are refused.
+  auto refused = shards[0]->Forward({tokens[0]});
+  EXPECT_FALSE(refused.ok());
+  EXPECT_FALSE(shards[0]->ShardExperts(0, 2).ok()) << "sharded twice";
+  EXPECT_FALSE(make()->ShardExperts(0, 3).ok()) << "3 does not divide 8 experts";
 }
 
 TEST(ExpertParallel, ShardsAndPerRankFootprint) {
