@@ -86,13 +86,17 @@ Status RunActor(const ActorArgs& args) {
 
 }  // namespace
 
-Result<uint64_t> CheckActorConfig(const std::string& path) {
+Result<uint64_t> CheckActorConfig(const std::string& path, bool read_keys) {
   STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions options, actors::LoadActorConfig(path));
   // What the launcher gives on the command line; the endpoints are only checked for presence.
   options.replay_endpoint = "tcp://127.0.0.1:1";
   options.weights_endpoint = "tcp://127.0.0.1:1";
   options.spill_dir = "spill";
   options.episodes = 0;
+  if (!read_keys) {
+    options.replay_auth = {};
+    options.weights_auth = {};
+  }
   Status valid = actors::ValidateActorOptions(options);
   if (!valid.ok()) return valid.WithContext(path);
   return options.seed;

@@ -30,7 +30,8 @@ void AddKeysCommands(CLI::App& app, int& exit_code);
 // Checks `strider launch` runs on the children's configs before it starts anything. They live
 // beside the commands that load those configs, whose loaders pull in LibTorch headers.
 // The actor config as `strider actor` would run it under the launcher; returns its episode seed.
-Result<uint64_t> CheckActorConfig(const std::string& path);
+// `read_keys` false leaves its `auth:` key files unread: they are on the actor hosts.
+Result<uint64_t> CheckActorConfig(const std::string& path, bool read_keys = true);
 // A mode: rl learner config, as `strider learner` reads it.
 Status CheckRlLearnerConfig(const std::string& path);
 // The weights a fresh learner of this config starts from (version 0, which it does not

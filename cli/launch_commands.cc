@@ -29,10 +29,13 @@ Result<uint64_t> CheckChildConfigs(const launcher::FleetConfig& fleet) {
   if (!replay.ok()) return replay.WithContext(in_fleet("replay.config"));
   Status learner = CheckRlLearnerConfig(fleet.learner_config);
   if (!learner.ok()) return learner.WithContext(in_fleet("learner.config"));
-  Result<uint64_t> seed = CheckActorConfig(fleet.actor_config);
+  // Across hosts each actor's key files are on its own host (as the replay server's and the
+  // learner's are, which their loaders leave unread too): the actor reads them when it starts.
+  const bool local = !fleet.hosts.has_value();
+  Result<uint64_t> seed = CheckActorConfig(fleet.actor_config, local);
   if (!seed.ok()) return seed.status().WithContext(in_fleet("actors.config"));
   if (fleet.evaluation) {
-    Result<uint64_t> eval = CheckActorConfig(fleet.evaluation->config);
+    Result<uint64_t> eval = CheckActorConfig(fleet.evaluation->config, local);
     if (!eval.ok()) return eval.status().WithContext(in_fleet("evaluation.config"));
   }
   return *seed;
