@@ -238,6 +238,22 @@ Result<FleetConfig> LoadFleetConfig(const std::string& path) {
   root.Optional("http", &fleet.http);
   root.Check(fleet.ready_timeout_s > 0, "ready_timeout_s", "must be positive");
   root.Optional("http_port", &fleet.http_port);
+  root.Optional("status_page", &fleet.status_page);
+  if (root.Has("status_page")) {
+    std::string host;
+    int64_t port = 0;
+    in_addr v4;
+    in6_addr v6;
+    if (!fleet.http) {
+      root.Fail("status_page", "needs http: true (the page shows what the children's pages serve)");
+    } else if (!SplitHostPort(fleet.status_page, &host, &port) || port > 65535 ||
+               (::inet_pton(AF_INET, host.c_str(), &v4) != 1 &&
+                ::inet_pton(AF_INET6, host.c_str(), &v6) != 1)) {
+      root.Fail("status_page", "'" + fleet.status_page +
+                                   "' is no numeric HOST:PORT (127.0.0.1:8080, 0.0.0.0:0, "
+                                   "[::1]:8080; port 0: a free one)");
+    }
+  }
   root.Optional("binary", &fleet.binary);
   root.Check(!fleet.binary.empty(), "binary", "must name the strider the hosts run");
 

@@ -43,7 +43,9 @@
 #include <sstream>
 #include <string_view>
 
+#include "common/transport/http_status.h"
 #include "launcher/child_commands.h"
+#include "launcher/status_page.h"
 #include "learner/report.h"
 
 namespace strider::launcher {
@@ -57,6 +59,11 @@ using nlohmann::json;
 constexpr double kPlainProgressPeriodS = 10;           // progress lines when stderr is no terminal
 constexpr size_t kLogTailLines = 12;                   // quoted in errors
 constexpr auto kEvalRetryPause = std::chrono::seconds(30);  // after a failed evaluation
+// The status page: how often the browser polls, how long a child's /status may take, and how
+// many points each plotted series sends.
+constexpr int kPagePollMs = 2000;
+constexpr auto kScrapeTimeout = std::chrono::milliseconds(1500);
+constexpr size_t kPagePoints = 1000;
 
 enum class Role { kReplay, kLearner, kActor, kEval };
 
@@ -151,6 +158,10 @@ struct Child {
   std::string line_buffer;
   std::string result_line;  // eval: its {"event":"eval",...} line
   std::string http;         // with the fleet's `http`: HOST:PORT of its pages, from its ready line
+  Clock::time_point started_at{};
+  json last_status;          // its /status as last scraped (null: none yet from this start)
+  std::string scrape_error;  // why the last scrape got no answer, or ""
+  bool scraping = false;     // a scrape is in flight; the next tick does not start another
   bool final_eval = false;
   std::string eval_weights;  // eval: a weights file to evaluate instead of the learner's endpoint
   std::optional<int64_t> eval_version;  // eval: the version that file holds, when known
@@ -216,6 +227,13 @@ class Supervisor {
   json HttpAddresses() const;
   void WriteHttpAddresses() const;
   void Log(const std::string& message) const;
+  // The status page (fleet `http`): each child's /status fetched on this loop, and the page
+  // bodies rebuilt for the board whenever what they show changed.
+  Status StartStatusPage();
+  void Scrape();
+  void PublishPage();
+  json FleetJson() const;
+  std::string LauncherMetrics() const;
   double Elapsed() const { return std::chrono::duration<double>(Clock::now() - started_).count(); }
   std::string LogPath(const Child& child) const {
     return (run_dir_ / "logs" / (child.name + ".log")).string();
@@ -271,10 +289,17 @@ class Supervisor {
   int64_t next_eval_version_ = 0;
   Clock::time_point eval_retry_after_{};
   std::string start_weights_;  // the start evaluation's weights file, when it reads one
+
+  // The status page; all null/empty without the fleet's `http`.
+  FleetCurves curves_;
+  std::shared_ptr<StatusBoard> board_;
+  std::unique_ptr<http::StatusServer> page_server_;  // declared last: stops before the rest goes
+  std::string page_address_;
 };
 
 json Supervisor::HttpAddresses() const {
   json addresses = json::object();
+  if (!page_address_.empty()) addresses["launcher"] = page_address_;
   for (const Child* child : {replay_, learner_}) {
     if (child != nullptr && !child->http.empty()) addresses[child->name] = child->http;
   }
@@ -480,12 +505,16 @@ void Supervisor::Spawn(Child& child) {
   ::setpgid(pid, pid);  // also here, so a signal to the group cannot precede the child's own call
   ++child.starts;
   child.pid = pid;
+  child.started_at = Clock::now();
+  child.last_status = nullptr;
+  child.scrape_error.clear();
   child.ready = false;
   child.result_line.clear();
   child.line_buffer.clear();
   ++child.generation;
   child.out = std::make_unique<asio::posix::stream_descriptor>(io_, fds[0]);
   Emit({{"event", "started"}, {"role", child.name}, {"pid", pid}, {"restarts", child.restarts}});
+  PublishPage();
   ReadOutput(child);
   if (child.role != Role::kEval) {
     const uint64_t generation = child.generation;
@@ -552,6 +581,7 @@ void Supervisor::OnReady(Child& child, const json& ready) {
     // A restarted child serves its pages on a new port: the file always has the current ones.
     child.http = ready.value("http", "");
     WriteHttpAddresses();
+    PublishPage();
   }
   if (child.role == Role::kReplay) {
     if (actor_endpoint_.empty()) {
@@ -650,6 +680,8 @@ void Supervisor::OnExit(Child& child, int status) {
     child.http.clear();  // its pages went with it; a restart names new ones
     WriteHttpAddresses();
   }
+  child.last_status = nullptr;
+  PublishPage();
   Emit({{"event", "exited"},
         {"role", child.name},
         {"pid", pid},
@@ -710,6 +742,7 @@ void Supervisor::OnEvalExit(Child& child, int status) {
     row["elapsed_s"] = Elapsed();
     if (child.final_eval) row["final"] = true;
     eval_rows_ << row.dump() << "\n" << std::flush;
+    curves_.AddEvalRow(row);
     Emit(row);
     if (row.contains("success_rate") && row["success_rate"].is_number()) {
       eval_success_rate_ = row["success_rate"].get<double>();
@@ -839,7 +872,24 @@ void Supervisor::Tick() {
   ReapAll();  // a SIGCHLD that raced a handler's start is never lost for longer than a tick
   if (phase_ != Phase::kRunning) return;
   ReadMetrics();
-  merged_ << MergedLine().dump() << "\n" << std::flush;
+  const json line = MergedLine();
+  merged_ << line.dump() << "\n" << std::flush;
+  if (board_) {
+    // The page plots the replay server's own fill when it answered its last scrape: it is
+    // current, where its log's stats line comes every server.stats_interval_s, if at all.
+    json tick = line;
+    if (replay_->last_status.is_object() && replay_->last_status.contains("metrics") &&
+        replay_->last_status["metrics"].value("tables", json()).is_array()) {
+      json fill = json::object();
+      for (const json& table : replay_->last_status["metrics"]["tables"]) {
+        if (table.contains("name") && table.contains("fill")) fill[table["name"]] = table["fill"];
+      }
+      tick["replay_fill"] = std::move(fill);
+    }
+    curves_.AddTick(tick);
+    Scrape();
+    PublishPage();
+  }
   Progress(false);
   CheckStopRules();
   MaybeStartEval();
@@ -851,6 +901,7 @@ void Supervisor::ReadMetrics() {
     if (!row.is_object() || !row.contains("step")) continue;
     const int64_t step = row.value("step", int64_t{0});
     sampled_by_step_[step] = row.value("trajectories", int64_t{0});
+    curves_.AddLearnerRow(row);
     learner_row_ = std::move(row);
   }
   samples_ = 0;
@@ -980,6 +1031,134 @@ void Supervisor::MaybeStartEval() {
   Spawn(*eval_);
 }
 
+Status Supervisor::StartStatusPage() {
+  // A resumed run's earlier evaluations belong on its curve; its learner rows come with
+  // ReadMetrics, which reads the learner's file from the start.
+  std::ifstream earlier(run_dir_ / "eval.jsonl");
+  for (std::string line; std::getline(earlier, line);) {
+    curves_.AddEvalRow(json::parse(line, nullptr, false));
+  }
+  board_ = std::make_shared<StatusBoard>();
+  PublishPage();
+  Result<std::unique_ptr<http::StatusServer>> server =
+      http::StatusServer::Start(fleet_.status_page, StatusBoard::Pages(board_, kPagePollMs));
+  if (!server.ok()) {
+    return Status(server.status().code(), "status_page: " + server.status().message());
+  }
+  page_server_ = std::move(server).value();
+  page_address_ = page_server_->address();
+  Log("status page on http://" + page_address_ + "/");
+  WriteHttpAddresses();
+  return Status::Ok();
+}
+
+void Supervisor::Scrape() {
+  for (auto& owned : children_) {
+    Child& child = *owned;
+    if (child.http.empty() || child.scraping || !child.running()) continue;
+    child.scraping = true;
+    const uint64_t generation = child.generation;
+    http::AsyncGet(io_, child.http, "/status", kScrapeTimeout,
+                   [this, &child, generation](Result<std::string> body) {
+                     child.scraping = false;
+                     if (generation != child.generation) return;  // an earlier start's pages
+                     if (!body.ok()) {
+                       child.scrape_error = body.status().message();
+                     } else if (json status = json::parse(*body, nullptr, false);
+                                status.is_object()) {
+                       child.last_status = std::move(status);
+                       child.scrape_error.clear();
+                     } else {
+                       child.scrape_error = "its /status is not a JSON object";
+                     }
+                     PublishPage();
+                   });
+  }
+}
+
+json Supervisor::FleetJson() const {
+  json children = json::array();
+  for (const auto& owned : children_) {
+    const Child& child = *owned;
+    const char* role = child.role == Role::kReplay    ? "replay"
+                       : child.role == Role::kLearner ? "learner"
+                       : child.role == Role::kActor   ? "actor"
+                                                      : "eval";
+    // An evaluation prints no ready line: it is up while it runs.
+    const bool up = child.running() && (child.ready || child.role == Role::kEval);
+    children.push_back(
+        {{"name", child.name},
+         {"role", role},
+         {"running", child.running()},
+         {"up", up},
+         {"pid", child.running() ? json(child.pid) : json(nullptr)},
+         {"restarts", child.restarts},
+         {"uptime_s",
+          child.running()
+              ? json(std::chrono::duration<double>(Clock::now() - child.started_at).count())
+              : json(nullptr)},
+         {"http", child.http.empty() ? json(nullptr) : json(child.http)},
+         {"status", child.last_status},
+         {"scrape_error", child.scrape_error.empty() ? json(nullptr) : json(child.scrape_error)}});
+  }
+  const char* phase = "done";
+  switch (phase_) {
+    case Phase::kRunning:
+      phase = announced_ ? "running" : "starting";
+      break;
+    case Phase::kStopWorkers:
+    case Phase::kStopReplay:
+      phase = "stopping";
+      break;
+    case Phase::kFinalEval:
+      phase = "final evaluation";
+      break;
+    case Phase::kDone:
+      break;
+  }
+  return {{"run_dir", run_dir_.string()},
+          {"phase", phase},
+          {"reason", reason_.empty() ? json(nullptr) : json(reason_)},
+          {"elapsed_s", Elapsed()},
+          {"http", HttpAddresses()},
+          {"latest", MergedLine()},
+          {"children", std::move(children)},
+          {"curves", curves_.ToJson(kPagePoints)}};
+}
+
+std::string Supervisor::LauncherMetrics() const {
+  http::MetricsText metrics;
+  const http::MetricsText::Labels labels = {{"role", "launcher"}, {"id", run_dir_.string()}};
+  metrics.Add("strider_up", "gauge", "1 while the service serves", 1.0, labels);
+  metrics.Add("strider_uptime_seconds", "gauge", "seconds since the service started", Elapsed(),
+              labels);
+  int64_t up = 0;
+  for (const auto& child : children_) {
+    if (child->role != Role::kEval && child->running() && child->ready) ++up;
+  }
+  metrics.Add("strider_launcher_children_up", "gauge",
+              "replay server, learner and actors running and ready", static_cast<double>(up),
+              labels);
+  for (const auto& child : children_) {
+    if (child->role == Role::kEval) continue;
+    http::MetricsText::Labels with_child = labels;
+    with_child.emplace_back("child", child->name);
+    metrics.Add("strider_launcher_child_up", "gauge", "1 while the child runs and is ready",
+                child->running() && child->ready ? 1.0 : 0.0, with_child);
+    metrics.Add("strider_launcher_child_restarts", "counter",
+                "restarts of the child's role in this launch", static_cast<double>(child->restarts),
+                with_child);
+  }
+  json merged = MergedLine();
+  merged.erase("restarts");  // per child above, with the label
+  (void)metrics.AddJson("strider_launcher", merged.dump(), labels);  // an object: cannot fail
+  return metrics.Text();
+}
+
+void Supervisor::PublishPage() {
+  if (board_) board_->Publish(FleetJson().dump() + "\n", LauncherMetrics());
+}
+
 Result<LaunchSummary> Supervisor::Run() {
   std::error_code error;
   binary_ = fs::read_symlink(options_.binary, error).string();
@@ -1015,6 +1194,8 @@ Result<LaunchSummary> Supervisor::Run() {
     }
   }
 
+  if (fleet_.http) STRIDER_RETURN_IF_ERROR(StartStatusPage());
+
   WaitSignals();
   WaitChildSignals();
   // A resumed run already past a stop rule has nothing to start.
@@ -1029,6 +1210,7 @@ Result<LaunchSummary> Supervisor::Run() {
 
   ReadMetrics();
   merged_ << MergedLine().dump() << "\n" << std::flush;
+  PublishPage();  // "done": the page answers until the launcher returns
   if (announced_) Progress(true);
   LaunchSummary summary;
   summary.reason = reason_;

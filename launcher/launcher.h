@@ -101,6 +101,10 @@ struct FleetConfig {
   // Replay server, learner and actors serve /metrics and /status on free loopback ports
   // (`--http 127.0.0.1:0`); their addresses are in the ready line and RUN_DIR/http.json.
   bool http = false;
+  // With `http`, where the launcher serves its own status page (/, /fleet.json, /metrics):
+  // numeric HOST:PORT, port 0 a free one. Its address joins the others in the ready line and
+  // RUN_DIR/http.json under "launcher".
+  std::string status_page = "127.0.0.1:0";
 
   // With hosts, `http: true` serves each command's pages on http_port, http_port + 1, ... in the
   // order the commands run on their host: ports are known in advance, as scrapers need.

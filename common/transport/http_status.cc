@@ -1,6 +1,7 @@
 #include "common/transport/http_status.h"
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
@@ -235,7 +236,86 @@ void Flatten(MetricsText* out, const std::string& name, const nlohmann::json& va
   }
 }
 
+// One GET of AsyncGet: connect, write, read, each under the one deadline set at the start.
+class Fetch : public std::enable_shared_from_this<Fetch> {
+ public:
+  Fetch(asio::io_context& io, std::string address, std::function<void(Result<std::string>)> done)
+      : stream_(io), address_(std::move(address)), done_(std::move(done)) {}
+
+  void Begin(const tcp::endpoint& endpoint, const std::string& path,
+             std::chrono::milliseconds timeout) {
+    request_ = {beast::http::verb::get, path, 11};
+    request_.set(beast::http::field::host, address_);
+    request_.set(beast::http::field::user_agent, "strider");
+    parser_.body_limit(kMaxFetchBytes);
+    stream_.expires_after(timeout);
+    stream_.async_connect(endpoint, [self = shared_from_this()](beast::error_code error) {
+      if (error) return self->Finish(error, "connect");
+      beast::http::async_write(self->stream_, self->request_,
+                               [self](beast::error_code written, size_t) {
+                                 if (written) return self->Finish(written, "write");
+                                 self->Read();
+                               });
+    });
+  }
+
+ private:
+  static constexpr uint64_t kMaxFetchBytes = 16 << 20;
+
+  void Read() {
+    beast::http::async_read(
+        stream_, buffer_, parser_, [self = shared_from_this()](beast::error_code error, size_t) {
+          if (error) return self->Finish(error, "read");
+          beast::error_code ignored;
+          self->stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+          const auto& response = self->parser_.get();
+          if (response.result_int() != 200) {
+            self->done_(Status::Unavailable("http://" + self->address_ +
+                                            std::string(self->request_.target()) + ": status " +
+                                            std::to_string(response.result_int())));
+            return;
+          }
+          self->done_(std::string(response.body()));
+        });
+  }
+
+  void Finish(beast::error_code error, const char* what) {
+    done_(Status::Unavailable("http://" + address_ + std::string(request_.target()) + ": " + what +
+                              ": " + error.message()));
+  }
+
+  beast::tcp_stream stream_;
+  std::string address_;
+  std::function<void(Result<std::string>)> done_;
+  beast::http::request<beast::http::empty_body> request_;
+  beast::flat_buffer buffer_;
+  beast::http::response_parser<beast::http::string_body> parser_;
+};
+
 }  // namespace
+
+void AsyncGet(asio::io_context& io, const std::string& address, const std::string& path,
+              std::chrono::milliseconds timeout, std::function<void(Result<std::string>)> done) {
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port_text = colon == std::string::npos ? "" : address.substr(colon + 1);
+  beast::error_code error;
+  const asio::ip::address ip = asio::ip::make_address(host, error);
+  if (error || port_text.empty() || port_text.size() > 5 ||
+      port_text.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port_text) > 65535) {
+    // Through the loop like every other answer, so callers see one order of events.
+    asio::post(io, [done = std::move(done), address] {
+      done(Status::InvalidArgument("http: '" + address + "' is not a numeric HOST:PORT"));
+    });
+    return;
+  }
+  std::make_shared<Fetch>(io, address, std::move(done))
+      ->Begin(tcp::endpoint(ip, static_cast<uint16_t>(std::stoul(port_text))), path, timeout);
+}
 
 Result<std::unique_ptr<StatusServer>> StatusServer::Start(const std::string& bind, Pages pages) {
   const size_t colon = bind.rfind(':');

@@ -12,6 +12,7 @@
 // unknown paths get 413, 405 and 404.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <set>
@@ -20,6 +21,10 @@
 #include <vector>
 
 #include "common/status.h"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 namespace strider::http {
 
@@ -69,6 +74,14 @@ class MetricsText {
   std::vector<std::string> order_;
   std::map<std::string, Family> families_;
 };
+
+// GET http://ADDRESS/PATH (ADDRESS as address() gives it: HOST:PORT or [V6]:PORT) on the
+// caller's `io`, so a supervisor on one Asio loop scrapes its children without a thread per
+// request. `done` runs once, on `io`: the body of a 200 answer, or Unavailable naming the
+// address (refused, no answer within `timeout` in all, another status, a body over 16 MiB);
+// InvalidArgument for an address that is not numeric HOST:PORT. Nothing runs once `io` stops.
+void AsyncGet(boost::asio::io_context& io, const std::string& address, const std::string& path,
+              std::chrono::milliseconds timeout, std::function<void(Result<std::string>)> done);
 
 inline constexpr const char* kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
 inline constexpr const char* kJsonContentType = "application/json";

@@ -122,6 +122,23 @@ Result<RoutingRecord> GatherRouting(LearnerGroup& group, const Model& model,
   return joined;
 }
 
+// Tokens routed to each expert, per sparse layer, from the record the balance already keeps:
+// the metrics line's expert_load, which the launcher's status page draws as a heat map.
+Result<std::vector<std::vector<int64_t>>> ExpertLoad(const RoutingRecord& record,
+                                                     int64_t experts) {
+  std::vector<std::vector<int64_t>> load;
+  try {
+    for (const RoutingRecord::Layer& layer : record.layers) {
+      const at::Tensor counts =
+          at::bincount(layer.experts.reshape({-1}).to(at::kLong), {}, experts).contiguous();
+      load.emplace_back(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+    }
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("expert load: ") + error.what_without_backtrace());
+  }
+  return load;
+}
+
 double Mean(const std::vector<double>& values, size_t begin, size_t end) {
   if (end <= begin) return 0;
   double sum = 0;
@@ -407,6 +424,7 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
     UpdateMetrics update;
     TrainerStep last;
     double violation = -1;
+    std::vector<std::vector<int64_t>> expert_load;  // (sparse layers, routed experts)
     int64_t updates = 0;
     const double allreduce_before = group != nullptr ? group->stats().allreduce_seconds : 0;
     if (kept_total > 0) {
@@ -475,8 +493,12 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       if (config.balance && group != nullptr) {
         STRIDER_ASSIGN_OR_RETURN(RoutingRecord joined,
                                  GatherRouting(*group, model, std::move(routing)));
+        STRIDER_ASSIGN_OR_RETURN(expert_load,
+                                 ExpertLoad(joined, model.config().feed_forward.routed_experts));
         STRIDER_ASSIGN_OR_RETURN(violation, trainer->BalanceRouting(std::move(joined)));
       } else if (config.balance && !routing.layers.empty()) {
+        STRIDER_ASSIGN_OR_RETURN(expert_load,
+                                 ExpertLoad(routing, model.config().feed_forward.routed_experts));
         STRIDER_ASSIGN_OR_RETURN(violation, trainer->BalanceRouting(std::move(routing)));
       }
     }
@@ -557,6 +579,8 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       }
     }
     if (violation < 0) line["max_violation"] = nullptr;
+    line["expert_load"] = expert_load;
+    if (expert_load.empty()) line["expert_load"] = nullptr;
     const std::string written = line.dump();
     progress.WriteLine(written);
     if (options.on_step) options.on_step(written);

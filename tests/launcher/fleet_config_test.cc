@@ -75,6 +75,25 @@ TEST(FleetConfig, EachMistakeIsNamedWithItsKey) {
       << typo;
 }
 
+TEST(FleetConfig, TheStatusPageNeedsHttpAndANumericAddress) {
+  TempDir dir;
+  Result<FleetConfig> fleet =
+      LoadFleetConfig(WriteFleet(dir, "stop: {wall_time_s: 1}\nhttp: true\n"));
+  ASSERT_TRUE(fleet.ok()) << fleet.status().ToString();
+  EXPECT_EQ(fleet->status_page, "127.0.0.1:0");
+  EXPECT_EQ(Problem("stop: {wall_time_s: 1}\nhttp: true\nstatus_page: '[::1]:8080'\n"), "OK");
+  EXPECT_NE(Problem("stop: {wall_time_s: 1}\nstatus_page: 127.0.0.1:8080\n")
+                .find("status_page: needs http: true"),
+            std::string::npos);
+  for (const char* bad : {"localhost:8080", "127.0.0.1", "127.0.0.1:70000", "::1:8080"}) {
+    EXPECT_NE(
+        Problem(std::string("stop: {wall_time_s: 1}\nhttp: true\nstatus_page: '") + bad + "'\n")
+            .find("status_page: '" + std::string(bad) + "' is no numeric HOST:PORT"),
+        std::string::npos)
+        << bad;
+  }
+}
+
 TEST(FleetConfig, ResumeReadsTheCopyInTheRunDirectory) {
   TempDir dir;
   const std::string named =

@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <thread>
+#include <vector>
 
 #include "tests/transport/http_get.h"
 
@@ -95,6 +98,50 @@ TEST(StatusServer, RefusesBadAddressesAndAPortInUse) {
   Result<std::unique_ptr<StatusServer>> second = StatusServer::Start((*first)->address(), {});
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), StatusCode::kUnavailable) << second.status().ToString();
+}
+
+// The launcher's scrapes: on the caller's loop, every outcome through the callback, once.
+TEST(AsyncGet, AnswersOnTheCallersLoopWithTheBodyOrWhyNot) {
+  Pages pages;
+  pages["/status"] = [] { return Page{200, kJsonContentType, "{\"role\":\"actor\"}\n"}; };
+  pages["/slow"] = [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    return Page{200, "text/plain", "late\n"};
+  };
+  Result<std::unique_ptr<StatusServer>> server = StatusServer::Start("127.0.0.1:0", pages);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string address = (*server)->address();
+  // A port nothing listens on: this server's, once it is stopped.
+  Result<std::unique_ptr<StatusServer>> gone = StatusServer::Start("127.0.0.1:0", {});
+  ASSERT_TRUE(gone.ok());
+  const std::string gone_address = (*gone)->address();
+  (*gone)->Stop();
+
+  boost::asio::io_context io;
+  std::map<std::string, std::vector<Result<std::string>>> answers;
+  const auto ask = [&](const std::string& name, const std::string& at, const std::string& path,
+                       int timeout_ms) {
+    AsyncGet(io, at, path, std::chrono::milliseconds(timeout_ms),
+             [&answers, name](Result<std::string> body) { answers[name].push_back(body); });
+  };
+  ask("ok", address, "/status", 5000);
+  ask("missing", address, "/nothing", 5000);
+  ask("refused", gone_address, "/status", 5000);
+  ask("slow", address, "/slow", 200);
+  ask("malformed", "localhost:80", "/status", 5000);
+  EXPECT_TRUE(answers.empty()) << "answered before the loop ran";
+  io.run();
+  for (const char* name : {"ok", "missing", "refused", "slow", "malformed"}) {
+    ASSERT_EQ(answers[name].size(), 1u) << name;
+  }
+  ASSERT_TRUE(answers["ok"][0].ok()) << answers["ok"][0].status().ToString();
+  EXPECT_EQ(*answers["ok"][0], "{\"role\":\"actor\"}\n");
+  EXPECT_EQ(answers["missing"][0].status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(answers["missing"][0].status().message().find("status 404"), std::string::npos);
+  EXPECT_EQ(answers["refused"][0].status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(answers["refused"][0].status().message().find(gone_address), std::string::npos);
+  EXPECT_EQ(answers["slow"][0].status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(answers["malformed"][0].status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(MetricsText, ParsesAsPrometheusTextWithValidNamesAndEscapedLabels) {
