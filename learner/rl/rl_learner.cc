@@ -202,6 +202,28 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
     group_options.timeout_s = dist.timeout_s;
     group_options.bucket_bytes = dist.bucket_mb << 20;
     STRIDER_ASSIGN_OR_RETURN(group, LearnerGroup::Join(group_options));
+    // One config for the whole group: ranks that disagree on what a step is would pair their
+    // collectives wrongly or train different models, so the settings that shape a step must
+    // match rank 0's.
+    const std::string shape =
+        config.model.name + "|" + std::to_string(config.replay.units_per_step) + "|" +
+        config.replay.table + "|" + config.replay.learner_id + "|" +
+        std::to_string(config.train.ppo_epochs) + "|" + std::to_string(config.train.minibatches) +
+        "|" + std::to_string(config.train.chunk_tokens) + "|" + config.train.backprop + "|" +
+        std::to_string(config.optimizer.learning_rate) + "|" + std::to_string(config.balance) +
+        "|" + std::to_string(config.train.steps) + "|" + std::to_string(config.train.sync);
+    const int64_t fingerprint =
+        static_cast<int64_t>(std::hash<std::string>{}(shape) & 0x7fffffffffffffffULL);
+    STRIDER_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> fingerprints,
+                             group->AllGather({fingerprint}));
+    for (size_t r = 1; r < fingerprints.size(); ++r) {
+      if (fingerprints[r].front() != fingerprints[0].front()) {
+        return Status::FailedPrecondition(
+            "learner rank " + std::to_string(r) + "'s config differs from rank 0's in what a "
+            "step is (model, replay table, learner id, units_per_step, train or optimizer "
+            "settings): every rank runs the same config");
+      }
+    }
     // Resumed together, from rank 0's checkpoint: its weights, optimiser moments and position
     // are the group's. A rank whose own checkpoint is of another step (it was killed between
     // two checkpoints, or has none) takes them all and says so; only its mini-batch order
