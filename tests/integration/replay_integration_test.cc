@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/schema/messages.h"
 #include "replay/client.h"
 #include "replay/inspect.h"
 #include "replay/storage.h"
@@ -156,7 +157,7 @@ TEST(ReplayProcess, ConcurrentClientsRoundTripThroughInspectAndExport) {
       EXPECT_EQ(j["routing"]["experts"].get<std::vector<uint16_t>>(), sent.routing.experts);
       EXPECT_EQ(j["outcome_reward"], sent.outcome_reward);
       EXPECT_EQ(j["env"], "search");
-      EXPECT_EQ(j["schema"], "1.2");
+      EXPECT_EQ(j["schema"], "1." + std::to_string(schema::kSchemaMinor));  // the writer's
       EXPECT_EQ(j["end_reason"], "finished");
       EXPECT_EQ(j["group"]["id"], sent.group_id.Hex());
       EXPECT_EQ(j["group"]["index"], sent.group_index);
