@@ -23,11 +23,15 @@ using Clock = std::chrono::steady_clock;
 
 // The newest version the publisher holds; waits up to `timeout` for one that is not there yet
 // (a learner still starting), so a caller that starts both need not order them.
+// `auth`: the actor config's `weight_stream.auth`, so a keyed publisher serves evaluation as it
+// serves that config's actors.
 Result<transport::WeightUpdate> FetchNewest(const std::string& endpoint,
-                                            std::chrono::milliseconds timeout) {
+                                            std::chrono::milliseconds timeout,
+                                            const transport::ClientAuth& auth) {
   const auto deadline = Clock::now() + timeout;
   transport::WeightSubscriberOptions subscriber_options;
   subscriber_options.endpoint = endpoint;
+  subscriber_options.auth = auth;
   subscriber_options.reply_timeout = std::min(timeout, std::chrono::milliseconds(5000));
   Status last = Status::Unavailable("weights: the publisher at " + endpoint + " did not answer");
   while (true) {
@@ -254,7 +258,8 @@ Result<EvalResult> Evaluate(const EvaluateOptions& options) {
     result.policy_version = actor.policy_version;
   } else {
     STRIDER_ASSIGN_OR_RETURN(transport::WeightUpdate update,
-                             FetchNewest(options.weights_endpoint, options.weights_timeout));
+                             FetchNewest(options.weights_endpoint, options.weights_timeout,
+                                         options.actor.weights_auth));
     STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(actor.model_config));
     Result<std::unique_ptr<Model>> model = Model::LoadFromBytes(
         config, update.bytes, "weights version " + std::to_string(update.version));

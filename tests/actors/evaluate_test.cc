@@ -4,11 +4,17 @@
 #include "actors/evaluate.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "common/model/model.h"
+#include "common/transport/curve.h"
+#include "common/transport/weight_stream.h"
 
 namespace strider::actors {
 namespace {
@@ -164,6 +170,48 @@ TEST(ActorOptions, NeedExactlyOneOfReplayAndSink) {
   const Status refused = ValidateActorOptions(both);
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(refused.message().find("replay.endpoint"), std::string::npos) << refused.ToString();
+}
+
+// A keyed weight publisher (CURVE) serves evaluation the keys of the actor config's
+// weight_stream.auth, and refuses an evaluation without them.
+TEST(Evaluate, AKeyedPublisherServesTheConfigsWeightStreamKeys) {
+  char pattern[] = "/tmp/strider-eval-keys-XXXXXX";
+  ASSERT_NE(::mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  for (const char* name : {"learner", "actor"}) {
+    auto pair = transport::GenerateCurveKeyPair();
+    ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+    ASSERT_TRUE(transport::WriteCurveKeyFiles(dir, name, *pair, false).ok());
+  }
+  auto config = LoadModelConfig("configs/model/tiny.yaml");
+  ASSERT_TRUE(config.ok());
+  auto model = Model::Create(*config, 0);
+  ASSERT_TRUE(model.ok());
+  auto bytes = (*model)->SaveToBytes();
+  ASSERT_TRUE(bytes.ok());
+  transport::WeightPublisherOptions publisher_options;
+  publisher_options.endpoint = "tcp://127.0.0.1:0";
+  publisher_options.auth.secret_key = dir + "/learner.key_secret";
+  publisher_options.auth.authorized_keys = {dir + "/actor.key"};
+  auto publisher = transport::WeightPublisher::Start(publisher_options);
+  ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
+  ASSERT_TRUE((*publisher)->Publish(3, std::move(*bytes), config->name).ok());
+
+  EvaluateOptions o;
+  o.actor = Minimal();
+  o.actor.max_turns = 2;
+  o.episodes = 2;
+  o.weights_endpoint = (*publisher)->endpoint();
+  o.weights_timeout = std::chrono::milliseconds(5000);
+  const Status keyless = Evaluate(o).status();
+  EXPECT_EQ(keyless.code(), StatusCode::kFailedPrecondition) << keyless.ToString();
+  o.actor.weights_auth.secret_key = dir + "/actor.key_secret";
+  o.actor.weights_auth.server_key = dir + "/learner.key";
+  auto keyed = Evaluate(o);
+  ASSERT_TRUE(keyed.ok()) << keyed.status().ToString();
+  EXPECT_EQ(keyed->policy_version, 3u);
+  EXPECT_EQ(keyed->episodes, 2);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Evaluate, RefusesBadOptionsBeforeLoadingAnything) {
