@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <filesystem>
 #include <map>
 #include <set>
@@ -183,7 +185,10 @@ TEST(Evaluate, AKeyedPublisherServesTheConfigsWeightStreamKeys) {
     ASSERT_TRUE(pair.ok()) << pair.status().ToString();
     ASSERT_TRUE(transport::WriteCurveKeyFiles(dir, name, *pair, false).ok());
   }
-  auto config = LoadModelConfig("configs/model/tiny.yaml");
+  // ctest runs tests from the build directory and says where the sources are.
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  const std::string model_config = std::string(source ? source : ".") + "/configs/model/tiny.yaml";
+  auto config = LoadModelConfig(model_config);
   ASSERT_TRUE(config.ok());
   auto model = Model::Create(*config, 0);
   ASSERT_TRUE(model.ok());
@@ -199,6 +204,7 @@ TEST(Evaluate, AKeyedPublisherServesTheConfigsWeightStreamKeys) {
 
   EvaluateOptions o;
   o.actor = Minimal();
+  o.actor.model_config = model_config;
   o.actor.max_turns = 2;
   o.episodes = 2;
   o.weights_endpoint = (*publisher)->endpoint();
