@@ -14,9 +14,6 @@
 //   collective_bench [--world N] [--model CONFIG] [--iterations N] [--tokens N] [--quick]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +31,7 @@
 #include "common/model/expert_parallel.h"
 #include "common/model/model.h"
 #include "learner/distributed.h"
+#include "tests/free_port.h"
 
 namespace {
 
@@ -41,18 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
 }
 
 struct Args {
@@ -257,9 +243,9 @@ int main(int argc, char** argv) {
   if (args.iterations < 1) return Usage("--iterations must be positive");
   if (args.rank >= 0) return Rank(args);
 
-  args.port = FreePort();
-  args.raw_port = FreePort();
-  while (args.raw_port == args.port) args.raw_port = FreePort();
+  args.port = strider::testing::FreeLoopbackPort();
+  args.raw_port = strider::testing::FreeLoopbackPort();
+  while (args.raw_port == args.port) args.raw_port = strider::testing::FreeLoopbackPort();
   std::vector<pid_t> children;
   for (int r = 0; r < args.world; ++r) {
     const pid_t pid = ::fork();

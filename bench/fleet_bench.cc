@@ -23,12 +23,9 @@
 //
 //   fleet_bench --learner-ranks 1,2,4 [--per-rank-units N] [--steps S] [--rounds R]
 //               [--model CONFIG] [--strider PATH] [--quick] [--keep DIR]
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,6 +44,7 @@
 #include <vector>
 
 #include "bench/bench_json.h"
+#include "tests/free_port.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -184,23 +182,6 @@ json WaitForEvent(const fs::path& path, const std::string& event, double timeout
   }
 }
 
-// A loopback port nobody listens on now; rank 0 binds it for the rendezvous a moment later.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
 double LoadAverage() {
   double load[1] = {-1};
   return ::getloadavg(load, 1) == 1 ? load[0] : -1;
@@ -313,7 +294,7 @@ bool RunGroup(const RanksOptions& options, const fs::path& base,
   result.world = world;
   result.load_sum += LoadAverage();
   ++result.runs;
-  const std::string rendezvous = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string rendezvous = "127.0.0.1:" + std::to_string(strider::testing::FreeLoopbackPort());
   std::vector<std::unique_ptr<Child>> ranks;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> argv = {options.strider.string(), "learner", "--config",

@@ -2,11 +2,7 @@
 // Gloo ranks end on the parameters of one learner given the same global batch; a rank that dies
 // makes the others stop with an error naming it, and `--resume` continues the group.
 #include <ATen/ATen.h>
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -19,6 +15,7 @@
 #include "common/model/model.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/rl_fixture.h"
+#include "tests/free_port.h"
 #include "tests/replay/temp_dir.h"
 
 namespace strider {
@@ -41,20 +38,6 @@ constexpr char kSharedReplayConfig[] =
     "tables:\n  - name: groups\n    unit: group\n    sampler: fifo\n"
     "    capacity: 1000\n    rate_limiter: {min_fill: 1, max_times_sampled: 0}\n";
 
-// A port nobody listens on now (the rendezvous; rank 0 binds it a moment later).
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
 class LearnerRanks : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -73,7 +56,7 @@ class LearnerRanks : public ::testing::Test {
                                                         const std::string& run_dir,
                                                         const std::vector<std::string>& extra,
                                                         const std::vector<std::string>& resume = {}) {
-    const std::string rendezvous = "127.0.0.1:" + std::to_string(FreePort());
+    const std::string rendezvous = "127.0.0.1:" + std::to_string(strider::testing::FreeLoopbackPort());
     std::vector<std::unique_ptr<ChildProcess>> ranks;
     for (int r = 0; r < world; ++r) {
       std::vector<std::string> argv = {StriderBinary(), "learner", "--config", config,

@@ -7,11 +7,7 @@
 // batches (the shipped learner and actor configs with a few keys changed, their `auth:` blocks
 // as they are), and the replay config is the shipped one. A stranger's key is refused by the
 // replay server's two endpoints and by rank 0's weight stream while the fleet trains.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <chrono>
@@ -27,6 +23,7 @@
 #include "common/transport/curve.h"
 #include "common/transport/weight_stream.h"
 #include "replay/client.h"
+#include "tests/free_port.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/rl_fixture.h"
 #include "tests/replay/temp_dir.h"
@@ -50,15 +47,10 @@ constexpr int kSteps = 3;
 std::vector<int> FreePorts(size_t count) {
   std::set<int> ports;
   while (ports.size() < count) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(address);
-    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-    EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-    ::close(fd);
-    ports.insert(ntohs(address.sin_port));
+    const uint16_t port = testing::FreeLoopbackPort();
+    EXPECT_NE(port, 0) << "no loopback port to be had";
+    if (port == 0) break;
+    ports.insert(port);
   }
   return {ports.begin(), ports.end()};
 }

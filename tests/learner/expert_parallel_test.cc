@@ -3,11 +3,7 @@
 // layer's outputs and every gradient equal the unsharded layer's over the same tokens (fp64,
 // so the comparison is to rounding, not to a loose tolerance).
 #include <ATen/ATen.h>
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <map>
 #include <string>
@@ -19,22 +15,22 @@
 #include "common/model/parameters.h"
 #include "common/model/sparse_experts.h"
 #include "learner/distributed.h"
+#include "tests/free_port.h"
 
 namespace strider {
 namespace {
 
 using model::SparseExpertWeights;
 
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  ::close(fd);
-  return ntohs(address.sin_port);
+// Rank `rank` of a group meeting at 127.0.0.1:port.
+Result<std::unique_ptr<LearnerGroup>> JoinLoopback(int rank, int world, uint16_t port) {
+  LearnerGroupOptions options;
+  options.rank = rank;
+  options.world_size = world;
+  options.host = "127.0.0.1";
+  options.port = port;
+  options.timeout_s = 60;
+  return LearnerGroup::Join(options);
 }
 
 FeedForwardConfig Config() {
@@ -139,20 +135,14 @@ void CheckAgainstUnsharded(int world, const std::vector<int64_t>& lengths) {
     for (int r = 0; r < world; ++r) reference_dx.push_back(inputs[r].x.grad());
   }
 
-  const uint16_t port = FreePort();
+  const uint16_t port = strider::testing::FreeLoopbackPort();
   std::vector<std::map<std::string, at::Tensor>> leaves(world);
   std::vector<at::Tensor> ys(world), dxs(world);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      LearnerGroupOptions options;
-      options.rank = r;
-      options.world_size = world;
-      options.host = "127.0.0.1";
-      options.port = port;
-      options.timeout_s = 60;
-      auto group = LearnerGroup::Join(options);
+      auto group = JoinLoopback(r, world, port);
       if (!group.ok()) {
         errors[r] = group.status().ToString();
         return;
@@ -247,7 +237,7 @@ TEST(ExpertParallel, ShardedModelsEqualTheWholeModelForwardAndBackward) {
     loss.backward();
   }
 
-  const uint16_t port = FreePort();
+  const uint16_t port = strider::testing::FreeLoopbackPort();
   std::vector<std::unique_ptr<Model>> shards(kWorld);
   std::vector<at::Tensor> logits(kWorld), inference(kWorld);
   std::vector<std::string> errors(kWorld);
@@ -255,13 +245,7 @@ TEST(ExpertParallel, ShardedModelsEqualTheWholeModelForwardAndBackward) {
   for (int r = 0; r < kWorld; ++r) {
     shards[r] = make();
     threads.emplace_back([&, r] {
-      LearnerGroupOptions options;
-      options.rank = r;
-      options.world_size = kWorld;
-      options.host = "127.0.0.1";
-      options.port = port;
-      options.timeout_s = 60;
-      auto group = LearnerGroup::Join(options);
+      auto group = JoinLoopback(r, kWorld, port);
       if (!group.ok()) {
         errors[r] = group.status().ToString();
         return;
