@@ -308,50 +308,31 @@ Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters)
 
 Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameters) {
   const auto started = Clock::now();
-  std::vector<at::Tensor> scratch;  // without PrepareGradients: copies of the gradients
-  std::vector<Bucket> scratch_buckets;
-  std::vector<Bucket>* buckets = nullptr;
-  std::vector<at::Tensor>* grads = nullptr;
-  at::Tensor present;
+  if (!impl_->Owns(parameters)) {
+    return Status::FailedPrecondition(
+        "gradient all-reduce: PrepareGradients was not called for these parameters before "
+        "their backward passes");
+  }
+  Impl::Gradients& g = *impl_->gradients;
+  const at::Tensor present = g.views.back();
   try {
     at::NoGradGuard no_grad;
-    if (impl_->Owns(parameters)) {
-      Impl::Gradients& g = *impl_->gradients;
-      present = g.views.back();
-      float* flag = present.data_ptr<float>();
-      for (size_t i = 0; i < parameters.size(); ++i) {
-        const at::Tensor grad = parameters[i].grad();
-        flag[i] = (*g.touched)[i] != 0 ? 1.0f : 0.0f;
-        // Autograd accumulates into a defined gradient in place; anything else set since is
-        // copied in.
-        if (grad.defined() && !grad.is_same(g.views[i])) {
-          g.views[i].copy_(grad);
-          flag[i] = 1;
-        }
+    float* flag = present.data_ptr<float>();
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      const at::Tensor grad = parameters[i].grad();
+      flag[i] = (*g.touched)[i] != 0 ? 1.0f : 0.0f;
+      // Autograd accumulates into a defined gradient in place; anything else set since is
+      // copied in.
+      if (grad.defined() && !grad.is_same(g.views[i])) {
+        g.views[i].copy_(grad);
+        flag[i] = 1;
       }
-      buckets = &g.buckets;
-      grads = &g.views;
-    } else {
-      std::vector<at::Tensor> like = parameters;
-      like.push_back(at::zeros({static_cast<int64_t>(parameters.size())}, at::kFloat));
-      scratch_buckets = AllocateBuckets(like, impl_->options.bucket_bytes, &scratch);
-      present = scratch.back();
-      float* flag = present.data_ptr<float>();
-      for (size_t i = 0; i < parameters.size(); ++i) {
-        const at::Tensor grad = parameters[i].grad();
-        if (grad.defined()) {
-          scratch[i].copy_(grad);
-          flag[i] = 1;
-        }
-      }
-      buckets = &scratch_buckets;
-      grads = &scratch;
     }
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("gradient buckets: ") + error.what_without_backtrace());
   }
   STRIDER_RETURN_IF_ERROR(impl_->Run("gradient all-reduce", [&](auto& works) {
-    for (Bucket& bucket : *buckets) {
+    for (Bucket& bucket : g.buckets) {
       std::vector<at::Tensor> one{bucket.flat};
       works.push_back(impl_->group->allreduce(one));
     }
@@ -362,8 +343,8 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
     for (size_t i = 0; i < parameters.size(); ++i) {
       at::Tensor parameter = parameters[i];
       // A parameter no rank gave a gradient keeps none, as a lone learner would leave it.
-      parameter.mutable_grad() = flag[i] > 0 ? (*grads)[i] : at::Tensor();
-      impl_->stats.bytes += (*grads)[i].numel() * static_cast<int64_t>((*grads)[i].element_size());
+      parameter.mutable_grad() = flag[i] > 0 ? g.views[i] : at::Tensor();
+      impl_->stats.bytes += g.views[i].numel() * static_cast<int64_t>(g.views[i].element_size());
     }
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("gradient all-reduce: ") + error.what_without_backtrace());

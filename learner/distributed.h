@@ -62,7 +62,7 @@ class LearnerGroup {
   // Sums the gradients of `parameters` across ranks in place, bucket by bucket, all buckets in
   // flight at once. A parameter without a gradient on this rank takes part as zeros; one
   // without a gradient on every rank is left without one, as a lone learner would leave it.
-  // Without PrepareGradients for these parameters, the gradients are copied into buckets first.
+  // FailedPrecondition unless PrepareGradients was called for these parameters.
   Status AllReduceGradients(const std::vector<at::Tensor>& parameters);
   // Element-wise sums across ranks, in place (a step's counts and flags).
   Status AllReduceSum(std::vector<double>& values);

@@ -146,6 +146,71 @@ double Mean(const std::vector<double>& values, size_t begin, size_t end) {
   return sum / static_cast<double>(end - begin);
 }
 
+// Joins the learner ranks of config.distributed and makes this rank start where rank 0 does:
+// the same config (what a step is), rank 0's position, weights and optimiser moments.
+Result<std::unique_ptr<LearnerGroup>> JoinLearnerGroup(const RlLearnerConfig& config,
+                                                       CheckpointState* state, Trainer& trainer) {
+  const RlDistributedConfig& dist = config.distributed;
+  STRIDER_ASSIGN_OR_RETURN(Rendezvous rendezvous, ParseRendezvous(dist.rendezvous));
+  LearnerGroupOptions group_options;
+  group_options.rank = static_cast<int>(dist.rank);
+  group_options.world_size = static_cast<int>(dist.world_size);
+  group_options.host = rendezvous.host;
+  group_options.port = rendezvous.port;
+  group_options.interface = dist.interface;
+  group_options.timeout_s = dist.timeout_s;
+  group_options.bucket_bytes = dist.bucket_mb << 20;
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<LearnerGroup> group, LearnerGroup::Join(group_options));
+  // One config for the whole group: ranks that disagree on what a step is would pair their
+  // collectives wrongly or train different models, so the settings that shape a step must
+  // match rank 0's.
+  const std::string shape =
+      config.model.name + "|" + std::to_string(config.replay.units_per_step) + "|" +
+      config.replay.table + "|" + config.replay.learner_id + "|" +
+      std::to_string(config.train.ppo_epochs) + "|" + std::to_string(config.train.minibatches) +
+      "|" + std::to_string(config.train.chunk_tokens) + "|" + config.train.backprop + "|" +
+      std::to_string(config.optimizer.learning_rate) + "|" + std::to_string(config.balance) +
+      "|" + std::to_string(config.train.steps) + "|" + std::to_string(config.train.sync);
+  const int64_t fingerprint =
+      static_cast<int64_t>(std::hash<std::string>{}(shape) & 0x7fffffffffffffffULL);
+  STRIDER_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> fingerprints,
+                           group->AllGather({fingerprint}));
+  for (size_t r = 1; r < fingerprints.size(); ++r) {
+    if (fingerprints[r].front() != fingerprints[0].front()) {
+      return Status::FailedPrecondition(
+          "learner rank " + std::to_string(r) + "'s config differs from rank 0's in what a "
+          "step is (model, replay table, learner id, units_per_step, train or optimizer "
+          "settings): every rank runs the same config");
+    }
+  }
+  // Resumed together, from rank 0's checkpoint: its weights, optimiser moments and position
+  // are the group's. A rank whose own checkpoint is of another step (it was killed between
+  // two checkpoints, or has none) takes them all and says so; only its mini-batch order
+  // then differs from an uninterrupted run's.
+  STRIDER_ASSIGN_OR_RETURN(
+      std::vector<std::vector<int64_t>> positions,
+      group->AllGather({state->step, static_cast<int64_t>(state->policy_version),
+                        state->sample_step, state->total_tokens, trainer.optimizer().step()}));
+  const std::vector<int64_t>& lead = positions[0];
+  if (lead[0] != state->step) {
+    spdlog::warn("learner rank {}: its checkpoint is at step {}, rank 0's at step {}; taking "
+                 "rank 0's weights, optimiser state and position",
+                 dist.rank, state->step, lead[0]);
+  }
+  state->step = lead[0];
+  state->policy_version = static_cast<uint64_t>(lead[1]);
+  state->sample_step = lead[2];
+  state->total_tokens = lead[3];
+  trainer.optimizer().set_step(lead[4]);
+  std::vector<at::Tensor> tensors;
+  for (const auto& [name, tensor] : trainer.model().tensors()) tensors.push_back(tensor);
+  for (const at::Tensor& moment : trainer.optimizer().MomentTensors()) {
+    tensors.push_back(moment);
+  }
+  STRIDER_RETURN_IF_ERROR(group->Broadcast(tensors, 0));
+  return group;
+}
+
 }  // namespace
 
 Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOptions& options) {
@@ -192,63 +257,7 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
 
   std::unique_ptr<LearnerGroup> group;
   if (distributed) {
-    STRIDER_ASSIGN_OR_RETURN(Rendezvous rendezvous, ParseRendezvous(dist.rendezvous));
-    LearnerGroupOptions group_options;
-    group_options.rank = static_cast<int>(dist.rank);
-    group_options.world_size = static_cast<int>(dist.world_size);
-    group_options.host = rendezvous.host;
-    group_options.port = rendezvous.port;
-    group_options.interface = dist.interface;
-    group_options.timeout_s = dist.timeout_s;
-    group_options.bucket_bytes = dist.bucket_mb << 20;
-    STRIDER_ASSIGN_OR_RETURN(group, LearnerGroup::Join(group_options));
-    // One config for the whole group: ranks that disagree on what a step is would pair their
-    // collectives wrongly or train different models, so the settings that shape a step must
-    // match rank 0's.
-    const std::string shape =
-        config.model.name + "|" + std::to_string(config.replay.units_per_step) + "|" +
-        config.replay.table + "|" + config.replay.learner_id + "|" +
-        std::to_string(config.train.ppo_epochs) + "|" + std::to_string(config.train.minibatches) +
-        "|" + std::to_string(config.train.chunk_tokens) + "|" + config.train.backprop + "|" +
-        std::to_string(config.optimizer.learning_rate) + "|" + std::to_string(config.balance) +
-        "|" + std::to_string(config.train.steps) + "|" + std::to_string(config.train.sync);
-    const int64_t fingerprint =
-        static_cast<int64_t>(std::hash<std::string>{}(shape) & 0x7fffffffffffffffULL);
-    STRIDER_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> fingerprints,
-                             group->AllGather({fingerprint}));
-    for (size_t r = 1; r < fingerprints.size(); ++r) {
-      if (fingerprints[r].front() != fingerprints[0].front()) {
-        return Status::FailedPrecondition(
-            "learner rank " + std::to_string(r) + "'s config differs from rank 0's in what a "
-            "step is (model, replay table, learner id, units_per_step, train or optimizer "
-            "settings): every rank runs the same config");
-      }
-    }
-    // Resumed together, from rank 0's checkpoint: its weights, optimiser moments and position
-    // are the group's. A rank whose own checkpoint is of another step (it was killed between
-    // two checkpoints, or has none) takes them all and says so; only its mini-batch order
-    // then differs from an uninterrupted run's.
-    STRIDER_ASSIGN_OR_RETURN(
-        std::vector<std::vector<int64_t>> positions,
-        group->AllGather({state.step, static_cast<int64_t>(state.policy_version),
-                          state.sample_step, state.total_tokens, trainer->optimizer().step()}));
-    const std::vector<int64_t>& lead = positions[0];
-    if (lead[0] != state.step) {
-      spdlog::warn("learner rank {}: its checkpoint is at step {}, rank 0's at step {}; taking "
-                   "rank 0's weights, optimiser state and position",
-                   dist.rank, state.step, lead[0]);
-    }
-    state.step = lead[0];
-    state.policy_version = static_cast<uint64_t>(lead[1]);
-    state.sample_step = lead[2];
-    state.total_tokens = lead[3];
-    trainer->optimizer().set_step(lead[4]);
-    std::vector<at::Tensor> tensors;
-    for (const auto& [name, tensor] : model.tensors()) tensors.push_back(tensor);
-    for (const at::Tensor& moment : trainer->optimizer().MomentTensors()) {
-      tensors.push_back(moment);
-    }
-    STRIDER_RETURN_IF_ERROR(group->Broadcast(tensors, 0));
+    STRIDER_ASSIGN_OR_RETURN(group, JoinLearnerGroup(config, &state, *trainer));
   }
 
   std::unique_ptr<reward::ProcessRewardModel> process_model;
