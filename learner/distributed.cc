@@ -183,6 +183,47 @@ struct LearnerGroup::Impl {
         std::to_string(options.rank) + ") " + prefix);
   }
 
+  // Every rank's `tensor` in rank order; sizes may differ along `dim` only. Two collectives:
+  // the sizes, then the tensors padded to the largest.
+  Result<std::vector<at::Tensor>> GatherParts(const at::Tensor& tensor, int64_t dim) {
+    const int world = options.world_size;
+    std::vector<std::vector<at::Tensor>> lengths(1);
+    std::vector<at::Tensor> own_length;
+    try {
+      own_length.push_back(at::full({1}, tensor.size(dim), at::kLong));
+      for (int r = 0; r < world; ++r) lengths[0].push_back(at::zeros({1}, at::kLong));
+    } catch (const c10::Error& error) {
+      return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
+    }
+    STRIDER_RETURN_IF_ERROR(Run("length all-gather", [&](auto& works) {
+      works.push_back(group->allgather(lengths, own_length));
+    }));
+    std::vector<int64_t> sizes;
+    int64_t longest = 0;
+    for (const at::Tensor& l : lengths[0]) {
+      sizes.push_back(l.item<int64_t>());
+      longest = std::max(longest, sizes.back());
+    }
+    std::vector<std::vector<at::Tensor>> gathered(1);
+    std::vector<at::Tensor> own;
+    try {
+      std::vector<int64_t> shape = tensor.sizes().vec();
+      shape[dim] = longest;
+      at::Tensor padded = at::zeros(shape, tensor.options());
+      padded.narrow(dim, 0, tensor.size(dim)).copy_(tensor);
+      own.push_back(padded);
+      for (int r = 0; r < world; ++r) gathered[0].push_back(at::empty_like(padded));
+    } catch (const c10::Error& error) {
+      return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
+    }
+    STRIDER_RETURN_IF_ERROR(Run("all-gather", [&](auto& works) {
+      works.push_back(group->allgather(gathered, own));
+    }));
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < world; ++r) parts.push_back(gathered[0][r].narrow(dim, 0, sizes[r]));
+    return parts;
+  }
+
   template <typename Body>
   Status Run(const std::string& what, Body body) {
     ++collectives;
@@ -399,42 +440,8 @@ Status LearnerGroup::Broadcast(const std::vector<at::Tensor>& tensors, int root)
 }
 
 Result<at::Tensor> LearnerGroup::AllGatherAlong(const at::Tensor& tensor, int64_t dim) {
-  const int world = impl_->options.world_size;
-  std::vector<std::vector<at::Tensor>> lengths(1);
-  std::vector<at::Tensor> own_length;
+  STRIDER_ASSIGN_OR_RETURN(std::vector<at::Tensor> parts, impl_->GatherParts(tensor, dim));
   try {
-    own_length.push_back(at::full({1}, tensor.size(dim), at::kLong));
-    for (int r = 0; r < world; ++r) lengths[0].push_back(at::zeros({1}, at::kLong));
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
-  }
-  STRIDER_RETURN_IF_ERROR(impl_->Run("length all-gather", [&](auto& works) {
-    works.push_back(impl_->group->allgather(lengths, own_length));
-  }));
-  std::vector<int64_t> sizes;
-  int64_t longest = 0;
-  for (const at::Tensor& l : lengths[0]) {
-    sizes.push_back(l.item<int64_t>());
-    longest = std::max(longest, sizes.back());
-  }
-  std::vector<std::vector<at::Tensor>> gathered(1);
-  std::vector<at::Tensor> own;
-  try {
-    std::vector<int64_t> shape = tensor.sizes().vec();
-    shape[dim] = longest;
-    at::Tensor padded = at::zeros(shape, tensor.options());
-    padded.narrow(dim, 0, tensor.size(dim)).copy_(tensor);
-    own.push_back(padded);
-    for (int r = 0; r < world; ++r) gathered[0].push_back(at::empty_like(padded));
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
-  }
-  STRIDER_RETURN_IF_ERROR(impl_->Run("all-gather", [&](auto& works) {
-    works.push_back(impl_->group->allgather(gathered, own));
-  }));
-  try {
-    std::vector<at::Tensor> parts;
-    for (int r = 0; r < world; ++r) parts.push_back(gathered[0][r].narrow(dim, 0, sizes[r]));
     return at::cat(parts, dim);
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
@@ -443,26 +450,17 @@ Result<at::Tensor> LearnerGroup::AllGatherAlong(const at::Tensor& tensor, int64_
 
 Result<std::vector<std::vector<int64_t>>> LearnerGroup::AllGather(
     const std::vector<int64_t>& values) {
-  // Each rank's count first, to split the joined values by.
-  std::vector<int64_t> counts;
-  at::Tensor joined;
+  at::Tensor own;
   try {
-    const at::Tensor own_count = at::full({1, 1}, static_cast<int64_t>(values.size()), at::kLong);
-    STRIDER_ASSIGN_OR_RETURN(at::Tensor all_counts, AllGatherAlong(own_count, 1));
-    const at::Tensor c = all_counts.contiguous();
-    counts.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-    const at::Tensor own = at::tensor(values, at::kLong).reshape({1, -1});
-    STRIDER_ASSIGN_OR_RETURN(at::Tensor all, AllGatherAlong(own, 1));
-    joined = all.contiguous();
+    own = at::tensor(values, at::kLong);
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
   }
+  STRIDER_ASSIGN_OR_RETURN(std::vector<at::Tensor> parts, impl_->GatherParts(own, 0));
   std::vector<std::vector<int64_t>> out;
-  const int64_t* data = joined.data_ptr<int64_t>();
-  int64_t offset = 0;
-  for (int64_t n : counts) {
-    out.emplace_back(data + offset, data + offset + n);
-    offset += n;
+  for (const at::Tensor& part : parts) {
+    const at::Tensor c = part.contiguous();
+    out.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
   }
   return out;
 }
