@@ -22,7 +22,7 @@
 // efficiency against the one the machine's cores allow.
 //
 //   fleet_bench --learner-ranks 1,2,4 [--per-rank-units N] [--steps S] [--rounds R]
-//               [--model CONFIG] [--strider PATH] [--quick] [--keep DIR]
+//               [--bucket-mb MB] [--model CONFIG] [--strider PATH] [--quick] [--keep DIR]
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -72,7 +72,7 @@ int Usage(const char* why) {
                "fleet_bench: %s\nusage: fleet_bench [--fleet FILE] [--seconds N] [--strider PATH] "
                "[--quick] [--keep DIR]\n"
                "       fleet_bench --learner-ranks 1,2,4 [--per-rank-units N] [--steps S] "
-               "[--rounds R] [--model CONFIG] [--strider PATH] [--quick] [--keep DIR]\n",
+               "[--rounds R] [--bucket-mb MB] [--model CONFIG] [--strider PATH] [--quick] [--keep DIR]\n",
                why);
   return 2;
 }
@@ -192,6 +192,7 @@ struct RanksOptions {
   int per_rank_units = 4;     // groups each rank trains on per step
   int steps = 8;              // per group run; the first is warm-up and not counted
   int rounds = 2;             // runs of every group size, interleaved
+  double bucket_mb = 0;       // gradient bucket size; 0: the learner's default
   fs::path model;
   fs::path strider;
   std::string keep;
@@ -204,6 +205,7 @@ struct RanksResult {
   double tokens = 0, trajectories = 0, step_seconds = 0;  // the group's, on rank 0's clock
   double update_seconds = 0, score_seconds = 0, sample_seconds = 0;  // rank 0's
   double allreduce_shares = 0;  // per rank and run: all-reduce time / step time
+  double buckets = 0, buckets_during_backward = 0;  // rank 0's gradient buckets
   double cpu_seconds = 0;       // all ranks' CPU time after warm-up; negative when not known
   int rank_runs = 0;
   double load_sum = 0;  // the machine's 1-minute load average as each run started
@@ -220,6 +222,8 @@ struct RanksResult {
     score_seconds += other.score_seconds;
     sample_seconds += other.sample_seconds;
     allreduce_shares += other.allreduce_shares;
+    buckets += other.buckets;
+    buckets_during_backward += other.buckets_during_backward;
     cpu_seconds = cpu_seconds >= 0 && other.cpu_seconds >= 0 ? cpu_seconds + other.cpu_seconds : -1;
     rank_runs += other.rank_runs;
     load_sum += other.load_sum;
@@ -262,24 +266,24 @@ void WriteActorConfig(const fs::path& path, const fs::path& model, int episodes)
 // balance, scoring against the initial reference), one thread per rank, and no periodic
 // checkpoints, whose writes are no part of a step's throughput.
 void WriteLearnerConfig(const fs::path& path, const fs::path& model, const std::string& id,
-                        int units_per_step, int steps) {
-  std::ofstream(path) << "mode: rl\nmodel_config: " << model.string() << "\n"
-                      << "init_seed: 0\nseed: 1\nthreads: 1\n"
-                      << "replay: {table: groups, learner_id: ranks-" << id
-                      << ", units_per_step: " << units_per_step << ", sample_timeout_s: 120}\n"
-                      << "publish: {every_steps: 1}\n"
-                      << "optimizer: {learning_rate: 0.0003, weight_decay: 0.0, clip_norm: 1.0}\n"
-                      << "balance: {enabled: true, router_learning_rate_scale: 0.1}\n"
-                      << "train: {steps: " << steps
-                      << ", ppo_epochs: 1, minibatches: 1, chunk_tokens: 512,"
-                      << " backprop: truncated, sync: false}\n"
-                      << "scoring: {replay_routing: true, mismatch_threshold: 0.0001,"
-                      << " reference: initial}\n"
-                      << "objective:\n  advantages: {estimator: outcome_group, divide_by_std: true}\n"
-                      << "  aggregation: token_mean\n  policy: {eps_low: 0.2, eps_high: 0.28}\n"
-                      << "  value: {coef: 0.0}\n"
-                      << "reward: {step_weight: 0.1, outcome_weight: 1.0}\n"
-                      << "checkpoint: {every_steps: 0}\n";
+                        int units_per_step, int steps, double bucket_mb) {
+  std::ofstream out(path);
+  if (bucket_mb > 0) out << "distributed: {bucket_mb: " << bucket_mb << "}\n";
+  out << "mode: rl\nmodel_config: " << model.string() << "\n"
+      << "init_seed: 0\nseed: 1\nthreads: 1\n"
+      << "replay: {table: groups, learner_id: ranks-" << id
+      << ", units_per_step: " << units_per_step << ", sample_timeout_s: 120}\n"
+      << "publish: {every_steps: 1}\n"
+      << "optimizer: {learning_rate: 0.0003, weight_decay: 0.0, clip_norm: 1.0}\n"
+      << "balance: {enabled: true, router_learning_rate_scale: 0.1}\n"
+      << "train: {steps: " << steps << ", ppo_epochs: 1, minibatches: 1, chunk_tokens: 512,"
+      << " backprop: truncated, sync: false}\n"
+      << "scoring: {replay_routing: true, mismatch_threshold: 0.0001, reference: initial}\n"
+      << "objective:\n  advantages: {estimator: outcome_group, divide_by_std: true}\n"
+      << "  aggregation: token_mean\n  policy: {eps_low: 0.2, eps_high: 0.28}\n"
+      << "  value: {coef: 0.0}\n"
+      << "reward: {step_weight: 0.1, outcome_weight: 1.0}\n"
+      << "checkpoint: {every_steps: 0}\n";
 }
 
 // Runs one group of `world` ranks to the end and adds its metrics to `result`; false (with the
@@ -289,7 +293,8 @@ bool RunGroup(const RanksOptions& options, const fs::path& base,
   // An id per run: each reads the same groups from the first.
   const std::string name = std::to_string(world) + "-r" + std::to_string(round);
   const fs::path config = base / ("learner-" + name + ".yaml");
-  WriteLearnerConfig(config, options.model, name, world * options.per_rank_units, options.steps);
+  WriteLearnerConfig(config, options.model, name, world * options.per_rank_units, options.steps,
+                     options.bucket_mb);
   const fs::path run_dir = base / ("ranks-" + name);
   result.world = world;
   result.load_sum += LoadAverage();
@@ -376,6 +381,10 @@ bool RunGroup(const RanksOptions& options, const fs::path& base,
       allreduce += Number(step, "allreduce_seconds");
       step_seconds += Number(step, "step_seconds");
       if (r != 0) continue;
+      if (world > 1) {
+        result.buckets += Number(step, "allreduce_buckets");
+        result.buckets_during_backward += Number(step, "allreduce_buckets_during_backward");
+      }
       result.tokens += Number(step, "tokens");
       result.trajectories += Number(step, "trajectories");
       result.update_seconds += Number(step, "update_seconds");
@@ -503,6 +512,10 @@ int RunLearnerRanks(const RanksOptions& options) {
         {"step_seconds_mean", JsonNumber(r.step_seconds / std::max(r.steps, 1))},
         {"allreduce_share",
          JsonNumber(r.rank_runs > 0 ? r.allreduce_shares / r.rank_runs : 0)},
+        {"gradient_buckets_per_step", JsonNumber(r.buckets / std::max(r.steps, 1))},
+        {"buckets_sent_during_backward",
+         JsonNumber(r.buckets > 0 ? r.buckets_during_backward / r.buckets : 0)},
+        {"bucket_mb", JsonNumber(options.bucket_mb > 0 ? options.bucket_mb : 25)},
         {"update_share", JsonNumber(r.Share(r.update_seconds))},
         {"score_share", JsonNumber(r.Share(r.score_seconds))},
         {"sample_share", JsonNumber(r.Share(r.sample_seconds))},
@@ -555,6 +568,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string ranks_list;
   std::optional<int> per_rank_units, rank_steps, rounds;
+  double bucket_mb = 0;
   fs::path model = source / "configs/model/tiny.yaml";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -564,7 +578,7 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (arg == "--fleet" || arg == "--seconds" || arg == "--strider" || arg == "--keep" ||
                arg == "--learner-ranks" || arg == "--per-rank-units" || arg == "--steps" ||
-               arg == "--rounds" || arg == "--model") {
+               arg == "--rounds" || arg == "--model" || arg == "--bucket-mb") {
       const char* v = value();
       if (!v) return Usage(("missing value for " + arg).c_str());
       if (arg == "--fleet") fleet = v;
@@ -576,6 +590,7 @@ int main(int argc, char** argv) {
       if (arg == "--steps") rank_steps = std::atoi(v);
       if (arg == "--rounds") rounds = std::atoi(v);
       if (arg == "--model") model = v;
+      if (arg == "--bucket-mb") bucket_mb = std::atof(v);
     } else {
       return Usage(("unknown argument " + arg).c_str());
     }
@@ -602,6 +617,8 @@ int main(int argc, char** argv) {
     if (options.per_rank_units < 1) return Usage("--per-rank-units must be at least 1");
     if (options.steps < 2) return Usage("--steps must be at least 2 (the first is warm-up)");
     if (options.rounds < 1) return Usage("--rounds must be at least 1");
+    if (bucket_mb < 0) return Usage("--bucket-mb must be positive");
+    options.bucket_mb = bucket_mb;
     if (!fs::is_regular_file(model)) return Usage(("no model config " + model.string()).c_str());
     options.model = fs::absolute(model);
     options.strider = fs::absolute(strider);

@@ -147,6 +147,14 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
     const std::vector<std::pair<int64_t, int64_t>> image_runs =
         chunked && !input.images.empty() ? PlaceholderRuns(input.tokens)
                                          : std::vector<std::pair<int64_t, int64_t>>();
+    // The last chunk that records a graph: its backward is the pass's last.
+    int64_t last_recorded = -1;
+    if (options.backward && chunked && options.truncated) {
+      for (int64_t begin = 0, count = 0; begin < length; begin += count) {
+        count = ChunkCount(image_runs, begin, chunk, length);
+        if (!options.chunk_has_loss || options.chunk_has_loss(begin, count)) last_recorded = begin;
+      }
+    }
     for (int64_t begin = 0, count = 0; begin < length; begin += count) {
       count = ChunkCount(image_runs, begin, chunk, length);
       ModelInput part;
@@ -198,7 +206,12 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
                                 " was declared loss-free but its objective returned a loss");
       }
       if (chunked && options.truncated) {
-        if (loss.defined() && record) loss.backward();
+        if (loss.defined() && record) {
+          if (begin == last_recorded && options.before_last_backward) {
+            options.before_last_backward();
+          }
+          loss.backward();
+        }
         // Also after a chunk without a loss (an RL trajectory's context): otherwise the next
         // chunk's backward runs through it, and a long context before the first action keeps
         // its whole graph alive.
@@ -207,7 +220,10 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
         total = total.defined() ? total + loss : loss;
       }
     }
-    if (options.backward && total.defined()) total.backward();
+    if (options.backward && total.defined()) {
+      if (options.before_last_backward) options.before_last_backward();
+      total.backward();
+    }
     if (options.record_routing) result.routing = RoutingRecord::Concatenate(records);
     if (options.keep_final_state) {
       state.DetachGraph();

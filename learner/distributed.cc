@@ -5,6 +5,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "common/model/expert_parallel.h"
 
@@ -81,6 +84,78 @@ void Unflatten(const Bucket& bucket, const std::vector<at::Tensor>& tensors) {
   }
 }
 
+// A parameter list's gradient buckets and the reduction that follows backward. The parameters'
+// grad accumulators carry a post hook (it runs once a gradient has been added) that marks the
+// parameter as having a gradient and, during the backward OverlapNextBackward armed, sends each
+// bucket as soon as all of its parameters are final. Buckets are laid out in reverse parameter
+// order, roughly the order backward completes them, and are sent strictly in that order, so
+// every rank issues the same collectives in the same sequence whatever its data.
+struct GradientReduction {
+  bool active = true;  // cleared when the group drops these buckets
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;  // the gradient group, apart from the rest
+  std::vector<at::Tensor> parameters;
+  std::vector<Bucket> buckets;
+  std::vector<at::Tensor> views;      // per parameter: its gradient's storage in a bucket
+  std::vector<size_t> bucket_of;      // per parameter
+  std::vector<uint8_t> touched;       // per parameter: a gradient arrived since PrepareGradients
+  bool armed = false;                 // in the update's last backward
+  std::vector<uint8_t> final_seen;    // per parameter, in the armed backward
+  std::vector<int64_t> waiting;       // per bucket: parameters not yet final
+  size_t next = 0;                    // the next bucket to send
+  int64_t sent_during_backward = 0;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::string failure;                // a send that threw inside backward
+
+  void Reset() {
+    std::fill(touched.begin(), touched.end(), 0);
+    std::fill(final_seen.begin(), final_seen.end(), 0);
+    waiting.assign(buckets.size(), 0);
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      waiting[b] = static_cast<int64_t>(buckets[b].members.size());
+    }
+    armed = false;
+    next = 0;
+    works.clear();
+    failure.clear();
+  }
+
+  // Autograd accumulates into the bucket view in place; a gradient set any other way since
+  // PrepareGradients is copied in before its bucket leaves.
+  void Gather(const Bucket& bucket) {
+    for (size_t i : bucket.members) {
+      const at::Tensor grad = parameters[i].grad();
+      if (grad.defined() && !grad.is_same(views[i])) {
+        views[i].copy_(grad);
+        touched[i] = 1;
+      }
+    }
+  }
+
+  void Send(size_t b) {
+    Gather(buckets[b]);
+    std::vector<at::Tensor> one{buckets[b].flat};
+    works.push_back(group->allreduce(one));
+  }
+
+  // The post hook of parameter i's grad accumulator.
+  void Arrived(size_t i) {
+    if (!active) return;
+    touched[i] = 1;
+    if (!armed || final_seen[i] != 0 || !failure.empty()) return;
+    final_seen[i] = 1;
+    if (--waiting[bucket_of[i]] > 0) return;
+    try {
+      at::NoGradGuard no_grad;
+      while (next < buckets.size() && waiting[next] == 0) {
+        Send(next++);
+        ++sent_during_backward;
+      }
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+  }
+};
+
 }  // namespace
 
 // All-to-all of routed rows over the group's Gloo process group; a failure names the lost
@@ -103,18 +178,23 @@ struct LearnerGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;        // the rendezvous (rank 0 hosts it)
   c10::intrusive_ptr<c10d::Store> own_keys;     // this class's keys, apart from Gloo's
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  // Gradient buckets go over a group of their own: sent from inside backward, they would
+  // otherwise interleave with the expert all-to-alls that backward issues, in an order that
+  // could differ between ranks.
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gradient_group;
   int64_t collectives = 0;  // the same count on every rank: names a failed collective
   LearnerGroupStats stats;
 
   // Gradient storage for one parameter list (PrepareGradients): the parameters' gradients are
-  // views into these buckets, so backward accumulates straight into what is reduced. The last
-  // tensor laid out is the per-parameter "has a gradient" flags, set by hooks as gradients
-  // arrive; they ride in the last float bucket.
+  // views into these buckets, so backward accumulates straight into what is reduced.
   struct Gradients {
     std::vector<const c10::TensorImpl*> owners;
-    std::vector<Bucket> buckets;
-    std::vector<at::Tensor> views;  // per parameter, then the flags
-    std::shared_ptr<std::vector<uint8_t>> touched;  // written by the parameters' hooks
+    std::shared_ptr<GradientReduction> reduction;  // shared with the accumulators' hooks
+    // Held so that the hooks stay on the accumulators the graphs use.
+    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+    ~Gradients() {
+      if (reduction != nullptr) reduction->active = false;
+    }
   };
   std::unique_ptr<Gradients> gradients;
   GlooExpertExchange exchange{this};
@@ -305,6 +385,9 @@ Result<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const LearnerGroupOptio
     gloo->threads = 2;
     impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, options.rank,
                                                               options.world_size, gloo);
+    impl->gradient_group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>("gradients", impl->store), options.rank,
+        options.world_size, gloo);
   } catch (const std::exception& error) {
     std::string detail = error.what();
     detail.resize(std::min(detail.find('\n'), detail.size()));
@@ -320,31 +403,61 @@ Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters)
   try {
     at::NoGradGuard no_grad;
     if (!impl_->Owns(parameters)) {
+      impl_->gradients.reset();
       auto g = std::make_unique<Impl::Gradients>();
-      std::vector<at::Tensor> like = parameters;
-      like.push_back(at::zeros({static_cast<int64_t>(parameters.size())}, at::kFloat));
-      g->buckets = AllocateBuckets(like, impl_->options.bucket_bytes, &g->views);
-      g->touched = std::make_shared<std::vector<uint8_t>>(parameters.size(), 0);
-      for (size_t i = 0; i < parameters.size(); ++i) {
-        g->owners.push_back(parameters[i].unsafeGetTensorImpl());
-        // Fires for every gradient that reaches the parameter; holds only the flags.
-        std::shared_ptr<std::vector<uint8_t>> touched = g->touched;
-        at::Tensor parameter = parameters[i];
-        parameter.register_hook([touched, i](const at::Tensor&) { (*touched)[i] = 1; });
+      auto r = std::make_shared<GradientReduction>();
+      r->group = impl_->gradient_group;
+      r->parameters = parameters;
+      const size_t n = parameters.size();
+      const std::vector<at::Tensor> reversed(parameters.rbegin(), parameters.rend());
+      std::vector<at::Tensor> reversed_views;
+      r->buckets = AllocateBuckets(reversed, impl_->options.bucket_bytes, &reversed_views);
+      r->views.resize(n);
+      r->bucket_of.resize(n);
+      for (size_t b = 0; b < r->buckets.size(); ++b) {
+        for (size_t& member : r->buckets[b].members) {
+          member = n - 1 - member;
+          r->views[member] = reversed_views[n - 1 - member];
+          r->bucket_of[member] = b;
+        }
       }
+      r->touched.assign(n, 0);
+      r->final_seen.assign(n, 0);
+      for (size_t i = 0; i < n; ++i) {
+        g->owners.push_back(parameters[i].unsafeGetTensorImpl());
+        std::shared_ptr<torch::autograd::Node> accumulator =
+            torch::autograd::impl::grad_accumulator(parameters[i]);
+        if (accumulator == nullptr) {
+          return Status::InvalidArgument("gradient buckets: parameter " + std::to_string(i) +
+                                         " does not require a gradient");
+        }
+        std::weak_ptr<GradientReduction> weak = r;
+        accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [weak, i](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list&) {
+              if (auto reduction = weak.lock()) reduction->Arrived(i);
+              return outputs;
+            }));
+        g->accumulators.push_back(std::move(accumulator));
+      }
+      g->reduction = std::move(r);
       impl_->gradients = std::move(g);
     }
-    Impl::Gradients& g = *impl_->gradients;
-    for (Bucket& bucket : g.buckets) bucket.flat.zero_();
-    std::fill(g.touched->begin(), g.touched->end(), 0);
+    GradientReduction& r = *impl_->gradients->reduction;
+    for (Bucket& bucket : r.buckets) bucket.flat.zero_();
+    r.Reset();
     for (size_t i = 0; i < parameters.size(); ++i) {
       at::Tensor parameter = parameters[i];
-      parameter.mutable_grad() = g.views[i];
+      parameter.mutable_grad() = r.views[i];
     }
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("gradient buckets: ") + error.what_without_backtrace());
   }
   return Status::Ok();
+}
+
+void LearnerGroup::OverlapNextBackward() {
+  if (impl_->gradients != nullptr) impl_->gradients->reduction->armed = true;
 }
 
 Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameters) {
@@ -354,43 +467,42 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
         "gradient all-reduce: PrepareGradients was not called for these parameters before "
         "their backward passes");
   }
-  Impl::Gradients& g = *impl_->gradients;
-  const at::Tensor present = g.views.back();
+  GradientReduction& r = *impl_->gradients->reduction;
+  r.armed = false;
+  ++impl_->collectives;
+  if (!r.failure.empty()) return impl_->Lost("gradient all-reduce", r.failure);
+  // Which parameters have a gradient on some rank: summed flags, sent after the buckets.
+  at::Tensor present;
   try {
     at::NoGradGuard no_grad;
+    for (size_t b = r.next; b < r.buckets.size(); ++b) r.Send(b);
+    r.next = r.buckets.size();
+    present = at::zeros({static_cast<int64_t>(parameters.size())}, at::kFloat);
     float* flag = present.data_ptr<float>();
-    for (size_t i = 0; i < parameters.size(); ++i) {
-      const at::Tensor grad = parameters[i].grad();
-      flag[i] = (*g.touched)[i] != 0 ? 1.0f : 0.0f;
-      // Autograd accumulates into a defined gradient in place; anything else set since is
-      // copied in.
-      if (grad.defined() && !grad.is_same(g.views[i])) {
-        g.views[i].copy_(grad);
-        flag[i] = 1;
-      }
-    }
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("gradient buckets: ") + error.what_without_backtrace());
+    for (size_t i = 0; i < parameters.size(); ++i) flag[i] = r.touched[i] != 0 ? 1.0f : 0.0f;
+    std::vector<at::Tensor> one{present};
+    r.works.push_back(r.group->allreduce(one));
+  } catch (const std::exception& error) {
+    return impl_->Lost("gradient all-reduce", error.what());
   }
-  STRIDER_RETURN_IF_ERROR(impl_->Run("gradient all-reduce", [&](auto& works) {
-    for (Bucket& bucket : g.buckets) {
-      std::vector<at::Tensor> one{bucket.flat};
-      works.push_back(impl_->group->allreduce(one));
-    }
-  }));
+  STRIDER_RETURN_IF_ERROR(impl_->Wait(r.works, "gradient all-reduce"));
+  r.works.clear();
   try {
     at::NoGradGuard no_grad;
     const float* flag = present.data_ptr<float>();
     for (size_t i = 0; i < parameters.size(); ++i) {
       at::Tensor parameter = parameters[i];
       // A parameter no rank gave a gradient keeps none, as a lone learner would leave it.
-      parameter.mutable_grad() = flag[i] > 0 ? g.views[i] : at::Tensor();
-      impl_->stats.bytes += g.views[i].numel() * static_cast<int64_t>(g.views[i].element_size());
+      parameter.mutable_grad() = flag[i] > 0 ? r.views[i] : at::Tensor();
+      impl_->stats.bytes += r.views[i].numel() * static_cast<int64_t>(r.views[i].element_size());
     }
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("gradient all-reduce: ") + error.what_without_backtrace());
   }
   impl_->stats.allreduces += 1;
+  impl_->stats.buckets += static_cast<int64_t>(r.buckets.size());
+  impl_->stats.buckets_during_backward += r.sent_during_backward;
+  r.sent_during_backward = 0;
   impl_->stats.allreduce_seconds +=
       std::chrono::duration<double>(Clock::now() - started).count();
   return Status::Ok();

@@ -40,7 +40,11 @@ struct LearnerGroupOptions {
 struct LearnerGroupStats {
   int64_t allreduces = 0;         // gradient all-reduces (one per optimiser update)
   int64_t bytes = 0;              // gradient bytes this rank contributed
-  double allreduce_seconds = 0;   // wall time in gradient all-reduces
+  int64_t buckets = 0;            // gradient buckets reduced
+  int64_t buckets_during_backward = 0;  // of them, sent before backward ended
+  // Wall time in AllReduceGradients: with the reduction overlapping backward, only what is
+  // left of it when backward ends.
+  double allreduce_seconds = 0;
 };
 
 class GlooExpertExchange;
@@ -59,10 +63,16 @@ class LearnerGroup {
   // into flat buckets of about bucket_bytes (allocated once per parameter list), so backward
   // accumulates straight into the buffers AllReduceGradients sends, with no copy either way.
   Status PrepareGradients(const std::vector<at::Tensor>& parameters);
-  // Sums the gradients of `parameters` across ranks in place, bucket by bucket, all buckets in
-  // flight at once. A parameter without a gradient on this rank takes part as zeros; one
-  // without a gradient on every rank is left without one, as a lone learner would leave it.
-  // FailedPrecondition unless PrepareGradients was called for these parameters.
+  // Called just before an update's last backward pass (ChunkedPassOptions::
+  // before_last_backward): during it, each bucket is sent as soon as its parameters' gradients
+  // are final and every bucket before it has gone, so the all-reduce overlaps the rest of
+  // backward. Buckets are laid out in reverse parameter order, the order backward fills them.
+  void OverlapNextBackward();
+  // Sums the gradients of `parameters` across ranks in place, bucket by bucket: sends the
+  // buckets backward has not sent, then waits for all. A parameter without a gradient on this
+  // rank takes part as zeros; one without a gradient on every rank is left without one, as a
+  // lone learner would leave it. FailedPrecondition unless PrepareGradients was called for
+  // these parameters.
   Status AllReduceGradients(const std::vector<at::Tensor>& parameters);
   // Element-wise sums across ranks, in place (a step's counts and flags).
   Status AllReduceSum(std::vector<double>& values);

@@ -191,6 +191,9 @@ struct ChunkedPassOptions {
   // nothing of it would reach a parameter, so it runs without recording a graph; the objective
   // still sees it. Unset: every chunk records.
   std::function<bool(int64_t begin, int64_t count)> chunk_has_loss;
+  // Called once, just before the pass's last backward (no later chunk can add a gradient): a
+  // data-parallel learner starts reducing each gradient bucket as soon as it is complete.
+  std::function<void()> before_last_backward;
 };
 
 // What the objective sees of one chunk. Positions are those of the input's sequences.

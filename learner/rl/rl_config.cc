@@ -152,7 +152,7 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
     distributed.Optional("timeout_s", &d.timeout_s);
     distributed.Check(d.timeout_s > 0, "timeout_s", "must be positive");
     distributed.Optional("bucket_mb", &d.bucket_mb);
-    distributed.Check(d.bucket_mb >= 1, "bucket_mb", "must be at least 1");
+    distributed.Check(d.bucket_mb > 0 && d.bucket_mb <= 4096, "bucket_mb", "must be in (0, 4096]");
   }
   const PolicyLossOptions& loss = config.objective.loss;
   if (loss.kl_coef > 0 || config.reward.implicit_weight != 0) {

@@ -77,7 +77,7 @@ struct RlDistributedConfig {
   // host's name, or loopback when the rendezvous host is a loopback address.
   std::string interface;
   double timeout_s = 120;  // rendezvous, and any one collective: a lost rank's bound
-  int64_t bucket_mb = 25;  // gradients all-reduced in buckets of about this size
+  double bucket_mb = 25;  // gradients all-reduced in buckets of about this size (MiB)
 };
 
 struct RlLearnerConfig {

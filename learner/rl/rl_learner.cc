@@ -159,7 +159,7 @@ Result<std::unique_ptr<LearnerGroup>> JoinLearnerGroup(const RlLearnerConfig& co
   group_options.port = rendezvous.port;
   group_options.interface = dist.interface;
   group_options.timeout_s = dist.timeout_s;
-  group_options.bucket_bytes = dist.bucket_mb << 20;
+  group_options.bucket_bytes = static_cast<int64_t>(dist.bucket_mb * (1 << 20));
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<LearnerGroup> group, LearnerGroup::Join(group_options));
   // One config for the whole group: ranks that disagree on what a step is would pair their
   // collectives wrongly or train different models, so the settings that shape a step must
@@ -457,7 +457,8 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
     double violation = -1;
     std::vector<std::vector<int64_t>> expert_load;  // (sparse layers, routed experts)
     int64_t updates = 0;
-    const double allreduce_before = group != nullptr ? group->stats().allreduce_seconds : 0;
+    const LearnerGroupStats group_before =
+        group != nullptr ? group->stats() : LearnerGroupStats{};
     if (kept_total > 0) {
       RoutingRecord routing;
       // Every rank runs the same number of updates (collectives pair up), some of them perhaps
@@ -481,8 +482,10 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
           const size_t end = order.size() * (m + 1) / minibatches;
           std::span<const TrainingTrajectory* const> part(order.data() + begin, end - begin);
           trainer->ZeroGrad();
+          std::function<void()> overlap;
           if (group != nullptr) {
             STRIDER_RETURN_IF_ERROR(group->PrepareGradients(model.TrainableParameters()));
+            overlap = [&group] { group->OverlapNextBackward(); };
           }
           // The loss is aggregated over the group's mini-batch: every rank weighs its share by
           // the action-token counts of all of it (rank order).
@@ -505,7 +508,8 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
               UpdateMetrics metrics,
               AccumulateGradients(model, part, settings,
                                   config.balance && epoch == 0 ? &routing : nullptr,
-                                  group != nullptr ? &all_counts : nullptr, offset));
+                                  group != nullptr ? &all_counts : nullptr, offset,
+                                  overlap));
           if (group != nullptr) {
             STRIDER_RETURN_IF_ERROR(group->AllReduceGradients(model.TrainableParameters()));
           }
@@ -594,7 +598,10 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       // Counts above are the group's; mismatch, loss and timing figures this rank's.
       line["rank"] = group->rank();
       line["world_size"] = group->world_size();
-      line["allreduce_seconds"] = group->stats().allreduce_seconds - allreduce_before;
+      line["allreduce_seconds"] = group->stats().allreduce_seconds - group_before.allreduce_seconds;
+      line["allreduce_buckets"] = group->stats().buckets - group_before.buckets;
+      line["allreduce_buckets_during_backward"] =
+          group->stats().buckets_during_backward - group_before.buckets_during_backward;
     }
     if (!std::isfinite(last.gradient_norm)) line["gradient_norm"] = nullptr;
     // Nothing measured is not a measured zero.

@@ -227,7 +227,8 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
 Result<UpdateMetrics> AccumulateGradients(const Model& model,
                                           std::span<const TrainingTrajectory* const> trajectories,
                                           const StepSettings& settings, RoutingRecord* routing,
-                                          const std::vector<int64_t>* all_counts, size_t offset) {
+                                          const std::vector<int64_t>* all_counts, size_t offset,
+                                          const std::function<void()>& before_last_backward) {
   UpdateMetrics result;
   const PolicyLossOptions& loss_options = settings.objective.loss;
   std::vector<int64_t> counts;
@@ -253,6 +254,10 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
   // Entropy is always measured (a metric); it is in the graph only when it has a weight.
   const bool entropy_bonus = loss_options.entropy_coef > 0;
   const bool kl = loss_options.kl_coef > 0;
+  size_t last = trajectories.size();  // the last trajectory with a loss
+  for (size_t i = 0; i < trajectories.size(); ++i) {
+    if (!trajectories[i]->prepared.positions.empty()) last = i;
+  }
   try {
     for (size_t i = 0; i < trajectories.size(); ++i) {
       const TrainingTrajectory& t = *trajectories[i];
@@ -287,6 +292,7 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
           return first != actions.end() && *first <= begin + count;
         };
       }
+      if (i == last) pass.before_last_backward = before_last_backward;
       pass.values = values;
       pass.record_routing = routing != nullptr;
       // The balance needs a sample of positions: at most kBalancePositions per trajectory.

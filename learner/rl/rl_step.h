@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -118,12 +119,15 @@ struct UpdateMetrics {
 // trajectory's positions (at most 16,384 of them) are appended to
 // it (one row, positions concatenated), for routing balance.
 // Data-parallel ranks aggregate over the whole group's mini-batch: `all_counts` holds the
-// action-token counts of every trajectory of it (rank order), this rank's at `offset`.
+// action-token counts of every trajectory of it (rank order), this rank's at `offset`;
+// `before_last_backward` runs just before the mini-batch's last backward pass (the gradient
+// all-reduce then overlaps it, LearnerGroup::OverlapNextBackward).
 Result<UpdateMetrics> AccumulateGradients(const Model& model,
                                           std::span<const TrainingTrajectory* const> trajectories,
                                           const StepSettings& settings,
                                           RoutingRecord* routing = nullptr,
                                           const std::vector<int64_t>* all_counts = nullptr,
-                                          size_t offset = 0);
+                                          size_t offset = 0,
+                                          const std::function<void()>& before_last_backward = {});
 
 }  // namespace strider::rl

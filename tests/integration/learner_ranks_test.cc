@@ -111,6 +111,9 @@ TEST_F(LearnerRanks, TwoAndFourRanksEndOnTheParametersOfOneLearnerWithTheSameBat
     text.replay = "{table: groups, learner_id: world" + std::to_string(world) +
                   ", units_per_step: 4, sample_timeout_s: 60}";
     text.train = "{steps: 3, ppo_epochs: 2, minibatches: 1, chunk_tokens: 64}";
+    // Four ranks reduce the 1 MiB of gradients in about ten buckets, most of them sent while
+    // backward still runs; two ranks in one.
+    if (world == 4) text.extra = "distributed: {bucket_mb: 0.1}\n";
     const std::string config =
         WriteLearnerConfig(dir_, "ranks" + std::to_string(world) + ".yaml", text);
     run_dirs[world] = dir_.Sub("run" + std::to_string(world));
@@ -129,6 +132,11 @@ TEST_F(LearnerRanks, TwoAndFourRanksEndOnTheParametersOfOneLearnerWithTheSameBat
         EXPECT_EQ(m["trajectories"], 16) << "rank " << r << " of " << world;
         EXPECT_EQ(m["updates"], 2);
         if (world > 1) EXPECT_EQ(m["world_size"], world);
+        if (world == 2) EXPECT_EQ(m["allreduce_buckets"], 2);  // one per update
+        if (world == 4) {
+          EXPECT_GE(m["allreduce_buckets"].get<int>(), 2 * 8) << m.dump();
+          EXPECT_GT(m["allreduce_buckets_during_backward"].get<int>(), 2 * 4) << m.dump();
+        }
       }
     }
   }
