@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "common/kernels/latent_attention_prefill.h"
+
 namespace strider::kernels {
 namespace {
 
@@ -228,7 +230,9 @@ struct TileState {
   }
 };
 
-// Matrix-product tiles for many new tokens per row; same arguments as LoopKernel.
+// Matrix-product tiles for many new tokens per row; same arguments as LoopKernel. The float32
+// prefill runs the fused kernel instead where the CPU has AVX2 (latent_attention_prefill.h);
+// this is the float64 path and the fallback.
 at::Tensor TileKernel(const at::Tensor& query, const LatentAttentionPages& pages,
                       const at::Tensor& new_latent, const at::Tensor& new_rope_key) {
   const int64_t batch = query.size(0);
@@ -343,7 +347,39 @@ at::Tensor LatentAttentionDecode(const at::Tensor& query, const LatentAttentionP
 at::Tensor LatentAttentionPrefill(const at::Tensor& query, const LatentAttentionPages& pages,
                                   const at::Tensor& new_latent, const at::Tensor& new_rope_key) {
   CheckArguments(query, pages, new_latent, new_rope_key);
-  return TileKernel(query, pages, new_latent, new_rope_key);
+  const int64_t latent_rank = new_latent.size(2);
+  // float32 on a CPU with AVX2: the fused kernel (latent_attention_prefill.h); otherwise (float64,
+  // or no AVX2) tiles of ATen products.
+  if (query.scalar_type() != at::kFloat || !internal::CanRunFusedPrefill(latent_rank)) {
+    return TileKernel(query, pages, new_latent, new_rope_key);
+  }
+  std::vector<std::vector<internal::KeyPageView>> views(pages.size());
+  for (size_t b = 0; b < pages.size(); ++b) {
+    for (const LatentAttentionPage& page : pages[b]) {
+      if (page.latent.size(0) == 0) continue;
+      const at::ScalarType type = page.latent.scalar_type();
+      views[b].push_back({page.latent.data_ptr(), page.rope_key.data_ptr(), page.latent.size(0),
+                          page.latent.stride(0), page.rope_key.stride(0),
+                          type == at::kFloat    ? internal::KeyStorage::kFloat
+                          : type == at::kDouble ? internal::KeyStorage::kDouble
+                                                : internal::KeyStorage::kBFloat16});
+    }
+  }
+  at::Tensor out = at::empty({query.size(0), query.size(1), query.size(2), latent_rank},
+                             query.options());
+  internal::FusedPrefillProblem problem;
+  problem.query = query.data_ptr<float>();
+  problem.new_latent = new_latent.data_ptr<float>();
+  problem.new_rope_key = new_rope_key.data_ptr<float>();
+  problem.pages = &views;
+  problem.out = out.data_ptr<float>();
+  problem.batch = query.size(0);
+  problem.tokens = query.size(1);
+  problem.heads = query.size(2);
+  problem.latent_rank = latent_rank;
+  problem.rope_dim = new_rope_key.size(2);
+  internal::RunFusedPrefill(problem);
+  return out;
 }
 
 at::Tensor LatentAttentionReference(const at::Tensor& query, const LatentAttentionPages& pages,

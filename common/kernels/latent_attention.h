@@ -24,7 +24,10 @@
 //     right, memory O(T x past); the reference the tests compare the other two against.
 //   - Decode: plain loops, one pass over each cached row for all heads and new tokens, split
 //     over threads by pages (memory bound; the kernel for a few new tokens per row).
-//   - Prefill: tiles of matrix products with an online softmax (compute bound; many tokens).
+//   - Prefill: tiles with an online softmax (compute bound; many tokens). In float32 on a CPU
+//     with AVX2 one fused pass of register tiles per block of keys (scores, softmax, weighted
+//     latent; latent_attention_prefill.h), split over threads by runs of query tokens;
+//     otherwise ATen matrix products per tile.
 // Decode and prefill read the past where it lives, block by block, with a running maximum and
 // sum per query row, so their transient memory is bounded by a block of scores whatever the
 // past's length; their results equal the reference up to rounding.
