@@ -202,10 +202,12 @@ __attribute__((target("avx2,fma"))) void WeightRows(const float* p, int64_t p_st
   }
 }
 
-// The online-softmax step for one query row over `keys` scores (a multiple of 8, in units of
-// log2 e: the queries were scaled by log2 e), the first `visible` of them seen: rescales the
-// running sum, leaves 2^(s - m') in `scores` (zero past `visible`), and returns the factor
-// 2^(m - m') by which the row's weighted latent is rescaled.
+// The online-softmax step for one query row over `keys` scores (a multiple of 8), the first
+// `visible` of them seen: rescales the running sum, leaves e^(s - m') in `scores` (zero past
+// `visible`), and returns the factor e^(m - m') by which the row's weighted latent is rescaled.
+// e^x is taken as 2^(x log2 e) of the difference x = s - m', so the product's rounding is
+// relative to the difference rather than to the score, and a common offset of the scores costs
+// no accuracy.
 __attribute__((target("avx2,fma"))) float SoftmaxRow(float* scores, int64_t keys,
                                                      int64_t visible, float* running_max,
                                                      float* running_sum) {
@@ -219,18 +221,21 @@ __attribute__((target("avx2,fma"))) float SoftmaxRow(float* scores, int64_t keys
     return 1.0f;
   }
   // 0 from -inf; the maximum settles after the first blocks, and then no exponential is needed.
-  const float correction = new_max == *running_max ? 1.0f : std::exp2(*running_max - new_max);
+  const float correction = new_max == *running_max ? 1.0f : std::exp(*running_max - new_max);
   const __m256 shift = _mm256_set1_ps(new_max);
+  const __m256 log2e = _mm256_set1_ps(kLog2E);
   __m256 sum = _mm256_setzero_ps();
   int64_t j = 0;
   for (; j + 8 <= visible; j += 8) {
-    const __m256 p = Exp2NonPositive(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift));
+    const __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift), log2e);
+    const __m256 p = Exp2NonPositive(x);
     _mm256_storeu_ps(scores + j, p);
     sum = _mm256_add_ps(sum, p);
   }
   if (j < keys) {  // the last vector with masked keys, then the masked vectors
     alignas(32) float p[8];
-    _mm256_store_ps(p, Exp2NonPositive(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift)));
+    const __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift), log2e);
+    _mm256_store_ps(p, Exp2NonPositive(x));
     for (int64_t i = 0; i < 8; ++i) p[i] = j + i < visible ? p[i] : 0.0f;
     const __m256 lanes = _mm256_load_ps(p);
     _mm256_storeu_ps(scores + j, lanes);
@@ -282,7 +287,7 @@ void RowsThroughBlockAnyRows(int64_t rows, const float* q, int64_t width, int64_
 
 // A thread's scratch, allocated once per call.
 struct Scratch {
-  std::vector<float> query, panels, values, scores, max, sum, acc;
+  std::vector<float> panels, values, scores, max, sum, acc;
   std::vector<int64_t> visible;
 };
 
@@ -292,11 +297,7 @@ void RunItem(const FusedPrefillProblem& p, int64_t b, int64_t t0, int64_t t1, Sc
   const int64_t latent_rank = p.latent_rank;
   const int64_t width = p.latent_rank + p.rope_dim;
   const int64_t rows = (t1 - t0) * heads;
-  // The queries times log2 e, so that 2^score is the softmax's e^score.
-  const float* query = p.query + (b * p.tokens + t0) * heads * width;
-  s->query.resize(rows * width);
-  for (int64_t i = 0; i < rows * width; ++i) s->query[i] = query[i] * kLog2E;
-  const float* q = s->query.data();
+  const float* q = p.query + (b * p.tokens + t0) * heads * width;
   s->max.assign(rows, kNegativeInfinity);
   s->sum.assign(rows, 0.0f);
   s->acc.assign(rows * latent_rank, 0.0f);
