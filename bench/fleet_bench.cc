@@ -22,7 +22,11 @@
 // efficiency against the one the machine's cores allow.
 //
 //   fleet_bench --learner-ranks 1,2,4 [--per-rank-units N] [--steps S] [--rounds R]
-//               [--bucket-mb MB] [--model CONFIG] [--strider PATH] [--quick] [--keep DIR]
+//               [--bucket-mb MB] [--expert-parallel] [--model CONFIG] [--strider PATH]
+//               [--quick] [--keep DIR]
+// --expert-parallel: the groups of 2 and more ranks also shard the routed experts (the
+// learner's distributed.expert_parallel); the lines add its rounds and the gathers for
+// publishing.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -72,7 +76,7 @@ int Usage(const char* why) {
                "fleet_bench: %s\nusage: fleet_bench [--fleet FILE] [--seconds N] [--strider PATH] "
                "[--quick] [--keep DIR]\n"
                "       fleet_bench --learner-ranks 1,2,4 [--per-rank-units N] [--steps S] "
-               "[--rounds R] [--bucket-mb MB] [--model CONFIG] [--strider PATH] [--quick] [--keep DIR]\n",
+               "[--rounds R] [--bucket-mb MB] [--expert-parallel] [--model CONFIG] [--strider PATH] [--quick] [--keep DIR]\n",
                why);
   return 2;
 }
@@ -193,6 +197,7 @@ struct RanksOptions {
   int steps = 8;              // per group run; the first is warm-up and not counted
   int rounds = 2;             // runs of every group size, interleaved
   double bucket_mb = 0;       // gradient bucket size; 0: the learner's default
+  bool expert_parallel = false;  // groups of 2+ ranks shard the routed experts
   fs::path model;
   fs::path strider;
   std::string keep;
@@ -206,6 +211,8 @@ struct RanksResult {
   double update_seconds = 0, score_seconds = 0, sample_seconds = 0;  // rank 0's
   double allreduce_shares = 0;  // per rank and run: all-reduce time / step time
   double buckets = 0, buckets_during_backward = 0;  // rank 0's gradient buckets
+  double rounds = 0, rounds_served = 0;   // rank 0's expert-parallel rounds
+  double gather_seconds = 0, publish_seconds = 0;  // rank 0's
   double cpu_seconds = 0;       // all ranks' CPU time after warm-up; negative when not known
   int rank_runs = 0;
   double load_sum = 0;  // the machine's 1-minute load average as each run started
@@ -224,6 +231,10 @@ struct RanksResult {
     allreduce_shares += other.allreduce_shares;
     buckets += other.buckets;
     buckets_during_backward += other.buckets_during_backward;
+    rounds += other.rounds;
+    rounds_served += other.rounds_served;
+    gather_seconds += other.gather_seconds;
+    publish_seconds += other.publish_seconds;
     cpu_seconds = cpu_seconds >= 0 && other.cpu_seconds >= 0 ? cpu_seconds + other.cpu_seconds : -1;
     rank_runs += other.rank_runs;
     load_sum += other.load_sum;
@@ -266,9 +277,11 @@ void WriteActorConfig(const fs::path& path, const fs::path& model, int episodes)
 // balance, scoring against the initial reference), one thread per rank, and no periodic
 // checkpoints, whose writes are no part of a step's throughput.
 void WriteLearnerConfig(const fs::path& path, const fs::path& model, const std::string& id,
-                        int units_per_step, int steps, double bucket_mb) {
+                        int units_per_step, int steps, double bucket_mb, bool expert_parallel) {
   std::ofstream out(path);
-  if (bucket_mb > 0) out << "distributed: {bucket_mb: " << bucket_mb << "}\n";
+  out << "distributed: {expert_parallel: " << (expert_parallel ? "true" : "false");
+  if (bucket_mb > 0) out << ", bucket_mb: " << bucket_mb;
+  out << "}\n";
   out << "mode: rl\nmodel_config: " << model.string() << "\n"
       << "init_seed: 0\nseed: 1\nthreads: 1\n"
       << "replay: {table: groups, learner_id: ranks-" << id
@@ -294,7 +307,7 @@ bool RunGroup(const RanksOptions& options, const fs::path& base,
   const std::string name = std::to_string(world) + "-r" + std::to_string(round);
   const fs::path config = base / ("learner-" + name + ".yaml");
   WriteLearnerConfig(config, options.model, name, world * options.per_rank_units, options.steps,
-                     options.bucket_mb);
+                     options.bucket_mb, options.expert_parallel);
   const fs::path run_dir = base / ("ranks-" + name);
   result.world = world;
   result.load_sum += LoadAverage();
@@ -384,7 +397,13 @@ bool RunGroup(const RanksOptions& options, const fs::path& base,
       if (world > 1) {
         result.buckets += Number(step, "allreduce_buckets");
         result.buckets_during_backward += Number(step, "allreduce_buckets_during_backward");
+        if (options.expert_parallel) {
+          result.rounds += Number(step, "expert_rounds");
+          result.rounds_served += Number(step, "expert_rounds_served");
+          result.gather_seconds += Number(step, "expert_gather_seconds");
+        }
       }
+      result.publish_seconds += Number(step, "publish_seconds");
       result.tokens += Number(step, "tokens");
       result.trajectories += Number(step, "trajectories");
       result.update_seconds += Number(step, "update_seconds");
@@ -516,6 +535,12 @@ int RunLearnerRanks(const RanksOptions& options) {
         {"buckets_sent_during_backward",
          JsonNumber(r.buckets > 0 ? r.buckets_during_backward / r.buckets : 0)},
         {"bucket_mb", JsonNumber(options.bucket_mb > 0 ? options.bucket_mb : 25)},
+        {"expert_parallel", options.expert_parallel && r.world > 1 ? "true" : "false"},
+        {"expert_rounds_per_step", JsonNumber(r.rounds / std::max(r.steps, 1))},
+        {"expert_rounds_served_share",
+         JsonNumber(r.rounds > 0 ? r.rounds_served / r.rounds : 0)},
+        {"expert_gather_seconds_mean", JsonNumber(r.gather_seconds / std::max(r.steps, 1))},
+        {"publish_seconds_mean", JsonNumber(r.publish_seconds / std::max(r.steps, 1))},
         {"update_share", JsonNumber(r.Share(r.update_seconds))},
         {"score_share", JsonNumber(r.Share(r.score_seconds))},
         {"sample_share", JsonNumber(r.Share(r.sample_seconds))},
@@ -569,11 +594,14 @@ int main(int argc, char** argv) {
   std::string ranks_list;
   std::optional<int> per_rank_units, rank_steps, rounds;
   double bucket_mb = 0;
+  bool expert_parallel = false;
   fs::path model = source / "configs/model/tiny.yaml";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    if (arg == "--quick") {
+    if (arg == "--expert-parallel") {
+      expert_parallel = true;
+    } else if (arg == "--quick") {
       seconds = 30;
       quick = true;
     } else if (arg == "--fleet" || arg == "--seconds" || arg == "--strider" || arg == "--keep" ||
@@ -619,6 +647,7 @@ int main(int argc, char** argv) {
     if (options.rounds < 1) return Usage("--rounds must be at least 1");
     if (bucket_mb < 0) return Usage("--bucket-mb must be positive");
     options.bucket_mb = bucket_mb;
+    options.expert_parallel = expert_parallel;
     if (!fs::is_regular_file(model)) return Usage(("no model config " + model.string()).c_str());
     options.model = fs::absolute(model);
     options.strider = fs::absolute(strider);

@@ -121,6 +121,12 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
       }
     }
   }
+  if (options.rounds != nullptr && options.backward && chunked && !options.truncated &&
+      length > options.chunk_tokens) {
+    return Status::InvalidArgument(
+        "chunked pass: expert-parallel ranks backpropagate chunk by chunk (truncated backprop): "
+        "a round is one call and its backward");
+  }
   ChunkedPassResult result;
   try {
     at::AutoGradMode grad_mode(options.backward);
@@ -149,7 +155,7 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
                                          : std::vector<std::pair<int64_t, int64_t>>();
     // The last chunk that records a graph: its backward is the pass's last.
     int64_t last_recorded = -1;
-    if (options.backward && chunked && options.truncated) {
+    if (options.backward && chunked && options.truncated && options.before_last_backward) {
       for (int64_t begin = 0, count = 0; begin < length; begin += count) {
         count = ChunkCount(image_runs, begin, chunk, length);
         if (!options.chunk_has_loss || options.chunk_has_loss(begin, count)) last_recorded = begin;
@@ -172,6 +178,10 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
                                                 !options.chunk_has_loss(begin, count));
       at::AutoGradMode chunk_grad_mode(record);
       forward.enable_grad = record;
+      if (options.rounds != nullptr) {
+        STRIDER_RETURN_IF_ERROR(options.rounds->Enter(model, record));
+        forward.expert_exchange = &options.rounds->exchange();
+      }
       if (chunked) {
         STRIDER_ASSIGN_OR_RETURN(out, model.Append(&state, part, forward));
       } else {
@@ -201,6 +211,10 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
       view.hidden = std::move(out.hidden);
       STRIDER_ASSIGN_OR_RETURN(at::Tensor loss, objective(view));
       if (!options.backward) continue;
+      if (options.rounds != nullptr && record && !loss.defined()) {
+        // The other ranks of this round run backward, and its exchanges pair with theirs.
+        loss = view.logits.sum() * 0;
+      }
       if (!record && loss.defined()) {
         return Status::Internal("chunked pass: the chunk at " + std::to_string(begin) +
                                 " was declared loss-free but its objective returned a loss");
@@ -208,7 +222,7 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
       if (chunked && options.truncated) {
         if (loss.defined() && record) {
           if (begin == last_recorded && options.before_last_backward) {
-            options.before_last_backward();
+            options.before_last_backward(loss);
           }
           loss.backward();
         }
@@ -221,7 +235,7 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
       }
     }
     if (options.backward && total.defined()) {
-      if (options.before_last_backward) options.before_last_backward();
+      if (options.before_last_backward) options.before_last_backward(total);
       total.backward();
     }
     if (options.record_routing) result.routing = RoutingRecord::Concatenate(records);

@@ -10,10 +10,14 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "common/model/expert_parallel.h"
+#include "common/model/model.h"
+#include "learner/learner.h"
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <thread>
+#include <unordered_set>
 
 namespace strider {
 namespace {
@@ -144,6 +148,12 @@ struct GradientReduction {
     if (!armed || final_seen[i] != 0 || !failure.empty()) return;
     final_seen[i] = 1;
     if (--waiting[bucket_of[i]] > 0) return;
+    SendReady();
+  }
+
+  // Sends the complete buckets at the front of the order.
+  void SendReady() {
+    if (!failure.empty()) return;
     try {
       at::NoGradGuard no_grad;
       while (next < buckets.size() && waiting[next] == 0) {
@@ -338,6 +348,80 @@ at::Tensor GlooExpertExchange::AllToAll(const at::Tensor& rows,
   return output;
 }
 
+// A round's kind is 2 x (the model's index) + (1 when the call records a graph); a rank out of
+// calls asks for kIdle. The group agrees on the smallest kind asked for: the ranks that asked
+// for it make their calls, the others serve theirs, and everyone asks again. Each rank's calls
+// run in its own order, so every round makes progress and the phase ends when all ask kIdle.
+class GroupRounds : public ChunkRounds {
+ public:
+  GroupRounds(LearnerGroup::Impl* impl, std::vector<const Model*> models)
+      : impl_(impl), models_(std::move(models)) {}
+
+  model::ExpertExchange& exchange() override { return impl_->exchange; }
+
+  Status Enter(const Model& model, bool record) override {
+    int64_t kind = -1;
+    for (size_t i = 0; i < models_.size(); ++i) {
+      if (models_[i] == &model) kind = 2 * static_cast<int64_t>(i) + (record ? 1 : 0);
+    }
+    if (kind < 0) {
+      return Status::InvalidArgument("expert rounds: a model call of a model not in the rounds");
+    }
+    while (true) {
+      STRIDER_ASSIGN_OR_RETURN(const int64_t agreed, Agree(kind));
+      if (agreed == kind) return Status::Ok();
+      STRIDER_RETURN_IF_ERROR(Serve(agreed));
+    }
+  }
+
+  Status Drain() override {
+    while (true) {
+      STRIDER_ASSIGN_OR_RETURN(const int64_t agreed, Agree(kIdle));
+      if (agreed == kIdle) return Status::Ok();
+      STRIDER_RETURN_IF_ERROR(Serve(agreed));
+    }
+  }
+
+ private:
+  static constexpr int64_t kIdle = std::numeric_limits<int64_t>::max();
+
+  Result<int64_t> Agree(int64_t kind) {
+    at::Tensor value = at::full({1}, kind, at::kLong);
+    STRIDER_RETURN_IF_ERROR(impl_->Run("expert round", [&](auto& works) {
+      std::vector<at::Tensor> one{value};
+      c10d::AllreduceOptions options;
+      options.reduceOp = c10d::ReduceOp::MIN;
+      works.push_back(impl_->group->allreduce(one, options));
+    }));
+    const int64_t agreed = value.item<int64_t>();
+    if (agreed != kIdle && (agreed < 0 || agreed / 2 >= static_cast<int64_t>(models_.size()))) {
+      return Status::Internal("expert rounds: the group agreed on round kind " +
+                              std::to_string(agreed) + ", not one of this rank's " +
+                              std::to_string(models_.size()) + " models");
+    }
+    ++impl_->stats.rounds;
+    return agreed;
+  }
+
+  Status Serve(int64_t kind) {
+    ++impl_->stats.rounds_served;
+    try {
+      models_[static_cast<size_t>(kind / 2)]->ServeExperts(impl_->exchange, kind % 2 == 1);
+    } catch (const c10::Error& error) {
+      return Status::Unavailable(std::string("serving an expert round: ") +
+                                 error.what_without_backtrace());
+    }
+    return Status::Ok();
+  }
+
+  LearnerGroup::Impl* impl_;
+  std::vector<const Model*> models_;
+};
+
+std::unique_ptr<ChunkRounds> LearnerGroup::ExpertRounds(std::vector<const Model*> models) {
+  return std::make_unique<GroupRounds>(impl_.get(), std::move(models));
+}
+
 LearnerGroup::LearnerGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 model::ExpertExchange& LearnerGroup::experts() { return impl_->exchange; }
 LearnerGroup::~LearnerGroup() = default;
@@ -456,8 +540,34 @@ Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters)
   return Status::Ok();
 }
 
-void LearnerGroup::OverlapNextBackward() {
-  if (impl_->gradients != nullptr) impl_->gradients->reduction->armed = true;
+void LearnerGroup::OverlapNextBackward(const at::Tensor& loss) {
+  if (impl_->gradients == nullptr) return;
+  Impl::Gradients& g = *impl_->gradients;
+  GradientReduction& r = *g.reduction;
+  // The grad accumulators this backward will run: the others' parameters get nothing more, so
+  // they must not hold their buckets back (the value head without a value loss, vision
+  // weights without images, an expert no token chose).
+  std::unordered_set<const torch::autograd::Node*> reached;
+  std::vector<torch::autograd::Node*> stack;
+  if (loss.defined() && loss.grad_fn() != nullptr) stack.push_back(loss.grad_fn().get());
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!reached.insert(node).second) continue;
+    for (const torch::autograd::Edge& edge : node->next_edges()) {
+      if (edge.function != nullptr && reached.count(edge.function.get()) == 0) {
+        stack.push_back(edge.function.get());
+      }
+    }
+  }
+  r.armed = true;
+  for (size_t i = 0; i < g.accumulators.size(); ++i) {
+    if (reached.count(g.accumulators[i].get()) == 0 && r.final_seen[i] == 0) {
+      r.final_seen[i] = 1;
+      --r.waiting[r.bucket_of[i]];
+    }
+  }
+  r.SendReady();
 }
 
 Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameters) {

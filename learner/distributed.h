@@ -26,6 +26,8 @@ namespace strider {
 namespace model {
 class ExpertExchange;
 }
+class ChunkRounds;
+class Model;
 
 struct LearnerGroupOptions {
   int rank = 0;
@@ -45,9 +47,12 @@ struct LearnerGroupStats {
   // Wall time in AllReduceGradients: with the reduction overlapping backward, only what is
   // left of it when backward ends.
   double allreduce_seconds = 0;
+  int64_t rounds = 0;         // expert-parallel rounds agreed (ExpertRounds)
+  int64_t rounds_served = 0;  // of them, rounds this rank served without a call of its own
 };
 
 class GlooExpertExchange;
+class GroupRounds;
 
 class LearnerGroup {
  public:
@@ -63,11 +68,12 @@ class LearnerGroup {
   // into flat buckets of about bucket_bytes (allocated once per parameter list), so backward
   // accumulates straight into the buffers AllReduceGradients sends, with no copy either way.
   Status PrepareGradients(const std::vector<at::Tensor>& parameters);
-  // Called just before an update's last backward pass (ChunkedPassOptions::
-  // before_last_backward): during it, each bucket is sent as soon as its parameters' gradients
-  // are final and every bucket before it has gone, so the all-reduce overlaps the rest of
-  // backward. Buckets are laid out in reverse parameter order, the order backward fills them.
-  void OverlapNextBackward();
+  // Called just before an update's last backward pass, with the loss it backpropagates
+  // (ChunkedPassOptions::before_last_backward): during it, each bucket is sent as soon as its
+  // parameters' gradients are final and every bucket before it has gone, so the all-reduce
+  // overlaps the rest of backward. Buckets are laid out in reverse parameter order, the order
+  // backward fills them; parameters the loss's graph does not reach count as final at once.
+  void OverlapNextBackward(const at::Tensor& loss);
   // Sums the gradients of `parameters` across ranks in place, bucket by bucket: sends the
   // buckets backward has not sent, then waits for all. A parameter without a gradient on this
   // rank takes part as zeros; one without a gradient on every rank is left without one, as a
@@ -87,11 +93,16 @@ class LearnerGroup {
   // The ranks as an expert-parallel group (common/model/expert_parallel.h): the model's sparse
   // layers exchange routed tokens over it with c10d all-to-all. Lives as long as this group.
   model::ExpertExchange& experts();
+  // Lockstep rounds of model calls over experts() (learner.h, ChunkRounds) for these models,
+  // each sharded over the group and given in the same order on every rank. Lives no longer
+  // than this group.
+  std::unique_ptr<ChunkRounds> ExpertRounds(std::vector<const Model*> models);
 
   const LearnerGroupStats& stats() const;
 
  private:
   friend class GlooExpertExchange;
+  friend class GroupRounds;
   struct Impl;
   explicit LearnerGroup(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

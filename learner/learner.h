@@ -83,6 +83,11 @@ struct TrainerOptions {
   // The biases are fitted before each step's training pass (FitRoutingBalance) instead of
   // after it: BalanceRouting then only measures.
   bool balance_prepass = false;
+
+  // Expert parallelism: this rank trains only its shard of every sparse layer's routed experts
+  // (Model::ShardExperts). A checkpoint of a shard resumes as that shard.
+  int64_t expert_rank = 0;
+  int64_t expert_world_size = 1;
 };
 
 // What one optimiser step did.
@@ -159,6 +164,24 @@ Result<RoutingRecord> RealTokenRouting(const RoutingRecord& record, const at::Te
 
 enum class TrainingPath { kTraining, kInference };
 
+// Expert-parallel ranks exchange routed tokens inside every model call (common/model/
+// expert_parallel.h), so their calls must pair up: the same model, both recording a graph or
+// neither, the same number of calls. Each call is a round the ranks agree on first; a rank
+// whose next call is of another kind, or that has none left, serves the others' round
+// (Model::ServeExperts) and asks again. LearnerGroup::ExpertRounds (learner/distributed.h)
+// implements it over the group's process group.
+class ChunkRounds {
+ public:
+  virtual ~ChunkRounds() = default;
+  virtual model::ExpertExchange& exchange() = 0;
+  // Before a chunk's model call: returns once the group's round is this call's kind (`model`,
+  // `record`), having served the rounds of other kinds before it.
+  virtual Status Enter(const Model& model, bool record) = 0;
+  // With no calls left in this phase: serves rounds until every rank is out of calls too. Call
+  // it before any other collective of the group.
+  virtual Status Drain() = 0;
+};
+
 struct ChunkedPassOptions {
   // kInference: Model::Append `chunk_tokens` at a time carrying the state forward; kTraining:
   // one Model::Forward over the whole sequences (one chunk; no initial state).
@@ -191,9 +214,13 @@ struct ChunkedPassOptions {
   // nothing of it would reach a parameter, so it runs without recording a graph; the objective
   // still sees it. Unset: every chunk records.
   std::function<bool(int64_t begin, int64_t count)> chunk_has_loss;
-  // Called once, just before the pass's last backward (no later chunk can add a gradient): a
-  // data-parallel learner starts reducing each gradient bucket as soon as it is complete.
-  std::function<void()> before_last_backward;
+  // Called once, just before the pass's last backward (no later chunk can add a gradient), with
+  // the loss it backpropagates: a data-parallel learner starts reducing each gradient bucket
+  // as soon as it is complete.
+  std::function<void(const at::Tensor& loss)> before_last_backward;
+  // Expert-parallel ranks: every chunk's call is a round of these (above), and the model's
+  // sparse layers exchange tokens over its exchange.
+  ChunkRounds* rounds = nullptr;
 };
 
 // What the objective sees of one chunk. Positions are those of the input's sequences.

@@ -48,6 +48,13 @@ Status AdamW::SetLearningRateScale(const std::string& name, double scale) {
   return Status::NotFound("optimizer has no parameter " + name);
 }
 
+void AdamW::ShardNorm(const std::function<bool(const std::string&)>& sharded,
+                      std::function<Result<double>(double)> sum_across_ranks) {
+  sharded_.assign(parameters_.size(), false);
+  for (size_t i = 0; i < parameters_.size(); ++i) sharded_[i] = sharded(parameters_[i].first);
+  sum_across_ranks_ = std::move(sum_across_ranks);
+}
+
 std::vector<at::Tensor> AdamW::MomentTensors() const {
   std::vector<at::Tensor> out = exp_avg_;
   out.insert(out.end(), exp_avg_sq_.begin(), exp_avg_sq_.end());
@@ -63,12 +70,25 @@ void AdamW::ZeroGrad() {
 Result<double> AdamW::Step(double learning_rate) {
   try {
     at::NoGradGuard no_grad;
-    std::vector<at::Tensor> norms;
-    for (const auto& [name, tensor] : parameters_) {
-      if (tensor.grad().defined()) norms.push_back(tensor.grad().pow(2).sum().to(at::kDouble));
+    std::vector<at::Tensor> norms, sharded_norms;
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      const at::Tensor& tensor = parameters_[i].second;
+      if (!tensor.grad().defined()) continue;
+      const bool own = sum_across_ranks_ && sharded_[i];
+      (own ? sharded_norms : norms).push_back(tensor.grad().pow(2).sum().to(at::kDouble));
     }
-    if (norms.empty()) return 0.0;
-    const double norm = std::sqrt(at::stack(norms).sum().item<double>());
+    double squared = norms.empty() ? 0.0 : at::stack(norms).sum().item<double>();
+    if (sum_across_ranks_) {
+      // Every rank takes part, with or without gradients of its own.
+      STRIDER_ASSIGN_OR_RETURN(
+          const double shards,
+          sum_across_ranks_(sharded_norms.empty() ? 0.0
+                                                  : at::stack(sharded_norms).sum().item<double>()));
+      squared += shards;
+    } else if (norms.empty()) {
+      return 0.0;
+    }
+    const double norm = std::sqrt(squared);
     if (!std::isfinite(norm)) {
       return Status::FailedPrecondition("gradient norm is not finite; step skipped");
     }

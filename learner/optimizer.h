@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +48,15 @@ class AdamW {
   // it comes from the configuration, like the rate itself. An unknown name is an error.
   Status SetLearningRateScale(const std::string& name, double scale);
 
+  // Expert parallelism: the parameters `sharded` (by name) hold a different part of the model
+  // on every rank, so the global norm adds their squared norms over all ranks:
+  // `sum_across_ranks` sums a value over the group (every rank calls Step together).
+  void ShardNorm(const std::function<bool(const std::string&)>& sharded,
+                 std::function<Result<double>(double)> sum_across_ranks);
+  const std::vector<std::pair<std::string, at::Tensor>>& parameters() const {
+    return parameters_;
+  }
+
   int64_t step() const { return step_; }
   // The moments (first, then second, in parameter order), in place: data-parallel ranks take
   // rank 0's when they resume together.
@@ -63,6 +73,8 @@ class AdamW {
   std::vector<at::Tensor> exp_avg_;
   std::vector<at::Tensor> exp_avg_sq_;
   std::vector<double> scales_;  // per parameter, multiplies the learning rate
+  std::vector<bool> sharded_;   // per parameter (ShardNorm)
+  std::function<Result<double>(double)> sum_across_ranks_;
   AdamWOptions options_;
   int64_t step_ = 0;
 };

@@ -79,6 +79,27 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
     }
     STRIDER_ASSIGN_OR_RETURN(trainer->model_, Model::Load(config, CheckpointModelPath(checkpoint)));
   }
+  Model& model = *trainer->model_;
+  if (options.expert_world_size > 1) {
+    const ExpertShard want = ExpertShardOf(config.feed_forward.routed_experts,
+                                           options.expert_rank, options.expert_world_size);
+    if (!model.sharded()) {
+      STRIDER_RETURN_IF_ERROR(model.ShardExperts(options.expert_rank, options.expert_world_size));
+    } else if (model.expert_shard().first != want.first ||
+               model.expert_shard().count != want.count) {
+      return Status::InvalidArgument(
+          "checkpoint " + checkpoint + " holds routed experts [" +
+          std::to_string(model.expert_shard().first) + ", " +
+          std::to_string(model.expert_shard().first + model.expert_shard().count) +
+          "), expert-parallel rank " + std::to_string(options.expert_rank) + " of " +
+          std::to_string(options.expert_world_size) + " trains [" + std::to_string(want.first) +
+          ", " + std::to_string(want.first + want.count) + ")");
+    }
+  } else if (model.sharded()) {
+    return Status::InvalidArgument("checkpoint " + checkpoint +
+                                   " holds one rank's shard of the experts; resume it with the "
+                                   "expert-parallel group that wrote it");
+  }
   try {
     trainer->model_->SetRequiresGrad(true);
     trainer->optimizer_ =

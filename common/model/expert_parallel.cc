@@ -74,7 +74,9 @@ at::Tensor RoutedExpertsParallel(const SparseExpertWeights& w, const FeedForward
   // The latent rows there, this rank's experts over what came, the outputs back.
   const at::Tensor rows = latent.index_select(0, token_index);
   const at::Tensor arrived = ExchangeRows::apply(rows, &exchange, send_counts, recv_counts);
-  at::Tensor computed = at::zeros({arrived.size(0), latent.size(1)}, latent.options());
+  // Zeros tied to `arrived`, so that the return exchange is in the graph (and its backward
+  // runs on this rank, paired with the others') even when no row arrived here.
+  at::Tensor computed = arrived * 0;
   if (arrived.size(0) > 0) {
     const at::Tensor by_expert = at::argsort(local_ids);
     const std::vector<int64_t> per_expert = ToVector(at::bincount(local_ids, {}, per_rank));

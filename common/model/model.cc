@@ -6,10 +6,13 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cstring>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include "common/kernels/routing.h"
 #include "common/model/attention_residuals.h"
+#include "common/model/expert_parallel.h"
 #include "common/model/parameters.h"
 #include "common/model/torch_status.h"
 #include "common/model/vision.h"
@@ -138,18 +141,9 @@ Status Model::ShardExperts(int64_t rank, int64_t world_size) {
                                    "' (the degree must divide them)");
   }
   const ExpertShard shard = ExpertShardOf(n, rank, world_size);
-  auto routed = [](const std::string& name) {
-    for (const char* suffix : {".experts.routed_gate", ".experts.routed_up", ".experts.routed_down"}) {
-      const std::string s(suffix);
-      if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
-        return true;
-      }
-    }
-    return false;
-  };
   STRIDER_RETURN_IF_ERROR(Guarded("sharding the experts", [&] {
     for (auto& [name, tensor] : tensors_) {
-      if (!routed(name)) continue;
+      if (!IsRoutedExpertTensor(name)) continue;
       const bool requires_grad = tensor.requires_grad();
       tensor = tensor.detach().narrow(0, shard.first, shard.count).clone().requires_grad_(
           requires_grad);
@@ -214,7 +208,25 @@ Result<std::unique_ptr<Model>> Model::FromContents(const ModelConfig& config,
                                                    const SafetensorsContents& contents,
                                                    const std::string& path) {
   std::unique_ptr<Model> model(new Model(config));
-  const std::vector<ParameterSpec> specs = ModelParameterSpecs(config);
+  std::vector<ParameterSpec> specs = ModelParameterSpecs(config);
+  // An expert-parallel rank's checkpoint holds its shard of the routed experts.
+  std::optional<ExpertShard> shard;
+  if (auto it = contents.metadata.find("expert_shard"); it != contents.metadata.end()) {
+    ExpertShard s;
+    char colon = 0;
+    std::istringstream text(it->second);
+    if (!(text >> s.first >> colon >> s.count) || colon != ':' || s.first < 0 || s.count < 1 ||
+        s.first + s.count > config.feed_forward.routed_experts) {
+      return Status::InvalidArgument(path + ": metadata expert_shard '" + it->second +
+                                     "' is not FIRST:COUNT of the config's " +
+                                     std::to_string(config.feed_forward.routed_experts) +
+                                     " routed experts");
+    }
+    shard = s;
+    for (ParameterSpec& spec : specs) {
+      if (IsRoutedExpertTensor(spec.name)) spec.shape[0] = s.count;
+    }
+  }
   // The model computes in the checkpoint's dtype when that is float32 or float64, and in
   // float32 for 16-bit checkpoints; one model never mixes the two.
   std::string stored_dtype;
@@ -263,6 +275,10 @@ Result<std::unique_ptr<Model>> Model::FromContents(const ModelConfig& config,
     }
   }
   STRIDER_RETURN_IF_ERROR(Guarded("binding loaded weights", [&] { model->Bind(); }));
+  if (shard.has_value()) {
+    model->expert_shard_ = *shard;
+    model->sharded_ = true;
+  }
   return model;
 }
 
@@ -286,7 +302,13 @@ Result<std::vector<TensorView>> Model::Views(std::vector<at::Tensor>* contiguous
 }
 
 std::map<std::string, std::string> Model::SaveMetadata() const {
-  return {{"format", "strider"}, {"model", config_.name}, {"version", "1"}};
+  std::map<std::string, std::string> metadata = {
+      {"format", "strider"}, {"model", config_.name}, {"version", "1"}};
+  if (sharded_) {
+    metadata["expert_shard"] =
+        std::to_string(expert_shard_.first) + ":" + std::to_string(expert_shard_.count);
+  }
+  return metadata;
 }
 
 Status Model::Save(const std::string& path) const {
@@ -299,6 +321,49 @@ Result<std::string> Model::SaveToBytes() const {
   std::vector<at::Tensor> contiguous;
   STRIDER_ASSIGN_OR_RETURN(std::vector<TensorView> views, Views(&contiguous));
   return EncodeSafetensors(views, SaveMetadata());
+}
+
+Result<std::string> Model::SaveWholeToBytes(
+    const std::map<std::string, at::Tensor>& whole_experts) const {
+  std::vector<at::Tensor> contiguous;
+  STRIDER_ASSIGN_OR_RETURN(std::vector<TensorView> views, Views(&contiguous));
+  const std::vector<ParameterSpec> specs = ModelParameterSpecs(config_);
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (!IsRoutedExpertTensor(views[i].name)) continue;
+    auto it = whole_experts.find(views[i].name);
+    if (it == whole_experts.end() || it->second.sizes().vec() != specs[i].shape ||
+        it->second.scalar_type() != contiguous[i].scalar_type()) {
+      return Status::InvalidArgument("whole weights: no whole tensor " + views[i].name + " of " +
+                                     ShapeText(specs[i].shape));
+    }
+    contiguous[i] = it->second.detach().cpu().contiguous();
+    views[i].shape = contiguous[i].sizes().vec();
+    views[i].data = contiguous[i].data_ptr();
+    views[i].byte_size = contiguous[i].nbytes();
+  }
+  std::map<std::string, std::string> metadata = SaveMetadata();
+  metadata.erase("expert_shard");
+  return EncodeSafetensors(views, metadata);
+}
+
+void Model::ServeExperts(model::ExpertExchange& exchange, bool backward) const {
+  TORCH_CHECK(sharded_, "serving experts: this model holds every expert");
+  at::AutoGradMode grad_mode(backward);
+  const FeedForwardConfig& c = config_.feed_forward;
+  const at::TensorOptions options = at::TensorOptions().dtype(dtype());
+  at::Tensor total;
+  for (const Layers::Layer& layer : layers_->layers) {
+    if (!layer.sparse) continue;
+    // No rows of its own: the layer only computes what the other ranks send. The empty latent
+    // requires a gradient so that backward runs the reverse exchanges too.
+    const at::Tensor latent = at::zeros({0, c.latent_width}, options).requires_grad_(backward);
+    const at::Tensor experts = at::zeros({0, c.experts_per_token}, at::kLong);
+    const at::Tensor weights = at::zeros({0, c.experts_per_token}, options);
+    const at::Tensor out =
+        model::RoutedExpertsParallel(layer.experts, c, latent, experts, weights, exchange);
+    if (backward) total = total.defined() ? total + out.sum() : out.sum();
+  }
+  if (backward && total.defined()) total.backward();
 }
 
 void Model::Bind() {

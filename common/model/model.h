@@ -174,6 +174,9 @@ class Model {
   Status Save(const std::string& path) const;
   // Exactly the bytes Save writes, without a file (what a WeightPublisher publishes).
   Result<std::string> SaveToBytes() const;
+  // An expert-parallel rank's weights with its routed experts replaced by the whole tensors
+  // (gathered from every rank, keyed by name): what actors load. Unsharded metadata.
+  Result<std::string> SaveWholeToBytes(const std::map<std::string, at::Tensor>& whole_experts) const;
 
   const ModelConfig& config() const { return config_; }
   at::ScalarType dtype() const;
@@ -209,6 +212,13 @@ class Model {
   Status ShardExperts(int64_t rank, int64_t world_size);
   // This model's shard: {0, routed_experts} when not sharded.
   ExpertShard expert_shard() const { return expert_shard_; }
+  bool sharded() const { return sharded_; }
+  // A rank's part in the other ranks' model call when it has no tokens of its own: every
+  // sparse layer's exchanges with no rows to send, its experts computing what the others send;
+  // with `backward`, then the reverse exchanges and the experts' gradients. Expert-parallel
+  // ranks run their calls in lockstep (learner/distributed.h); a rank out of work serves.
+  // Throws c10::Error like the forward.
+  void ServeExperts(model::ExpertExchange& exchange, bool backward) const;
 
   ~Model();
 

@@ -160,6 +160,17 @@ ExpertShard ExpertShardOf(int64_t routed_experts, int64_t rank, int64_t world_si
   return {rank * per_rank, per_rank};
 }
 
+bool IsRoutedExpertTensor(const std::string& name) {
+  for (const std::string suffix :
+       {".experts.routed_gate", ".experts.routed_up", ".experts.routed_down"}) {
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 ExpertParallelFootprint ExpertParallelFootprintOf(const ModelConfig& config, int64_t degree) {
   ExpertParallelFootprint f;
   f.degree = degree;

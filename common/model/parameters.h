@@ -53,6 +53,9 @@ struct ExpertShard {
   int64_t count = 0;
 };
 ExpertShard ExpertShardOf(int64_t routed_experts, int64_t rank, int64_t world_size);
+// Whether a parameter is a sparse layer's routed_gate, routed_up or routed_down: the tensors
+// expert parallelism splits along their first (expert) dimension.
+bool IsRoutedExpertTensor(const std::string& name);
 
 // What one rank holds under expert-parallel degree `degree` (`strider model info
 // --expert-parallel N`): the routed experts split, every other parameter whole on each rank.

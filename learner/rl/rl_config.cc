@@ -151,6 +151,12 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
     distributed.Optional("interface", &d.interface);
     distributed.Optional("timeout_s", &d.timeout_s);
     distributed.Check(d.timeout_s > 0, "timeout_s", "must be positive");
+    distributed.Optional("expert_parallel", &d.expert_parallel);
+    distributed.Check(!d.expert_parallel || (d.world_size == 1 ||
+                                             config.model.feed_forward.routed_experts %
+                                                     d.world_size == 0),
+                      "expert_parallel",
+                      "needs routed_experts divisible by world_size");
     distributed.Optional("bucket_mb", &d.bucket_mb);
     distributed.Check(d.bucket_mb > 0 && d.bucket_mb <= 4096, "bucket_mb", "must be in (0, 4096]");
   }

@@ -78,6 +78,9 @@ struct RlDistributedConfig {
   std::string interface;
   double timeout_s = 120;  // rendezvous, and any one collective: a lost rank's bound
   double bucket_mb = 25;  // gradients all-reduced in buckets of about this size (MiB)
+  // Shard every sparse layer's routed experts over the ranks (common/model/expert_parallel.h):
+  // rank r trains experts [r n/W, (r+1) n/W); the rest stays replicated and data-parallel.
+  bool expert_parallel = false;
 };
 
 struct RlLearnerConfig {

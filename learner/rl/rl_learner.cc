@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -170,7 +171,8 @@ Result<std::unique_ptr<LearnerGroup>> JoinLearnerGroup(const RlLearnerConfig& co
       std::to_string(config.train.ppo_epochs) + "|" + std::to_string(config.train.minibatches) +
       "|" + std::to_string(config.train.chunk_tokens) + "|" + config.train.backprop + "|" +
       std::to_string(config.optimizer.learning_rate) + "|" + std::to_string(config.balance) +
-      "|" + std::to_string(config.train.steps) + "|" + std::to_string(config.train.sync);
+      "|" + std::to_string(config.train.steps) + "|" + std::to_string(config.train.sync) + "|" +
+      std::to_string(dist.expert_parallel);
   const int64_t fingerprint =
       static_cast<int64_t>(std::hash<std::string>{}(shape) & 0x7fffffffffffffffULL);
   STRIDER_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> fingerprints,
@@ -180,7 +182,7 @@ Result<std::unique_ptr<LearnerGroup>> JoinLearnerGroup(const RlLearnerConfig& co
       return Status::FailedPrecondition(
           "learner rank " + std::to_string(r) + "'s config differs from rank 0's in what a "
           "step is (model, replay table, learner id, units_per_step, train or optimizer "
-          "settings): every rank runs the same config");
+          "settings, expert_parallel): every rank runs the same config");
     }
   }
   // Resumed together, from rank 0's checkpoint: its weights, optimiser moments and position
@@ -202,10 +204,18 @@ Result<std::unique_ptr<LearnerGroup>> JoinLearnerGroup(const RlLearnerConfig& co
   state->sample_step = lead[2];
   state->total_tokens = lead[3];
   trainer.optimizer().set_step(lead[4]);
+  // Expert-parallel ranks each hold their own experts (and their moments): those stay.
+  auto replicated = [&](const std::string& name) {
+    return !dist.expert_parallel || !IsRoutedExpertTensor(name);
+  };
   std::vector<at::Tensor> tensors;
-  for (const auto& [name, tensor] : trainer.model().tensors()) tensors.push_back(tensor);
-  for (const at::Tensor& moment : trainer.optimizer().MomentTensors()) {
-    tensors.push_back(moment);
+  for (const auto& [name, tensor] : trainer.model().tensors()) {
+    if (replicated(name)) tensors.push_back(tensor);
+  }
+  const std::vector<at::Tensor> moments = trainer.optimizer().MomentTensors();
+  const auto& named = trainer.optimizer().parameters();
+  for (size_t i = 0; i < moments.size(); ++i) {
+    if (replicated(named[i % named.size()].first)) tensors.push_back(moments[i]);
   }
   STRIDER_RETURN_IF_ERROR(group->Broadcast(tensors, 0));
   return group;
@@ -250,14 +260,39 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
   trainer_options.schedule.min_ratio = config.train.min_learning_rate_ratio;
   trainer_options.router_learning_rate_scale = config.router_learning_rate_scale;
   trainer_options.balance = config.balance;
+  const bool expert_parallel = distributed && dist.expert_parallel;
+  if (expert_parallel) {
+    trainer_options.expert_rank = dist.rank;
+    trainer_options.expert_world_size = dist.world_size;
+  }
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                            Trainer::Create(config.model, trainer_options, options.resume));
   Model& model = trainer->model();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> reference, LoadReference(config));
+  if (expert_parallel && reference != nullptr) {
+    STRIDER_RETURN_IF_ERROR(reference->ShardExperts(dist.rank, dist.world_size));
+  }
 
   std::unique_ptr<LearnerGroup> group;
+  std::unique_ptr<ChunkRounds> rounds;
+  // The parameters whose gradients the ranks sum: all but an expert-parallel rank's experts.
+  std::vector<at::Tensor> reduced;
   if (distributed) {
     STRIDER_ASSIGN_OR_RETURN(group, JoinLearnerGroup(config, &state, *trainer));
+    for (const auto& [name, tensor] : model.tensors()) {
+      if (tensor.requires_grad() && !(expert_parallel && IsRoutedExpertTensor(name))) {
+        reduced.push_back(tensor);
+      }
+    }
+  }
+  if (expert_parallel) {
+    rounds = group->ExpertRounds({&model, reference.get()});
+    // Clipping's global norm adds every rank's experts.
+    trainer->optimizer().ShardNorm(IsRoutedExpertTensor, [&group](double own) -> Result<double> {
+      std::vector<double> sum = {own};
+      STRIDER_RETURN_IF_ERROR(group->AllReduceSum(sum));
+      return sum[0];
+    });
   }
 
   std::unique_ptr<reward::ProcessRewardModel> process_model;
@@ -268,6 +303,7 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
   settings.process_model = process_model.get();
   settings.scoring.replay_routing = config.scoring.replay_routing;
   settings.scoring.mismatch_threshold = config.scoring.mismatch_threshold;
+  settings.scoring.rounds = rounds.get();
   settings.objective = config.objective;
   settings.reward = config.reward;
   settings.chunk_tokens = config.train.chunk_tokens;
@@ -284,7 +320,19 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       options.publish_endpoint.empty() ? config.publish.endpoint : options.publish_endpoint;
   std::unique_ptr<transport::WeightPublisher> publisher;
   double publish_seconds = 0;
+  double gather_seconds = 0;  // expert-parallel: gathering the experts for a publish
+  bool initial_publish = false;
   auto publish = [&]() -> Status {
+    // Expert-parallel ranks gather the experts for rank 0, which publishes whole weights.
+    std::map<std::string, at::Tensor> whole_experts;
+    if (expert_parallel) {
+      const auto started = Clock::now();
+      for (const auto& [name, tensor] : model.tensors()) {
+        if (!IsRoutedExpertTensor(name)) continue;
+        STRIDER_ASSIGN_OR_RETURN(whole_experts[name], group->AllGatherAlong(tensor.detach(), 0));
+      }
+      gather_seconds = Seconds(started);
+    }
     if (publisher == nullptr) {
       // The other ranks of a group count the versions rank 0 publishes, so their samples ask
       // for the same version and their mismatch checks compare the same policy.
@@ -295,7 +343,9 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       return Status::Ok();
     }
     const auto started = Clock::now();
-    STRIDER_ASSIGN_OR_RETURN(std::string bytes, model.SaveToBytes());
+    STRIDER_ASSIGN_OR_RETURN(std::string bytes, expert_parallel
+                                                    ? model.SaveWholeToBytes(whole_experts)
+                                                    : model.SaveToBytes());
     STRIDER_RETURN_IF_ERROR(WritePublishedVersion(run_dir, version + 1));
     ++version;
     STRIDER_RETURN_IF_ERROR(publisher->Publish(version, std::move(bytes), config.model.name));
@@ -312,10 +362,10 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
     publisher_options.auth = config.publish.auth;
     STRIDER_ASSIGN_OR_RETURN(publisher, transport::WeightPublisher::Start(publisher_options));
     summary.publish_endpoint = publisher->endpoint();
-    // A resumed learner's weights are older than what the actors may hold: move them onto it.
-    if (!options.resume.empty() || published_before > state.policy_version) {
-      STRIDER_RETURN_IF_ERROR(publish());
-    }
+    // A resumed learner's weights are older than what the actors may hold: move them onto it
+    // (expert-parallel ranks below, all together, as the experts are gathered).
+    initial_publish = !options.resume.empty() || published_before > state.policy_version;
+    if (initial_publish && !expert_parallel) STRIDER_RETURN_IF_ERROR(publish());
   }
   if (group != nullptr) {
     // Rank 0's versions are the group's: it alone knows what its run directory published.
@@ -323,13 +373,15 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
         std::vector<std::vector<int64_t>> versions,
         group->AllGather({static_cast<int64_t>(version),
                           settings.weights_version ? static_cast<int64_t>(*settings.weights_version)
-                                                   : int64_t{-1}}));
+                                                   : int64_t{-1},
+                          initial_publish ? 1 : 0}));
     version = static_cast<uint64_t>(versions[0][0]);
     if (versions[0][1] >= 0) {
       settings.weights_version = static_cast<uint64_t>(versions[0][1]);
     } else {
       settings.weights_version.reset();
     }
+    if (expert_parallel && versions[0][2] != 0) STRIDER_RETURN_IF_ERROR(publish());
   }
 
   replay::LearnerClientOptions client_options;
@@ -413,6 +465,7 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
     // 2-3. Score, shape, advantages.
     STRIDER_ASSIGN_OR_RETURN(PreparedBatch prepared,
                              PrepareBatch(model, reference.get(), groups, settings));
+    if (rounds != nullptr) STRIDER_RETURN_IF_ERROR(rounds->Drain());
     std::vector<const TrainingTrajectory*> kept;
     double reward_sum = 0, staleness_sum = 0;
     int64_t successes = 0, finished = 0;
@@ -482,10 +535,10 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
           const size_t end = order.size() * (m + 1) / minibatches;
           std::span<const TrainingTrajectory* const> part(order.data() + begin, end - begin);
           trainer->ZeroGrad();
-          std::function<void()> overlap;
+          std::function<void(const at::Tensor&)> overlap;
           if (group != nullptr) {
-            STRIDER_RETURN_IF_ERROR(group->PrepareGradients(model.TrainableParameters()));
-            overlap = [&group] { group->OverlapNextBackward(); };
+            STRIDER_RETURN_IF_ERROR(group->PrepareGradients(reduced));
+            overlap = [&group](const at::Tensor& loss) { group->OverlapNextBackward(loss); };
           }
           // The loss is aggregated over the group's mini-batch: every rank weighs its share by
           // the action-token counts of all of it (rank order).
@@ -510,9 +563,8 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
                                   config.balance && epoch == 0 ? &routing : nullptr,
                                   group != nullptr ? &all_counts : nullptr, offset,
                                   overlap));
-          if (group != nullptr) {
-            STRIDER_RETURN_IF_ERROR(group->AllReduceGradients(model.TrainableParameters()));
-          }
+          if (rounds != nullptr) STRIDER_RETURN_IF_ERROR(rounds->Drain());
+          if (group != nullptr) STRIDER_RETURN_IF_ERROR(group->AllReduceGradients(reduced));
           STRIDER_ASSIGN_OR_RETURN(last, trainer->Step(trainer->optimizer().step()));
           settings.weights_version.reset();
           ++updates;
@@ -602,6 +654,12 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
       line["allreduce_buckets"] = group->stats().buckets - group_before.buckets;
       line["allreduce_buckets_during_backward"] =
           group->stats().buckets_during_backward - group_before.buckets_during_backward;
+      if (expert_parallel) {
+        line["expert_parallel"] = group->world_size();
+        line["expert_rounds"] = group->stats().rounds - group_before.rounds;
+        line["expert_rounds_served"] = group->stats().rounds_served - group_before.rounds_served;
+        line["expert_gather_seconds"] = gather_seconds;
+      }
     }
     if (!std::isfinite(last.gradient_norm)) line["gradient_norm"] = nullptr;
     // Nothing measured is not a measured zero.

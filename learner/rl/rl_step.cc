@@ -228,7 +228,7 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
                                           std::span<const TrainingTrajectory* const> trajectories,
                                           const StepSettings& settings, RoutingRecord* routing,
                                           const std::vector<int64_t>* all_counts, size_t offset,
-                                          const std::function<void()>& before_last_backward) {
+                                          const std::function<void(const at::Tensor&)>& before_last_backward) {
   UpdateMetrics result;
   const PolicyLossOptions& loss_options = settings.objective.loss;
   std::vector<int64_t> counts;
@@ -293,6 +293,7 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
         };
       }
       if (i == last) pass.before_last_backward = before_last_backward;
+      pass.rounds = settings.scoring.rounds;
       pass.values = values;
       pass.record_routing = routing != nullptr;
       // The balance needs a sample of positions: at most kBalancePositions per trajectory.

@@ -128,6 +128,6 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
                                           RoutingRecord* routing = nullptr,
                                           const std::vector<int64_t>* all_counts = nullptr,
                                           size_t offset = 0,
-                                          const std::function<void()>& before_last_backward = {});
+                                          const std::function<void(const at::Tensor&)>& before_last_backward = {});
 
 }  // namespace strider::rl

@@ -84,8 +84,9 @@ struct ScoredPass {
 };
 
 Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajectory,
-                         bool replay, bool values, int64_t chunk_tokens) {
+                         bool replay, bool values, int64_t chunk_tokens, ChunkRounds* rounds) {
   ChunkedPassOptions pass;
+  pass.rounds = rounds;
   pass.path = TrainingPath::kInference;
   pass.chunk_tokens = chunk_tokens;
   pass.backward = false;
@@ -280,11 +281,13 @@ Result<TrajectoryScores> ScorePrepared(const Model& model, const PreparedTraject
   scores.behaviour_logprobs = trajectory.behaviour_logprobs;
   scores.versions = trajectory.versions;
   STRIDER_ASSIGN_OR_RETURN(ScoredPass own, Score(model, trajectory, options.replay_routing,
-                                                 options.values, options.chunk_tokens));
+                                                 options.values, options.chunk_tokens,
+                                                 options.rounds));
   scores.logprobs = std::move(own.logprobs);
   if (reference != nullptr) {
     STRIDER_ASSIGN_OR_RETURN(ScoredPass ref,
-                             Score(*reference, trajectory, false, false, options.chunk_tokens));
+                             Score(*reference, trajectory, false, false, options.chunk_tokens,
+                                   options.rounds));
     scores.reference_logprobs = std::move(ref.logprobs);
   }
   if (options.values) {

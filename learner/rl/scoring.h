@@ -28,6 +28,10 @@
 #include "common/status.h"
 #include "reward/trajectory.h"
 
+namespace strider {
+class ChunkRounds;  // learner/learner.h
+}  // namespace strider
+
 namespace strider::rl {
 
 struct ScoringOptions {
@@ -40,6 +44,8 @@ struct ScoringOptions {
   // Largest |learner - behaviour| log-prob tolerated on a single-version trajectory. fp32 with
   // routing replay stays below 1e-5; a support cut decided differently gives an infinite one.
   double mismatch_threshold = 1e-4;
+  // Expert-parallel ranks: the passes' model calls are rounds of these (learner.h).
+  ChunkRounds* rounds = nullptr;
 };
 
 enum class MismatchVerdict {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/model/model.h"
+#include "common/model/parameters.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/rl_fixture.h"
 #include "tests/free_port.h"
@@ -197,6 +198,85 @@ TEST_F(LearnerRanks, ALostRankStopsTheOthersNamingItAndTheGroupResumes) {
   EXPECT_EQ(ReadFile(run_dir + "/checkpoints/final/model.safetensors"),
             ReadFile(run_dir + "/rank-1/checkpoints/final/model.safetensors"))
       << "the ranks' weights parted";
+}
+
+// Expert-parallel ranks: each trains half of every sparse layer's routed experts, the rest
+// replicated. Stopped after two steps and resumed from their shard checkpoints for the third,
+// they end on the weights of one learner that trained the same three batches.
+TEST_F(LearnerRanks, ExpertParallelRanksEndOnTheParametersOfOneLearner) {
+  std::map<int, std::string> run_dirs;
+  std::map<int, std::string> configs;
+  for (int world : {1, 2}) {
+    LearnerConfigText text;
+    text.replay = "{table: groups, learner_id: experts" + std::to_string(world) +
+                  ", units_per_step: 4, sample_timeout_s: 60}";
+    text.train = "{steps: 3, ppo_epochs: 2, minibatches: 1, chunk_tokens: 64}";
+    text.extra = "distributed: {expert_parallel: true}\n";
+    configs[world] = WriteLearnerConfig(dir_, "experts" + std::to_string(world) + ".yaml", text);
+    run_dirs[world] = dir_.Sub("experts-run" + std::to_string(world));
+  }
+  {
+    auto lone = StartGroup(1, configs[1], run_dirs[1], {});
+    EXPECT_EQ(lone[0]->Wait(), 0);
+  }
+  {
+    auto ranks = StartGroup(2, configs[2], run_dirs[2], {"--max-steps", "2"});
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(ranks[r]->Wait(), 0) << "rank " << r;
+  }
+  auto ranks = StartGroup(2, configs[2], run_dirs[2], {},
+                          {run_dirs[2] + "/checkpoints/final",
+                           run_dirs[2] + "/rank-1/checkpoints/final"});
+  for (int r = 0; r < 2; ++r) {
+    nlohmann::json finished = WaitEvent(*ranks[r], "finished", 240000);
+    EXPECT_EQ(ranks[r]->Wait(), 0) << "rank " << r;
+    ASSERT_TRUE(finished.is_object())
+        << "rank " << r << ": " << ReadFile(dir_.Sub("rank" + std::to_string(r) + "-2.err"));
+    EXPECT_EQ(finished["total_steps"], 3);
+    std::vector<nlohmann::json> metrics =
+        ReadMetrics(RankDir(run_dirs[2], r) + "/metrics.jsonl");
+    ASSERT_EQ(metrics.size(), 3u) << "rank " << r;
+    for (const nlohmann::json& m : metrics) {
+      EXPECT_EQ(m["trajectories"], 16) << "rank " << r;
+      EXPECT_EQ(m["expert_parallel"], 2);
+      EXPECT_GT(m["expert_rounds"].get<int>(), 0) << m.dump();
+    }
+  }
+  auto config = LoadModelConfig(SourceDir() + "/configs/model/tiny.yaml");
+  ASSERT_TRUE(config.ok());
+  auto whole = Model::Load(*config, run_dirs[1] + "/checkpoints/final/model.safetensors");
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  // Training moved every rank's experts well beyond the tolerance below.
+  auto initial = Model::Create(*config, 0);
+  ASSERT_TRUE(initial.ok());
+  for (int r = 0; r < 2; ++r) {
+    double moved = 0;
+    for (size_t i = 0; i < (*whole)->tensors().size(); ++i) {
+      const auto& [name, trained] = (*whole)->tensors()[i];
+      if (!IsRoutedExpertTensor(name)) continue;
+      moved = std::max(moved, (trained.narrow(0, 4 * r, 4) -
+                               (*initial)->tensors()[i].second.narrow(0, 4 * r, 4))
+                                  .abs().max().item<double>());
+    }
+    EXPECT_GT(moved, 1e-3) << "experts of rank " << r;
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto shard = Model::Load(*config, RankDir(run_dirs[2], r) + "/checkpoints/final/model.safetensors");
+    ASSERT_TRUE(shard.ok()) << shard.status().ToString();
+    ASSERT_TRUE((*shard)->sharded());
+    const ExpertShard part = (*shard)->expert_shard();
+    EXPECT_EQ(part.first, 4 * r);
+    double worst = 0;
+    for (size_t i = 0; i < (*whole)->tensors().size(); ++i) {
+      const auto& [name, expected] = (*whole)->tensors()[i];
+      const at::Tensor want =
+          IsRoutedExpertTensor(name) ? expected.narrow(0, part.first, part.count) : expected;
+      const at::Tensor got = (*shard)->tensors()[i].second;
+      ASSERT_EQ(got.sizes(), want.sizes()) << name;
+      worst = std::max(worst, (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>());
+    }
+    // Tokens meet their experts on another rank and gradients are summed in another order.
+    EXPECT_LT(worst, 2e-5) << "rank " << r;
+  }
 }
 
 TEST(LearnerRanksCli, BadRankFlagsAreRefused) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -311,6 +312,47 @@ TEST(ExpertParallel, ShardedModelsEqualTheWholeModelForwardAndBackward) {
   EXPECT_FALSE(refused.ok());
   EXPECT_FALSE(shards[0]->ShardExperts(0, 2).ok()) << "sharded twice";
   EXPECT_FALSE(make()->ShardExperts(0, 3).ok()) << "3 does not divide 8 experts";
+}
+
+// A rank's checkpoint holds its shard and loads back as that shard; the shards' experts joined
+// make the whole weights an actor loads.
+TEST(ExpertParallel, ShardCheckpointsLoadAsShardsAndJoinIntoWholeWeights) {
+  auto config = LoadModelConfig(std::string(STRIDER_SOURCE_DIR) + "/configs/model/tiny.yaml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto whole = Model::Create(*config, 5);
+  ASSERT_TRUE(whole.ok());
+  std::map<std::string, std::vector<at::Tensor>> parts;
+  std::vector<std::unique_ptr<Model>> shards;
+  for (int r = 0; r < 2; ++r) {
+    auto model = Model::Create(*config, 5);
+    ASSERT_TRUE(model.ok());
+    ASSERT_TRUE((*model)->ShardExperts(r, 2).ok());
+    auto bytes = (*model)->SaveToBytes();
+    ASSERT_TRUE(bytes.ok());
+    auto loaded = Model::LoadFromBytes(*config, *bytes, "shard");
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    EXPECT_TRUE((*loaded)->sharded());
+    EXPECT_EQ((*loaded)->expert_shard().first, r * 4);
+    EXPECT_EQ((*loaded)->expert_shard().count, 4);
+    for (const auto& [name, tensor] : (*loaded)->tensors()) {
+      if (IsRoutedExpertTensor(name)) parts[name].push_back(tensor);
+    }
+    shards.push_back(std::move(*loaded));
+  }
+  std::map<std::string, at::Tensor> joined;
+  for (const auto& [name, list] : parts) joined[name] = at::cat(list, 0);
+  auto bytes = shards[1]->SaveWholeToBytes(joined);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  auto loaded = Model::LoadFromBytes(*config, *bytes, "whole");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_FALSE((*loaded)->sharded());
+  for (size_t i = 0; i < (*whole)->tensors().size(); ++i) {
+    EXPECT_TRUE((*loaded)->tensors()[i].second.equal((*whole)->tensors()[i].second))
+        << (*whole)->tensors()[i].first;
+  }
+  // Missing experts are an error, not a shard published as whole weights.
+  joined.erase(joined.begin());
+  EXPECT_FALSE(shards[0]->SaveWholeToBytes(joined).ok());
 }
 
 TEST(ExpertParallel, ShardsAndPerRankFootprint) {
