@@ -1,6 +1,7 @@
 // Data-parallel RL learner ranks (learner/distributed.h) as real processes on loopback: 2 and 4
 // Gloo ranks end on the parameters of one learner given the same global batch; a rank that dies
-// makes the others stop with an error naming it, and `--resume` continues the group.
+// makes the others stop with an error naming it, and `--resume` continues the group; ranks
+// that shard the experts also end on one learner's parameters and publish whole weights.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 
 #include "common/model/model.h"
 #include "common/model/parameters.h"
+#include "common/transport/weight_stream.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/rl_fixture.h"
 #include "tests/free_port.h"
@@ -226,6 +228,31 @@ TEST_F(LearnerRanks, ExpertParallelRanksEndOnTheParametersOfOneLearner) {
   auto ranks = StartGroup(2, configs[2], run_dirs[2], {},
                           {run_dirs[2] + "/checkpoints/final",
                            run_dirs[2] + "/rank-1/checkpoints/final"});
+  // What an actor receives from rank 0: whole weights, every expert gathered from its rank.
+  nlohmann::json ready = WaitEvent(*ranks[0], "ready", 60000);
+  ASSERT_TRUE(ready.is_object());
+  auto model_config = LoadModelConfig(SourceDir() + "/configs/model/tiny.yaml");
+  ASSERT_TRUE(model_config.ok());
+  std::unique_ptr<Model> published;
+  {
+    transport::WeightSubscriberOptions options;
+    options.endpoint = ready["weights"];
+    options.reply_timeout = std::chrono::milliseconds(2000);
+    auto client = transport::WeightSubscriber::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (published == nullptr && std::chrono::steady_clock::now() < deadline) {
+      auto update = (*client)->FetchNewer(0);
+      if (update.ok() && update->has_value()) {
+        auto model = Model::LoadFromBytes(*model_config, (*update)->bytes);
+        ASSERT_TRUE(model.ok()) << model.status().ToString();
+        published = std::move(*model);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ASSERT_NE(published, nullptr) << "rank 0 published nothing after resuming";
+  EXPECT_FALSE(published->sharded());
   for (int r = 0; r < 2; ++r) {
     nlohmann::json finished = WaitEvent(*ranks[r], "finished", 240000);
     EXPECT_EQ(ranks[r]->Wait(), 0) << "rank " << r;
@@ -258,6 +285,18 @@ TEST_F(LearnerRanks, ExpertParallelRanksEndOnTheParametersOfOneLearner) {
                                   .abs().max().item<double>());
     }
     EXPECT_GT(moved, 1e-3) << "experts of rank " << r;
+    // The published weights (two or three steps in) hold each rank's trained experts.
+    double published_moved = 0;
+    for (size_t i = 0; i < published->tensors().size(); ++i) {
+      const auto& [name, tensor] = published->tensors()[i];
+      if (!IsRoutedExpertTensor(name)) continue;
+      ASSERT_EQ(tensor.size(0), 8) << name;
+      published_moved =
+          std::max(published_moved, (tensor.narrow(0, 4 * r, 4) -
+                                     (*initial)->tensors()[i].second.narrow(0, 4 * r, 4))
+                                        .abs().max().item<double>());
+    }
+    EXPECT_GT(published_moved, 1e-3) << "published experts of rank " << r;
   }
   for (int r = 0; r < 2; ++r) {
     auto shard = Model::Load(*config, RankDir(run_dirs[2], r) + "/checkpoints/final/model.safetensors");
