@@ -194,6 +194,19 @@ Result<std::unique_ptr<LearnerGroup>> JoinLearnerGroup(const RlLearnerConfig& co
       group->AllGather({state->step, static_cast<int64_t>(state->policy_version),
                         state->sample_step, state->total_tokens, trainer.optimizer().step()}));
   const std::vector<int64_t>& lead = positions[0];
+  if (dist.expert_parallel) {
+    // Each rank's experts come from its own checkpoint only: they must all be of one step.
+    for (size_t r = 1; r < positions.size(); ++r) {
+      if (positions[r][0] != lead[0]) {
+        return Status::FailedPrecondition(
+            "expert-parallel learner rank " + std::to_string(r) + " resumes from step " +
+            std::to_string(positions[r][0]) + ", rank 0 from step " + std::to_string(lead[0]) +
+            ": each rank's experts are only in its own checkpoint, so the ranks resume from "
+            "checkpoints of one step (RUN_DIR/checkpoints/latest and RUN_DIR/rank-r/"
+            "checkpoints/latest of the same run)");
+      }
+    }
+  }
   if (lead[0] != state->step) {
     spdlog::warn("learner rank {}: its checkpoint is at step {}, rank 0's at step {}; taking "
                  "rank 0's weights, optimiser state and position",
