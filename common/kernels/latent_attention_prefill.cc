@@ -130,30 +130,62 @@ __attribute__((target("avx2,fma"))) inline float SumLanes(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Adds q[r][c0 .. c1) . key[c0 .. c1) for the 16 keys of one panel to sum[r] (zero when
+// `first`), for Rows query rows.
+template <int Rows>
+__attribute__((target("avx2,fma"))) inline void ScorePart(const float* q, int64_t width,
+                                                          const float* panel, int64_t c0,
+                                                          int64_t c1, __m256 (*sum)[2]) {
+  __m256 acc[Rows][2];
+  for (int r = 0; r < Rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t c = c0; c < c1; ++c) {
+    const __m256 k0 = _mm256_loadu_ps(panel + c * kPanelKeys);
+    const __m256 k1 = _mm256_loadu_ps(panel + c * kPanelKeys + 8);
+    for (int r = 0; r < Rows; ++r) {
+      const __m256 qc = _mm256_broadcast_ss(q + r * width + c);
+      acc[r][0] = _mm256_fmadd_ps(qc, k0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(qc, k1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    sum[r][0] = acc[r][0];
+    sum[r][1] = acc[r][1];
+  }
+}
+
 // scores[r][j] = q[r] . key j for Rows query rows (stride `width`) and the first `keys`
-// (a multiple of kPanelKeys) packed keys.
+// (a multiple of kPanelKeys) packed keys; row_max[r] = max_j scores[r][j]. Each score is two
+// chains of multiply-adds over the halves of the shared dimension, then their sum: one chain
+// over all 24 (`tiny`) rounded the scores twice as far from the fp64 reference as the BLAS
+// did, and that was most of the kernel's error.
 template <int Rows>
 __attribute__((target("avx2,fma"))) void ScoreTile(const float* q, int64_t width,
                                                    const float* panels, int64_t keys,
-                                                   float* scores, int64_t scores_stride) {
+                                                   float* scores, int64_t scores_stride,
+                                                   float* row_max) {
+  const int64_t half = width / 2;
+  __m256 top[Rows];
+  for (int r = 0; r < Rows; ++r) top[r] = _mm256_set1_ps(kNegativeInfinity);
   for (int64_t j = 0; j < keys; j += kPanelKeys) {
     const float* panel = panels + (j / kPanelKeys) * width * kPanelKeys;
-    __m256 acc[Rows][2];
-    for (int r = 0; r < Rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < width; ++c) {
-      const __m256 k0 = _mm256_loadu_ps(panel + c * kPanelKeys);
-      const __m256 k1 = _mm256_loadu_ps(panel + c * kPanelKeys + 8);
-      for (int r = 0; r < Rows; ++r) {
-        const __m256 qc = _mm256_broadcast_ss(q + r * width + c);
-        acc[r][0] = _mm256_fmadd_ps(qc, k0, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(qc, k1, acc[r][1]);
-      }
-    }
+    __m256 first[Rows][2];
+    ScorePart<Rows>(q, width, panel, 0, half, first);
     for (int r = 0; r < Rows; ++r) {
-      _mm256_storeu_ps(scores + r * scores_stride + j, acc[r][0]);
-      _mm256_storeu_ps(scores + r * scores_stride + j + 8, acc[r][1]);
+      _mm256_storeu_ps(scores + r * scores_stride + j, first[r][0]);
+      _mm256_storeu_ps(scores + r * scores_stride + j + 8, first[r][1]);
+    }
+    __m256 second[Rows][2];
+    ScorePart<Rows>(q, width, panel, half, width, second);
+    for (int r = 0; r < Rows; ++r) {
+      float* s = scores + r * scores_stride + j;
+      const __m256 s0 = _mm256_add_ps(_mm256_loadu_ps(s), second[r][0]);
+      const __m256 s1 = _mm256_add_ps(_mm256_loadu_ps(s + 8), second[r][1]);
+      _mm256_storeu_ps(s, s0);
+      _mm256_storeu_ps(s + 8, s1);
+      top[r] = _mm256_max_ps(top[r], _mm256_max_ps(s0, s1));
     }
   }
+  for (int r = 0; r < Rows; ++r) row_max[r] = MaxLanes(top[r]);
 }
 
 // acc[r][column .. column + 8 Vecs) = acc[r][...] * correction[r] + sum_j p[r][j] values[j][...]
@@ -209,12 +241,15 @@ __attribute__((target("avx2,fma"))) void WeightRows(const float* p, int64_t p_st
 // relative to the difference rather than to the score, and a common offset of the scores costs
 // no accuracy.
 __attribute__((target("avx2,fma"))) float SoftmaxRow(float* scores, int64_t keys,
-                                                     int64_t visible, float* running_max,
-                                                     float* running_sum) {
-  for (int64_t j = visible; j < keys; ++j) scores[j] = kNegativeInfinity;
-  __m256 top = _mm256_set1_ps(kNegativeInfinity);
-  for (int64_t j = 0; j < keys; j += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(scores + j));
-  const float block_max = MaxLanes(top);
+                                                     int64_t visible, float all_max,
+                                                     float* running_max, float* running_sum) {
+  float block_max = all_max;  // the maximum over all `keys`, right when all are visible
+  if (visible < keys) {
+    for (int64_t j = visible; j < keys; ++j) scores[j] = kNegativeInfinity;
+    __m256 top = _mm256_set1_ps(kNegativeInfinity);
+    for (int64_t j = 0; j < keys; j += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(scores + j));
+    block_max = MaxLanes(top);
+  }
   const float new_max = std::max(*running_max, block_max);
   if (new_max == kNegativeInfinity) {  // nothing seen yet: the row's weights stay zero
     std::fill(scores, scores + keys, 0.0f);
@@ -257,11 +292,12 @@ __attribute__((target("avx2,fma"))) void RowsThroughBlock(
   for (int r = 0; r < Rows; ++r) most = std::max(most, visible[r]);
   if (most == 0) return;
   const int64_t keys = RoundUp(most, kPanelKeys);
-  ScoreTile<Rows>(q, width, panels, keys, scores, scores_stride);
+  float row_max[Rows];
+  ScoreTile<Rows>(q, width, panels, keys, scores, scores_stride, row_max);
   float correction[Rows];
   for (int r = 0; r < Rows; ++r) {
-    correction[r] = SoftmaxRow(scores + r * scores_stride, keys, visible[r], running_max + r,
-                               running_sum + r);
+    correction[r] = SoftmaxRow(scores + r * scores_stride, keys, visible[r], row_max[r],
+                               running_max + r, running_sum + r);
   }
   WeightRows<Rows>(scores, scores_stride, values, latent_rank, most, correction, acc);
 }

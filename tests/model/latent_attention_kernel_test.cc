@@ -103,14 +103,14 @@ TEST(LatentAttentionKernels, PrefillStaysAccurateWithSharpScores) {
   // Scores of tens of units: the softmax is nearly one-hot, most exponentials underflow, and
   // the running maximum moves late in a row. The fp32 scores themselves round by about 1e-5
   // here (|s| 1e-7 over 24 terms), which bounds what an fp32 kernel can match: the fused
-  // kernel differs from the reference by 1e-4 at most, ATen's tiles by 7e-5.
+  // kernel differs from the reference by 8e-5, ATen's tiles by 0.7-1.4e-4 on problems like it.
   Problem p = MakeProblem({{1000, 300}, {}}, 700, at::kFloat, at::kFloat, 6);
   p.query = p.query * 40.0;
   at::Tensor reference =
       LatentAttentionReference(p.query.to(at::kDouble), p.pages, p.new_latent.to(at::kDouble),
                                p.new_rope_key.to(at::kDouble));
   at::Tensor prefill = LatentAttentionPrefill(p.query, p.pages, p.new_latent, p.new_rope_key);
-  EXPECT_LE(MaxDifference(prefill, reference), 3e-4);
+  EXPECT_LE(MaxDifference(prefill, reference), 2e-4);
   EXPECT_FALSE(prefill.isnan().any().item<bool>());
 }
 
