@@ -101,6 +101,8 @@ struct GradientReduction {
   std::vector<Bucket> buckets;
   std::vector<at::Tensor> views;      // per parameter: its gradient's storage in a bucket
   std::vector<size_t> bucket_of;      // per parameter
+  std::vector<at::Tensor> flags;      // per bucket: its tail, a flag per parameter in it
+  std::vector<int64_t> flag_of;       // per parameter: its flag's index in its bucket's tail
   std::vector<uint8_t> touched;       // per parameter: a gradient arrived since PrepareGradients
   bool armed = false;                 // in the update's last backward
   std::vector<uint8_t> final_seen;    // per parameter, in the armed backward
@@ -137,6 +139,10 @@ struct GradientReduction {
 
   void Send(size_t b) {
     Gather(buckets[b]);
+    // The bucket's parameters are final: their flags are known.
+    std::vector<double> own;
+    for (size_t i : buckets[b].members) own.push_back(touched[i] != 0 ? 1.0 : 0.0);
+    flags[b].copy_(at::tensor(own, at::kDouble));
     std::vector<at::Tensor> one{buckets[b].flat};
     works.push_back(group->allreduce(one));
   }
@@ -498,11 +504,24 @@ Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters)
       r->buckets = AllocateBuckets(reversed, impl_->options.bucket_bytes, &reversed_views);
       r->views.resize(n);
       r->bucket_of.resize(n);
+      r->flag_of.resize(n);
       for (size_t b = 0; b < r->buckets.size(); ++b) {
-        for (size_t& member : r->buckets[b].members) {
+        // Each bucket ends with a flag per parameter in it: summed with the gradients, they
+        // say which parameters some rank gave a gradient, at no extra collective.
+        Bucket& bucket = r->buckets[b];
+        const int64_t elements = bucket.flat.numel();
+        bucket.flat = at::zeros({elements + static_cast<int64_t>(bucket.members.size())},
+                                bucket.flat.options());
+        r->flags.push_back(bucket.flat.narrow(0, elements, bucket.members.size()));
+        int64_t offset = 0;
+        for (size_t k = 0; k < bucket.members.size(); ++k) {
+          size_t& member = bucket.members[k];
           member = n - 1 - member;
-          r->views[member] = reversed_views[n - 1 - member];
+          const at::Tensor& like = parameters[member];
+          r->views[member] = bucket.flat.narrow(0, offset, like.numel()).view(like.sizes());
+          offset += like.numel();
           r->bucket_of[member] = b;
+          r->flag_of[member] = static_cast<int64_t>(k);
         }
       }
       r->touched.assign(n, 0);
@@ -581,17 +600,10 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
   r.armed = false;
   ++impl_->collectives;
   if (!r.failure.empty()) return impl_->Lost("gradient all-reduce", r.failure);
-  // Which parameters have a gradient on some rank: summed flags, sent after the buckets.
-  at::Tensor present;
   try {
     at::NoGradGuard no_grad;
     for (size_t b = r.next; b < r.buckets.size(); ++b) r.Send(b);
     r.next = r.buckets.size();
-    present = at::zeros({static_cast<int64_t>(parameters.size())}, at::kFloat);
-    float* flag = present.data_ptr<float>();
-    for (size_t i = 0; i < parameters.size(); ++i) flag[i] = r.touched[i] != 0 ? 1.0f : 0.0f;
-    std::vector<at::Tensor> one{present};
-    r.works.push_back(r.group->allreduce(one));
   } catch (const std::exception& error) {
     return impl_->Lost("gradient all-reduce", error.what());
   }
@@ -599,11 +611,13 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
   r.works.clear();
   try {
     at::NoGradGuard no_grad;
-    const float* flag = present.data_ptr<float>();
+    std::vector<at::Tensor> present;
+    for (const at::Tensor& tail : r.flags) present.push_back(tail.to(at::kFloat).contiguous());
     for (size_t i = 0; i < parameters.size(); ++i) {
       at::Tensor parameter = parameters[i];
       // A parameter no rank gave a gradient keeps none, as a lone learner would leave it.
-      parameter.mutable_grad() = flag[i] > 0 ? r.views[i] : at::Tensor();
+      const float flag = present[r.bucket_of[i]].data_ptr<float>()[r.flag_of[i]];
+      parameter.mutable_grad() = flag > 0 ? r.views[i] : at::Tensor();
       impl_->stats.bytes += r.views[i].numel() * static_cast<int64_t>(r.views[i].element_size());
     }
   } catch (const c10::Error& error) {
