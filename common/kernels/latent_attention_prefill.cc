@@ -27,7 +27,7 @@ namespace {
 
 constexpr int64_t kBlockKeys = 256;  // keys packed and scored together
 constexpr int64_t kPanelKeys = 16;   // keys per register tile (two 8-lane vectors)
-constexpr int kMicroRows = 4;      // query rows per register tile
+constexpr int kMicroRows = 4;        // query rows per register tile
 constexpr int64_t kItemRows = 256;   // query rows (tokens x heads) per unit of thread work
 constexpr int64_t kMinItemRows = 8;  // ... when there are few
 
@@ -79,8 +79,8 @@ void PackTyped(const KeyPageView& page, int64_t k0, int64_t count, int64_t laten
   }
 }
 
-void Pack(const KeyPageView& page, int64_t k0, int64_t count, int64_t latent_rank,
-          int64_t rope_dim, float* panels, float* values) {
+void Pack(const KeyPageView& page, int64_t k0, int64_t count, int64_t latent_rank, int64_t rope_dim,
+          float* panels, float* values) {
   switch (page.storage) {
     case KeyStorage::kFloat:
       return PackTyped<float>(page, k0, count, latent_rank, rope_dim, panels, values);
@@ -160,9 +160,8 @@ __attribute__((target("avx2,fma"))) inline void ScorePart(const float* q, int64_
 // did, and that was most of the kernel's error.
 template <int Rows>
 __attribute__((target("avx2,fma"))) void ScoreTile(const float* q, int64_t width,
-                                                   const float* panels, int64_t keys,
-                                                   float* scores, int64_t scores_stride,
-                                                   float* row_max) {
+                                                   const float* panels, int64_t keys, float* scores,
+                                                   int64_t scores_stride, float* row_max) {
   const int64_t half = width / 2;
   __m256 top[Rows];
   for (int r = 0; r < Rows; ++r) top[r] = _mm256_set1_ps(kNegativeInfinity);
@@ -240,9 +239,9 @@ __attribute__((target("avx2,fma"))) void WeightRows(const float* p, int64_t p_st
 // e^x is taken as 2^(x log2 e) of the difference x = s - m', so the product's rounding is
 // relative to the difference rather than to the score, and a common offset of the scores costs
 // no accuracy.
-__attribute__((target("avx2,fma"))) float SoftmaxRow(float* scores, int64_t keys,
-                                                     int64_t visible, float all_max,
-                                                     float* running_max, float* running_sum) {
+__attribute__((target("avx2,fma"))) float SoftmaxRow(float* scores, int64_t keys, int64_t visible,
+                                                     float all_max, float* running_max,
+                                                     float* running_sum) {
   float block_max = all_max;  // the maximum over all `keys`, right when all are visible
   if (visible < keys) {
     for (int64_t j = visible; j < keys; ++j) scores[j] = kNegativeInfinity;
@@ -284,10 +283,12 @@ __attribute__((target("avx2,fma"))) float SoftmaxRow(float* scores, int64_t keys
 
 // One register tile of Rows query rows through a packed block: scores, softmax, weighted latent.
 template <int Rows>
-__attribute__((target("avx2,fma"))) void RowsThroughBlock(
-    const float* q, int64_t width, int64_t latent_rank, const float* panels,
-    const float* values, const int64_t* visible, float* scores, int64_t scores_stride,
-    float* running_max, float* running_sum, float* acc) {
+__attribute__((target("avx2,fma"))) void RowsThroughBlock(const float* q, int64_t width,
+                                                          int64_t latent_rank, const float* panels,
+                                                          const float* values,
+                                                          const int64_t* visible, float* scores,
+                                                          int64_t scores_stride, float* running_max,
+                                                          float* running_sum, float* acc) {
   int64_t most = 0;
   for (int r = 0; r < Rows; ++r) most = std::max(most, visible[r]);
   if (most == 0) return;
@@ -310,9 +311,9 @@ void RowsThroughBlockAnyRows(int64_t rows, const float* q, int64_t width, int64_
                              float* running_sum, float* acc) {
   if constexpr (Rows > 1) {
     if (rows < Rows) {
-      return RowsThroughBlockAnyRows<Rows - 1>(rows, q, width, latent_rank, panels, values,
-                                               visible, scores, scores_stride, running_max,
-                                               running_sum, acc);
+      return RowsThroughBlockAnyRows<Rows - 1>(rows, q, width, latent_rank, panels, values, visible,
+                                               scores, scores_stride, running_max, running_sum,
+                                               acc);
     }
   }
   RowsThroughBlock<Rows>(q, width, latent_rank, panels, values, visible, scores, scores_stride,
@@ -353,9 +354,8 @@ void RunItem(const FusedPrefillProblem& p, int64_t b, int64_t t0, int64_t t1, Sc
       float* m = s->max.data() + row;
       float* l = s->sum.data() + row;
       float* a = s->acc.data() + row * latent_rank;
-      RowsThroughBlockAnyRows(n, q_rows, width, latent_rank, s->panels.data(),
-                              s->values.data(), s->visible.data(), s->scores.data(),
-                              scores_stride, m, l, a);
+      RowsThroughBlockAnyRows(n, q_rows, width, latent_rank, s->panels.data(), s->values.data(),
+                              s->visible.data(), s->scores.data(), scores_stride, m, l, a);
     }
   };
 
@@ -395,9 +395,9 @@ void RunFusedPrefill(const FusedPrefillProblem& p) {
   // Runs of tokens of up to kItemRows query rows; fewer when there are few tokens, so that every
   // thread gets several (each run reads the whole past, so runs stay at kMinItemRows or more).
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  const int64_t item_tokens = std::clamp<int64_t>(
-      (p.tokens + 4 * threads - 1) / (4 * threads), (kMinItemRows + p.heads - 1) / p.heads,
-      std::max<int64_t>(1, kItemRows / p.heads));
+  const int64_t item_tokens = std::clamp<int64_t>((p.tokens + 4 * threads - 1) / (4 * threads),
+                                                  (kMinItemRows + p.heads - 1) / p.heads,
+                                                  std::max<int64_t>(1, kItemRows / p.heads));
   struct Item {
     int64_t b, t0, t1, cost;
   };

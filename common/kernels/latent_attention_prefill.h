@@ -27,11 +27,11 @@ struct KeyPageView {
 
 // Shapes as in latent_attention.h, all float32 and contiguous except the pages.
 struct FusedPrefillProblem {
-  const float* query = nullptr;         // (B, T, H, Dc + Dr), scaled
-  const float* new_latent = nullptr;    // (B, T, Dc)
-  const float* new_rope_key = nullptr;  // (B, T, Dr)
+  const float* query = nullptr;                                  // (B, T, H, Dc + Dr), scaled
+  const float* new_latent = nullptr;                             // (B, T, Dc)
+  const float* new_rope_key = nullptr;                           // (B, T, Dr)
   const std::vector<std::vector<KeyPageView>>* pages = nullptr;  // [B][pages]
-  float* out = nullptr;                 // (B, T, H, Dc)
+  float* out = nullptr;                                          // (B, T, H, Dc)
   int64_t batch = 0, tokens = 0, heads = 0, latent_rank = 0, rope_dim = 0;
 };
 
