@@ -39,11 +39,13 @@ std::string JoinRanks(const std::vector<int>& ranks) {
 struct Bucket {
   std::vector<size_t> members;  // indices into the tensor list
   at::Tensor flat;
+  at::Tensor flags;  // with a flag tail: the end of `flat`, one value per member, in order
 };
 
-// Zeroed buckets for tensors like `like`, with each tensor's view into its bucket.
+// Zeroed buckets for tensors like `like`, with each tensor's view into its bucket. With
+// `flag_tail` each bucket ends with one more value per member (Bucket::flags).
 std::vector<Bucket> AllocateBuckets(const std::vector<at::Tensor>& like, int64_t bucket_bytes,
-                                    std::vector<at::Tensor>* views) {
+                                    std::vector<at::Tensor>* views, bool flag_tail = false) {
   std::vector<Bucket> buckets;
   int64_t bytes = 0;
   for (size_t i = 0; i < like.size(); ++i) {
@@ -61,7 +63,9 @@ std::vector<Bucket> AllocateBuckets(const std::vector<at::Tensor>& like, int64_t
   for (Bucket& bucket : buckets) {
     int64_t elements = 0;
     for (size_t i : bucket.members) elements += like[i].numel();
-    bucket.flat = at::zeros({elements}, like[bucket.members.front()].options());
+    const int64_t tail = flag_tail ? static_cast<int64_t>(bucket.members.size()) : 0;
+    bucket.flat = at::zeros({elements + tail}, like[bucket.members.front()].options());
+    if (flag_tail) bucket.flags = bucket.flat.narrow(0, elements, tail);
     int64_t offset = 0;
     for (size_t i : bucket.members) {
       (*views)[i] = bucket.flat.narrow(0, offset, like[i].numel()).view(like[i].sizes());
@@ -95,14 +99,12 @@ void Unflatten(const Bucket& bucket, const std::vector<at::Tensor>& tensors) {
 // order, roughly the order backward completes them, and are sent strictly in that order, so
 // every rank issues the same collectives in the same sequence whatever its data.
 struct GradientReduction {
-  bool active = true;  // cleared when the group drops these buckets
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;  // the gradient group, apart from the rest
   std::vector<at::Tensor> parameters;
   std::vector<Bucket> buckets;
   std::vector<at::Tensor> views;      // per parameter: its gradient's storage in a bucket
   std::vector<size_t> bucket_of;      // per parameter
-  std::vector<at::Tensor> flags;      // per bucket: its tail, a flag per parameter in it
-  std::vector<int64_t> flag_of;       // per parameter: its flag's index in its bucket's tail
+  std::vector<int64_t> flag_of;       // per parameter: its flag's index in Bucket::flags
   std::vector<uint8_t> touched;       // per parameter: a gradient arrived since PrepareGradients
   bool armed = false;                 // in the update's last backward
   std::vector<uint8_t> final_seen;    // per parameter, in the armed backward
@@ -142,14 +144,13 @@ struct GradientReduction {
     // The bucket's parameters are final: their flags are known.
     std::vector<double> own;
     for (size_t i : buckets[b].members) own.push_back(touched[i] != 0 ? 1.0 : 0.0);
-    flags[b].copy_(at::tensor(own, at::kDouble));
+    buckets[b].flags.copy_(at::tensor(own, at::kDouble));
     std::vector<at::Tensor> one{buckets[b].flat};
     works.push_back(group->allreduce(one));
   }
 
   // The post hook of parameter i's grad accumulator.
   void Arrived(size_t i) {
-    if (!active) return;
     touched[i] = 1;
     if (!armed || final_seen[i] != 0 || !failure.empty()) return;
     final_seen[i] = 1;
@@ -205,12 +206,10 @@ struct LearnerGroup::Impl {
   // views into these buckets, so backward accumulates straight into what is reduced.
   struct Gradients {
     std::vector<const c10::TensorImpl*> owners;
-    std::shared_ptr<GradientReduction> reduction;  // shared with the accumulators' hooks
+    // The hooks hold it weakly: once these buckets are dropped, theirs do nothing.
+    std::shared_ptr<GradientReduction> reduction;
     // Held so that the hooks stay on the accumulators the graphs use.
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
-    ~Gradients() {
-      if (reduction != nullptr) reduction->active = false;
-    }
   };
   std::unique_ptr<Gradients> gradients;
   GlooExpertExchange exchange{this};
@@ -501,27 +500,21 @@ Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters)
       const size_t n = parameters.size();
       const std::vector<at::Tensor> reversed(parameters.rbegin(), parameters.rend());
       std::vector<at::Tensor> reversed_views;
-      r->buckets = AllocateBuckets(reversed, impl_->options.bucket_bytes, &reversed_views);
+      // Each bucket ends with a flag per parameter in it: summed with the gradients, they
+      // say which parameters some rank gave a gradient, at no extra collective.
+      r->buckets = AllocateBuckets(reversed, impl_->options.bucket_bytes, &reversed_views,
+                                   /*flag_tail=*/true);
       r->views.resize(n);
       r->bucket_of.resize(n);
       r->flag_of.resize(n);
       for (size_t b = 0; b < r->buckets.size(); ++b) {
-        // Each bucket ends with a flag per parameter in it: summed with the gradients, they
-        // say which parameters some rank gave a gradient, at no extra collective.
-        Bucket& bucket = r->buckets[b];
-        const int64_t elements = bucket.flat.numel();
-        bucket.flat = at::zeros({elements + static_cast<int64_t>(bucket.members.size())},
-                                bucket.flat.options());
-        r->flags.push_back(bucket.flat.narrow(0, elements, bucket.members.size()));
-        int64_t offset = 0;
-        for (size_t k = 0; k < bucket.members.size(); ++k) {
-          size_t& member = bucket.members[k];
-          member = n - 1 - member;
-          const at::Tensor& like = parameters[member];
-          r->views[member] = bucket.flat.narrow(0, offset, like.numel()).view(like.sizes());
-          offset += like.numel();
-          r->bucket_of[member] = b;
-          r->flag_of[member] = static_cast<int64_t>(k);
+        std::vector<size_t>& members = r->buckets[b].members;
+        for (size_t k = 0; k < members.size(); ++k) {
+          const size_t i = n - 1 - members[k];  // back to the parameters' own order
+          members[k] = i;
+          r->views[i] = reversed_views[n - 1 - i];
+          r->bucket_of[i] = b;
+          r->flag_of[i] = static_cast<int64_t>(k);
         }
       }
       r->touched.assign(n, 0);
@@ -574,9 +567,7 @@ void LearnerGroup::OverlapNextBackward(const at::Tensor& loss) {
     stack.pop_back();
     if (!reached.insert(node).second) continue;
     for (const torch::autograd::Edge& edge : node->next_edges()) {
-      if (edge.function != nullptr && reached.count(edge.function.get()) == 0) {
-        stack.push_back(edge.function.get());
-      }
+      if (edge.function != nullptr) stack.push_back(edge.function.get());
     }
   }
   r.armed = true;
@@ -612,7 +603,9 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
   try {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> present;
-    for (const at::Tensor& tail : r.flags) present.push_back(tail.to(at::kFloat).contiguous());
+    for (const Bucket& bucket : r.buckets) {
+      present.push_back(bucket.flags.to(at::kFloat).contiguous());
+    }
     for (size_t i = 0; i < parameters.size(); ++i) {
       at::Tensor parameter = parameters[i];
       // A parameter no rank gave a gradient keeps none, as a lone learner would leave it.

@@ -292,10 +292,8 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
   std::vector<at::Tensor> reduced;
   if (distributed) {
     STRIDER_ASSIGN_OR_RETURN(group, JoinLearnerGroup(config, &state, *trainer));
-    for (const auto& [name, tensor] : model.tensors()) {
-      if (tensor.requires_grad() && !(expert_parallel && IsRoutedExpertTensor(name))) {
-        reduced.push_back(tensor);
-      }
+    for (const auto& [name, tensor] : trainer->optimizer().parameters()) {
+      if (!(expert_parallel && IsRoutedExpertTensor(name))) reduced.push_back(tensor);
     }
   }
   if (expert_parallel) {
