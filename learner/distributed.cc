@@ -677,6 +677,31 @@ Result<at::Tensor> LearnerGroup::AllGatherAlong(const at::Tensor& tensor, int64_
   }
 }
 
+Result<at::Tensor> LearnerGroup::GatherTo(const at::Tensor& tensor, int root) {
+  const bool here = impl_->options.rank == root;
+  std::vector<std::vector<at::Tensor>> parts(here ? 1 : 0);
+  std::vector<at::Tensor> own;
+  try {
+    own.push_back(tensor.detach().contiguous());
+    for (int r = 0; here && r < impl_->options.world_size; ++r) {
+      parts[0].push_back(at::empty_like(own[0]));
+    }
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("gather: ") + error.what_without_backtrace());
+  }
+  STRIDER_RETURN_IF_ERROR(impl_->Run("gather", [&](auto& works) {
+    c10d::GatherOptions options;
+    options.rootRank = root;
+    works.push_back(impl_->group->gather(parts, own, options));
+  }));
+  if (!here) return at::Tensor();
+  try {
+    return at::cat(parts[0], 0);
+  } catch (const c10::Error& error) {
+    return Status::Internal(std::string("gather: ") + error.what_without_backtrace());
+  }
+}
+
 Result<std::vector<std::vector<int64_t>>> LearnerGroup::AllGather(
     const std::vector<int64_t>& values) {
   at::Tensor own;

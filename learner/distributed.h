@@ -89,6 +89,10 @@ class LearnerGroup {
   // Every rank's `tensor` joined along `dim` in rank order; the tensors' sizes may differ only
   // along `dim` (routing records of different lengths).
   Result<at::Tensor> AllGatherAlong(const at::Tensor& tensor, int64_t dim);
+  // Every rank's `tensor`, all of one shape, joined along dim 0 in rank order on `root` only
+  // (an expert-parallel rank's experts, whole on the rank that publishes them); the other
+  // ranks get an undefined tensor.
+  Result<at::Tensor> GatherTo(const at::Tensor& tensor, int root);
 
   // The ranks as an expert-parallel group (common/model/expert_parallel.h): the model's sparse
   // layers exchange routed tokens over it with c10d all-to-all. Lives as long as this group.

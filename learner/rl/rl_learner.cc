@@ -334,13 +334,13 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
   double gather_seconds = 0;  // expert-parallel: gathering the experts for a publish
   bool initial_publish = false;
   auto publish = [&]() -> Status {
-    // Expert-parallel ranks gather the experts for rank 0, which publishes whole weights.
+    // Expert-parallel ranks gather the experts to rank 0, which publishes whole weights.
     std::map<std::string, at::Tensor> whole_experts;
     if (expert_parallel) {
       const auto started = Clock::now();
       for (const auto& [name, tensor] : model.tensors()) {
         if (!IsRoutedExpertTensor(name)) continue;
-        STRIDER_ASSIGN_OR_RETURN(whole_experts[name], group->AllGatherAlong(tensor.detach(), 0));
+        STRIDER_ASSIGN_OR_RETURN(whole_experts[name], group->GatherTo(tensor, 0));
       }
       gather_seconds = Seconds(started);
     }
