@@ -324,13 +324,12 @@ class EngineImpl final : public Engine {
   Result<uint64_t> StateDigest(SequenceId id) override {
     std::lock_guard<std::mutex> lock(mutex_);
     STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "state digest"));
-    std::string state;
+    // Streamed from the blocks: at a million tokens the encoding alone would be 100 MB.
+    StreamingHasher hasher;
     STRIDER_RETURN_IF_ERROR(Guarded("state digest", [&] {
-      state = SerializeState(*sequence);
+      WriteSequenceState(*sequence, [&](const void* data, size_t n) { hasher.Update(data, n); });
       return Status::Ok();
     }));
-    Hasher hasher;
-    hasher.Update(state.data(), state.size());
     return hasher.Digest();
   }
 
@@ -876,17 +875,33 @@ class EngineImpl final : public Engine {
     return Status::Ok();
   }
 
-  // The snapshot's state section (snapshot.h); StateDigest hashes the same bytes.
-  std::string SerializeState(const Sequence& sequence) const {
-    SequenceState state;
-    state.length = sequence.length;
+  // The snapshot's state section (snapshot.h) handed to `sink` piece by piece, the latent rows
+  // straight from the cache's blocks; StateDigest hashes the same bytes.
+  void WriteSequenceState(const Sequence& sequence, const ByteSink& sink) const {
+    std::vector<model::IncrementalAttentionState> incremental;
     for (int64_t i = 0; i < config_.layers; ++i) {
-      if (kinds_[i] == 'I') state.incremental.push_back(sequence.incremental[i]);
+      if (kinds_[i] == 'I') incremental.push_back(sequence.incremental[i]);
     }
+    std::vector<std::vector<at::Tensor>> latent;
     for (int64_t layer = 0; layer < latent_layers_; ++layer) {
-      state.latent_rows.push_back(cache_.Gather({&sequence.table}, layer, sequence.length)[0]);
+      latent.push_back(cache_.Pages(sequence.table, layer));
+      if (latent.back().empty()) {
+        latent.back().push_back(at::empty({0, cache_.options().row_width},
+                                          at::TensorOptions().dtype(cache_.options().dtype)));
+      }
     }
-    return EncodeState(state);
+    WriteState(sequence.length, incremental, latent, sink);
+  }
+
+  std::string SerializeState(const Sequence& sequence) const {
+    size_t size = 0;
+    WriteSequenceState(sequence, [&](const void*, size_t n) { size += n; });
+    std::string bytes;
+    bytes.reserve(size);
+    WriteSequenceState(sequence, [&](const void* data, size_t n) {
+      bytes.append(static_cast<const char*>(data), n);
+    });
+    return bytes;
   }
 
   // Sets the sequence's length and incremental states from a snapshot's state section; its

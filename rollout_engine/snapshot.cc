@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/model/parameters.h"
@@ -100,6 +101,31 @@ uint64_t Hasher::Digest() const {
   return x ^ (x >> 31);
 }
 
+void StreamingHasher::Update(const void* data, size_t size) {
+  if (size == 0) return;  // `data` may be null then (an empty tensor's)
+  const unsigned char* bytes = static_cast<const unsigned char*>(data);
+  if (carried_ > 0) {
+    const size_t take = std::min(size, 8 - carried_);
+    std::memcpy(carry_ + carried_, bytes, take);
+    carried_ += take;
+    bytes += take;
+    size -= take;
+    if (carried_ < 8) return;
+    words_.Update(carry_, 8);
+    carried_ = 0;
+  }
+  const size_t whole = size & ~size_t{7};
+  if (whole > 0) words_.Update(bytes, whole);
+  if (size > whole) std::memcpy(carry_, bytes + whole, size - whole);
+  carried_ = size - whole;
+}
+
+uint64_t StreamingHasher::Digest() const {
+  Hasher last = words_;
+  last.Update(carry_, carried_);
+  return last.Digest();
+}
+
 uint64_t ConfigFingerprint(const ModelConfig& config) {
   Hasher hasher;
   for (const ParameterSpec& spec : ModelParameterSpecs(config)) {
@@ -110,22 +136,45 @@ uint64_t ConfigFingerprint(const ModelConfig& config) {
   return hasher.Digest();
 }
 
-std::string EncodeState(const SequenceState& state) {
-  Writer writer;
-  writer.Put<int64_t>(state.length);
-  auto put_tensor = [&](const at::Tensor& tensor) {
-    at::Tensor contiguous = tensor.contiguous();
-    writer.Put<uint8_t>(DtypeCode(contiguous.scalar_type()));
-    writer.Put<uint32_t>(static_cast<uint32_t>(contiguous.dim()));
-    for (int64_t size : contiguous.sizes()) writer.Put<int64_t>(size);
-    writer.PutBytes(contiguous.data_ptr(), contiguous.nbytes());
+void WriteState(int64_t length, const std::vector<model::IncrementalAttentionState>& incremental,
+                const std::vector<std::vector<at::Tensor>>& latent_pieces, const ByteSink& sink) {
+  auto put = [&](auto value) { sink(&value, sizeof(value)); };
+  auto put_header = [&](at::ScalarType type, at::IntArrayRef sizes) {
+    put(DtypeCode(type));
+    put(static_cast<uint32_t>(sizes.size()));
+    for (int64_t size : sizes) put(size);
   };
-  for (const model::IncrementalAttentionState& layer : state.incremental) {
-    put_tensor(layer.recurrent);
-    put_tensor(layer.conv_tail);
+  put(length);
+  for (const model::IncrementalAttentionState& layer : incremental) {
+    for (const at::Tensor& tensor : {layer.recurrent, layer.conv_tail}) {
+      at::Tensor contiguous = tensor.contiguous();
+      put_header(contiguous.scalar_type(), contiguous.sizes());
+      sink(contiguous.data_ptr(), contiguous.nbytes());
+    }
   }
-  for (const at::Tensor& rows : state.latent_rows) put_tensor(rows);
-  return std::move(writer.bytes());
+  for (const std::vector<at::Tensor>& pieces : latent_pieces) {
+    // Laid out as the one (length, W) tensor the pieces make up in order.
+    int64_t rows = 0;
+    for (const at::Tensor& piece : pieces) rows += piece.size(0);
+    const at::Tensor& first = pieces.front();
+    put_header(first.scalar_type(), {rows, first.size(1)});
+    for (const at::Tensor& piece : pieces) {
+      at::Tensor contiguous = piece.contiguous();
+      if (contiguous.nbytes() > 0) sink(contiguous.data_ptr(), contiguous.nbytes());
+    }
+  }
+}
+
+std::string EncodeState(const SequenceState& state) {
+  std::vector<std::vector<at::Tensor>> pieces;
+  for (const at::Tensor& rows : state.latent_rows) pieces.push_back({rows});
+  size_t size = 0;
+  WriteState(state.length, state.incremental, pieces, [&](const void*, size_t n) { size += n; });
+  std::string bytes;
+  bytes.reserve(size);
+  WriteState(state.length, state.incremental, pieces,
+             [&](const void* data, size_t n) { bytes.append(static_cast<const char*>(data), n); });
+  return bytes;
 }
 
 Result<SequenceState> DecodeState(const std::string& bytes, const ModelConfig& config,

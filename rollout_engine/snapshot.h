@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,6 +38,20 @@ class Hasher {
   uint64_t total_ = 0;
 };
 
+// Hashes bytes given in pieces exactly as Hasher hashes them given in one Update: Hasher takes
+// eight-byte words from the start of each call, so pieces of other lengths would change it.
+// What the state digest streams through, piece by piece, instead of encoding the state first.
+class StreamingHasher {
+ public:
+  void Update(const void* data, size_t size);
+  uint64_t Digest() const;
+
+ private:
+  Hasher words_;              // every complete eight-byte word so far
+  unsigned char carry_[8]{};  // the bytes after them
+  size_t carried_ = 0;
+};
+
 // Hash of every parameter name and shape and the cache dtype: a snapshot restores, and new
 // weights swap in, only where it is equal.
 uint64_t ConfigFingerprint(const ModelConfig& config);
@@ -52,6 +67,15 @@ struct SequenceState {
 
 // The tensors must be on the CPU; LibTorch errors are thrown (call it under model::Guarded).
 std::string EncodeState(const SequenceState& state);
+
+// EncodeState's bytes handed to `sink` in order, each latent layer's rows given as consecutive
+// pieces ((n_i, d_c + d_rope), the n_i summing to `length`: the paged cache's blocks; at least
+// one, an empty (0, d_c + d_rope) piece when there are no rows), so that
+// neither a gathered copy of the rows nor the whole encoding has to exist. The state digest of
+// a million-token `tiny` sequence would otherwise hold both at once, 100 MB each.
+using ByteSink = std::function<void(const void* data, size_t size)>;
+void WriteState(int64_t length, const std::vector<model::IncrementalAttentionState>& incremental,
+                const std::vector<std::vector<at::Tensor>>& latent_pieces, const ByteSink& sink);
 
 // Reads EncodeState's bytes for `config`: recurrent states in float64 for a float64 model and
 // float32 otherwise, conv tails in `model_dtype`, latent rows in `cache_dtype`. Corruption naming

@@ -13,6 +13,7 @@
 #include "common/model/model.h"
 #include "common/tokenizer.h"
 #include "rollout_engine/engine_testing.h"
+#include "rollout_engine/snapshot.h"
 #include "tests/shipped_config.h"
 
 namespace strider::rollout {
@@ -420,6 +421,14 @@ TEST(Engine, SnapshotRestoreContinuesExactlyAndRejectsBadBytes) {
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(engine->Step().ok());
   Result<std::string> bytes = engine->Snapshot(id);  // mid-turn
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  // The digest, streamed from the cache's blocks (6 of them here, the last one partly filled),
+  // is the hash of the snapshot's state section.
+  Result<SnapshotRecord> record =
+      DecodeSnapshot(*bytes, model->config(), ConfigFingerprint(model->config()));
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  Hasher state_hash;
+  state_hash.Update(record->state.data(), record->state.size());
+  EXPECT_EQ(*engine->StateDigest(id), state_hash.Digest());
   std::unique_ptr<Engine> other = MakeEngine(model, options);
   SequenceId restored = *other->Restore(*bytes);
   EXPECT_EQ(other->Info(restored)->status, SequenceStatus::kGenerating);
@@ -543,8 +552,7 @@ TEST(Engine, BadRequestsReturnErrorsNamingTheProblem) {
   EXPECT_NE(message(engine->Submit(bad_sampling).status()).find("top_p"), std::string::npos);
   bad_sampling.sampling = Turn(4, 1);
   bad_sampling.sampling->temperature = -0.5;
-  EXPECT_NE(message(engine->Submit(bad_sampling).status()).find("temperature"),
-            std::string::npos);
+  EXPECT_NE(message(engine->Submit(bad_sampling).status()).find("temperature"), std::string::npos);
 
   Request ok;
   ok.tokens = Tokens(10, 1);
