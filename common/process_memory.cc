@@ -29,6 +29,8 @@ void KeepFreedMemoryInHeap() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+void ReturnLargeBlocksToKernel(int64_t bytes) { mallopt(M_MMAP_THRESHOLD, static_cast<int>(bytes)); }
+
 int64_t ResidentBytes() { return StatusKilobytes("VmRSS"); }
 
 int64_t ResidentBytesOf(int pid) { return StatusKilobytes("VmRSS", std::to_string(pid)); }

@@ -13,6 +13,13 @@ namespace strider {
 // faults than in its work. Process-wide: call once, early.
 void KeepFreedMemoryInHeap();
 
+// Blocks of `bytes` and more are mapped from the kernel per allocation and returned on free.
+// For processes whose large temporaries come from the tensor pool (common/model/tensor_pool.h,
+// which ConfigureRuntime installs): what still reaches malloc in large blocks is one-off
+// buffers (an encoded segment of a long trajectory, a published weight file), and kept in the
+// heap those stay resident, split by the small objects allocated after them.
+void ReturnLargeBlocksToKernel(int64_t bytes);
+
 // This process's resident set now (VmRSS of /proc/self/status) in bytes; 0 where the kernel
 // does not report it. Pages the allocator keeps free for reuse count as resident.
 int64_t ResidentBytes();

@@ -126,6 +126,9 @@ class InferenceState {
   // the same values but gradients stop here (truncated backpropagation for long sequences, so
   // training memory grows with the chunk, not with everything before it).
   void DetachGraph();
+  // Room in the latent caches for `tokens` tokens in all (LatentAttentionCache::Reserve): a
+  // chunked pass over a sequence of known length allocates its cache once.
+  void Reserve(int64_t tokens);
 
  private:
   friend class Model;
@@ -249,8 +252,10 @@ at::Tensor NextTokenLogProbs(const at::Tensor& logits, const at::Tensor& tokens)
 // small machines, which halves throughput.
 void ConfigureThreads(int64_t threads);
 
-// ConfigureThreads plus KeepFreedMemoryInHeap (common/process_memory.h): the kernels' big
-// temporaries are reused by the next step instead of faulted in again.
+// ConfigureThreads, KeepFreedMemoryInHeap and the tensor pool (common/model/tensor_pool.h):
+// the kernels' big temporaries are reused by the next step instead of faulted in again, from a
+// pool of their own so nothing else fragments them; malloc's blocks of 1 MiB and more, no
+// longer tensors, go back to the kernel on free (ReturnLargeBlocksToKernel).
 void ConfigureRuntime(int64_t threads);
 
 }  // namespace strider

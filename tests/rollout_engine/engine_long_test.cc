@@ -11,6 +11,7 @@
 
 #include "common/model/config.h"
 #include "common/model/model.h"
+#include "common/model/tensor_pool.h"
 #include "common/process_memory.h"
 #include "rollout_engine/engine.h"
 
@@ -27,11 +28,13 @@ std::vector<int64_t> Tokens(int64_t count, uint64_t seed) {
   return tokens;
 }
 
-// Bytes the allocator holds free: the runtime keeps freed memory in the heap (no trimming, no
-// per-allocation mmap), so these pages stay resident and are reused by later temporaries.
+// Bytes the allocators hold free: the runtime keeps freed memory in the heap (no trimming, no
+// per-allocation mmap) and freed tensor buffers in the tensor pool, so these pages stay
+// resident and are reused by later temporaries.
 double HeapFreeBytes() {
   const struct mallinfo2 info = mallinfo2();
-  return static_cast<double>(info.fordblks);
+  return static_cast<double>(info.fordblks) +
+         static_cast<double>(GetTensorPoolStats().cached_bytes);
 }
 
 struct GrowthReport {

@@ -1,0 +1,172 @@
+#include "common/model/tensor_pool.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string_view>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+namespace strider {
+namespace {
+
+constexpr size_t kPooledBytes = size_t{256} << 10;  // smaller requests stay with malloc
+constexpr size_t kPageBytes = 4096;
+constexpr size_t kMinCacheBytes = size_t{64} << 20;
+
+// Four classes per power of two, in whole pages: at most 25% over the request.
+size_t SizeClass(size_t bytes) {
+  const size_t top = size_t{1} << (63 - __builtin_clzll(bytes));  // largest power of two <= bytes
+  const size_t step = std::max(top / 4, kPageBytes);
+  return (bytes + step - 1) / step * step;
+}
+
+// As LibTorch's own CPU allocator does: 64-byte alignment for its vector kernels, no buffer for
+// an empty tensor.
+void* HeapAllocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* data = nullptr;
+  if (posix_memalign(&data, 64, bytes) != 0) throw std::bad_alloc();
+  return data;
+}
+
+class TensorPool final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t bytes) const override {
+    // Small buffers are freed straight to malloc, without the pool's lock.
+    if (bytes < kPooledBytes) {
+      void* data = HeapAllocate(bytes);
+      return {data, data, &std::free, c10::Device(c10::DeviceType::CPU)};
+    }
+    void* data = Take(bytes);
+    return {data, data, &Delete, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  // The context is the data pointer, as with LibTorch's own CPU allocator, so raw_allocate
+  // works too; Delete tells the pool's buffers from malloc's.
+  c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
+
+  TensorPoolStats Stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  static TensorPool& Instance() {
+    static TensorPool* pool = new TensorPool;  // never destroyed: tensors may outlive statics
+    return *pool;
+  }
+
+ private:
+  struct Class {
+    std::vector<void*> cached;
+    uint64_t last_use = 0;
+  };
+
+  static void Delete(void* data) { Instance().Give(data); }
+
+  void* Take(size_t bytes) const {
+    const size_t size = SizeClass(bytes);
+    std::unique_lock<std::mutex> lock(mutex_);
+    ++tick_;
+    // The class itself, else the smallest cached class up to twice the size.
+    for (auto it = classes_.lower_bound(size); it != classes_.end() && it->first <= 2 * size;
+         ++it) {
+      if (it->second.cached.empty()) continue;
+      void* data = it->second.cached.back();
+      it->second.cached.pop_back();
+      it->second.last_use = tick_;
+      stats_.cached_bytes -= static_cast<int64_t>(it->first);
+      stats_.in_use_bytes += static_cast<int64_t>(it->first);
+      stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+      ++stats_.hits;
+      return data;
+    }
+    ReleaseStale();
+    void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (data == MAP_FAILED) {
+      lock.unlock();
+      return HeapAllocate(bytes);  // the heap, then; its pointer is not ours, so Give frees it
+    }
+    blocks_.emplace(data, size);
+    classes_[size].last_use = tick_;
+    stats_.in_use_bytes += static_cast<int64_t>(size);
+    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    stats_.mapped_bytes += static_cast<int64_t>(size);
+    stats_.peak_mapped_bytes = std::max(stats_.peak_mapped_bytes, stats_.mapped_bytes);
+    ++stats_.misses;
+    return data;
+  }
+
+  void Give(void* data) const {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto block = blocks_.find(data);
+      if (block != blocks_.end()) {
+        classes_[block->second].cached.push_back(data);
+        stats_.in_use_bytes -= static_cast<int64_t>(block->second);
+        stats_.cached_bytes += static_cast<int64_t>(block->second);
+        return;
+      }
+    }
+    std::free(data);
+  }
+
+  // Before mapping new memory: unmap whole classes, the longest unused first, while the cache
+  // holds more than the most ever in use at once (or kMinCacheBytes). The peak rather than what
+  // is in use now: between two calls almost nothing is, and a new size met then (a shorter last
+  // chunk) would otherwise unmap the working set the next call needs. Called under the mutex.
+  void ReleaseStale() const {
+    const int64_t bound =
+        std::max<int64_t>(stats_.peak_in_use_bytes, static_cast<int64_t>(kMinCacheBytes));
+    while (stats_.cached_bytes > bound) {
+      auto stalest = classes_.end();
+      for (auto it = classes_.begin(); it != classes_.end(); ++it) {
+        if (!it->second.cached.empty() &&
+            (stalest == classes_.end() || it->second.last_use < stalest->second.last_use)) {
+          stalest = it;
+        }
+      }
+      if (stalest == classes_.end()) return;
+      for (void* data : stalest->second.cached) {
+        munmap(data, stalest->first);
+        blocks_.erase(data);
+        stats_.cached_bytes -= static_cast<int64_t>(stalest->first);
+        stats_.mapped_bytes -= static_cast<int64_t>(stalest->first);
+        stats_.unmapped_bytes += static_cast<int64_t>(stalest->first);
+      }
+      stalest->second.cached.clear();
+    }
+  }
+
+  // Mutable: c10::Allocator::allocate is const.
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, size_t> blocks_;  // every mapped buffer and its class
+  mutable std::map<size_t, Class> classes_;
+  mutable uint64_t tick_ = 0;
+  mutable TensorPoolStats stats_;
+};
+
+std::once_flag installed;
+bool in_use = false;
+
+}  // namespace
+
+void UseTensorPool() {
+  std::call_once(installed, [] {
+    const char* setting = std::getenv("STRIDER_TENSOR_POOL");
+    if (setting != nullptr && std::string_view(setting) == "0") return;
+    c10::SetCPUAllocator(&TensorPool::Instance(), /*priority=*/1);
+    in_use = true;
+  });
+}
+
+TensorPoolStats GetTensorPoolStats() {
+  return in_use ? TensorPool::Instance().Stats() : TensorPoolStats{};
+}
+
+}  // namespace strider
