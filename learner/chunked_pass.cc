@@ -147,6 +147,7 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
       } else {
         STRIDER_ASSIGN_OR_RETURN(state, model.NewState(rows));
       }
+      state.Reserve(state.length() + length);
     }
     std::vector<RoutingRecord> records;
     at::Tensor total;  // summed loss of chunks not yet backpropagated

@@ -77,8 +77,16 @@ at::Tensor LatentAttentionPrefill(const at::Tensor& query, const LatentAttention
 // memory is O(T x H x Dc) for the saved output plus one (query rows x keys) tile of scores.
 // Tiles wholly in a query tile's future are skipped. Gradients reach the query, the latent
 // (as keys and as values) and the rope keys; double backward is not supported.
+//
+// With `past_latent` (B, P, Dc) and `past_rope_key` (B, P, Dr), the keys are those P rows
+// followed by latent/rope_key's: a past without a graph (truncated backpropagation, a prefix
+// scored earlier) read where it is, a block of keys at a time, and given no gradient, so neither
+// a joined copy of it nor gradient buffers of its size exist. For a chunk against a long past
+// those would be several times the past's cache (the learner's pass over a million tokens).
 at::Tensor LatentAttentionBlockwise(const at::Tensor& query, const at::Tensor& latent,
-                                    const at::Tensor& rope_key);
+                                    const at::Tensor& rope_key,
+                                    const at::Tensor& past_latent = at::Tensor(),
+                                    const at::Tensor& past_rope_key = at::Tensor());
 
 // Materialises (B, H, T, past + T) scores; for tests and equality checks only.
 at::Tensor LatentAttentionReference(const at::Tensor& query, const LatentAttentionPages& pages,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "common/kernels/latent_attention.h"
 
@@ -38,15 +39,38 @@ struct Tiles {
   int64_t batch, tokens, heads, width, latent_rank, keys, past, tile_tokens;
 };
 
-// query (B, T, H, W), keys (B, S, W), the latent being the keys' first `latent_rank` columns.
-Tiles Shape(const at::Tensor& query, const at::Tensor& keys, int64_t latent_rank) {
+// Where a tile's keys [latent; rope_key] come from: the separate past's rows 0 .. separate - 1
+// (no gradient; read where they are and joined a block at a time), then the rows of `joined`
+// (with gradient). Without a separate past, every key is a row of `joined`.
+struct KeySource {
+  at::Tensor past_latent;  // (B, P, Dc) or undefined
+  at::Tensor past_rope;    // (B, P, Dr) or undefined
+  at::Tensor joined;       // (B, S - P, W), contiguous
+  int64_t separate = 0;    // P
+
+  int64_t keys() const { return separate + joined.size(1); }
+
+  // Keys k0 .. k0 + n - 1 of row b as one (n, W) matrix: a view of `joined`, or a copy of n
+  // rows where the block reads the separate past.
+  at::Tensor Block(int64_t b, int64_t k0, int64_t n) const {
+    if (k0 >= separate) return joined[b].narrow(0, k0 - separate, n);
+    const int64_t from_past = std::min(n, separate - k0);
+    at::Tensor past = at::cat(
+        {past_latent[b].narrow(0, k0, from_past), past_rope[b].narrow(0, k0, from_past)}, 1);
+    if (from_past == n) return past;
+    return at::cat({past, joined[b].narrow(0, 0, n - from_past)}, 0);
+  }
+};
+
+// query (B, T, H, W); the values are the keys' first `latent_rank` columns.
+Tiles Shape(const at::Tensor& query, const KeySource& keys, int64_t latent_rank) {
   Tiles t;
   t.batch = query.size(0);
   t.tokens = query.size(1);
   t.heads = query.size(2);
   t.width = query.size(3);
   t.latent_rank = latent_rank;
-  t.keys = keys.size(1);
+  t.keys = keys.keys();
   t.past = t.keys - t.tokens;
   t.tile_tokens = std::max<int64_t>(1, kQueryRows / t.heads);
   return t;
@@ -54,7 +78,7 @@ Tiles Shape(const at::Tensor& query, const at::Tensor& keys, int64_t latent_rank
 
 // Returns the output (B, T, H, Dc) and the log-sum-exp of every query row (B, T * H).
 // The values are the keys' first Dc columns (the latent).
-std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& query, const at::Tensor& keys,
+std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& query, const KeySource& keys,
                                           const Tiles& s) {
   const double inf = std::numeric_limits<double>::infinity();
   at::Tensor out = at::empty({s.batch, s.tokens, s.heads, s.latent_rank}, query.options());
@@ -62,7 +86,6 @@ std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& query, const at::Ten
   for (int64_t b = 0; b < s.batch; ++b) {
     at::Tensor q = query[b].reshape({s.tokens * s.heads, s.width});
     at::Tensor out_rows = out[b].view({s.tokens * s.heads, s.latent_rank});
-    at::Tensor values = keys[b].narrow(1, 0, s.latent_rank);
     for (int64_t t0 = 0; t0 < s.tokens; t0 += s.tile_tokens) {
       const int64_t count = std::min(s.tile_tokens, s.tokens - t0);
       const int64_t rows = count * s.heads;
@@ -73,14 +96,15 @@ std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& query, const at::Ten
       const int64_t visible = VisibleKeys(s.past, t0, count);
       for (int64_t k0 = 0; k0 < visible; k0 += kKeys) {
         const int64_t n = std::min(kKeys, visible - k0);
-        at::Tensor scores = at::mm(q_tile, keys[b].narrow(0, k0, n).t());
+        at::Tensor block = keys.Block(b, k0, n);
+        at::Tensor scores = at::mm(q_tile, block.t());
         at::Tensor future = FutureMask(t0, count, s.heads, s.past, k0, n);
         if (future.defined()) scores.masked_fill_(future, -inf);
         at::Tensor top = at::maximum(max, std::get<0>(scores.max(1)));
         at::Tensor correction = at::exp(max - top);
         at::Tensor p = at::exp(scores - top.unsqueeze(1));
         sum.mul_(correction).add_(p.sum(1));
-        acc.mul_(correction.unsqueeze(1)).addmm_(p, values.narrow(0, k0, n));
+        acc.mul_(correction.unsqueeze(1)).addmm_(p, block.narrow(1, 0, s.latent_rank));
         max = top;
       }
       // Every query row sees at least its own key, so sum >= 1 at the maximum.
@@ -93,14 +117,23 @@ std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& query, const at::Ten
 
 class BlockwiseFunction : public torch::autograd::Function<BlockwiseFunction> {
  public:
+  // `past`: empty, or the separate past's latent and rope key (no gradient; not inputs of the
+  // graph, so no gradient slot is made for them).
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& query,
-                            const at::Tensor& latent, const at::Tensor& rope_key) {
+                            const at::Tensor& latent, const at::Tensor& rope_key,
+                            const std::vector<at::Tensor>& past) {
     at::NoGradGuard no_grad;
     at::Tensor q = query.contiguous();
-    at::Tensor keys = at::cat({latent, rope_key}, 2);  // (B, S, W), contiguous
+    KeySource keys{past.empty() ? at::Tensor() : past[0], past.empty() ? at::Tensor() : past[1],
+                   at::cat({latent, rope_key}, 2),  // (B, S - P, W)
+                   past.empty() ? 0 : past[0].size(1)};
     const Tiles s = Shape(q, keys, latent.size(2));
     auto [out, lse] = Forward(q, keys, s);
-    ctx->save_for_backward({q, keys, out, lse});
+    ctx->save_for_backward({q, keys.joined, out, lse});
+    if (!past.empty()) {
+      ctx->saved_data["past_latent"] = past[0];
+      ctx->saved_data["past_rope"] = past[1];
+    }
     return out;
   }
 
@@ -109,16 +142,24 @@ class BlockwiseFunction : public torch::autograd::Function<BlockwiseFunction> {
     at::NoGradGuard no_grad;
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor& query = saved[0];
-    const at::Tensor& keys = saved[1];
     const at::Tensor& out = saved[2];
     const at::Tensor& lse = saved[3];
+    KeySource keys;
+    keys.joined = saved[1];
+    if (ctx->saved_data.count("past_latent") > 0) {
+      keys.past_latent = ctx->saved_data["past_latent"].toTensor();
+      keys.past_rope = ctx->saved_data["past_rope"].toTensor();
+      keys.separate = keys.past_latent.size(1);
+    }
     const int64_t latent_rank = out.size(3);
     const Tiles s = Shape(query, keys, latent_rank);
     const double inf = std::numeric_limits<double>::infinity();
     at::Tensor d_out = grads[0].contiguous();
     at::Tensor d_query = at::zeros_like(query);
-    at::Tensor d_keys = at::zeros_like(keys);  // as keys: (B, S, W)
-    at::Tensor d_values = at::zeros({s.batch, s.keys, latent_rank}, keys.options());
+    // Gradients only for the joined keys: the separate past has none, so nothing of its size is
+    // allocated.
+    at::Tensor d_keys = at::zeros_like(keys.joined);  // (B, S - P, W)
+    at::Tensor d_values = at::zeros({s.batch, keys.joined.size(1), latent_rank}, query.options());
     for (int64_t b = 0; b < s.batch; ++b) {
       at::Tensor q = query[b].view({s.tokens * s.heads, s.width});
       at::Tensor dq = d_query[b].view({s.tokens * s.heads, s.width});
@@ -126,8 +167,6 @@ class BlockwiseFunction : public torch::autograd::Function<BlockwiseFunction> {
       at::Tensor d_o = d_out[b].view({s.tokens * s.heads, latent_rank});
       // D_r = sum_c dO_rc O_rc: the softmax's backward in one number per query row.
       at::Tensor delta = (d_o * o).sum(1);
-      at::Tensor k_all = keys[b];
-      at::Tensor v_all = k_all.narrow(1, 0, latent_rank);
       for (int64_t t0 = 0; t0 < s.tokens; t0 += s.tile_tokens) {
         const int64_t count = std::min(s.tile_tokens, s.tokens - t0);
         const int64_t rows = count * s.heads;
@@ -140,30 +179,38 @@ class BlockwiseFunction : public torch::autograd::Function<BlockwiseFunction> {
         const int64_t visible = VisibleKeys(s.past, t0, count);
         for (int64_t k0 = 0; k0 < visible; k0 += kKeys) {
           const int64_t n = std::min(kKeys, visible - k0);
-          at::Tensor k = k_all.narrow(0, k0, n);
-          at::Tensor v = v_all.narrow(0, k0, n);
+          at::Tensor k = keys.Block(b, k0, n);
+          at::Tensor v = k.narrow(1, 0, latent_rank);
           at::Tensor scores = at::mm(q_tile, k.t());
           at::Tensor future = FutureMask(t0, count, s.heads, s.past, k0, n);
           if (future.defined()) scores.masked_fill_(future, -inf);
-          at::Tensor p = at::exp(scores.sub_(lse_tile));       // (rows, n)
-          d_values[b].narrow(0, k0, n).addmm_(p.t(), d_o_tile);  // dV += P^T dO
-          at::Tensor d_scores = at::mm(d_o_tile, v.t());        // dP = dO V^T
-          d_scores.sub_(delta_tile).mul_(p);                     // dS = P (dP - D)
-          dq_tile.addmm_(d_scores, k);                           // dQ += dS K
-          d_keys[b].narrow(0, k0, n).addmm_(d_scores.t(), q_tile);  // dK += dS^T Q
+          at::Tensor p = at::exp(scores.sub_(lse_tile));  // (rows, n)
+          at::Tensor d_scores = at::mm(d_o_tile, v.t());  // dP = dO V^T
+          d_scores.sub_(delta_tile).mul_(p);              // dS = P (dP - D)
+          dq_tile.addmm_(d_scores, k);                    // dQ += dS K
+          // Keys of the block that have gradients: those past the separate past.
+          const int64_t skip = std::max<int64_t>(0, keys.separate - k0);
+          if (skip < n) {
+            const int64_t j0 = k0 + skip - keys.separate;  // row in `joined`
+            d_values[b].narrow(0, j0, n - skip).addmm_(p.narrow(1, skip, n - skip).t(),
+                                                         d_o_tile);  // dV += P^T dO
+            d_keys[b].narrow(0, j0, n - skip).addmm_(d_scores.narrow(1, skip, n - skip).t(),
+                                                       q_tile);  // dK += dS^T Q
+          }
         }
       }
     }
     at::Tensor d_latent = d_keys.narrow(2, 0, latent_rank) + d_values;
     at::Tensor d_rope = d_keys.narrow(2, latent_rank, s.width - latent_rank).contiguous();
-    return {d_query, d_latent, d_rope};
+    return {d_query, d_latent, d_rope, at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor LatentAttentionBlockwise(const at::Tensor& query, const at::Tensor& latent,
-                                    const at::Tensor& rope_key) {
+                                    const at::Tensor& rope_key, const at::Tensor& past_latent,
+                                    const at::Tensor& past_rope_key) {
   TORCH_CHECK(query.dim() == 4 && latent.dim() == 3 && rope_key.dim() == 3,
               "latent attention (blockwise): query (B, T, H, W), latent (B, S, Dc) and rope key "
               "(B, S, Dr)");
@@ -172,13 +219,34 @@ at::Tensor LatentAttentionBlockwise(const at::Tensor& query, const at::Tensor& l
   TORCH_CHECK(latent.scalar_type() == query.scalar_type() &&
                   rope_key.scalar_type() == query.scalar_type(),
               "latent attention (blockwise): query, latent and rope key in one dtype");
+  int64_t separate = 0;
+  if (past_latent.defined() || past_rope_key.defined()) {
+    TORCH_CHECK(past_latent.defined() && past_rope_key.defined() && past_latent.dim() == 3 &&
+                    past_rope_key.dim() == 3 && past_latent.size(0) == query.size(0) &&
+                    past_rope_key.size(0) == query.size(0) &&
+                    past_rope_key.size(1) == past_latent.size(1) &&
+                    past_latent.size(2) == latent.size(2) &&
+                    past_rope_key.size(2) == rope_key.size(2),
+                "latent attention (blockwise): a past of ", past_latent.sizes(), " latent and ",
+                past_rope_key.sizes(), " rope rows for ", latent.sizes(), " and ",
+                rope_key.sizes());
+    TORCH_CHECK(past_latent.scalar_type() == query.scalar_type() &&
+                    past_rope_key.scalar_type() == query.scalar_type(),
+                "latent attention (blockwise): the past in the query's dtype");
+    TORCH_CHECK(!past_latent.requires_grad() && !past_rope_key.requires_grad(),
+                "latent attention (blockwise): a separate past takes no gradient; join it to "
+                "the latent and rope key instead");
+    separate = past_latent.size(1);
+  }
   TORCH_CHECK(latent.size(0) == query.size(0) && rope_key.size(0) == query.size(0) &&
                   rope_key.size(1) == latent.size(1) &&
                   query.size(3) == latent.size(2) + rope_key.size(2) &&
-                  latent.size(1) >= query.size(1),
+                  separate + latent.size(1) >= query.size(1),
               "latent attention (blockwise): ", query.sizes(), " queries against ",
               latent.sizes(), " latent and ", rope_key.sizes(), " rope rows");
-  return BlockwiseFunction::apply(query, latent, rope_key);
+  std::vector<at::Tensor> past;
+  if (separate > 0) past = {past_latent, past_rope_key};  // read in place, strided or not
+  return BlockwiseFunction::apply(query, latent, rope_key, past);
 }
 
 }  // namespace strider::kernels

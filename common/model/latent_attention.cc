@@ -34,20 +34,26 @@ LatentAttentionCache LatentAttentionCache::Empty(const LatentAttentionConfig& c,
   return cache;
 }
 
+void LatentAttentionCache::MoveTo(int64_t capacity) {
+  at::Tensor grown_latent = at::empty({latent.size(0), capacity, latent.size(2)}, latent.options());
+  at::Tensor grown_rope =
+      at::empty({rope_key.size(0), capacity, rope_key.size(2)}, rope_key.options());
+  grown_latent.narrow(1, 0, length).copy_(latent.narrow(1, 0, length));
+  grown_rope.narrow(1, 0, length).copy_(rope_key.narrow(1, 0, length));
+  latent = grown_latent;
+  rope_key = grown_rope;
+  rows_written = std::make_shared<int64_t>(length);
+}
+
+void LatentAttentionCache::Reserve(int64_t tokens) {
+  if (latent.defined() && tokens > latent.size(1)) MoveTo(tokens);
+}
+
 void LatentAttentionCache::Append(const at::Tensor& latent_rows, const at::Tensor& rope_rows) {
   const int64_t added = latent_rows.size(1);
   const int64_t needed = length + added;
   if (needed > latent.size(1) || *rows_written > length) {
-    const int64_t capacity = std::max<int64_t>(needed, std::max<int64_t>(16, 2 * latent.size(1)));
-    at::Tensor grown_latent =
-        at::empty({latent.size(0), capacity, latent.size(2)}, latent.options());
-    at::Tensor grown_rope =
-        at::empty({rope_key.size(0), capacity, rope_key.size(2)}, rope_key.options());
-    grown_latent.narrow(1, 0, length).copy_(latent.narrow(1, 0, length));
-    grown_rope.narrow(1, 0, length).copy_(rope_key.narrow(1, 0, length));
-    latent = grown_latent;
-    rope_key = grown_rope;
-    rows_written = std::make_shared<int64_t>(length);
+    MoveTo(std::max<int64_t>(needed, std::max<int64_t>(16, 2 * latent.size(1))));
   }
   latent.narrow(1, length, added).copy_(latent_rows);
   rope_key.narrow(1, length, added).copy_(rope_rows);
@@ -183,13 +189,17 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
     at::Tensor all_latent = latent;
     at::Tensor all_rope_key = rope_key;
     const int64_t past_length = past_latent.defined() ? past_latent.size(1) : 0;
-    if (past_length > 0) {
+    // A past without a graph, for the blockwise kernel: read in place, no joined copy.
+    const bool separate_past = form == LatentAttentionForm::kAbsorbed && past_length > 0 &&
+                               !past_lengths.defined() && !past_latent.requires_grad() &&
+                               !past_rope_key.requires_grad();
+    if (past_length > 0 && !separate_past) {
       // Past tokens come from the cache (possibly stored in lower precision); the new tokens
       // keep their exact values and their graph, so chunked training through this path works.
       all_latent = at::cat({past_latent.to(x.scalar_type()), latent}, 1);
       all_rope_key = at::cat({past_rope_key.to(x.scalar_type()), rope_key}, 1);
     }
-    const int64_t keys = all_latent.size(1);
+    const int64_t keys = past_length + length;
     // Masked where the key is in the query's future or, for ragged rows, is past padding; for
     // the forms that materialise scores.
     const auto future_mask = [&] {
@@ -222,7 +232,11 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
       at::Tensor absorbed_query = at::einsum("bthn,hnc->bthc", {query_nope, key_up});
       at::Tensor scaled_query = at::cat({absorbed_query, query_rope}, -1) * scale;
       at::Tensor latent_output =
-          kernels::LatentAttentionBlockwise(scaled_query, all_latent, all_rope_key);
+          separate_past
+              ? kernels::LatentAttentionBlockwise(scaled_query, latent, rope_key,
+                                                  past_latent.to(x.scalar_type()),
+                                                  past_rope_key.to(x.scalar_type()))
+              : kernels::LatentAttentionBlockwise(scaled_query, all_latent, all_rope_key);
       head_output = at::einsum("bthc,hvc->bthv", {latent_output, value_up});
     } else {
       // Ragged rows while autograd records (not a training path today): materialised scores.
@@ -249,13 +263,20 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& w, const LatentA
                                   double norm_epsilon, LatentAttentionForm form) {
   at::Tensor past_latent, past_rope_key;
   // While autograd records, earlier chunks' rows are read from the graph-carrying copies (when
-  // they cover the whole cache), so chunked training gets the gradients of one whole pass.
+  // they reach the cache's end), so chunked training gets the gradients of one whole pass. Rows
+  // before graph_begin have none and come from the storage.
   const bool have_graph = cache != nullptr && at::GradMode::is_enabled() &&
                           cache->latent_graph.defined() &&
-                          cache->latent_graph.size(1) == cache->length;
-  if (have_graph) {
+                          cache->graph_begin + cache->latent_graph.size(1) == cache->length;
+  if (have_graph && cache->graph_begin == 0) {
     past_latent = cache->latent_graph;
     past_rope_key = cache->rope_key_graph;
+  } else if (have_graph) {
+    const int64_t detached = cache->graph_begin;
+    past_latent = at::cat(
+        {cache->latent.narrow(1, 0, detached).to(x.scalar_type()), cache->latent_graph}, 1);
+    past_rope_key = at::cat(
+        {cache->rope_key.narrow(1, 0, detached).to(x.scalar_type()), cache->rope_key_graph}, 1);
   } else if (cache != nullptr) {
     past_latent = cache->Latent();
     past_rope_key = cache->RopeKey();
@@ -269,16 +290,21 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& w, const LatentA
     cache->Append(latent.detach().to(cache->latent.scalar_type()),
                   rope_key.detach().to(cache->rope_key.scalar_type()));
     if (at::GradMode::is_enabled() && latent.requires_grad()) {
-      if (past_latent.defined() && past_latent.size(1) > 0) {
-        cache->latent_graph = at::cat({past_latent.to(x.scalar_type()), latent}, 1);
-        cache->rope_key_graph = at::cat({past_rope_key.to(x.scalar_type()), rope_key}, 1);
+      if (have_graph) {
+        cache->latent_graph = at::cat({cache->latent_graph, latent}, 1);
+        cache->rope_key_graph = at::cat({cache->rope_key_graph, rope_key}, 1);
       } else {
+        // Only the new rows: the past has no graph, and a copy of it joined to them would be
+        // the past's size again (a chunk after a million detached tokens). A later chunk that
+        // records joins them then (above); truncated backpropagation never does.
         cache->latent_graph = latent;
         cache->rope_key_graph = rope_key;
+        cache->graph_begin = past_latent.defined() ? past_latent.size(1) : 0;
       }
     } else {
       cache->latent_graph = at::Tensor();
       cache->rope_key_graph = at::Tensor();
+      cache->graph_begin = 0;
     }
   }
   return out;

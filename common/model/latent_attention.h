@@ -49,18 +49,27 @@ struct LatentAttentionCache {
   // Only while autograd records (chunked training through the inference path): the cached rows
   // with their graph, so gradients reach the keys and values of earlier chunks exactly as in one
   // whole-sequence pass. The storage above holds detached copies and may be lower precision.
-  // Undefined otherwise; a no-grad append drops them.
-  at::Tensor latent_graph;    // (B, length, Dc)
-  at::Tensor rope_key_graph;  // (B, length, Dr)
+  // Undefined otherwise; a no-grad append drops them. They cover rows graph_begin .. length - 1:
+  // rows before graph_begin were appended without a graph (a prefix scored without one, or
+  // chunks before truncated backpropagation's cut) and are read from the storage.
+  at::Tensor latent_graph;    // (B, length - graph_begin, Dc)
+  at::Tensor rope_key_graph;  // (B, length - graph_begin, Dr)
+  int64_t graph_begin = 0;
   // Rows written into the storage by this cache or any copy of it. Copies of a cache (a forked
   // InferenceState, Append's all-or-nothing working copy) share storage; a copy whose length is
   // below this count would overwrite another copy's rows, so it moves to storage of its own first
   // (copy on write).
   std::shared_ptr<int64_t> rows_written = std::make_shared<int64_t>(0);
 
+  void MoveTo(int64_t capacity);  // storage of `capacity` tokens holding the cached rows
+
   static LatentAttentionCache Empty(const LatentAttentionConfig& config, int64_t batch,
                                     const at::TensorOptions& options);
   void Append(const at::Tensor& latent_rows, const at::Tensor& rope_rows);  // (B, T, .)
+  // Storage for `tokens` tokens in all, so appending up to there never moves it: a pass that
+  // knows its length holds one cache of that length rather than doubling into it (the copies
+  // it left behind would stay resident in the allocator).
+  void Reserve(int64_t tokens);
   at::Tensor Latent() const;   // (B, length, Dc)
   at::Tensor RopeKey() const;  // (B, length, Dr)
   int64_t Bytes() const;       // bytes of the `length` cached tokens

@@ -7,6 +7,7 @@
 
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -157,6 +158,48 @@ TEST(LatentAttentionBlockwise, ForwardAndGradientsEqualAutogradThroughTheMateria
       EXPECT_LT(MaxDifference(grads[i], expected[i]), 1e-10) << names[i] << ", " << where;
     }
   }
+}
+
+// A past without a graph given separately (read in place, no gradient): the same output and
+// the same gradients for the query and the new rows as the joined keys, with the past's rows
+// split anywhere against the key blocks (1024) and the query tiles (256 tokens of 4 heads).
+TEST(LatentAttentionBlockwise, ASeparatePastGivesTheJoinedKeysResultsForTheNewRows) {
+  for (const auto& [past, fresh, tokens] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 5, 5}, {1500, 700, 700}, {1023, 1, 1}, {1024, 300, 300}, {2100, 60, 40}}) {
+    at::manual_seed(past + fresh);
+    const auto options = at::TensorOptions().dtype(at::kDouble);
+    const int64_t batch = 2;
+    at::Tensor query =
+        (at::randn({batch, tokens, kHeads, kLatentRank + kRopeDim}, options) * 0.5)
+            .requires_grad_();
+    at::Tensor past_latent = at::randn({batch, past, kLatentRank}, options);
+    at::Tensor past_rope = at::randn({batch, past, kRopeDim}, options);
+    at::Tensor latent = at::randn({batch, fresh, kLatentRank}, options).requires_grad_();
+    at::Tensor rope_key = at::randn({batch, fresh, kRopeDim}, options).requires_grad_();
+    at::Tensor upstream = at::randn({batch, tokens, kHeads, kLatentRank}, options);
+
+    at::Tensor separate = LatentAttentionBlockwise(query, latent, rope_key, past_latent, past_rope);
+    auto grads = torch::autograd::grad({(separate * upstream).sum()}, {query, latent, rope_key});
+    at::Tensor joined = LatentAttentionBlockwise(query, at::cat({past_latent, latent}, 1),
+                                                 at::cat({past_rope, rope_key}, 1));
+    auto expected = torch::autograd::grad({(joined * upstream).sum()}, {query, latent, rope_key});
+
+    const std::string where = "past " + std::to_string(past) + ", new rows " +
+                              std::to_string(fresh) + ", tokens " + std::to_string(tokens);
+    EXPECT_LT(MaxDifference(separate, joined), 1e-12) << where;
+    const char* names[] = {"query", "latent", "rope key"};
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LT(MaxDifference(grads[i], expected[i]), 1e-12) << names[i] << ", " << where;
+    }
+  }
+  // A past with a graph cannot be given separately: its gradient would be lost.
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor query = at::randn({1, 4, kHeads, kLatentRank + kRopeDim}, options);
+  EXPECT_THROW(LatentAttentionBlockwise(query, at::randn({1, 4, kLatentRank}, options),
+                                        at::randn({1, 4, kRopeDim}, options),
+                                        at::randn({1, 9, kLatentRank}, options).requires_grad_(),
+                                        at::randn({1, 9, kRopeDim}, options)),
+               c10::Error);
 }
 
 TEST(LatentAttentionBlockwise, AgreesWithTheInferenceKernelsInFloat32) {
