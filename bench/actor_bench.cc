@@ -23,9 +23,12 @@
 // A model NAME is configs/model/NAME.yaml; the long run defaults to tiny_incremental, whose
 // context holds 1,048,576 tokens; tiny_1m is the hybrid tiny with that context. --long-keep
 // keeps the long episode's replay store in DIR/db (for `strider replay inspect` and the
-// learner's pass over it).
+// learner's pass over it). The long episode's replay server runs in a child process (this
+// program with --replay-server DIR), so the memory figure is the actor's alone.
 #include <spdlog/spdlog.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,7 +51,9 @@
 #include "bench/ceiling.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
+#include "common/model/tensor_pool.h"
 #include "common/process_memory.h"
+#include "common/subprocess.h"
 #include "envs/registry.h"
 #include "replay/inspect.h"
 #include "replay/replay.h"
@@ -447,20 +452,105 @@ struct LongEpisode {
   actors::ActorMetrics metrics;
   int64_t tokens = 0;      // in the trajectory: context and sampled
   int64_t peak_rss = 0;    // of this process while it played (the high-water mark reset first)
+  int64_t server_rss = 0;  // of the replay server's process at the end of the episode
   replay::VerifyReport verify;
 };
+
+// The long episode's replay server runs in a process of its own (this program again with
+// --replay-server DIR), as in a fleet: its memtables and the segments it is receiving are the
+// server's memory, and in this process they would read as growth of the actor's (a million-token
+// episode fills 64 MB of memtable before the first flush).
+int ServeReplay(const std::string& dir) {
+  // Blocked before the server's threads start, so they inherit it and only sigwait sees them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  spdlog::set_level(spdlog::level::warn);
+  replay::ServerOptions options = ReplayOptions(dir);
+  // One part of a million-token document can take longer than the server's default silence
+  // before it closes a trajectory as abandoned (1800 s); the actor is alive throughout.
+  options.abandon_after_s = 0;
+  Result<std::unique_ptr<replay::ReplayServer>> server = replay::ReplayServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "actor_bench: replay server: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("endpoint %s\n", (*server)->actor_endpoint().c_str());
+  std::fflush(stdout);
+  int signal_number = 0;
+  sigwait(&stop, &signal_number);
+  (*server)->Stop();
+  return 0;
+}
+
+struct ServerChild {
+  pid_t pid = -1;
+  std::string endpoint;
+  FILE* output = nullptr;  // its stdout, open while it runs (its log lines go there too)
+
+  // Stops the server (SIGTERM; it flushes and closes the store) and waits for it.
+  Status Stop() {
+    if (pid <= 0) return Status::Ok();
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    if (output != nullptr) std::fclose(output);
+    output = nullptr;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      return Status::Internal("the replay server's process ended with status " +
+                              std::to_string(status));
+    }
+    return Status::Ok();
+  }
+  ~ServerChild() { (void)Stop(); }
+};
+
+Status StartServerChild(const std::string& dir, ServerChild* child) {
+  char self[4096];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length <= 0) return Status::IoError("actor_bench: cannot find its own executable");
+  self[length] = '\0';
+  int out[2];
+  if (pipe(out) != 0) return Status::IoError("actor_bench: pipe for the replay server");
+  const char* argv[] = {self, "--replay-server", dir.c_str(), nullptr};
+  child->pid = ForkWithLifeline([&] {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    execv(self, const_cast<char* const*>(argv));
+    _exit(127);
+  });
+  close(out[1]);
+  if (child->pid < 0) {
+    close(out[0]);
+    return Status::IoError("actor_bench: cannot fork the replay server");
+  }
+  child->output = fdopen(out[0], "r");
+  char line[1024] = "";
+  std::string text;
+  while (child->output != nullptr && std::fgets(line, sizeof(line), child->output) != nullptr) {
+    text = line;
+    if (text.rfind("endpoint ", 0) == 0) break;
+    std::fputs(line, stderr);  // a log line before it
+  }
+  if (text.rfind("endpoint ", 0) != 0) {
+    (void)child->Stop();
+    return Status::Internal("actor_bench: the replay server did not start (see its errors)");
+  }
+  child->endpoint = text.substr(9, text.find_last_not_of("\r\n") - 8);
+  return Status::Ok();
+}
 
 // One retrieval episode of `tokens` document tokens (revealed in parts of at most 262,144)
 // through an actor and a replay server storing in `dir`/db, which stays for inspection.
 Result<LongEpisode> PlayLongEpisode(const Run& r, int64_t tokens, const std::string& dir) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  replay::ServerOptions server_options = ReplayOptions(dir);
-  // One part of a million-token document can take longer than the server's default silence
-  // before it closes a trajectory as abandoned (1800 s); this actor is alive throughout.
-  server_options.abandon_after_s = 0;
-  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
-                           replay::ReplayServer::Start(server_options));
+  ServerChild server;
+  STRIDER_RETURN_IF_ERROR(StartServerChild(dir, &server));
   STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions o, BaseOptions(r, r.long_model, dir));
   const int64_t parts = std::max<int64_t>(1, (tokens + 262143) / 262144);
   o.env.name = "retrieval";
@@ -475,7 +565,7 @@ Result<LongEpisode> PlayLongEpisode(const Run& r, int64_t tokens, const std::str
   o.cache_budget_bytes = int64_t{8} << 30;
   o.block_tokens = r.long_block_tokens;
   o.prefill_chunk_tokens = 8192;
-  o.replay_endpoint = server->actor_endpoint();
+  o.replay_endpoint = server.endpoint;
   ResetPeakResident();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(o));
   const auto start = Clock::now();
@@ -487,8 +577,8 @@ Result<LongEpisode> PlayLongEpisode(const Run& r, int64_t tokens, const std::str
   episode.peak_rss = PeakResidentBytes();
   episode.tokens = episode.metrics.generated_tokens + episode.metrics.context_tokens;
   actor.reset();
-  server->Stop();
-  server.reset();
+  episode.server_rss = ResidentBytesOf(server.pid);
+  STRIDER_RETURN_IF_ERROR(server.Stop());
   if (episode.metrics.segments == 0) {
     std::string errors;
     for (const auto& [kind, n] : episode.metrics.errors) {
@@ -601,6 +691,7 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
   const double constant =
       static_cast<double>(brief.peak_rss - rss_before) - formula(brief.tokens);
   const double growth = static_cast<double>(e.peak_rss - rss_before);
+  const TensorPoolStats pool = GetTensorPoolStats();  // both episodes' tensors (tensor_pool.h)
   bench::PrintResult("actor", "retrieval_peak_rss_growth_bytes" + at, growth, "bytes",
                      formula(e.tokens) + constant,
                      {{"model", bench::JsonString(config.name)},
@@ -612,7 +703,12 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
                        std::to_string(caches.state_bytes_per_sequence)},
                       {"constant_bytes", bench::JsonNumber(constant)},
                       {"constant_from_tokens", std::to_string(brief.tokens)},
-                      {"rss_before_bytes", std::to_string(rss_before)}});
+                      {"rss_before_bytes", std::to_string(rss_before)},
+                      {"replay_server_process_rss_bytes", std::to_string(e.server_rss)},
+                      {"tensor_pool_peak_mapped_bytes", std::to_string(pool.peak_mapped_bytes)},
+                      {"tensor_pool_hits", std::to_string(pool.hits)},
+                      {"tensor_pool_misses", std::to_string(pool.misses)},
+                      {"tensor_pool_unmapped_bytes", std::to_string(pool.unmapped_bytes)}});
 
   // Delivery: every segment acknowledged and the store consistent.
   bench::PrintResult("actor", "retrieval_segments_acknowledged" + at,
@@ -641,6 +737,7 @@ Status LongRetrieval(const Run& r, int64_t tokens) {
 }  // namespace strider
 
 int main(int argc, char** argv) {
+  if (argc == 3 && !std::strcmp(argv[1], "--replay-server")) return strider::ServeReplay(argv[2]);
   strider::Run run;
   bool quick = false;
   int64_t long_tokens = 0;

@@ -60,6 +60,7 @@
 #include "common/model/model.h"
 #include "common/model/parameters.h"
 #include "common/model/sampling_distribution.h"
+#include "common/model/tensor_pool.h"
 #include "common/process_memory.h"
 #include "common/tokenizer.h"
 #include "common/transport/weight_stream.h"
@@ -768,13 +769,19 @@ int RunStoredLong(const std::string& model_name, const std::string& store, int64
   bench::PrintResult(bench, "stored_update_us_per_token" + at, 1e6 * update_seconds / tokens,
                      "us", 1e6 * prepare_seconds / tokens,
                      {{"baseline_is", bench::JsonString("the scoring pass per token")}});
+  const TensorPoolStats pool = GetTensorPoolStats();  // the process's tensors (tensor_pool.h)
   bench::PrintResult(bench, "stored_peak_memory" + at, (peak - before) / mib, "MiB",
                      std::nullopt,
                      {{"scoring_peak_mib", bench::JsonNumber((after_scoring - before) / mib)},
                       {"latent_cache_mib", bench::JsonNumber(cache / mib)},
                       {"held_mib", bench::JsonNumber(held / mib)},
                       {"rest_mib", bench::JsonNumber((peak - before - held - cache) / mib)},
-                      {"resident_before_mib", bench::JsonNumber(before / mib)}});
+                      {"resident_before_mib", bench::JsonNumber(before / mib)},
+                      {"tensor_pool_peak_mapped_mib",
+                       bench::JsonNumber(pool.peak_mapped_bytes / mib)},
+                      {"tensor_pool_peak_in_use_mib",
+                       bench::JsonNumber(pool.peak_in_use_bytes / mib)},
+                      {"tensor_pool_misses", std::to_string(pool.misses)}});
   return 0;
 }
 
