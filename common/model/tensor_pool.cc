@@ -19,6 +19,8 @@ constexpr size_t kPooledBytes = size_t{256} << 10;  // smaller requests stay wit
 constexpr size_t kPageBytes = 4096;
 constexpr size_t kMinCacheBytes = size_t{64} << 20;
 
+size_t PagesOf(size_t bytes) { return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes; }
+
 // Four classes per power of two, in whole pages: at most 25% over the request.
 size_t SizeClass(size_t bytes) {
   const size_t top = size_t{1} << (63 - __builtin_clzll(bytes));  // largest power of two <= bytes
@@ -80,7 +82,10 @@ class TensorPool final : public c10::Allocator {
       void* data = it->second.cached.back();
       it->second.cached.pop_back();
       it->second.last_use = tick_;
+      Block& block = blocks_[data];
       stats_.cached_bytes -= static_cast<int64_t>(it->first);
+      stats_.cached_written_bytes -= static_cast<int64_t>(block.written);
+      block.written = std::max(block.written, PagesOf(bytes));
       stats_.in_use_bytes += static_cast<int64_t>(it->first);
       stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
       ++stats_.hits;
@@ -92,7 +97,7 @@ class TensorPool final : public c10::Allocator {
       lock.unlock();
       return HeapAllocate(bytes);  // the heap, then; its pointer is not ours, so Give frees it
     }
-    blocks_.emplace(data, size);
+    blocks_.emplace(data, Block{size, PagesOf(bytes)});
     classes_[size].last_use = tick_;
     stats_.in_use_bytes += static_cast<int64_t>(size);
     stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
@@ -107,9 +112,10 @@ class TensorPool final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(mutex_);
       auto block = blocks_.find(data);
       if (block != blocks_.end()) {
-        classes_[block->second].cached.push_back(data);
-        stats_.in_use_bytes -= static_cast<int64_t>(block->second);
-        stats_.cached_bytes += static_cast<int64_t>(block->second);
+        classes_[block->second.size].cached.push_back(data);
+        stats_.in_use_bytes -= static_cast<int64_t>(block->second.size);
+        stats_.cached_bytes += static_cast<int64_t>(block->second.size);
+        stats_.cached_written_bytes += static_cast<int64_t>(block->second.written);
         return;
       }
     }
@@ -134,6 +140,7 @@ class TensorPool final : public c10::Allocator {
       if (stalest == classes_.end()) return;
       for (void* data : stalest->second.cached) {
         munmap(data, stalest->first);
+        stats_.cached_written_bytes -= static_cast<int64_t>(blocks_[data].written);
         blocks_.erase(data);
         stats_.cached_bytes -= static_cast<int64_t>(stalest->first);
         stats_.mapped_bytes -= static_cast<int64_t>(stalest->first);
@@ -145,7 +152,11 @@ class TensorPool final : public c10::Allocator {
 
   // Mutable: c10::Allocator::allocate is const.
   mutable std::mutex mutex_;
-  mutable std::unordered_map<void*, size_t> blocks_;  // every mapped buffer and its class
+  struct Block {
+    size_t size;     // its class
+    size_t written;  // bytes up to the end of the largest tensor it held, in whole pages
+  };
+  mutable std::unordered_map<void*, Block> blocks_;  // every mapped buffer
   mutable std::map<size_t, Class> classes_;
   mutable uint64_t tick_ = 0;
   mutable TensorPoolStats stats_;

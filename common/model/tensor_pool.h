@@ -26,6 +26,10 @@ struct TensorPoolStats {
   int64_t in_use_bytes = 0;       // in live tensors
   int64_t peak_in_use_bytes = 0;  // the most ever in live tensors at once
   int64_t cached_bytes = 0;       // freed, kept for reuse (resident once touched)
+  // Of those, the pages tensors have held (each buffer up to the end of the largest tensor it
+  // held): what of the cache is resident. A class is up to a quarter larger than its tensors,
+  // and pages no tensor reached are never touched.
+  int64_t cached_written_bytes = 0;
   int64_t peak_mapped_bytes = 0;  // the most ever mapped at once
   int64_t hits = 0;               // requests served from the cache
   int64_t misses = 0;             // requests that mapped new memory

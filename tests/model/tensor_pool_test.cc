@@ -48,6 +48,16 @@ TEST_F(TensorPoolTest, AFreedSizeComesBackAsTheSamePages) {
     at::Tensor t = Floats(5 * kMiB);
     EXPECT_NE(t.data_ptr(), first);
   }
+
+  // The cache's resident part: a 6.5 MiB tensor takes a 7 MiB buffer and writes 6.5 of it.
+  const TensorPoolStats empty = GetTensorPoolStats();
+  {
+    at::Tensor t = Floats(6 * kMiB + kMiB / 2);
+    t.fill_(0.0f);
+  }
+  const TensorPoolStats cached = GetTensorPoolStats();
+  EXPECT_EQ(cached.cached_bytes - empty.cached_bytes, 7 * kMiB);
+  EXPECT_EQ(cached.cached_written_bytes - empty.cached_written_bytes, 6 * kMiB + kMiB / 2);
 }
 
 TEST_F(TensorPoolTest, SmallRequestsStayWithMalloc) {

@@ -34,7 +34,7 @@ std::vector<int64_t> Tokens(int64_t count, uint64_t seed) {
 double HeapFreeBytes() {
   const struct mallinfo2 info = mallinfo2();
   return static_cast<double>(info.fordblks) +
-         static_cast<double>(GetTensorPoolStats().cached_bytes);
+         static_cast<double>(GetTensorPoolStats().cached_written_bytes);
 }
 
 struct GrowthReport {
