@@ -48,6 +48,7 @@
 
 #include "actors/actor.h"
 #include "bench/bench_json.h"
+#include "bench/bench_util.h"
 #include "bench/ceiling.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
@@ -509,18 +510,16 @@ struct ServerChild {
 };
 
 Status StartServerChild(const std::string& dir, ServerChild* child) {
-  char self[4096];
-  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (length <= 0) return Status::IoError("actor_bench: cannot find its own executable");
-  self[length] = '\0';
+  const std::string self = bench::SelfPath();
+  if (self.empty()) return Status::IoError("actor_bench: cannot find its own executable");
   int out[2];
   if (pipe(out) != 0) return Status::IoError("actor_bench: pipe for the replay server");
-  const char* argv[] = {self, "--replay-server", dir.c_str(), nullptr};
+  const char* argv[] = {self.c_str(), "--replay-server", dir.c_str(), nullptr};
   child->pid = ForkWithLifeline([&] {
     dup2(out[1], STDOUT_FILENO);
     close(out[0]);
     close(out[1]);
-    execv(self, const_cast<char* const*>(argv));
+    execv(argv[0], const_cast<char* const*>(argv));
     _exit(127);
   });
   close(out[1]);

@@ -37,17 +37,22 @@ inline void Check(const Status& status, const std::string& what) {
   }
 }
 
+// This program's executable (/proc/self/exe), or empty where it cannot be read.
+inline std::string SelfPath() {
+  char self[4096];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  return length > 0 ? std::string(self, static_cast<size_t>(length)) : std::string();
+}
+
 // Runs this program again with `arguments` (a shell word list, quoted by the caller), hands
 // each line it prints on stdout to `on_line` as it comes, and returns its exit status (-1 when
 // it cannot be started). Benchmarks run a measurement in a fresh process this way when memory
 // one measurement freed would stay in the heap and read as the next one's.
 inline int RunSelf(const std::string& arguments,
                    const std::function<void(const std::string& line)>& on_line) {
-  char self[4096];
-  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (length <= 0) return -1;
-  self[length] = '\0';
-  FILE* child = popen((std::string("'") + self + "' " + arguments).c_str(), "r");
+  const std::string self = SelfPath();
+  if (self.empty()) return -1;
+  FILE* child = popen(("'" + self + "' " + arguments).c_str(), "r");
   if (child == nullptr) return -1;
   char buffer[8192];
   while (std::fgets(buffer, sizeof(buffer), child) != nullptr) on_line(buffer);

@@ -894,14 +894,7 @@ class EngineImpl final : public Engine {
   }
 
   std::string SerializeState(const Sequence& sequence) const {
-    size_t size = 0;
-    WriteSequenceState(sequence, [&](const void*, size_t n) { size += n; });
-    std::string bytes;
-    bytes.reserve(size);
-    WriteSequenceState(sequence, [&](const void* data, size_t n) {
-      bytes.append(static_cast<const char*>(data), n);
-    });
-    return bytes;
+    return CollectBytes([&](const ByteSink& sink) { WriteSequenceState(sequence, sink); });
   }
 
   // Sets the sequence's length and incremental states from a snapshot's state section; its

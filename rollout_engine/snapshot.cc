@@ -165,16 +165,21 @@ void WriteState(int64_t length, const std::vector<model::IncrementalAttentionSta
   }
 }
 
+std::string CollectBytes(const std::function<void(const ByteSink&)>& write) {
+  size_t size = 0;
+  write([&](const void*, size_t n) { size += n; });
+  std::string bytes;
+  bytes.reserve(size);
+  write([&](const void* data, size_t n) { bytes.append(static_cast<const char*>(data), n); });
+  return bytes;
+}
+
 std::string EncodeState(const SequenceState& state) {
   std::vector<std::vector<at::Tensor>> pieces;
   for (const at::Tensor& rows : state.latent_rows) pieces.push_back({rows});
-  size_t size = 0;
-  WriteState(state.length, state.incremental, pieces, [&](const void*, size_t n) { size += n; });
-  std::string bytes;
-  bytes.reserve(size);
-  WriteState(state.length, state.incremental, pieces,
-             [&](const void* data, size_t n) { bytes.append(static_cast<const char*>(data), n); });
-  return bytes;
+  return CollectBytes([&](const ByteSink& sink) {
+    WriteState(state.length, state.incremental, pieces, sink);
+  });
 }
 
 Result<SequenceState> DecodeState(const std::string& bytes, const ModelConfig& config,

@@ -77,6 +77,10 @@ using ByteSink = std::function<void(const void* data, size_t size)>;
 void WriteState(int64_t length, const std::vector<model::IncrementalAttentionState>& incremental,
                 const std::vector<std::vector<at::Tensor>>& latent_pieces, const ByteSink& sink);
 
+// The bytes `write` hands its sink, in one string allocated once at their total size (`write`
+// runs twice: to count, then to copy).
+std::string CollectBytes(const std::function<void(const ByteSink&)>& write);
+
 // Reads EncodeState's bytes for `config`: recurrent states in float64 for a float64 model and
 // float32 otherwise, conv tails in `model_dtype`, latent rows in `cache_dtype`. Corruption naming
 // the problem for a bad length, dtype, rank, shape, truncation or trailing bytes. Allocates with
