@@ -83,12 +83,14 @@ int64_t ChunkCount(const std::vector<std::pair<int64_t, int64_t>>& runs, int64_t
   return end - begin;
 }
 
-// The replay record's positions [begin, begin + count).
+// The replay record's positions [begin, begin + count), its experts as the model indexes them
+// (int64): a record may be held narrower (the RL learner's is int16) and is widened a chunk at
+// a time.
 RoutingRecord SliceRouting(const RoutingRecord& record, int64_t begin, int64_t count) {
   RoutingRecord slice;
   for (const RoutingRecord::Layer& layer : record.layers) {
     RoutingRecord::Layer part;
-    part.experts = layer.experts.narrow(1, begin, count);
+    part.experts = layer.experts.narrow(1, begin, count).to(at::kLong);
     if (layer.scores.defined()) part.scores = layer.scores.narrow(1, begin, count);
     slice.layers.push_back(std::move(part));
   }

@@ -72,7 +72,7 @@ struct PreparedTrajectory {
   // replay when the actor never fed the last token (so it has no experts recorded): its logits
   // would predict nothing.
   ModelInput input;
-  RoutingRecord replay;   // (1, L, k) per sparse layer when `replaying`
+  RoutingRecord replay;   // (1, L, k) int16 per sparse layer when `replaying`
   bool replaying = false;
   // One entry per action token, in order. Token 0 has no prediction and is never an action.
   std::vector<int64_t> positions;  // trajectory positions

@@ -410,6 +410,50 @@ TEST(ScoreTrajectory, ReplayedExpertsAreTheStoredOnes) {
   EXPECT_EQ(scores->mismatch.verdict, MismatchVerdict::kAboveThreshold);
 }
 
+TEST(PrepareTrajectory, TheReplayRecordHoldsTheStoredExpertsInInt16) {
+  std::shared_ptr<const Model> model = TinyModel(5);
+  Episode episode = Sample(model, {}, 47, 40);
+  ASSERT_GE(episode.segments.size(), 2u);
+  Result<PreparedTrajectory> prepared =
+      PrepareTrajectory(episode.segments, true, model->config().vocabulary);
+  ASSERT_TRUE(prepared.ok()) << prepared.status().ToString();
+  ASSERT_TRUE(prepared->replaying);
+  const schema::RoutingRecord& stored = episode.segments.front().routing;
+  ASSERT_EQ(prepared->replay.layers.size(), stored.layers);
+  // A quarter of int64's bytes for a record held through the whole step.
+  for (const RoutingRecord::Layer& layer : prepared->replay.layers) {
+    EXPECT_EQ(layer.experts.scalar_type(), at::kShort);
+    EXPECT_EQ(layer.experts.size(1), prepared->input.tokens.size(1));
+    EXPECT_EQ(layer.experts.size(2), stored.top_k);
+  }
+  // Position by position, the ids the segments stored.
+  for (const schema::SegmentData& s : episode.segments) {
+    std::vector<bool> has;
+    const std::vector<uint16_t> rows = schema::ExpertsByPosition(s, &has);
+    for (size_t offset = 0; offset < has.size(); ++offset) {
+      const int64_t position = static_cast<int64_t>(s.token_begin + offset);
+      if (!has[offset] || position >= prepared->input.tokens.size(1)) continue;
+      for (int64_t layer = 0; layer < stored.layers; ++layer) {
+        for (int64_t j = 0; j < stored.top_k; ++j) {
+          ASSERT_EQ(prepared->replay.layers[layer].experts[0][position][j].item<int64_t>(),
+                    rows[(offset * stored.layers + layer) * stored.top_k + j])
+              << "position " << position << " layer " << layer;
+        }
+      }
+    }
+  }
+  // An id int16 cannot hold is refused, naming the segment, not wrapped to a negative index.
+  schema::SegmentData& second = episode.segments[1];
+  ASSERT_FALSE(second.routing.context_experts.empty());
+  second.routing.context_experts.front() = 40000;
+  Result<PreparedTrajectory> refused =
+      PrepareTrajectory(episode.segments, true, model->config().vocabulary);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find(second.key().ToString()), std::string::npos)
+      << refused.status().ToString();
+}
+
 TEST(ScoreTrajectory, RefusesSegmentsThatDoNotJoin) {
   std::shared_ptr<const Model> model = TinyModel(5);
   const Episode episode = Sample(model, {}, 31, 40);
