@@ -12,6 +12,20 @@ Segmenter::Segmenter(SegmenterOptions options, schema::TrajectoryId id)
   route_context_ = options_.route_context && options_.routing_layers * options_.routing_top_k > 0;
 }
 
+namespace {
+
+// A long observation (a quarter of a million-token document) waits here whole until the engine
+// has fed it and its routing came back, and the buffers keep that capacity, 30-60 bytes per
+// token, after the cuts emptied them: given back once they are mostly empty and large enough
+// to matter, so what a trajectory holds follows what waits, not the largest part seen.
+template <typename T>
+void ReleaseSlack(std::vector<T>& v) {
+  constexpr size_t kWorthBytes = 1 << 20;
+  if (v.capacity() * sizeof(T) >= kWorthBytes && v.capacity() > 4 * v.size()) v.shrink_to_fit();
+}
+
+}  // namespace
+
 void Segmenter::AdvanceRouted() {
   while (routed_until_ < length()) {
     const size_t i = static_cast<size_t>(routed_until_ - begin_);
@@ -27,6 +41,17 @@ Status Segmenter::AddContext(std::span<const int32_t> tokens, schema::Role role)
                                    std::string(schema::RoleName(role)));
   }
   const size_t per_token = static_cast<size_t>(options_.routing_layers * options_.routing_top_k);
+  // A long observation is reserved for exactly: doubling would leave up to as much again unused
+  // while it waits for its routing, at the episode's largest cache.
+  const size_t waiting = tokens_.size() + tokens.size();
+  if (tokens.size() >= 4096 && waiting > tokens_.capacity()) {
+    tokens_.reserve(waiting);
+    roles_.reserve(waiting);
+    log_probs_.reserve(waiting);
+    versions_.reserve(waiting);
+    experts_.reserve(waiting * per_token);
+    has_record_.reserve(waiting);
+  }
   for (int32_t token : tokens) {
     tokens_.push_back(token);
     roles_.push_back(role);
@@ -228,6 +253,12 @@ void Segmenter::Cut(int64_t count) {
   roles_.erase(roles_.begin(), roles_.begin() + count);
   log_probs_.erase(log_probs_.begin(), log_probs_.begin() + count);
   versions_.erase(versions_.begin(), versions_.begin() + count);
+  ReleaseSlack(tokens_);
+  ReleaseSlack(roles_);
+  ReleaseSlack(log_probs_);
+  ReleaseSlack(versions_);
+  ReleaseSlack(experts_);
+  ReleaseSlack(has_record_);
   start_digest_.reset();
   auto boundary = boundaries_.begin();
   for (; boundary != boundaries_.end() && boundary->first <= end; ++boundary) {
