@@ -1239,6 +1239,7 @@ rollout::EngineOptions EngineOptionsFor(const ActorOptions& options) {
   engine_options.block_tokens = options.block_tokens;
   engine_options.max_batch = options.max_batch;
   engine_options.prefill_chunk_tokens = options.prefill_chunk_tokens;
+  engine_options.prefill_tokens_per_step = options.prefill_tokens_per_step;
   engine_options.threads = options.threads;
   engine_options.max_sequences = std::max<int64_t>(options.episodes_in_flight * 2 + 8, 64);
   // Episodes whose turn does not fit the cache wait for others to end rather than fail.

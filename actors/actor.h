@@ -117,6 +117,9 @@ struct ActorOptions {
   int64_t block_tokens = 256;
   int64_t max_batch = 64;
   int64_t prefill_chunk_tokens = 4096;
+  // An observation longer than this is fed over several engine steps, its segments cut and
+  // sent as its routing comes back (EngineOptions::prefill_tokens_per_step; 0: one step).
+  int64_t prefill_tokens_per_step = 65536;
 
   // --- Segments and streaming ---
   // Exactly one of replay_endpoint and episode_sink. With a sink the actor plays in-process

@@ -106,6 +106,7 @@ Result<ActorOptions> LoadActorConfig(const std::string& path) {
   engine.Optional("block_tokens", &o.block_tokens);
   engine.Optional("max_batch", &o.max_batch);
   engine.Optional("prefill_chunk_tokens", &o.prefill_chunk_tokens);
+  engine.Optional("prefill_tokens_per_step", &o.prefill_tokens_per_step);
 
   ConfigReader replay = actor.Section("replay");
   replay.Optional("endpoint", &o.replay_endpoint);

@@ -724,7 +724,11 @@ class EngineImpl final : public Engine {
     std::vector<CompactRouting> parts;
     size_t done = 0;
     const int64_t total = static_cast<int64_t>(sequence->pending.size());
-    while (static_cast<int64_t>(done) < total) {
+    const int64_t budget =
+        options_.prefill_tokens_per_step > 0 && sequence->pending_images.empty()
+            ? options_.prefill_tokens_per_step
+            : total;
+    while (static_cast<int64_t>(done) < total && static_cast<int64_t>(done) < budget) {
       // A run with images goes in one call: an image's patches never straddle two calls.
       const int64_t count = sequence->pending_images.empty()
                                 ? PrefillChunk(total - static_cast<int64_t>(done))
@@ -745,9 +749,14 @@ class EngineImpl final : public Engine {
       done += static_cast<size_t>(count);
       result->prefill_tokens += count;
     }
-    sequence->pending.clear();
-    sequence->pending_images.clear();
-    sequence->status = sequence->turn ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
+    if (static_cast<int64_t>(done) < total) {
+      // The step's budget is spent: the rest waits for the next step, still in prefill.
+      sequence->pending.erase(sequence->pending.begin(), sequence->pending.begin() + done);
+    } else {
+      std::vector<int64_t>().swap(sequence->pending);  // a long run's storage, not kept
+      sequence->pending_images.clear();
+      sequence->status = sequence->turn ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
+    }
     OwnStates(sequence);
     if (!parts.empty()) {
       Result<CompactRouting> joined = CompactRouting::Concatenate(parts);
@@ -990,6 +999,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
   if (model == nullptr) return Status::InvalidArgument("engine: no model");
   if (options.block_tokens < 1) {
     return Status::InvalidArgument("engine: block_tokens must be >= 1");
+  }
+  if (options.prefill_tokens_per_step < 0) {
+    return Status::InvalidArgument("engine: prefill_tokens_per_step must be >= 0 (0: no limit)");
   }
   if (options.max_batch < 1 || options.prefill_chunk_tokens < 1 || options.max_sequences < 1) {
     return Status::InvalidArgument(

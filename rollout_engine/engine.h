@@ -65,6 +65,11 @@ struct EngineOptions {
   // --- Performance ---
   int64_t max_batch = 64;               // decode rows per model call
   int64_t prefill_chunk_tokens = 4096;  // appended tokens per model call, at most
+  // Appended tokens one Step feeds a sequence, at most (whole chunks; 0: all it has pending).
+  // A long run (a part of a million-token document) then spans several steps: each returns the
+  // routing of what it fed, so a caller cuts and ships segments as the prefill goes instead of
+  // holding the whole run's records at the end, and other sequences decode in between.
+  int64_t prefill_tokens_per_step = 0;
   int64_t threads = 0;                  // LibTorch intra-op threads (0: all cores)
 
   // --- Records ---

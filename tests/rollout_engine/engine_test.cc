@@ -273,6 +273,75 @@ TEST(Engine, SameSeedGivesTheSameSamplesWhateverTheBatch) {
   EXPECT_EQ(SampledTokens(histories[target_id], 30).size(), 24u);
 }
 
+TEST(Engine, ALongRunSpansStepsWithinThePrefillBudgetAndSamplesTheSame) {
+  std::shared_ptr<const Model> model = TinyModel(12);
+  Request long_run;
+  long_run.tokens = Tokens(500, 3);
+  long_run.sampling = Turn(8, 77);
+
+  EngineOptions whole;
+  whole.prefill_chunk_tokens = 64;
+  std::unique_ptr<Engine> reference = MakeEngine(model, whole);
+  std::map<SequenceId, History> reference_histories;
+  const SequenceId reference_id = *reference->Submit(long_run);
+  reference_histories[reference_id].tokens = long_run.tokens;
+  RunUntilIdle(reference.get(), &reference_histories);
+
+  EngineOptions budgeted = whole;
+  budgeted.prefill_tokens_per_step = 128;  // two chunks a step
+  std::unique_ptr<Engine> engine = MakeEngine(model, budgeted);
+  std::map<SequenceId, History> histories;
+  Request other;
+  other.tokens = Tokens(20, 4);
+  other.sampling = Turn(6, 5);
+  const SequenceId other_id = *engine->Submit(other);
+  histories[other_id].tokens = other.tokens;
+  Record(*engine->Step(), &histories);  // the short prompt's prefill and first sample
+  const SequenceId id = *engine->Submit(long_run);
+  histories[id].tokens = long_run.tokens;
+  // 500 tokens at 128 a step: four steps, each returning the routing of what it fed, while the
+  // other sequence decodes in every one of them.
+  int64_t fed = 0;
+  for (int step = 0; step < 4; ++step) {
+    Result<StepResult> result = engine->Step();
+    ASSERT_TRUE(result.ok()) << result.status().ToString();
+    Record(*result, &histories);
+    const int64_t expected = std::min<int64_t>(128, 500 - fed);
+    EXPECT_EQ(result->prefill_tokens, expected) << "step " << step;
+    bool other_sampled = false, long_seen = false;
+    for (const SequenceStep& s : result->sequences) {
+      if (s.id == other_id) other_sampled = s.sampled;
+      if (s.id != id) continue;
+      long_seen = true;
+      EXPECT_EQ(s.routing.first_position, fed) << "step " << step;
+      // The last step also feeds the token it samples: its record covers that one too.
+      EXPECT_EQ(s.routing.tokens, expected + (step == 3 ? 1 : 0)) << "step " << step;
+      EXPECT_EQ(s.sampled, step == 3) << "step " << step;
+      if (s.sampled) EXPECT_EQ(s.position, 500);
+    }
+    EXPECT_TRUE(long_seen) << "step " << step;
+    EXPECT_TRUE(other_sampled) << "step " << step;
+    fed += expected;
+    if (step < 3) {
+      Result<SequenceInfo> info = engine->Info(id);
+      ASSERT_TRUE(info.ok());
+      EXPECT_EQ(info->pending_tokens, 500 - fed);
+      EXPECT_EQ(info->status, SequenceStatus::kPrefill);
+    }
+  }
+  RunUntilIdle(engine.get(), &histories);
+  EXPECT_EQ(SampledTokens(histories[id], 500), SampledTokens(reference_histories[reference_id], 500));
+  EXPECT_EQ(SampledTokens(histories[id], 500).size(), 8u);
+  int64_t agree = 0, decisions = 0;
+  ExpectEqualsTrainingPath(*model, histories[id], &agree, &decisions);
+
+  EngineOptions negative;
+  negative.prefill_tokens_per_step = -1;
+  Result<std::unique_ptr<Engine>> refused = Engine::Create(negative, model, 1);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("prefill_tokens_per_step"), std::string::npos);
+}
+
 TEST(Engine, StopTokensAndStopStringsEndTheTurn) {
   std::shared_ptr<const Model> model = TinyModel(13);
   std::unique_ptr<Engine> engine = MakeEngine(model);
