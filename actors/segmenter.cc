@@ -14,10 +14,10 @@ Segmenter::Segmenter(SegmenterOptions options, schema::TrajectoryId id)
 
 namespace {
 
-// A long observation (a quarter of a million-token document) waits here whole until the engine
-// has fed it and its routing came back, and the buffers keep that capacity, 30-60 bytes per
-// token, after the cuts emptied them: given back once they are mostly empty and large enough
-// to matter, so what a trajectory holds follows what waits, not the largest part seen.
+// A long observation (a quarter of a million-token document) waits here until the engine has
+// fed it and its routing came back, and the buffers keep that capacity, 30-60 bytes per token,
+// after the cuts emptied them: given back once they are mostly empty and large enough to
+// matter, so what a trajectory holds follows what waits, not the largest part seen.
 template <typename T>
 void ReleaseSlack(std::vector<T>& v) {
   constexpr size_t kWorthBytes = 1 << 20;
@@ -41,17 +41,6 @@ Status Segmenter::AddContext(std::span<const int32_t> tokens, schema::Role role)
                                    std::string(schema::RoleName(role)));
   }
   const size_t per_token = static_cast<size_t>(options_.routing_layers * options_.routing_top_k);
-  // A long observation is reserved for exactly: doubling would leave up to as much again unused
-  // while it waits for its routing, at the episode's largest cache.
-  const size_t waiting = tokens_.size() + tokens.size();
-  if (tokens.size() >= 4096 && waiting > tokens_.capacity()) {
-    tokens_.reserve(waiting);
-    roles_.reserve(waiting);
-    log_probs_.reserve(waiting);
-    versions_.reserve(waiting);
-    experts_.reserve(waiting * per_token);
-    has_record_.reserve(waiting);
-  }
   for (int32_t token : tokens) {
     tokens_.push_back(token);
     roles_.push_back(role);
