@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/model/tensor_pool.h"
 #include "common/tokenizer.h"
 #include "learner/learner.h"
 
@@ -164,6 +165,7 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
         if (!options.chunk_has_loss || options.chunk_has_loss(begin, count)) last_recorded = begin;
       }
     }
+    bool recorded_before = false;
     for (int64_t begin = 0, count = 0; begin < length; begin += count) {
       count = ChunkCount(image_runs, begin, chunk, length);
       ModelInput part;
@@ -181,6 +183,16 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
                                                 !options.chunk_has_loss(begin, count));
       at::AutoGradMode chunk_grad_mode(record);
       forward.enable_grad = record;
+      if (record && chunked && options.truncated && begin > 0 && !recorded_before) {
+        // The chunks before recorded no graph: the pool caches their sizes, not this chunk's,
+        // and would serve it from buffers up to twice a request or map beside them
+        // (TrimTensorPool). A pass over a context without actions does this once per stretch of
+        // actions; a trajectory within one chunk never.
+        TrimTensorPool();
+      }
+      recorded_before = record;
+      const int64_t live_before = record ? GetTensorPoolStats().in_use_bytes : 0;
+      if (record) ResetTensorPoolWindow();
       if (options.rounds != nullptr) {
         STRIDER_RETURN_IF_ERROR(options.rounds->Enter(model, record));
         forward.expert_exchange = &options.rounds->exchange();
@@ -233,6 +245,11 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
         // chunk's backward runs through it, and a long context before the first action keeps
         // its whole graph alive.
         state.DetachGraph();
+        if (record) {
+          result.chunk_activation_bytes =
+              std::max(result.chunk_activation_bytes,
+                       GetTensorPoolStats().window_peak_in_use_bytes - live_before);
+        }
       } else if (loss.defined()) {
         total = total.defined() ? total + loss : loss;
       }

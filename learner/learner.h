@@ -241,6 +241,11 @@ using ChunkObjective = std::function<Result<at::Tensor>(const ChunkView& chunk)>
 struct ChunkedPassResult {
   RoutingRecord routing;       // (B, L, .) when recorded
   InferenceState final_state;  // when kept
+  // One chunk's activations: the most the tensor pool held in live tensors during a chunk that
+  // recorded a graph (its forward, objective and backward), beyond what was live when the chunk
+  // began (the cache, the state, the caller's data). The largest over the pass's recording
+  // chunks; 0 without the pool (tensor_pool.h) or a graph.
+  int64_t chunk_activation_bytes = 0;
 };
 
 // Runs the model over `input` (tokens (B, L) and their images) and calls `objective` once per

@@ -58,6 +58,16 @@ class TensorPool final : public c10::Allocator {
     return stats_;
   }
 
+  void ResetWindow() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.window_peak_in_use_bytes = stats_.in_use_bytes;
+  }
+
+  void Trim() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [size, cls] : classes_) Unmap(size, &cls);
+  }
+
   static TensorPool& Instance() {
     static TensorPool* pool = new TensorPool;  // never destroyed: tensors may outlive statics
     return *pool;
@@ -87,7 +97,7 @@ class TensorPool final : public c10::Allocator {
       stats_.cached_written_bytes -= static_cast<int64_t>(block.written);
       block.written = std::max(block.written, PagesOf(bytes));
       stats_.in_use_bytes += static_cast<int64_t>(it->first);
-      stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+      NotePeaks();
       ++stats_.hits;
       return data;
     }
@@ -100,7 +110,7 @@ class TensorPool final : public c10::Allocator {
     blocks_.emplace(data, Block{size, PagesOf(bytes)});
     classes_[size].last_use = tick_;
     stats_.in_use_bytes += static_cast<int64_t>(size);
-    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    NotePeaks();
     stats_.mapped_bytes += static_cast<int64_t>(size);
     stats_.peak_mapped_bytes = std::max(stats_.peak_mapped_bytes, stats_.mapped_bytes);
     ++stats_.misses;
@@ -122,6 +132,25 @@ class TensorPool final : public c10::Allocator {
     std::free(data);
   }
 
+  void NotePeaks() const {
+    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    stats_.window_peak_in_use_bytes =
+        std::max(stats_.window_peak_in_use_bytes, stats_.in_use_bytes);
+  }
+
+  // Unmaps every cached buffer of one class. Called under the mutex.
+  void Unmap(size_t size, Class* cls) const {
+    for (void* data : cls->cached) {
+      munmap(data, size);
+      stats_.cached_written_bytes -= static_cast<int64_t>(blocks_[data].written);
+      blocks_.erase(data);
+      stats_.cached_bytes -= static_cast<int64_t>(size);
+      stats_.mapped_bytes -= static_cast<int64_t>(size);
+      stats_.unmapped_bytes += static_cast<int64_t>(size);
+    }
+    cls->cached.clear();
+  }
+
   // Before mapping new memory: unmap whole classes, the longest unused first, while the cache
   // holds more than the most ever in use at once (or kMinCacheBytes). The peak rather than what
   // is in use now: between two calls almost nothing is, and a new size met then (a shorter last
@@ -138,15 +167,7 @@ class TensorPool final : public c10::Allocator {
         }
       }
       if (stalest == classes_.end()) return;
-      for (void* data : stalest->second.cached) {
-        munmap(data, stalest->first);
-        stats_.cached_written_bytes -= static_cast<int64_t>(blocks_[data].written);
-        blocks_.erase(data);
-        stats_.cached_bytes -= static_cast<int64_t>(stalest->first);
-        stats_.mapped_bytes -= static_cast<int64_t>(stalest->first);
-        stats_.unmapped_bytes += static_cast<int64_t>(stalest->first);
-      }
-      stalest->second.cached.clear();
+      Unmap(stalest->first, &stalest->second);
     }
   }
 
@@ -178,6 +199,14 @@ void UseTensorPool() {
 
 TensorPoolStats GetTensorPoolStats() {
   return in_use ? TensorPool::Instance().Stats() : TensorPoolStats{};
+}
+
+void ResetTensorPoolWindow() {
+  if (in_use) TensorPool::Instance().ResetWindow();
+}
+
+void TrimTensorPool() {
+  if (in_use) TensorPool::Instance().Trim();
 }
 
 }  // namespace strider

@@ -34,6 +34,9 @@ struct TensorPoolStats {
   int64_t hits = 0;               // requests served from the cache
   int64_t misses = 0;             // requests that mapped new memory
   int64_t unmapped_bytes = 0;     // cache given back to the kernel so far
+  // The most in live tensors at once since the last ResetTensorPoolWindow (or the start): one
+  // call's working set, measured by bracketing it.
+  int64_t window_peak_in_use_bytes = 0;
 };
 
 // Makes the pool LibTorch's CPU allocator from now on (tensors allocated before keep their own
@@ -44,5 +47,15 @@ void UseTensorPool();
 
 // Zeros where the pool is not in use.
 TensorPoolStats GetTensorPoolStats();
+
+// Starts a new window: window_peak_in_use_bytes becomes what is in use now.
+void ResetTensorPoolWindow();
+
+// Gives every cached buffer back to the kernel; live tensors keep theirs. For a caller whose
+// next call needs other sizes than the calls before it (a chunk that records a graph after
+// chunks that did not): without it, that call's requests take the cached buffers of other
+// classes up to twice their size, or map new ones beside them, and what is resident grows by
+// the difference. The next call of the old sizes faults its pages in again.
+void TrimTensorPool();
 
 }  // namespace strider

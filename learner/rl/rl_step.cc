@@ -345,6 +345,8 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
                                                      std::move(pass_result.routing)});
       }
       result.tokens += t.prepared.length();
+      result.chunk_activation_bytes =
+          std::max(result.chunk_activation_bytes, pass_result.chunk_activation_bytes);
     }
   } catch (const c10::Error& error) {
     return Status::Internal(std::string("update pass: ") + error.what_without_backtrace());

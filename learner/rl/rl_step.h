@@ -110,6 +110,8 @@ struct UpdateMetrics {
   double value_loss = 0;
   PolicyLossMetrics metrics;
   int64_t tokens = 0;  // all positions passed
+  // The largest chunk_activation_bytes of the trajectories' passes (learner.h ChunkedPassResult).
+  int64_t chunk_activation_bytes = 0;
 };
 
 // Runs the update pass over `trajectories` (kept ones of a PreparedBatch), accumulating

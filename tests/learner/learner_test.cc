@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/model/model.h"
+#include "common/model/tensor_pool.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "learner/checkpoint.h"
@@ -621,6 +622,47 @@ TEST(ChunkedPass, TruncationCutsAfterChunksWithoutALoss) {
   options.truncated = false;
   const std::vector<at::Tensor> full = last_chunk_gradients(whole, options, 64);
   EXPECT_GT(max_difference(full, alone), 1e-8);
+}
+
+// A chunk that records after chunks that did not starts from an empty tensor-pool cache (the
+// earlier chunks' sizes are given back, not lent to the graph at up to twice a request), and
+// the pass reports the largest recording chunk's live tensors: one chunk's activations.
+TEST(ChunkedPass, ARecordingChunkAfterContextStartsFromAnEmptyPoolCacheAndIsMeasured) {
+  ConfigureRuntime(1);  // installs the tensor pool
+  Result<std::unique_ptr<Model>> created = Model::Create(TinyConfig(), 43);
+  ASSERT_TRUE(created.ok());
+  Model& model = **created;
+  model.SetRequiresGrad(true);
+  ModelInput input;
+  input.tokens = RandomTokens(2048, 44);  // two rows: a chunk's tensors are pool-sized
+  auto objective = [](const ChunkView& chunk) -> Result<at::Tensor> {
+    if (chunk.begin < 1024) return at::Tensor();
+    return chunk.logits.pow(2).mean();
+  };
+  ChunkedPassOptions options;
+  options.chunk_tokens = 1024;
+  options.truncated = true;
+  options.chunk_has_loss = [](int64_t begin, int64_t) { return begin >= 1024; };
+  const TensorPoolStats before = GetTensorPoolStats();
+  Result<ChunkedPassResult> pass = RunChunkedPass(model, input, options, objective);
+  ASSERT_TRUE(pass.ok()) << pass.status().ToString();
+  const TensorPoolStats after = GetTensorPoolStats();
+  EXPECT_GT(after.unmapped_bytes, before.unmapped_bytes)
+      << "the context chunk's cached buffers go back before the recording chunk";
+  // Two rows of 1,024 tokens of a 64-wide model with a 288-token vocabulary: each (2, 1024, 64)
+  // float tensor is 512 KiB, the logits 2.25 MiB; the graph holds dozens of them.
+  EXPECT_GT(pass->chunk_activation_bytes, int64_t{8} << 20);
+  EXPECT_LT(pass->chunk_activation_bytes, int64_t{1} << 30);
+
+  // Nothing recorded, nothing measured.
+  options.backward = false;
+  options.chunk_has_loss = nullptr;
+  Result<ChunkedPassResult> scoring =
+      RunChunkedPass(model, input, options, [](const ChunkView&) -> Result<at::Tensor> {
+        return at::Tensor();
+      });
+  ASSERT_TRUE(scoring.ok()) << scoring.status().ToString();
+  EXPECT_EQ(scoring->chunk_activation_bytes, 0);
 }
 
 TEST(ChunkedPass, RoutingReplayForcesTheRecordedExpertsInEveryChunk) {

@@ -112,5 +112,44 @@ TEST_F(TensorPoolTest, TheCacheGivesBackClassesNoLongerUsed) {
   EXPECT_LE(after.cached_bytes, std::max<int64_t>(after.peak_in_use_bytes, 64 * kMiB) + 64 * kMiB);
 }
 
+// What the chunked pass does before a chunk that records after chunks that did not: the cached
+// classes go back to the kernel, live tensors stay, and the next request maps its own class
+// instead of taking a cached one twice its size.
+TEST_F(TensorPoolTest, TrimGivesBackTheCacheAndKeepsLiveTensors) {
+  at::Tensor live = Floats(8 * kMiB).fill_(3.0f);
+  Floats(16 * kMiB).fill_(1.0f);
+  ASSERT_GE(GetTensorPoolStats().cached_bytes, 16 * kMiB);
+  const TensorPoolStats before = GetTensorPoolStats();
+  TrimTensorPool();
+  const TensorPoolStats after = GetTensorPoolStats();
+  EXPECT_EQ(after.cached_bytes, 0);
+  EXPECT_EQ(after.cached_written_bytes, 0);
+  EXPECT_EQ(after.in_use_bytes, before.in_use_bytes);
+  EXPECT_EQ(after.mapped_bytes, before.mapped_bytes - before.cached_bytes);
+  EXPECT_EQ(after.unmapped_bytes - before.unmapped_bytes, before.cached_bytes);
+  EXPECT_EQ(live.sum().item<float>(), 3.0f * 2 * kMiB);
+  // 9 MiB would have taken the cached 16 MiB buffer; now it maps a class of its own.
+  at::Tensor next = Floats(9 * kMiB);
+  EXPECT_EQ(GetTensorPoolStats().in_use_bytes - after.in_use_bytes, 10 * kMiB);
+}
+
+TEST_F(TensorPoolTest, TheWindowPeakIsTheMostLiveSinceItsReset) {
+  at::Tensor kept = Floats(4 * kMiB);
+  { at::Tensor big = Floats(32 * kMiB); }
+  ResetTensorPoolWindow();
+  const TensorPoolStats start = GetTensorPoolStats();
+  EXPECT_EQ(start.window_peak_in_use_bytes, start.in_use_bytes);
+  {
+    at::Tensor a = Floats(6 * kMiB);
+    at::Tensor b = Floats(2 * kMiB);
+  }
+  { at::Tensor c = Floats(4 * kMiB); }
+  const TensorPoolStats end = GetTensorPoolStats();
+  // a and b at once, in their classes or cached buffers up to twice their size.
+  EXPECT_GE(end.window_peak_in_use_bytes - start.in_use_bytes, 8 * kMiB);
+  EXPECT_LE(end.window_peak_in_use_bytes - start.in_use_bytes, 16 * kMiB);
+  EXPECT_GE(end.peak_in_use_bytes, start.in_use_bytes + 32 * kMiB - 4 * kMiB);
+}
+
 }  // namespace
 }  // namespace strider
