@@ -253,7 +253,10 @@ at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
   slots->clear();
   // The logits at position p predict the token at p + 1.
   const int64_t end = chunk_begin + logits.size(1);
-  const at::Tensor rows_logits = logits[0].to(at::kDouble);
+  // Only the action rows go to float64: a chunk's whole (T, V) in float64 would be the
+  // largest tensor of a no-gradient chunk, and its gradient as large again.
+  const at::Tensor rows_logits = logits[0];
+  const at::TensorOptions double_options = logits.options().dtype(at::kDouble);
   const at::Tensor tokens = trajectory.input.tokens[0];
   std::vector<at::Tensor> parts, entropies;
   for (const PreparedTrajectory::Distribution& d : trajectory.distributions) {
@@ -273,7 +276,8 @@ at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
       slots->push_back(action);
     }
     if (rows.empty()) continue;
-    const at::Tensor chosen = rows_logits.index_select(0, at::tensor(rows, at::kLong));
+    const at::Tensor chosen =
+        rows_logits.index_select(0, at::tensor(rows, at::kLong)).to(at::kDouble);
     const at::Tensor target = tokens.index_select(0, at::tensor(targets, at::kLong));
     if (entropy != nullptr) {
       const at::Tensor all = model::SamplingLogProbs(chosen, d.settings);
@@ -284,8 +288,8 @@ at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
     }
   }
   if (parts.empty()) {
-    if (entropy != nullptr) *entropy = at::zeros({0}, rows_logits.options());
-    return at::zeros({0}, rows_logits.options());
+    if (entropy != nullptr) *entropy = at::zeros({0}, double_options);
+    return at::zeros({0}, double_options);
   }
   if (entropy != nullptr) *entropy = entropies.size() == 1 ? entropies[0] : at::cat(entropies);
   return parts.size() == 1 ? parts[0] : at::cat(parts);
