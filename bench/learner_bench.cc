@@ -600,13 +600,32 @@ int64_t HeldBytes(const rl::TrainingTrajectory& t, const RoutingRecord& balance)
   return held;
 }
 
+// The sampled segments the step reads from (the learner keeps its sample through the step):
+// their per-token arrays and routing records.
+int64_t SampledBytes(const std::vector<rl::SampledGroup>& groups) {
+  int64_t bytes = 0;
+  for (const rl::SampledGroup& group : groups) {
+    for (const std::vector<schema::SegmentData>& member : group.members) {
+      for (const schema::SegmentData& s : member) {
+        bytes += static_cast<int64_t>(
+            s.tokens.size() * sizeof(int32_t) + s.roles.size() * sizeof(schema::Role) +
+            s.behaviour_logprobs.size() * sizeof(float) +
+            (s.routing.experts.size() + s.routing.context_experts.size()) * sizeof(uint16_t) +
+            s.routing.mask.size());
+      }
+    }
+  }
+  return bytes;
+}
+
 // One learner step on `groups` as the service runs it, each part timed, and the process's
 // resident memory around it: scoring (PrepareBatch), the update pass, the AdamW step and the
 // routing balance. Fails naming the reason when the trajectories are all excluded.
 struct TimedStep {
   double prepare_seconds = 0, update_seconds = 0, optimizer_seconds = 0;
   int64_t before = 0, after_scoring = 0, peak = 0;  // resident bytes; peaks since `before`
-  int64_t held = 0;                                 // HeldBytes of the first kept trajectory
+  int64_t held = 0;     // HeldBytes of the first kept trajectory, plus `sampled`
+  int64_t sampled = 0;  // SampledBytes of the groups
   int64_t chunk_activations = 0;  // UpdateMetrics::chunk_activation_bytes
   int64_t tokens = 0, action_tokens = 0;
   double mismatch_max = 0;
@@ -638,7 +657,8 @@ Result<TimedStep> TimeOneStep(Trainer& trainer, const Model* reference,
   t.update_seconds = Seconds(started);
   started = Clock::now();
   STRIDER_RETURN_IF_ERROR(trainer.Step(0).status());
-  t.held = HeldBytes(*kept.front(), routing);
+  t.sampled = SampledBytes(groups);
+  t.held = HeldBytes(*kept.front(), routing) + t.sampled;
   STRIDER_RETURN_IF_ERROR(trainer.BalanceRouting(std::move(routing)).status());
   t.optimizer_seconds = Seconds(started);
   t.peak = PeakResidentBytes();
@@ -783,6 +803,7 @@ int RunStoredLong(const std::string& model_name, const std::string& store, int64
                       {"scoring_peak_mib", bench::JsonNumber((after_scoring - before) / mib)},
                       {"latent_cache_mib", bench::JsonNumber(cache / mib)},
                       {"held_mib", bench::JsonNumber(held / mib)},
+                      {"of_which_sampled_segments_mib", bench::JsonNumber(step.sampled / mib)},
                       {"chunk_activations_mib", bench::JsonNumber(chunk_activations / mib)},
                       {"rest_mib", bench::JsonNumber((peak - before - held - cache) / mib)},
                       {"resident_before_mib", bench::JsonNumber(before / mib)},
