@@ -724,6 +724,13 @@ void ActorImpl::PollGroups() {
       e.phase = Phase::kGenerating;
       PushReady(e);
     }
+    // The members' segmenters and the engine's forked states hold the prompt now; the group's
+    // pieces and routing (16 bytes per prompt token) would otherwise stay until its episodes end.
+    auto still = groups_.find(id);
+    if (still != groups_.end()) {
+      still->second.prompt = {};
+      still->second.prompt_routing = {};
+    }
   }
 }
 
@@ -764,7 +771,14 @@ Status ActorImpl::ProcessStep(const rollout::StepResult& step) {
       if (source || fed == by_sequence_.end()) continue;
       Episode& e = *episodes_[fed->second];
       Status routed = RouteContext(e, s.routing, s.routing.tokens);
-      if (!routed.ok()) FinishEpisode(e.index, "routing", routed.ToString());
+      if (!routed.ok()) {
+        FinishEpisode(e.index, "routing", routed.ToString());
+        continue;
+      }
+      // A long observation is fed over several steps; the segments its routing completed go
+      // now, not in a burst with the step that samples (three 65,536-token segments and their
+      // encodings at once, at the end of a quarter-million-token part).
+      PushReady(e);
       continue;
     }
     auto found = by_sequence_.find(s.id);
