@@ -143,6 +143,7 @@ Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& con
         if (entry.max_tokens > 0) generator.length = entry.max_tokens;
         if (entry.min_tokens > 0) generator.min_length = entry.min_tokens;
         if (entry.facts > 0) generator.facts = entry.facts;
+        generator.environment = entry.environment;
         STRIDER_ASSIGN_OR_RETURN(
             data::BuildSummary summary,
             data::BuildGeneratedShards(kind, generator, seed, 0, tokens, directory));

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "common/config.h"
+#include "envs/registry.h"
 #include "learner/pretrain/data/generators.h"
 
 namespace strider {
@@ -39,6 +40,26 @@ std::vector<DataMixtureEntry> ReadMixture(ConfigReader& section, int64_t context
     d.Check((entry.min_tokens == 0 && entry.max_tokens == 0 && entry.facts == 0) ||
                 entry.generator == "retrieval",
             "min_tokens", "min_tokens, max_tokens and facts apply to the retrieval generator");
+    if (d.Has("env")) {
+      d.Check(entry.generator == "tool_use", "env", "applies to the tool_use generator");
+      ConfigReader env = d.Section("env");
+      Result<envs::EnvironmentConfig> read = envs::ReadEnvironmentConfig(env);
+      if (read.ok()) {
+        entry.environment = *read;
+        env.Check(entry.environment.library.empty() && entry.environment.command.empty(),
+                  "name", "the tool_use generator plays built-in environments only");
+        // Bad option values surface here, naming the key, not in the middle of a data build.
+        Result<std::unique_ptr<envs::Environment>> made =
+            envs::MakeEnvironment(entry.environment);
+        if (made.ok()) {
+          Result<envs::Observation> reset = (*made)->Reset(0, {});
+          if (!reset.ok()) env.Fail("options", reset.status().message());
+          (*made)->Close();
+        } else {
+          env.Fail("options", made.status().message());
+        }
+      }
+    }
     d.Check(entry.generator.empty() != entry.shards.empty(), "generator",
             "give exactly one of generator or shards");
     if (!entry.generator.empty()) {

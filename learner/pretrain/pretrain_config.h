@@ -8,6 +8,7 @@
 
 #include "common/model/config.h"
 #include "common/status.h"
+#include "envs/environment.h"
 #include "learner/optimizer.h"
 
 namespace strider {
@@ -23,6 +24,9 @@ struct DataMixtureEntry {
   int64_t min_tokens = 0;
   int64_t max_tokens = 0;
   int64_t facts = 0;  // retrieval generator: facts per document (0: retrieval.facts)
+  // tool_use generator: the built-in environment whose scripted episodes it renders (`env:`,
+  // read as an actor's `env:` section); no name is the calculator at difficulty 1.
+  envs::EnvironmentConfig environment;
 };
 
 // A run of steps at a shorter length that a stage makes before its own context: the stage's

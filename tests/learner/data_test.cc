@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "common/tokenizer.h"
 #include "common/transcript.h"
@@ -345,6 +346,30 @@ TEST(Generators, ToolUseTranscriptsAreCalculatorEpisodesAsAnActorShowsThem) {
   EXPECT_GT(flawed, 5);
   EXPECT_LT(flawed, 40);
   EXPECT_GE(paid, 60);
+}
+
+// Any built-in environment's scripted episodes: the retrieval environment's reading, searches
+// and answer, every one solved (the calculator's flaws do not apply), different per index.
+TEST(Generators, ToolUsePlaysTheNamedEnvironment) {
+  GeneratorOptions options;  // flawed_fraction stays at its default 0.2
+  options.environment.name = "retrieval";
+  options.environment.options = {{"total_tokens", "1024"}, {"parts", "4"}};
+  std::set<std::string> answers;
+  for (int i = 0; i < 20; ++i) {
+    const GeneratedDocument doc = Generate(GeneratorKind::kToolUse, options, 3, i);
+    EXPECT_FALSE(doc.flawed) << i;
+    const std::vector<std::string> turns = ModelTurns(doc.tokens);
+    // The first part comes with the question: three "next", two searches, the answer.
+    ASSERT_EQ(turns.size(), 6u) << Tokenizer::Decode(doc.tokens);
+    EXPECT_EQ(turns[0], "next");
+    EXPECT_NE(turns[3].find("<|tool_call|>search(Agent "), std::string::npos) << turns[3];
+    EXPECT_NE(turns[4].find("<|tool_call|>search(Badge "), std::string::npos) << turns[4];
+    ASSERT_EQ(turns[5].rfind("Answer: ", 0), 0u) << turns[5];
+    answers.insert(turns[5]);
+    EXPECT_GT(doc.tokens.size(), 1024u);
+    EXPECT_EQ(doc.tokens.back(), token::kEndOfText);
+  }
+  EXPECT_GE(answers.size(), 19u);
 }
 
 TEST(Generators, ImageCaptionsRenderToTheirPicture) {

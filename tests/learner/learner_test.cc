@@ -815,6 +815,15 @@ TEST(Pretrain, ConfigErrorsNameTheKey) {
        " data: [{generator: retrieval, max_tokens: 65}]}\n",
        "max_tokens"},
       {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " data: [{generator: retrieval, env: {name: calculator}}]}\n",
+       "env"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " data: [{generator: tool_use, env: {name: abacus}}]}\n",
+       "abacus"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " data: [{generator: tool_use, env: {name: retrieval, options: {parts: 0}}}]}\n",
+       "parts"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
        " curriculum: [{context: 128, tokens: 10, data: [{generator: retrieval}]}]}\n",
        "context"},
       {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"

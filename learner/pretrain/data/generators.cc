@@ -115,15 +115,17 @@ GeneratedDocument Retrieval(const GeneratorOptions& options, uint64_t seed, int6
   return document;
 }
 
-// The calculator as the tiny actor config plays it (configs/actor/calculator_tiny.yaml):
-// these transcripts warm a model up for RL on that environment. A problem has difficulty + 1
-// steps, one tool call each.
+// By default the calculator as the tiny actor config plays it
+// (configs/actor/calculator_tiny.yaml): these transcripts warm a model up for RL on that
+// environment. A problem has difficulty + 1 steps, one tool call each.
 constexpr int64_t kToolUseDifficulty = 1;
 
-envs::EnvironmentConfig ToolUseEnvironment() {
-  envs::EnvironmentConfig config;
-  config.name = "calculator";
-  config.options = {{"difficulty", std::to_string(kToolUseDifficulty)}};
+envs::EnvironmentConfig ToolUseEnvironment(const GeneratorOptions& options) {
+  envs::EnvironmentConfig config = options.environment;
+  if (config.name.empty()) {
+    config.name = "calculator";
+    config.options = {{"difficulty", std::to_string(kToolUseDifficulty)}};
+  }
   return config;
 }
 
@@ -193,14 +195,19 @@ class FlawedPolicy final : public envs::ScriptedPolicy {
 // format exactly as an actor shows it to the model (common/transcript.h), then end-of-text.
 GeneratedDocument ToolUse(const GeneratorOptions& options, uint64_t seed, int64_t index) {
   Rng rng(seed, index, 2);
+  const envs::EnvironmentConfig config = ToolUseEnvironment(options);
+  // The flaws are calculator mistakes (an operand, a number read back): other environments'
+  // transcripts are their scripted policy's, unchanged. The draw is made either way, so the
+  // calculator's documents stay the same bit for bit.
   Flaw flaw = Flaw::kNone;
-  if (rng.Unit() < options.flawed_fraction) flaw = static_cast<Flaw>(1 + rng.Uniform(3));
+  if (rng.Unit() < options.flawed_fraction && config.name == "calculator") {
+    flaw = static_cast<Flaw>(1 + rng.Uniform(3));
+  }
   GeneratedDocument document;
   document.episode_seed = rng.Next();
-  Result<std::unique_ptr<envs::Environment>> env = envs::MakeEnvironment(ToolUseEnvironment());
+  Result<std::unique_ptr<envs::Environment>> env = envs::MakeEnvironment(config);
   if (!env.ok()) GeneratorFailed(env.status());
-  Result<std::unique_ptr<envs::ScriptedPolicy>> scripted =
-      envs::MakeScriptedPolicy(ToolUseEnvironment());
+  Result<std::unique_ptr<envs::ScriptedPolicy>> scripted = envs::MakeScriptedPolicy(config);
   if (!scripted.ok()) GeneratorFailed(scripted.status());
   FlawedPolicy policy(std::move(*scripted), flaw, rng);
 

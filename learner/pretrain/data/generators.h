@@ -7,13 +7,15 @@
 //               lower-case words without newlines, so a fact is recognisable by its form and only
 //               attention over the whole document can answer. `answers` marks the value tokens
 //               of the queries: a model retrieves a fact when it predicts all of them.
-//   tool_use    episodes of the calculator environment (at difficulty 1, as the tiny actor
-//               config plays it) by its scripted policy (envs::PlayEpisode), rendered by the
-//               transcript format (common/transcript.h) exactly as an actor shows them: the
-//               same system prompt and tool list, tool calls and results, "Answer: N". A
+//   tool_use    episodes of an environment (`environment`: the calculator at difficulty 1, as
+//               the tiny actor config plays it, unless another is named) by its scripted
+//               policy (envs::PlayEpisode), rendered by the transcript format
+//               (common/transcript.h) exactly as an actor shows them: the same system prompt
+//               and tool list, tool calls and results, "Answer: N". On the calculator a
 //               `flawed_fraction` of them contain a mistake (a call with a wrong operand, a
 //               misread last result, an answer guessed without a tool call) so process rewards
-//               later have something to correct; `flawed` is the environment's verdict.
+//               later have something to correct; other environments' transcripts are played
+//               as scripted. `flawed` is the environment's verdict.
 //   image_text  an image placeholder (image-start, patch tokens, image-end) followed by its
 //               caption ("a red circle at the top left on a blue background"). The caption fully
 //               describes the picture, so RenderCaptionImage draws the pixels from it when a
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "envs/environment.h"
 
 namespace strider::data {
 
@@ -47,7 +50,10 @@ struct GeneratorOptions {
   // two letters need a match on a token pair. Keys of a document are distinct, so at most 26
   // facts with one letter.
   int64_t key_letters = 2;
-  double flawed_fraction = 0.2;   // tool_use: share of transcripts with a mistake
+  double flawed_fraction = 0.2;   // tool_use: share of calculator transcripts with a mistake
+  // tool_use: the built-in environment played, with its options; an empty name is the
+  // calculator at difficulty 1.
+  envs::EnvironmentConfig environment;
   int64_t image_size = 32;        // image_text: square image side in pixels
   int64_t patch_size = 4;         // image_text: the model's patch side (placeholder count)
 };
