@@ -93,7 +93,7 @@ struct Settings {
 Result<Settings> ReadSettings(const Options& config, const Options& episode) {
   OptionReader reader("retrieval", config, episode, kOptionKeys);
   Settings settings;
-  settings.total_tokens = reader.Int("total_tokens", settings.total_tokens, 1024, 1 << 20);
+  settings.total_tokens = reader.Int("total_tokens", settings.total_tokens, 128, 1 << 20);
   settings.parts = reader.Int("parts", settings.parts, 1, 1024);
   STRIDER_RETURN_IF_ERROR(reader.status());
   if (settings.parts > settings.total_tokens / kRetrievalRecordBytes) {

@@ -14,7 +14,7 @@
 // Step labels: a search is correct when its results include one of the two answering records,
 // incorrect otherwise; the answer "Answer: V" is the outcome (1 or 0).
 //
-// Options: total_tokens (document length, 1024..1048576, default 16384), parts (1..1024,
+// Options: total_tokens (document length, 128..1048576, default 16384), parts (1..1024,
 // default 4).
 #pragma once
 

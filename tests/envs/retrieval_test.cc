@@ -56,6 +56,23 @@ TEST(Retrieval, RecordsAreFixedWidthAndTheLengthIsAsConfigured) {
   }
 }
 
+// The shortest documents, for warm-start curricula: two records, the agent's in the first part
+// and the vault's in the second.
+TEST(Retrieval, TwoRecordEpisodesAreSolved) {
+  auto env = Make({{"total_tokens", "128"}, {"parts", "2"}});
+  auto policy = Policy();
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    testing::Episode episode = testing::Play(*env, *policy, seed);
+    ASSERT_EQ(episode.steps.size(), 1u + 3u) << "seed " << seed;  // 1 more part, 2 searches, answer
+    EXPECT_EQ(episode.steps.back().outcome_reward, 1.0);
+    EXPECT_EQ(episode.steps[1].label, StepLabel::kCorrect);
+    EXPECT_EQ(episode.steps[2].label, StepLabel::kCorrect);
+  }
+  Result<std::unique_ptr<Environment>> three =
+      MakeEnvironment({.name = "retrieval", .options = {{"total_tokens", "128"}, {"parts", "3"}}});
+  EXPECT_FALSE(three.ok());
+}
+
 TEST(Retrieval, MillionTokenEpisodeIsSolvedPartByPart) {
   auto env = Make({{"total_tokens", "1048576"}, {"parts", "16"}});
   auto policy = Policy();
@@ -108,6 +125,7 @@ TEST(Retrieval, SearchOnlySeesRevealedPartsAndBadCallsAreErrors) {
 
   EXPECT_FALSE(
       MakeEnvironment({.name = "retrieval", .options = {{"total_tokens", "2000000"}}}).ok());
+  EXPECT_FALSE(MakeEnvironment({.name = "retrieval", .options = {{"total_tokens", "64"}}}).ok());
   EXPECT_FALSE(
       MakeEnvironment({.name = "retrieval", .options = {{"parts", "64"}, {"total_tokens", "1024"}}})
           .ok());
