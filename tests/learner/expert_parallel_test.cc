@@ -3,6 +3,7 @@
 // layer's outputs and every gradient equal the unsharded layer's over the same tokens (fp64,
 // so the comparison is to rounding, not to a loose tolerance).
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -102,10 +103,14 @@ struct RankInputs {
   at::Tensor projection;  // the loss is sum(y * projection)
 };
 
+// From a generator of its own: rank threads call this at the same time, and draws from the
+// global generator would interleave, giving a rank other inputs than the reference's.
 RankInputs InputsOf(int rank, int64_t length) {
-  at::manual_seed(100 + rank);
+  at::Generator generator = at::detail::createCPUGenerator(100 + rank);
   const auto o = at::TensorOptions().dtype(at::kDouble);
-  return {at::randn({2, length, kWidth}, o).requires_grad_(true), at::randn({2, length, kWidth}, o)};
+  at::Tensor x = at::randn({2, length, kWidth}, generator, o).requires_grad_(true);
+  at::Tensor projection = at::randn({2, length, kWidth}, generator, o);
+  return {x, projection};
 }
 
 void ExpectClose(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
