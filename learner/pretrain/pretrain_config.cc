@@ -53,10 +53,19 @@ std::vector<DataMixtureEntry> ReadMixture(ConfigReader& section, int64_t context
             envs::MakeEnvironment(entry.environment);
         if (made.ok()) {
           Result<envs::Observation> reset = (*made)->Reset(0, {});
-          if (!reset.ok()) env.Fail("options", reset.status().message());
+          if (!reset.ok()) {
+            env.Fail("options", reset.status().message());
+          } else if (!reset->images.empty()) {
+            // Transcripts are token-only; an image observation would be dropped silently.
+            env.Fail("name", "'" + entry.environment.name +
+                                 "' shows images, which tool_use transcripts cannot carry");
+          }
           (*made)->Close();
         } else {
           env.Fail("options", made.status().message());
+        }
+        if (!envs::MakeScriptedPolicy(entry.environment).ok()) {
+          env.Fail("name", "'" + entry.environment.name + "' has no scripted policy to play it");
         }
       }
     }

@@ -824,6 +824,9 @@ TEST(Pretrain, ConfigErrorsNameTheKey) {
        " data: [{generator: tool_use, env: {name: retrieval, options: {parts: 0}}}]}\n",
        "parts"},
       {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " data: [{generator: tool_use, env: {name: vision_count}}]}\n",
+       "images"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
        " curriculum: [{context: 128, tokens: 10, data: [{generator: retrieval}]}]}\n",
        "context"},
       {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
