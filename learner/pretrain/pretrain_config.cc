@@ -20,6 +20,28 @@ void DefaultMixture(PretrainStage& stage) {
   }
 }
 
+// What the tool_use generator plays must be built in (a data build depends on no other
+// process), have a scripted policy, reset with these options (bad values surface here, naming
+// the key, not in the middle of a data build) and show no images (transcripts are token-only:
+// an image would be dropped silently).
+void CheckTranscribable(ConfigReader& env, const envs::EnvironmentConfig& config) {
+  const std::string name = "'" + config.name + "'";
+  if (!config.library.empty() || !config.command.empty()) {
+    return env.Fail("name", "the tool_use generator plays built-in environments only");
+  }
+  if (!envs::MakeScriptedPolicy(config).ok()) {
+    return env.Fail("name", name + " has no scripted policy to play it");
+  }
+  Result<std::unique_ptr<envs::Environment>> made = envs::MakeEnvironment(config);
+  if (!made.ok()) return env.Fail("options", made.status().message());
+  Result<envs::Observation> first = (*made)->Reset(0, {});
+  (*made)->Close();
+  if (!first.ok()) return env.Fail("options", first.status().message());
+  if (!first->images.empty()) {
+    env.Fail("name", name + " shows images, which tool_use transcripts cannot carry");
+  }
+}
+
 // A `data:` list of a stage or curriculum phase whose sequences are `context` tokens.
 std::vector<DataMixtureEntry> ReadMixture(ConfigReader& section, int64_t context,
                                           const std::string& path) {
@@ -46,27 +68,7 @@ std::vector<DataMixtureEntry> ReadMixture(ConfigReader& section, int64_t context
       Result<envs::EnvironmentConfig> read = envs::ReadEnvironmentConfig(env);
       if (read.ok()) {
         entry.environment = *read;
-        env.Check(entry.environment.library.empty() && entry.environment.command.empty(),
-                  "name", "the tool_use generator plays built-in environments only");
-        // Bad option values surface here, naming the key, not in the middle of a data build.
-        Result<std::unique_ptr<envs::Environment>> made =
-            envs::MakeEnvironment(entry.environment);
-        if (made.ok()) {
-          Result<envs::Observation> reset = (*made)->Reset(0, {});
-          if (!reset.ok()) {
-            env.Fail("options", reset.status().message());
-          } else if (!reset->images.empty()) {
-            // Transcripts are token-only; an image observation would be dropped silently.
-            env.Fail("name", "'" + entry.environment.name +
-                                 "' shows images, which tool_use transcripts cannot carry");
-          }
-          (*made)->Close();
-        } else {
-          env.Fail("options", made.status().message());
-        }
-        if (!envs::MakeScriptedPolicy(entry.environment).ok()) {
-          env.Fail("name", "'" + entry.environment.name + "' has no scripted policy to play it");
-        }
+        CheckTranscribable(env, entry.environment);
       }
     }
     d.Check(entry.generator.empty() != entry.shards.empty(), "generator",

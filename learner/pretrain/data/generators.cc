@@ -186,7 +186,8 @@ class FlawedPolicy final : public envs::ScriptedPolicy {
 };
 
 [[noreturn]] void GeneratorFailed(const Status& status) {
-  // The environment is built in with fixed options: a failure here is a bug, not bad input.
+  // The config reader built this environment and its policy with these options
+  // (CheckTranscribable): a failure here is a bug, not bad input.
   std::fprintf(stderr, "tool_use generator: %s\n", status.ToString().c_str());
   std::abort();
 }
