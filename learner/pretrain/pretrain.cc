@@ -102,6 +102,7 @@ data::GeneratorOptions GeneratorOptionsFor(const PretrainConfig& config, int64_t
   options.facts = config.retrieval_facts;
   options.key_letters = config.retrieval_key_letters;
   options.flawed_fraction = config.tool_use_flawed_fraction;
+  options.flaws = config.tool_use_flaws;
   options.patch_size = config.model.vision.patch_size;
   options.image_size = config.model.vision.patch_size *
                        std::min<int64_t>({4, config.model.vision.max_grid_rows,
@@ -144,6 +145,7 @@ Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& con
         if (entry.min_tokens > 0) generator.min_length = entry.min_tokens;
         if (entry.facts > 0) generator.facts = entry.facts;
         generator.environment = entry.environment;
+        if (entry.flawed_fraction >= 0) generator.flawed_fraction = entry.flawed_fraction;
         STRIDER_ASSIGN_OR_RETURN(
             data::BuildSummary summary,
             data::BuildGeneratedShards(kind, generator, seed, 0, tokens, directory));

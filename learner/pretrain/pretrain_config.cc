@@ -62,6 +62,12 @@ std::vector<DataMixtureEntry> ReadMixture(ConfigReader& section, int64_t context
     d.Check((entry.min_tokens == 0 && entry.max_tokens == 0 && entry.facts == 0) ||
                 entry.generator == "retrieval",
             "min_tokens", "min_tokens, max_tokens and facts apply to the retrieval generator");
+    if (d.Has("flawed_fraction")) {
+      d.Optional("flawed_fraction", &entry.flawed_fraction);
+      d.Check(entry.generator == "tool_use", "flawed_fraction", "applies to the tool_use generator");
+      d.Check(entry.flawed_fraction >= 0 && entry.flawed_fraction <= 1, "flawed_fraction",
+              "must be in [0, 1]");
+    }
     if (d.Has("env")) {
       d.Check(entry.generator == "tool_use", "env", "applies to the tool_use generator");
       ConfigReader env = d.Section("env");
@@ -166,6 +172,20 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
     tool_use.Optional("flawed_fraction", &config.tool_use_flawed_fraction);
     tool_use.Check(config.tool_use_flawed_fraction >= 0 && config.tool_use_flawed_fraction <= 1,
                    "flawed_fraction", "must be in [0, 1]");
+    std::vector<std::string> flaws;
+    tool_use.Optional("flaws", &flaws);
+    if (tool_use.Has("flaws")) {
+      config.tool_use_flaws.clear();
+      tool_use.Check(!flaws.empty(), "flaws", "must name at least one flaw");
+      for (const std::string& name : flaws) {
+        Result<data::ToolUseFlaw> flaw = data::ParseToolUseFlaw(name);
+        if (!flaw.ok()) {
+          tool_use.Fail("flaws", flaw.status().message());
+          break;
+        }
+        config.tool_use_flaws.push_back(*flaw);
+      }
+    }
   }
   {
     ConfigReader evaluation = root.Section("evaluation");

@@ -9,6 +9,7 @@
 #include "common/model/config.h"
 #include "common/status.h"
 #include "envs/environment.h"
+#include "learner/pretrain/data/generators.h"
 #include "learner/optimizer.h"
 
 namespace strider {
@@ -27,6 +28,10 @@ struct DataMixtureEntry {
   // tool_use generator: the built-in environment whose scripted episodes it renders (`env:`,
   // read as an actor's `env:` section); no name is the calculator at difficulty 1.
   envs::EnvironmentConfig environment;
+  // tool_use generator: this entry's share of flawed calculator transcripts, in place of
+  // `tool_use.flawed_fraction` (negative: that one). Lets a late phase add mistakes to a policy
+  // whose skill formed on correct transcripts.
+  double flawed_fraction = -1;
 };
 
 // A run of steps at a shorter length that a stage makes before its own context: the stage's
@@ -106,6 +111,11 @@ struct PretrainConfig {
   // a guess without tools): imitated mistakes lower the warm start's success, clean transcripts
   // alone leave nothing wrong to learn from later.
   double tool_use_flawed_fraction = 0.2;
+  // The kinds of mistake a flawed transcript draws from (config: `flaws: [wrong_call, misread,
+  // no_tool]`, all three by default). Only `no_tool` leaves the policy's skill intact and
+  // imitates a decision, answering without the tool, that outcome rewards can correct.
+  std::vector<data::ToolUseFlaw> tool_use_flaws = {
+      data::ToolUseFlaw::kWrongCall, data::ToolUseFlaw::kMisread, data::ToolUseFlaw::kNoTool};
   // Evaluation after each stage.
   int64_t eval_documents = 32;
   int64_t eval_batch = 8;

@@ -348,6 +348,34 @@ TEST(Generators, ToolUseTranscriptsAreCalculatorEpisodesAsAnActorShowsThem) {
   EXPECT_GE(paid, 60);
 }
 
+// `flaws: [no_tool]`: every flawed transcript answers at once with a guess, the others are the
+// scripted policy's calls; the documents not drawn flawed are the same as with all three kinds.
+TEST(Generators, ToolUseFlawsDrawOnlyTheNamedKinds) {
+  GeneratorOptions all;
+  all.flawed_fraction = 0.5;
+  GeneratorOptions guesses = all;
+  guesses.flaws = {ToolUseFlaw::kNoTool};
+  int guessed = 0;
+  for (int i = 0; i < 100; ++i) {
+    const GeneratedDocument doc = Generate(GeneratorKind::kToolUse, guesses, 4, i);
+    const std::vector<std::string> turns = ModelTurns(doc.tokens);
+    ASSERT_FALSE(turns.empty());
+    const bool guess = turns.size() == 1;
+    if (guess) {
+      EXPECT_EQ(turns[0].rfind("Answer: ", 0), 0u) << turns[0];
+      ++guessed;
+    } else {
+      // A call first, the right answer last: nothing but a guess is ever wrong.
+      EXPECT_NE(turns[0].find("<|tool_call|>calc("), std::string::npos) << turns[0];
+      EXPECT_FALSE(doc.flawed) << Tokenizer::Decode(doc.tokens);
+      EXPECT_EQ(doc.tokens, Generate(GeneratorKind::kToolUse, all, 4, i).tokens) << i;
+    }
+  }
+  EXPECT_GT(guessed, 30);
+  EXPECT_LT(guessed, 70);
+  EXPECT_FALSE(ParseToolUseFlaw("typo").ok());
+}
+
 // Any built-in environment's scripted episodes: the retrieval environment's reading, searches
 // and answer, every one solved (the calculator's flaws do not apply), different per index.
 TEST(Generators, ToolUsePlaysTheNamedEnvironment) {

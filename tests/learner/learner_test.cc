@@ -806,6 +806,14 @@ TEST(Pretrain, ConfigErrorsNameTheKey) {
       {"retrieval: {key_letters: 1, facts: 27}\n" + stage, "facts"},
       {"retrieval: {answer_weight: 0}\n" + stage, "answer_weight"},
       {"tool_use: {flawed_fraction: 1.5}\n" + stage, "flawed_fraction"},
+      {"tool_use: {flaws: [no_tool, typo]}\n" + stage, "typo"},
+      {"tool_use: {flaws: []}\n" + stage, "flaws"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " data: [{generator: retrieval, flawed_fraction: 0.5}]}\n",
+       "flawed_fraction"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " data: [{generator: tool_use, flawed_fraction: -0.5}]}\n",
+       "flawed_fraction"},
       {"balance: {window_steps: 0}\n" + stage, "window_steps"},
       {"balance: {prepass_sweeps: 0}\n" + stage, "prepass_sweeps"},
       {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"

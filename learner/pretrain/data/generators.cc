@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 
 #include "common/tokenizer.h"
 #include "common/transcript.h"
@@ -129,7 +130,7 @@ envs::EnvironmentConfig ToolUseEnvironment(const GeneratorOptions& options) {
   return config;
 }
 
-enum class Flaw { kNone, kWrongCall, kMisread, kNoTool };
+using Flaw = std::optional<ToolUseFlaw>;
 
 // The environment's scripted policy, with at most one mistake: one call with a wrong operand
 // (the environment computes it and labels it incorrect; the policy goes on from its result), the
@@ -154,14 +155,14 @@ class FlawedPolicy final : public envs::ScriptedPolicy {
 
  private:
   Result<std::string> Turn(const std::vector<envs::Observation>& observations) {
-    if (flaw_ == Flaw::kNoTool) return "Answer: " + std::to_string(guess_);
+    if (flaw_ == ToolUseFlaw::kNoTool) return "Answer: " + std::to_string(guess_);
     STRIDER_ASSIGN_OR_RETURN(std::string text, policy_->NextTurn(observations));
     const bool answering = text.rfind("Answer: ", 0) == 0;
-    if (answering && flaw_ == Flaw::kMisread) {
+    if (answering && flaw_ == ToolUseFlaw::kMisread) {
       const double value = std::strtod(text.c_str() + 8, nullptr);
       return "Answer: " + envs::FormatNumber(value + 10.0 * delta_);
     }
-    if (!answering && flaw_ == Flaw::kWrongCall && calls_++ == wrong_call_) {
+    if (!answering && flaw_ == ToolUseFlaw::kWrongCall && calls_++ == wrong_call_) {
       Result<std::optional<envs::ToolCall>> call = envs::ParseToolCall(text);
       if (call.ok() && call->has_value()) {
         // The running value misread: its last digit changed.
@@ -200,9 +201,10 @@ GeneratedDocument ToolUse(const GeneratorOptions& options, uint64_t seed, int64_
   // The flaws are calculator mistakes (an operand, a number read back): other environments'
   // transcripts are their scripted policy's, unchanged. The draw is made either way, so the
   // calculator's documents stay the same bit for bit.
-  Flaw flaw = Flaw::kNone;
-  if (rng.Unit() < options.flawed_fraction && config.name == "calculator") {
-    flaw = static_cast<Flaw>(1 + rng.Uniform(3));
+  Flaw flaw;
+  if (rng.Unit() < options.flawed_fraction && config.name == "calculator" &&
+      !options.flaws.empty()) {
+    flaw = options.flaws[rng.Uniform(options.flaws.size())];
   }
   GeneratedDocument document;
   document.episode_seed = rng.Next();
@@ -285,6 +287,14 @@ Result<GeneratorKind> ParseGeneratorName(std::string_view name) {
   if (name == "image_text") return GeneratorKind::kImageText;
   return Status::InvalidArgument("unknown generator '" + std::string(name) +
                                  "' (known: retrieval, tool_use, image_text)");
+}
+
+Result<ToolUseFlaw> ParseToolUseFlaw(std::string_view name) {
+  if (name == "wrong_call") return ToolUseFlaw::kWrongCall;
+  if (name == "misread") return ToolUseFlaw::kMisread;
+  if (name == "no_tool") return ToolUseFlaw::kNoTool;
+  return Status::InvalidArgument("unknown flaw '" + std::string(name) +
+                                 "' (known: wrong_call, misread, no_tool)");
 }
 
 std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const int32_t* tokens,

@@ -39,6 +39,13 @@ enum class GeneratorKind { kRetrieval, kToolUse, kImageText };
 
 Result<GeneratorKind> ParseGeneratorName(std::string_view name);
 
+// The mistakes a flawed calculator transcript can carry (config names in quotes): a call with a
+// wrong operand ("wrong_call"), the final answer off from the last result ("misread"), or an
+// answer guessed before any tool call ("no_tool").
+enum class ToolUseFlaw { kWrongCall, kMisread, kNoTool };
+
+Result<ToolUseFlaw> ParseToolUseFlaw(std::string_view name);
+
 struct GeneratorOptions {
   // retrieval: document length in tokens, BOS and EOT included. When `min_length` > 0 each
   // document's length is drawn uniformly from [min_length, length].
@@ -51,6 +58,9 @@ struct GeneratorOptions {
   // facts with one letter.
   int64_t key_letters = 2;
   double flawed_fraction = 0.2;   // tool_use: share of calculator transcripts with a mistake
+  // tool_use: the kinds a flawed transcript draws its one mistake from, uniformly.
+  std::vector<ToolUseFlaw> flaws = {ToolUseFlaw::kWrongCall, ToolUseFlaw::kMisread,
+                                    ToolUseFlaw::kNoTool};
   // tool_use: the built-in environment played, with its options; an empty name is the
   // calculator at difficulty 1.
   envs::EnvironmentConfig environment;
