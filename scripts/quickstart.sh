@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up, builds the `strider` binary (not the tests) and runs the main job: a run that learns.
-#   1. a short warm start: `strider pretrain` on calculator transcripts in the actor's format
-#      (configs/pretrain/calculator_warm.yaml; kept when runs/quickstart/warm already has it);
+#   1. a short warm start: `strider pretrain` on calculator transcripts in the actor's format,
+#      the last of which guess the answer without the tool (configs/pretrain/calculator_quickstart.yaml;
+#      kept when runs/quickstart/warm already has it);
 #   2. `strider launch configs/quickstart.yaml`: a replay server, the RL learner and an actor on
-#      the calculator for five minutes, evaluated on held-out problems as versions are published;
+#      the calculator for three minutes, evaluated on held-out problems as versions are published;
 #      the progress line shows step, reward and success;
 #   3. `strider report runs/quickstart/rl`: report.html with the curves; its path is printed.
 # Runs in runs/quickstart/ (a previous RL run there is replaced).
@@ -17,8 +18,8 @@ export OMP_WAIT_POLICY=PASSIVE
 warm=runs/quickstart/warm
 if [ ! -f "$warm/checkpoints/calc/final/model.safetensors" ]; then
   rm -rf "$warm"
-  echo "quickstart: warm start (configs/pretrain/calculator_warm.yaml) in $warm"
-  $strider pretrain --config configs/pretrain/calculator_warm.yaml --run-dir "$warm"
+  echo "quickstart: warm start (configs/pretrain/calculator_quickstart.yaml) in $warm"
+  $strider pretrain --config configs/pretrain/calculator_quickstart.yaml --run-dir "$warm"
 fi
 rm -rf runs/quickstart/rl
 echo "quickstart: RL on the calculator (configs/quickstart.yaml) in runs/quickstart/rl"
