@@ -172,9 +172,9 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
     tool_use.Optional("flawed_fraction", &config.tool_use_flawed_fraction);
     tool_use.Check(config.tool_use_flawed_fraction >= 0 && config.tool_use_flawed_fraction <= 1,
                    "flawed_fraction", "must be in [0, 1]");
-    std::vector<std::string> flaws;
-    tool_use.Optional("flaws", &flaws);
     if (tool_use.Has("flaws")) {
+      std::vector<std::string> flaws;
+      tool_use.Optional("flaws", &flaws);
       config.tool_use_flaws.clear();
       tool_use.Check(!flaws.empty(), "flaws", "must name at least one flaw");
       for (const std::string& name : flaws) {

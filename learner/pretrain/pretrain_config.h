@@ -114,8 +114,7 @@ struct PretrainConfig {
   // The kinds of mistake a flawed transcript draws from (config: `flaws: [wrong_call, misread,
   // no_tool]`, all three by default). Only `no_tool` leaves the policy's skill intact and
   // imitates a decision, answering without the tool, that outcome rewards can correct.
-  std::vector<data::ToolUseFlaw> tool_use_flaws = {
-      data::ToolUseFlaw::kWrongCall, data::ToolUseFlaw::kMisread, data::ToolUseFlaw::kNoTool};
+  std::vector<data::ToolUseFlaw> tool_use_flaws = data::GeneratorOptions().flaws;
   // Evaluation after each stage.
   int64_t eval_documents = 32;
   int64_t eval_batch = 8;
