@@ -15,6 +15,7 @@
 #include "learner/pretrain/data/dataset.h"
 #include "learner/pretrain/data/generators.h"
 #include "learner/pretrain/data/shard.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::data {
 namespace {
@@ -22,11 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("strider_data_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
+  return strider::testing::ScratchDir("strider_data_test_" + name);
 }
 
 std::vector<std::vector<int32_t>> SomeDocuments(int count, uint32_t seed, int max_length) {

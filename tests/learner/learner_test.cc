@@ -23,6 +23,7 @@
 #include "learner/optimizer.h"
 #include "learner/pretrain/pretrain.h"
 #include "learner/pretrain/pretrain_config.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {
@@ -35,11 +36,7 @@ std::string SourceDir() {
 }
 
 std::string TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("strider_learner_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
+  return strider::testing::ScratchDir("strider_learner_test_" + name);
 }
 
 ModelConfig TinyConfig() {

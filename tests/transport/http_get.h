@@ -82,6 +82,7 @@ inline nlohmann::json ParsePrometheus(const std::string& text, const std::string
     for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, n);
     ::pclose(pipe);
   }
+  std::remove(input.c_str());
   nlohmann::json parsed = nlohmann::json::parse(output, nullptr, false);
   if (!parsed.is_object()) return {{"error", "the parser printed: " + output}};
   return parsed;
