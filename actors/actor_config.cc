@@ -144,6 +144,10 @@ Result<ActorOptions> LoadActorConfig(const std::string& path) {
   STRIDER_RETURN_IF_ERROR(root.Finish());
   if (!env_config.ok()) return env_config.status();
   o.env = *env_config;
+  // As in the learner, pretraining and fleet configs: `strider eval --config /abs/actor.yaml`
+  // from another directory finds the model the file names.
+  o.model_config = ResolveConfigPath(o.model_config, path);
+  o.weights = ResolveConfigPath(o.weights, path);
   // Ranges are checked by ValidateActorOptions once command-line flags have had their say
   // (the endpoint and spill directory often come from flags).
   return o;

@@ -48,7 +48,7 @@ const std::map<std::string, Loader>& Loaders() {
       {"actor",
        [](const std::string& path) -> Status {
          STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions options, actors::LoadActorConfig(path));
-         // The model the actor names must load too (relative to the working directory).
+         // The model the actor names must load too.
          return LoadModelConfig(options.model_config).status().WithContext(path + ": model");
        }},
   };
@@ -166,6 +166,26 @@ TEST(ConfigFiles, MistakesNameWhatWasMeant) {
                 "model: section); --config takes a pretraining config (configs/pretrain/"),
             std::string::npos)
       << pretrain.status().ToString();
+}
+
+// An actor config read from another working directory finds the model it names, as the
+// learner, pretraining and fleet configs do (`strider eval --config /abs/path/actor.yaml`).
+TEST(ConfigFiles, ActorPathsResolveFromTheFilesDirectory) {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  ASSERT_NE(source, nullptr) << "run through ctest (STRIDER_SOURCE_DIR)";
+  const fs::path root = fs::absolute(source);
+  fs::current_path(fs::temp_directory_path());
+  ASSERT_FALSE(fs::exists("configs/model/calc.yaml")) << "the test needs a directory without it";
+  Result<actors::ActorOptions> actor =
+      actors::LoadActorConfig((root / "configs/actor/calculator.yaml").string());
+  fs::current_path(root);
+  ASSERT_TRUE(actor.ok()) << actor.status().ToString();
+  EXPECT_EQ(fs::path(actor->model_config), root / "configs/model/calc.yaml");
+  EXPECT_TRUE(LoadModelConfig(actor->model_config).ok());
+  // From the repository root the path stays as written.
+  Result<actors::ActorOptions> here = actors::LoadActorConfig("configs/actor/calculator.yaml");
+  ASSERT_TRUE(here.ok()) << here.status().ToString();
+  EXPECT_EQ(here->model_config, "configs/model/calc.yaml");
 }
 
 }  // namespace
