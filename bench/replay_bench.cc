@@ -44,6 +44,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -671,6 +672,15 @@ int main(int argc, char** argv) {
           .string();
   const std::string tcp = "tcp://127.0.0.1:0";
   const std::string ipc = "ipc://" + dir + ".sock";
+  // ZeroMQ leaves an ipc endpoint's socket file behind (the server's and its sampling one's).
+  struct RemoveSockets {
+    std::string base;
+    ~RemoveSockets() {
+      std::error_code ignored;
+      std::filesystem::remove(base + ".sock", ignored);
+      std::filesystem::remove(base + ".sock.sample", ignored);
+    }
+  } remove_sockets{dir};
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];

@@ -471,7 +471,8 @@ Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOpti
     const auto compute_started = Clock::now();
     std::vector<schema::SegmentData> segments;
     for (replay::SampledItem& item : batch->items) segments.push_back(std::move(item.segment));
-    const std::vector<SampledGroup> groups = SplitBatch(std::move(segments));
+    std::vector<SampledGroup> groups = SplitBatch(std::move(segments));
+    OrderByProvenance(groups);
 
     // 2-3. Score, shape, advantages.
     STRIDER_ASSIGN_OR_RETURN(PreparedBatch prepared,

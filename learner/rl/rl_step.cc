@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <map>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "learner/learner.h"
@@ -105,6 +108,64 @@ std::vector<SampledGroup> SplitBatch(std::vector<schema::SegmentData> segments) 
     }
   }
   return groups;
+}
+
+namespace {
+
+struct Provenance {
+  std::string actor;
+  uint64_t episode = UINT64_MAX;  // missing sorts last
+  std::string id;
+
+  bool operator<(const Provenance& other) const {
+    return std::tie(actor, episode, id) < std::tie(other.actor, other.episode, other.id);
+  }
+};
+
+Provenance ProvenanceOf(const std::vector<schema::SegmentData>& member) {
+  Provenance p;
+  if (member.empty()) return p;
+  p.id = IdString(member.front().trajectory_id);
+  for (const auto& [key, value] : member.back().metadata) {
+    if (key == "actor") {
+      p.actor = value;
+    } else if (key == "episode") {
+      char* end = nullptr;
+      const unsigned long long episode = std::strtoull(value.c_str(), &end, 10);
+      if (end != value.c_str() && *end == '\0') p.episode = episode;
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+void OrderByProvenance(std::vector<SampledGroup>& groups) {
+  for (SampledGroup& group : groups) {
+    std::vector<std::pair<std::pair<uint32_t, Provenance>, size_t>> keys;
+    for (size_t m = 0; m < group.members.size(); ++m) {
+      const auto& member = group.members[m];
+      const uint32_t index = member.empty() ? UINT32_MAX : member.front().group_index;
+      keys.push_back({{index, ProvenanceOf(member)}, m});
+    }
+    std::sort(keys.begin(), keys.end());
+    std::vector<std::vector<schema::SegmentData>> members;
+    members.reserve(keys.size());
+    for (const auto& key : keys) members.push_back(std::move(group.members[key.second]));
+    group.members = std::move(members);
+  }
+  std::vector<std::pair<Provenance, size_t>> keys;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    Provenance p;
+    if (!groups[g].members.empty()) p = ProvenanceOf(groups[g].members.front());
+    if (groups[g].members.empty()) p.id = IdString(groups[g].group_id);
+    keys.push_back({std::move(p), g});
+  }
+  std::sort(keys.begin(), keys.end());
+  std::vector<SampledGroup> ordered;
+  ordered.reserve(groups.size());
+  for (const auto& key : keys) ordered.push_back(std::move(groups[key.second]));
+  groups = std::move(ordered);
 }
 
 Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,

@@ -46,6 +46,14 @@ struct SampledGroup {
 // trajectory, in order) into groups of trajectories, in the order they first appear.
 std::vector<SampledGroup> SplitBatch(std::vector<schema::SegmentData> segments);
 
+// Puts a step's groups in an order that does not depend on their random trajectory ids: members
+// by their index in the group, groups by where their first member came from (the last segment's
+// `actor` and `episode` metadata), ids only to break ties or where that metadata is missing. The
+// replay server returns a step's units in key order and the ids are drawn fresh each launch, so
+// without this the same round reached the update in another order every time, and the
+// mini-batch split and every floating-point sum with it: runs from the same seeds diverged.
+void OrderByProvenance(std::vector<SampledGroup>& groups);
+
 struct StepSettings {
   ScoringOptions scoring;
   ObjectiveConfig objective;

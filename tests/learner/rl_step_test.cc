@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/model/model.h"
@@ -85,6 +87,44 @@ TEST(SplitBatch, GroupsWholeTrajectoriesInSegmentOrder) {
   }
   EXPECT_EQ(groups[1].members.size(), 1u);
   EXPECT_EQ(groups[2].group_id, MakeTrajectoryId(9));
+}
+
+// The same round in any order reaches the update in one order: by (actor, episode) from the last
+// segment's metadata, members by their index in the group, whatever the (random) ids.
+TEST(OrderByProvenance, TheSameRoundInAnyOrderComesOutInOne) {
+  auto round = [](uint64_t id_salt, bool reversed) {
+    std::vector<schema::SegmentData> segments;
+    // Two groups of two from actor-0 (episodes 4-5 and 6-7), one group from actor-1 (episode 0).
+    const std::vector<std::tuple<std::string, uint64_t, uint32_t, uint64_t>> members = {
+        {"actor-0", 6, 0, 1}, {"actor-0", 4, 1, 0}, {"actor-1", 0, 0, 2},
+        {"actor-0", 7, 1, 1}, {"actor-0", 5, 0, 0}};
+    for (const auto& [actor, episode, index, group] : members) {
+      std::vector<schema::SegmentData> t = Trajectory(id_salt * 100 + episode, 2, 32);
+      for (schema::SegmentData& s : t) {
+        s.group_id = MakeTrajectoryId(id_salt * 1000 + group);
+        s.group_index = index;
+        s.group_size = group == 2 ? 1 : 2;
+      }
+      t.back().metadata = {{"actor", actor}, {"episode", std::to_string(episode)}};
+      for (schema::SegmentData& s : t) segments.push_back(std::move(s));
+    }
+    if (reversed) std::reverse(segments.begin(), segments.end());
+    std::vector<SampledGroup> groups = SplitBatch(std::move(segments));
+    OrderByProvenance(groups);
+    std::vector<std::string> order;
+    for (const SampledGroup& g : groups) {
+      for (const auto& member : g.members) {
+        for (const auto& [key, value] : member.back().metadata) {
+          if (key == "episode") order.push_back(member.back().metadata[0].second + "/" + value);
+        }
+      }
+    }
+    return order;
+  };
+  const std::vector<std::string> expected = {"actor-0/5", "actor-0/4", "actor-0/6", "actor-0/7",
+                                             "actor-1/0"};
+  EXPECT_EQ(round(1, false), expected);
+  EXPECT_EQ(round(2, true), expected);  // other ids, segments arriving the other way round
 }
 
 class UpdatePass : public ::testing::Test {
