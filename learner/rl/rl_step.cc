@@ -157,8 +157,11 @@ void OrderByProvenance(std::vector<SampledGroup>& groups) {
   std::vector<std::pair<Provenance, size_t>> keys;
   for (size_t g = 0; g < groups.size(); ++g) {
     Provenance p;
-    if (!groups[g].members.empty()) p = ProvenanceOf(groups[g].members.front());
-    if (groups[g].members.empty()) p.id = IdString(groups[g].group_id);
+    if (groups[g].members.empty()) {
+      p.id = IdString(groups[g].group_id);
+    } else {
+      p = ProvenanceOf(groups[g].members.front());
+    }
     keys.push_back({std::move(p), g});
   }
   std::sort(keys.begin(), keys.end());
