@@ -141,7 +141,10 @@ Provenance ProvenanceOf(const std::vector<schema::SegmentData>& member) {
 }  // namespace
 
 void OrderByProvenance(std::vector<SampledGroup>& groups) {
-  for (SampledGroup& group : groups) {
+  // A group sorts by its first member after its members are sorted; an empty one by its id.
+  std::vector<std::pair<Provenance, size_t>> group_keys;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    SampledGroup& group = groups[g];
     std::vector<std::pair<std::pair<uint32_t, Provenance>, size_t>> keys;
     for (size_t m = 0; m < group.members.size(); ++m) {
       const auto& member = group.members[m];
@@ -153,21 +156,18 @@ void OrderByProvenance(std::vector<SampledGroup>& groups) {
     members.reserve(keys.size());
     for (const auto& key : keys) members.push_back(std::move(group.members[key.second]));
     group.members = std::move(members);
-  }
-  std::vector<std::pair<Provenance, size_t>> keys;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    Provenance p;
-    if (groups[g].members.empty()) {
-      p.id = IdString(groups[g].group_id);
+    Provenance first;
+    if (keys.empty()) {
+      first.id = IdString(group.group_id);
     } else {
-      p = ProvenanceOf(groups[g].members.front());
+      first = std::move(keys.front().first.second);
     }
-    keys.push_back({std::move(p), g});
+    group_keys.push_back({std::move(first), g});
   }
-  std::sort(keys.begin(), keys.end());
+  std::sort(group_keys.begin(), group_keys.end());
   std::vector<SampledGroup> ordered;
   ordered.reserve(groups.size());
-  for (const auto& key : keys) ordered.push_back(std::move(groups[key.second]));
+  for (const auto& key : group_keys) ordered.push_back(std::move(groups[key.second]));
   groups = std::move(ordered);
 }
 
