@@ -83,11 +83,15 @@ struct Episode {
   }
 };
 
-const std::vector<std::string> kOptionKeys = {"total_tokens", "parts"};
+const std::vector<std::string> kOptionKeys = {"total_tokens", "parts", "restate_question"};
 
 struct Settings {
   int64_t total_tokens = 16384;
   int64_t parts = 4;
+  // Asks the question again after the last part, naming the agent as the records and a search
+  // write it ("Agent Kalo"), as long-document QA puts the question after the documents. The
+  // search still has to find both records: this only moves the name next to where it is used.
+  bool restate_question = false;
 };
 
 Result<Settings> ReadSettings(const Options& config, const Options& episode) {
@@ -95,6 +99,7 @@ Result<Settings> ReadSettings(const Options& config, const Options& episode) {
   Settings settings;
   settings.total_tokens = reader.Int("total_tokens", settings.total_tokens, 128, 1 << 20);
   settings.parts = reader.Int("parts", settings.parts, 1, 1024);
+  settings.restate_question = reader.Bool("restate_question", settings.restate_question);
   STRIDER_RETURN_IF_ERROR(reader.status());
   if (settings.parts > settings.total_tokens / kRetrievalRecordBytes) {
     return Status::InvalidArgument(
@@ -126,6 +131,7 @@ class Retrieval : public Environment {
     episode_.seed = seed;
     episode_.records = settings.total_tokens / kRetrievalRecordBytes;
     episode_.parts = settings.parts;
+    restate_question_ = settings.restate_question;
     const uint64_t r = Mix(seed ^ 0x5eedULL);
     episode_.agent = Name(r) + "ar";  // a suffix no filler name has
     episode_.badge = Badge(r >> 16);
@@ -202,6 +208,10 @@ class Retrieval : public Environment {
     const int64_t begin = episode_.PartBegin(part), end = episode_.PartBegin(part + 1);
     text.reserve(text.size() + (end - begin) * kRetrievalRecordBytes);
     for (int64_t i = begin; i < end; ++i) text += episode_.Record(i);
+    if (restate_question_ && revealed_ == episode_.parts) {
+      text += fmt::format("All {} parts are shown. Which vault does the badge of Agent {} open?\n",
+                          episode_.parts, episode_.agent);
+    }
     return text;
   }
 
@@ -242,6 +252,7 @@ class Retrieval : public Environment {
   Settings settings_;
   Episode episode_;
   int64_t revealed_ = 0;
+  bool restate_question_ = false;
   int turns_ = 0;
   int max_turns_ = 0;
   bool active_ = false;

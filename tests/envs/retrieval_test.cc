@@ -73,6 +73,33 @@ TEST(Retrieval, TwoRecordEpisodesAreSolved) {
   EXPECT_FALSE(three.ok());
 }
 
+// restate_question: the last part ends with the question again, naming the agent as the
+// records and a search write it; nothing else about the episode changes.
+TEST(Retrieval, RestatedQuestionFollowsTheLastPartOnly) {
+  auto plain = Make({{"total_tokens", "1024"}, {"parts", "4"}});
+  auto restated = Make({{"total_tokens", "1024"}, {"parts", "4"}, {"restate_question", "true"}});
+  auto policy = Policy();
+  for (uint64_t seed = 0; seed < 5; ++seed) {
+    testing::Episode a = testing::Play(*plain, *policy, seed);
+    testing::Episode b = testing::Play(*restated, *policy, seed);
+    ASSERT_EQ(a.steps.size(), b.steps.size()) << "seed " << seed;
+    EXPECT_EQ(b.steps.back().outcome_reward, 1.0);
+    const std::string& first = a.observations[0].text;
+    const size_t at = first.find("agent ") + 6;
+    const std::string agent = first.substr(at, first.find(" open?") - at);
+    for (size_t i = 0; i < a.observations.size(); ++i) {
+      if (i == 3) {  // Part 4/4
+        EXPECT_EQ(b.observations[i].text,
+                  a.observations[i].text + "All 4 parts are shown. Which vault does the badge of Agent " +
+                      agent + " open?\n");
+      } else {
+        EXPECT_EQ(b.observations[i].text, a.observations[i].text) << "observation " << i;
+      }
+    }
+  }
+  EXPECT_FALSE(MakeEnvironment({.name = "retrieval", .options = {{"restate_question", "yes"}}}).ok());
+}
+
 TEST(Retrieval, MillionTokenEpisodeIsSolvedPartByPart) {
   auto env = Make({{"total_tokens", "1048576"}, {"parts", "16"}});
   auto policy = Policy();
