@@ -32,10 +32,16 @@ std::string Name(uint64_t r) {
 
 std::string Badge(uint64_t r) { return fmt::format("{}-{:04}", kColours[r % 8], (r >> 3) % 10000); }
 
+// numeric_names: agents and badges are numbers, to be copied digit by digit like a calculator's
+// operands, in place of made-up words.
+std::string NumericName(uint64_t r) { return fmt::format("{:05}", r % 100000); }
+std::string NumericBadge(uint64_t r) { return fmt::format("{:06}", r % 1000000); }
+
 struct Episode {
   uint64_t seed = 0;
   int64_t records = 0;
   int64_t parts = 1;
+  bool numeric = false;
   int64_t agent_record = 0;  // "Agent <agent> carries badge <badge>."
   int64_t vault_record = 0;  // "Badge <badge> opens vault <vault>."
   std::string agent;
@@ -43,6 +49,8 @@ struct Episode {
   std::string vault;
 
   int64_t PartBegin(int64_t part) const { return records * part / parts; }
+  std::string NameOf(uint64_t r) const { return numeric ? NumericName(r) : Name(r); }
+  std::string BadgeOf(uint64_t r) const { return numeric ? NumericBadge(r) : Badge(r); }
 
   // Record `index`, exactly kRetrievalRecordBytes bytes with its newline.
   std::string Record(int64_t index) const {
@@ -55,19 +63,19 @@ struct Episode {
       const uint64_t r = Mix(seed * 0x100000001b3ULL + static_cast<uint64_t>(index));
       switch ((r >> 40) % 4) {
         case 0: {
-          std::string name = Name(r);
-          if (name == agent) name += "o";  // the answer's agent appears once
-          body = fmt::format("Agent {} carries badge {}.", name, Badge(r >> 12));
+          std::string name = NameOf(r);
+          if (name == agent) name += "0";  // the answer's agent appears once
+          body = fmt::format("Agent {} carries badge {}.", name, BadgeOf(r >> 12));
           break;
         }
         case 1: {
-          std::string other = Badge(r >> 12);
+          std::string other = BadgeOf(r >> 12);
           if (other == badge) other[other.size() - 1] = other.back() == '0' ? '1' : '0';
           body = fmt::format("Badge {} opens vault {:05}.", other, (r >> 20) % 100000);
           break;
         }
         case 2:
-          body = fmt::format("Courier {} logged crate {:04} at dock {:02}.", Name(r),
+          body = fmt::format("Courier {} logged crate {:04} at dock {:02}.", NameOf(r),
                              (r >> 12) % 10000, (r >> 26) % 100);
           break;
         default:
@@ -83,7 +91,8 @@ struct Episode {
   }
 };
 
-const std::vector<std::string> kOptionKeys = {"total_tokens", "parts", "restate_question"};
+const std::vector<std::string> kOptionKeys = {"total_tokens", "parts", "restate_question",
+                                              "numeric_names"};
 
 struct Settings {
   int64_t total_tokens = 16384;
@@ -92,6 +101,9 @@ struct Settings {
   // write it ("Agent Kalo"), as long-document QA puts the question after the documents. The
   // search still has to find both records: this only moves the name next to where it is used.
   bool restate_question = false;
+  // Agents and badges are 5- and 6-digit numbers instead of made-up words (the vault is a number
+  // either way), for models that copy digits before they copy letters.
+  bool numeric_names = false;
 };
 
 Result<Settings> ReadSettings(const Options& config, const Options& episode) {
@@ -100,6 +112,7 @@ Result<Settings> ReadSettings(const Options& config, const Options& episode) {
   settings.total_tokens = reader.Int("total_tokens", settings.total_tokens, 128, 1 << 20);
   settings.parts = reader.Int("parts", settings.parts, 1, 1024);
   settings.restate_question = reader.Bool("restate_question", settings.restate_question);
+  settings.numeric_names = reader.Bool("numeric_names", settings.numeric_names);
   STRIDER_RETURN_IF_ERROR(reader.status());
   if (settings.parts > settings.total_tokens / kRetrievalRecordBytes) {
     return Status::InvalidArgument(
@@ -132,9 +145,11 @@ class Retrieval : public Environment {
     episode_.records = settings.total_tokens / kRetrievalRecordBytes;
     episode_.parts = settings.parts;
     restate_question_ = settings.restate_question;
+    episode_.numeric = settings.numeric_names;
     const uint64_t r = Mix(seed ^ 0x5eedULL);
-    episode_.agent = Name(r) + "ar";  // a suffix no filler name has
-    episode_.badge = Badge(r >> 16);
+    // A word agent has a suffix no filler name has; a numeric one is renamed in fillers.
+    episode_.agent = episode_.numeric ? NumericName(r) : Name(r) + "ar";
+    episode_.badge = episode_.BadgeOf(r >> 16);
     episode_.vault = fmt::format("{:05}", (r >> 32) % 100000);
     const int64_t first_size = episode_.PartBegin(1);
     const int64_t last_begin = episode_.PartBegin(episode_.parts - 1);

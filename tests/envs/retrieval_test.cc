@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include "envs/registry.h"
 #include "envs/tools.h"
 #include "tests/envs/play.h"
@@ -98,6 +100,27 @@ TEST(Retrieval, RestatedQuestionFollowsTheLastPartOnly) {
     }
   }
   EXPECT_FALSE(MakeEnvironment({.name = "retrieval", .options = {{"restate_question", "yes"}}}).ok());
+}
+
+TEST(Retrieval, NumericNamesAreNumbersAndStillSolved) {
+  auto env = Make({{"total_tokens", "4096"}, {"parts", "4"}, {"numeric_names", "true"}});
+  auto policy = Policy();
+  const std::regex agent_record(R"(Agent (\d{5}) carries badge (\d{6})\.)");
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    testing::Episode episode = testing::Play(*env, *policy, seed);
+    ASSERT_EQ(episode.steps.size(), 3u + 3u) << "seed " << seed;
+    EXPECT_EQ(episode.steps.back().outcome_reward, 1.0);
+    const std::string& first = episode.observations[0].text;
+    std::smatch question;
+    ASSERT_TRUE(std::regex_search(first, question, std::regex(R"(agent (\d{5}) open\?)")));
+    std::smatch found;
+    ASSERT_TRUE(std::regex_search(episode.steps[3].observation.text, found, agent_record))
+        << episode.steps[3].observation.text;
+    EXPECT_EQ(found[1].str(), question[1].str());
+    // The agent's record is the only one naming it: a filler drawing the same number is renamed.
+    EXPECT_EQ(first.find("Agent " + question[1].str() + " "),
+              first.find("Agent " + found[1].str() + " carries badge " + found[2].str()));
+  }
 }
 
 TEST(Retrieval, MillionTokenEpisodeIsSolvedPartByPart) {
