@@ -380,7 +380,8 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       std::vector<std::vector<int32_t>> sequences;
       for (int64_t r = 0; r < rows; ++r) sequences.push_back(packer->Next());
       STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, MakeTokenBatch(sequences, config.model));
-      WeightLoss(&batch, config.retrieval_answer_weight, config.tool_use_action_weight);
+      WeightLoss(&batch, config.retrieval_answer_weight,
+                 stage.action_weight > 0 ? stage.action_weight : config.tool_use_action_weight);
       if (config.balance && config.balance_prepass) {
         LossOptions prepass = loss_options;
         prepass.backward = false;

@@ -212,6 +212,10 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
     s.Optional("backprop", &stage.backprop);
     s.Optional("learning_rate", &stage.learning_rate);
     s.Optional("warmup_steps", &stage.warmup_steps);
+    if (s.Has("action_weight")) {
+      s.Optional("action_weight", &stage.action_weight);
+      s.Check(stage.action_weight > 0, "action_weight", "must be positive");
+    }
     stage.data = ReadMixture(s, stage.context, path);
     for (ConfigReader c : s.List("curriculum")) {
       CurriculumPhase phase;

@@ -58,6 +58,9 @@ struct PretrainStage {
   std::string backprop = "full";  // inference paths: full | truncated (per-chunk backward)
   double learning_rate = 0;     // 0: the optimizer section's rate
   int64_t warmup_steps = -1;    // -1: the schedule section's value
+  // The weight of action tokens in this stage's loss, in place of `tool_use.action_weight`
+  // (negative: that one). A late stage can lean on the policy's tokens once the format is learned.
+  double action_weight = -1;
   std::vector<DataMixtureEntry> data;
   // Phases run in order before the stage's own context, under the stage's learning-rate
   // schedule (which spans them all), with the same paths and batch size in tokens.

@@ -811,6 +811,9 @@ TEST(Pretrain, ConfigErrorsNameTheKey) {
       {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
        " data: [{generator: tool_use, flawed_fraction: -0.5}]}\n",
        "flawed_fraction"},
+      {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
+       " action_weight: 0}\n",
+       "action_weight"},
       {"balance: {window_steps: 0}\n" + stage, "window_steps"},
       {"balance: {prepass_sweeps: 0}\n" + stage, "prepass_sweeps"},
       {"stages:\n  - {name: a, context: 64, tokens: 10, objective: modality_alignment,"
@@ -857,6 +860,13 @@ TEST(Pretrain, ConfigErrorsNameTheKey) {
     EXPECT_TRUE(shipped.ok()) << name << ": " << shipped.status().ToString();
     if (shipped.ok()) EXPECT_EQ(shipped->stages.size(), 4u);
   }
+  // A stage's action_weight replaces tool_use.action_weight for that stage only.
+  Result<PretrainConfig> retrieval =
+      LoadPretrainConfig(SourceDir() + "/configs/pretrain/retrieval.yaml");
+  ASSERT_TRUE(retrieval.ok()) << retrieval.status().ToString();
+  EXPECT_EQ(retrieval->tool_use_action_weight, 4.0);
+  EXPECT_LT(retrieval->stages.front().action_weight, 0.0);
+  EXPECT_EQ(retrieval->stages.back().action_weight, 20.0);
 }
 
 TEST(Pretrain, NextStageStartsFromThePreviousStagesCheckpoint) {
