@@ -28,7 +28,7 @@ struct DataMixtureEntry {
   // tool_use generator: the built-in environment whose scripted episodes it renders (`env:`,
   // read as an actor's `env:` section); no name is the calculator at difficulty 1.
   envs::EnvironmentConfig environment;
-  // tool_use generator: this entry's share of flawed calculator transcripts, in place of
+  // tool_use generator: this entry's share of flawed transcripts, in place of
   // `tool_use.flawed_fraction` (negative: that one). Lets a late phase add mistakes to a policy
   // whose skill formed on correct transcripts.
   double flawed_fraction = -1;

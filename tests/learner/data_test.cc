@@ -374,9 +374,11 @@ TEST(Generators, ToolUseFlawsDrawOnlyTheNamedKinds) {
 }
 
 // Any built-in environment's scripted episodes: the retrieval environment's reading, searches
-// and answer, every one solved (the calculator's flaws do not apply), different per index.
+// and answer, every one solved (the calculator's own flaws do not apply), different per index.
 TEST(Generators, ToolUsePlaysTheNamedEnvironment) {
-  GeneratorOptions options;  // flawed_fraction stays at its default 0.2
+  GeneratorOptions options;
+  options.flawed_fraction = 0.2;
+  options.flaws = {ToolUseFlaw::kWrongCall, ToolUseFlaw::kMisread};
   options.environment.name = "retrieval";
   options.environment.options = {{"total_tokens", "1024"}, {"parts", "4"}};
   std::set<std::string> answers;
@@ -395,6 +397,33 @@ TEST(Generators, ToolUsePlaysTheNamedEnvironment) {
     EXPECT_EQ(doc.tokens.back(), token::kEndOfText);
   }
   EXPECT_GE(answers.size(), 19u);
+}
+
+// no_tool elsewhere: the scripted reading goes on, and the first tool call becomes a guess.
+TEST(Generators, AnotherEnvironmentsFlawedTranscriptGuessesInPlaceOfItsFirstCall) {
+  GeneratorOptions options;
+  options.flawed_fraction = 0.5;
+  options.flaws = {ToolUseFlaw::kNoTool};
+  options.environment.name = "retrieval";
+  options.environment.options = {{"total_tokens", "1024"}, {"parts", "4"}};
+  int guessed = 0;
+  for (int i = 0; i < 40; ++i) {
+    const GeneratedDocument doc = Generate(GeneratorKind::kToolUse, options, 3, i);
+    const std::vector<std::string> turns = ModelTurns(doc.tokens);
+    ASSERT_GE(turns.size(), 4u) << Tokenizer::Decode(doc.tokens);
+    EXPECT_EQ(turns[0], "next");
+    EXPECT_EQ(turns[2], "next");
+    if (doc.flawed) {
+      ++guessed;
+      ASSERT_EQ(turns.size(), 4u) << Tokenizer::Decode(doc.tokens);  // three "next", the guess
+      EXPECT_EQ(turns[3].rfind("Answer: ", 0), 0u) << turns[3];
+    } else {
+      ASSERT_EQ(turns.size(), 6u);
+      EXPECT_NE(turns[3].find("<|tool_call|>search(Agent "), std::string::npos) << turns[3];
+    }
+  }
+  EXPECT_GT(guessed, 10);
+  EXPECT_LT(guessed, 30);
 }
 
 TEST(Generators, ImageCaptionsRenderToTheirPicture) {

@@ -138,9 +138,10 @@ using Flaw = std::optional<ToolUseFlaw>;
 // turns it wrote, for the transcript.
 class FlawedPolicy final : public envs::ScriptedPolicy {
  public:
-  FlawedPolicy(std::unique_ptr<envs::ScriptedPolicy> policy, Flaw flaw, Rng& rng)
+  FlawedPolicy(std::unique_ptr<envs::ScriptedPolicy> policy, Flaw flaw, bool calculator, Rng& rng)
       : policy_(std::move(policy)),
         flaw_(flaw),
+        calculator_(calculator),
         wrong_call_(rng.Uniform(kToolUseDifficulty + 1)),
         delta_(rng.Range(1, 9)),
         guess_(rng.Range(2, 200)) {}
@@ -155,8 +156,15 @@ class FlawedPolicy final : public envs::ScriptedPolicy {
 
  private:
   Result<std::string> Turn(const std::vector<envs::Observation>& observations) {
-    if (flaw_ == ToolUseFlaw::kNoTool) return "Answer: " + std::to_string(guess_);
+    if (flaw_ == ToolUseFlaw::kNoTool && calculator_) return "Answer: " + std::to_string(guess_);
     STRIDER_ASSIGN_OR_RETURN(std::string text, policy_->NextTurn(observations));
+    if (flaw_ == ToolUseFlaw::kNoTool) {
+      // Another environment's policy reads as scripted up to its first tool call, which the
+      // guess replaces (the retrieval policy says "next" through every part, then guesses).
+      Result<std::optional<envs::ToolCall>> call = envs::ParseToolCall(text);
+      if (call.ok() && call->has_value()) return "Answer: " + std::to_string(guess_);
+      return text;
+    }
     const bool answering = text.rfind("Answer: ", 0) == 0;
     if (answering && flaw_ == ToolUseFlaw::kMisread) {
       const double value = std::strtod(text.c_str() + 8, nullptr);
@@ -179,6 +187,7 @@ class FlawedPolicy final : public envs::ScriptedPolicy {
 
   std::unique_ptr<envs::ScriptedPolicy> policy_;
   Flaw flaw_;
+  bool calculator_;
   int64_t wrong_call_;
   int64_t delta_;
   int64_t guess_;
@@ -198,13 +207,19 @@ class FlawedPolicy final : public envs::ScriptedPolicy {
 GeneratedDocument ToolUse(const GeneratorOptions& options, uint64_t seed, int64_t index) {
   Rng rng(seed, index, 2);
   const envs::EnvironmentConfig config = ToolUseEnvironment(options);
-  // The flaws are calculator mistakes (an operand, a number read back): other environments'
-  // transcripts are their scripted policy's, unchanged. The draw is made either way, so the
+  // wrong_call and misread are calculator mistakes (an operand, a number read back); other
+  // environments' flawed transcripts can only guess. The draw is made either way, so the
   // calculator's documents stay the same bit for bit.
   Flaw flaw;
-  if (rng.Unit() < options.flawed_fraction && config.name == "calculator" &&
-      !options.flaws.empty()) {
+  const bool calculator = config.name == "calculator";
+  const bool flawed = rng.Unit() < options.flawed_fraction;
+  if (flawed && calculator && !options.flaws.empty()) {
     flaw = options.flaws[rng.Uniform(options.flaws.size())];
+  } else if (flawed && !calculator &&
+             std::find(options.flaws.begin(), options.flaws.end(), ToolUseFlaw::kNoTool) !=
+                 options.flaws.end()) {
+    // Elsewhere only the guess applies, and needs no draw: it replaces the first tool call.
+    flaw = ToolUseFlaw::kNoTool;
   }
   GeneratedDocument document;
   document.episode_seed = rng.Next();
@@ -212,7 +227,7 @@ GeneratedDocument ToolUse(const GeneratorOptions& options, uint64_t seed, int64_
   if (!env.ok()) GeneratorFailed(env.status());
   Result<std::unique_ptr<envs::ScriptedPolicy>> scripted = envs::MakeScriptedPolicy(config);
   if (!scripted.ok()) GeneratorFailed(scripted.status());
-  FlawedPolicy policy(std::move(*scripted), flaw, rng);
+  FlawedPolicy policy(std::move(*scripted), flaw, calculator, rng);
 
   const envs::EnvironmentSpec spec = (*env)->Describe();
   std::vector<envs::StepResult> steps;
