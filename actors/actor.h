@@ -1,6 +1,6 @@
-// The actor service (DESIGN.md s.1, s.4): plays episodes against environments, decodes every
-// live episode's model turns through one rollout engine, and streams the trajectories to the
-// replay server as segments.
+// The actor service (docs/design.md#processes-and-data-flow, #trajectories-and-segments): plays
+// episodes against environments, decodes every live episode's model turns through one rollout
+// engine, and streams the trajectories to the replay server as segments.
 //
 //   main thread (decode loop)                           other threads
 //   ────────────────────────────────────────────        ─────────────────────────────────────

@@ -1,4 +1,4 @@
-// Cuts one trajectory into replay segments as it grows (DESIGN.md section 4).
+// Cuts one trajectory into replay segments as it grows (docs/design.md#trajectories-and-segments).
 //
 // The actor feeds every token of an episode in order: context it wrote (observations, turn
 // markers) and actions the model sampled (with behaviour log-prob, policy version and experts).

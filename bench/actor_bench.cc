@@ -1,6 +1,6 @@
-// Actor benchmark (DESIGN.md s.9): episodes and tokens per second of one actor on `calculator`
-// at B = 1, 16, 64 against the rollout engine alone on the same token counts, and optionally a
-// long `retrieval` trajectory end to end with its time and peak memory.
+// Actor benchmark (docs/design.md#benchmark-protocol): episodes and tokens per second of one actor
+// on `calculator` at B = 1, 16, 64 against the rollout engine alone on the same token counts, and
+// optionally a long `retrieval` trajectory end to end with its time and peak memory.
 //
 // The baseline replays the actor's own trajectories through a fresh engine with the same model,
 // options and concurrency: every context run is appended as it was, and every model turn

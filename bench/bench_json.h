@@ -1,4 +1,4 @@
-// One JSON object per line for benchmark results (DESIGN.md section 9):
+// One JSON object per line for benchmark results (docs/design.md#benchmark-protocol):
 //   {"bench": ..., "metric": ..., "value": ..., "unit": ..., "baseline": ..., "ratio": ...}
 // `baseline` is the ceiling measured in the same run (raw RocksDB, raw ZeroMQ, memcpy, ...) or a
 // target; `ratio` is value / baseline. Both are null when there is no baseline. Extra keys

@@ -1,4 +1,4 @@
-// Collectives of data-parallel learner ranks against raw c10d (DESIGN.md section 9 protocol):
+// Collectives of data-parallel learner ranks against raw c10d (docs/design.md#benchmark-protocol):
 //   allreduce_gradients   LearnerGroup::AllReduceGradients over a model's trainable parameters
 //                         (their gradients in the group's buckets, as PrepareGradients leaves
 //                         them for backward; 25 MB buckets all in flight) against one raw

@@ -165,7 +165,7 @@ void BenchLatent(const char* name, int64_t batch, int64_t heads, int64_t context
   LatentAttentionDecodeDims dims;
   dims.batch = batch;
   dims.heads = heads;
-  dims.latent_dim = 512;  // reference widths (MODEL.md)
+  dims.latent_dim = 512;  // reference widths (docs/model_math.md)
   dims.rope_dim = 64;
   dims.capacity = context;
   dims.scale = 1.0f / std::sqrt(192.0f);

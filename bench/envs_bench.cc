@@ -1,4 +1,5 @@
-// Environment and tool costs against their raw floor, measured side by side (DESIGN.md s.9):
+// Environment and tool costs against their raw floor, measured side by side
+// (docs/design.md#benchmark-protocol):
 //   - a sandboxed tool call (fork, limits, Landlock, pipes, scratch directory) against a plain
 //     fork/exec/wait of the same python3 command;
 //   - one step of an out-of-process environment (the Python example over the JSON protocol)

@@ -1,4 +1,4 @@
-// RL learner benchmark (issue "The RL learner", section 8; DESIGN.md s.9).
+// RL learner benchmark (issue "The RL learner", section 8; docs/design.md#benchmark-protocol).
 //
 //   1. One RL step on the small config, piece by piece, over a group of `retrieval` trajectories
 //      that the model itself played as the actor would (real segments: tokens, roles, behaviour

@@ -1,5 +1,5 @@
-// Model benchmarks (DESIGN.md s.9): every figure is printed next to its ceiling measured in the
-// same run, because the machines are shared and absolute speeds drift.
+// Model benchmarks (docs/design.md#benchmark-protocol): every figure is printed next to its ceiling
+// measured in the same run, because the machines are shared and absolute speeds drift.
 //
 //   train   Training throughput of the small config (forward plus backward) and the ratio of its
 //           model FLOP rate to the LibTorch fp32 matmul peak (at the better OpenMP wait policy,

@@ -1,4 +1,5 @@
-// Pretraining throughput and memory per stage length (DESIGN.md s.9, issue "staged pretraining").
+// Pretraining throughput and memory per stage length (docs/design.md#benchmark-protocol, issue
+// "staged pretraining").
 //
 // For every stage of a pretraining config (default configs/pretrain/small.yaml): one sequence of
 // the stage's length from the retrieval generator, trained with the stage's path (training path,

@@ -1,4 +1,5 @@
-// Rollout engine benchmark (DESIGN.md s.9): each figure beside its ceiling from the same run.
+// Rollout engine benchmark (docs/design.md#benchmark-protocol): each figure beside its ceiling from
+// the same run.
 //
 //   decode_b{1,8,64}  decode tokens/s of the small config through Engine::Step. Batch 1 against
 //                     the memory-bandwidth roofline (active weight bytes per token over a

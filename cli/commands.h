@@ -1,6 +1,6 @@
 // Each component's subcommands are registered on the one `strider` CLI::App by a function here.
 // Callbacks store the process exit code in `exit_code`: 0 success, 1 runtime failure, 2 bad
-// usage or config (DESIGN.md section 8).
+// usage or config (docs/design.md#command-line).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -1,4 +1,5 @@
-// `strider env list` and `strider env run`: environments for their authors (DESIGN.md s.8).
+// `strider env list` and `strider env run`: environments for their authors
+// (docs/design.md#command-line).
 //
 // `env run` plays episodes with a scripted policy (the environment's own solver, the default)
 // or a random one (random text with tool calls, often malformed, to exercise error paths), and

@@ -1,5 +1,5 @@
 // `strider model info|init|eval|check`: the model's accounting, initialisation, log-probs and the
-// two-path contract check (DESIGN.md section 8).
+// two-path contract check (docs/design.md#command-line).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 

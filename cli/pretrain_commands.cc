@@ -1,5 +1,5 @@
 // `strider pretrain`, `strider learner` (mode: pretrain here; mode: rl in rl_commands.cc) and
-// `strider data build` (DESIGN.md sections 7 and 8).
+// `strider data build` (docs/design.md#pretraining-mode and #command-line).
 #include <iostream>
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-// `strider report RUN_DIR [RUN_DIR...] [--out FILE]` (DESIGN.md section 8): the HTML report
+// `strider report RUN_DIR [RUN_DIR...] [--out FILE]` (docs/design.md#command-line): the HTML report
 // with plots of a pretraining run, or of one or several RL runs overlaid.
 #include <iostream>
 #include <memory>

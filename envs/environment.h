@@ -1,4 +1,5 @@
-// The environment API: what an actor plays episodes against (DESIGN.md s.1, s.4).
+// The environment API: what an actor plays episodes against
+// (docs/design.md#processes-and-data-flow, #trajectories-and-segments).
 //
 // An episode is Reset, then Step once per model turn until `done`:
 //

@@ -76,7 +76,7 @@ struct TrainerOptions {
   // Learning-rate multiplier of every sparse layer's router weights (1: none).
   double router_learning_rate_scale = 1.0;
 
-  // Routing balance (MODEL.md s.5).
+  // Routing balance (docs/model_math.md#quantile-balancing).
   bool balance = true;  // update the router biases from the routing each step records
   // Steps whose routing records the quantile update pools (this one and those before).
   int64_t balance_window_steps = 1;

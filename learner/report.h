@@ -1,8 +1,8 @@
-// The run report (`strider report RUN_DIR [RUN_DIR...]`, DESIGN.md s.8): one self-contained HTML
-// page with inline SVG plots drawn here, so it opens offline with nothing to download and no
-// script. Two kinds of run directory (DetectRunKind): a pretraining run (WriteRunReport, below)
-// and RL runs written by `strider launch` (WriteRlReport, at the end), several of which can be
-// overlaid on one page.
+// The run report (`strider report RUN_DIR [RUN_DIR...]`, docs/design.md#command-line): one
+// self-contained HTML page with inline SVG plots drawn here, so it opens offline with nothing to
+// download and no script. Two kinds of run directory (DetectRunKind): a pretraining run
+// (WriteRunReport, below) and RL runs written by `strider launch` (WriteRlReport, at the end),
+// several of which can be overlaid on one page.
 //
 // Pretraining inputs, both JSON lines in the run directory:
 //   metrics.jsonl   per-step lines {stage, step, loss, max_violation?, ...} and one

@@ -1,4 +1,4 @@
-// The replay store on disk: RocksDB with the column families of DESIGN.md section 5.
+// The replay store on disk: RocksDB with the column families of docs/design.md#replay-store.
 //
 //   segments      trajectory id (16) + segment index (4, big-endian) -> sequence (8, big-endian)
 //                 + the segment's envelope (checksummed; the bytes that arrived on the wire)

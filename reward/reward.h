@@ -1,5 +1,5 @@
-// The reward component's front header (DESIGN.md section 6): where a learner or an evaluation
-// gets per-step rewards from.
+// The reward component's front header (docs/design.md#advantages-from-process-rewards): where a
+// learner or an evaluation gets per-step rewards from.
 //
 //   shaping.h     ShapingConfig (the `reward:` config block), Shape: environment step rewards,
 //                 outcome, learned and implicit process rewards -> one reward per step, each

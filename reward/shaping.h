@@ -1,5 +1,5 @@
 // Reward shaping: one trajectory's reward sources combined into one reward per step, each reward
-// counted once (DESIGN.md section 6, "bias correction").
+// counted once (docs/design.md#advantages-from-process-rewards, "bias correction").
 //
 //   environment step rewards ──┐
 //   learned process rewards  ──┼─> Shape ──> r_1 .. r_K, and how the return ends after step K:

@@ -1,4 +1,4 @@
-// The rollout engine: the model's inference path for actors (DESIGN.md s.1-3).
+// The rollout engine: the model's inference path for actors (docs/design.md#two-paths-one-model).
 //
 // An actor submits sequences (a prompt, or a prompt plus the sampling of a model turn), calls
 // Step() to advance every live sequence, appends tool results or observations to a sequence

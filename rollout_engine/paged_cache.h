@@ -1,5 +1,6 @@
 // The paged latent cache: the compressed keys of latent-attention layers (c_kv and the shared
-// key part, MODEL.md s.2) for every live sequence, in fixed-size blocks from one pool.
+// key part, docs/model_math.md#latent-attention) for every live sequence, in fixed-size blocks from
+// one pool.
 //
 // Why paged: sequences grow by different amounts and are forked into groups that share a
 // prefix. A contiguous buffer per sequence would copy on growth and on fork; blocks let a fork

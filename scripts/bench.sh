@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every benchmark program present in the build and writes bench/results.jsonl: a first line
-# describing the machine, then each program's JSON lines (DESIGN.md s.9).
+# describing the machine, then each program's JSON lines (docs/design.md#benchmark-protocol).
 #   scripts/bench.sh [build-dir] [extra arguments for every bench program, e.g. --quick]
 # The programs run under the caller's OMP_WAIT_POLICY (recorded in the machine line and in each
 # line as "policy"); their matmul and copy ceilings are measured at the default policy as well

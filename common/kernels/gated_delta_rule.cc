@@ -1,4 +1,4 @@
-// Gated delta rule, recurrent and chunkwise forms (MODEL.md s.1).
+// Gated delta rule, recurrent and chunkwise forms (docs/model_math.md#gated-delta-rule).
 //
 // Design decisions:
 //   - Batch and heads are flattened into one batch dimension BH so every product is a plain

@@ -1,4 +1,5 @@
-// Gated delta rule with per-channel decay: the kernel of incremental attention (MODEL.md s.1).
+// Gated delta rule with per-channel decay: the kernel of incremental attention
+// (docs/model_math.md#gated-delta-rule).
 //
 // Two forms of one recurrence, shared by the training path and the inference path:
 //   - Recurrent: one position at a time. The reference, and the decode kernel.

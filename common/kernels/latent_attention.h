@@ -1,5 +1,6 @@
-// Absorbed latent attention over a paged past (MODEL.md s.2), the kernel of the inference path's
-// latent attention layers; the CPU twin of common/kernels/cuda/latent_attention_decode.cu.
+// Absorbed latent attention over a paged past (docs/model_math.md#latent-attention), the kernel of
+// the inference path's latent attention layers; the CPU twin of
+// common/kernels/cuda/latent_attention_decode.cu.
 //
 // The model layer (common/model/latent_attention.cc) computes the queries and the new rows and
 // maps the result back to the heads; these kernels compute only the softmax-weighted latent

@@ -1,4 +1,5 @@
-// Sparse expert routing and quantile balancing (MODEL.md s.4 and s.5).
+// Sparse expert routing and quantile balancing (docs/model_math.md#sparse-experts-and-routing and
+// #quantile-balancing).
 //
 // The router's scores are sigmoid(W_r x). Experts are chosen by top-k over scores + bias; the
 // weights are the chosen scores renormalised to sum to one. The bias only changes which experts

@@ -1,4 +1,5 @@
-// SiTU-GLU activation (MODEL.md s.4): the gated product inside every feed-forward block,
+// SiTU-GLU activation (docs/model_math.md#situ-glu): the gated product inside every
+// feed-forward block,
 //
 //   SituGlu(a, b) = [c1 tanh(a / c1) * sigmoid(a)] * [c2 tanh(b / c2)],
 //

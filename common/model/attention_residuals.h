@@ -1,4 +1,4 @@
-// Block attention residuals (MODEL.md s.3).
+// Block attention residuals (docs/model_math.md#attention-residuals).
 //
 // Instead of one running sum of sublayer outputs, each sublayer reads a learned mixture of the
 // token embedding, the sealed sums of earlier blocks of layers, and the current block's partial

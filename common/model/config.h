@@ -1,4 +1,5 @@
-// The model's configuration: every dimension of the hybrid sparse MoE transformer (MODEL.md).
+// The model's configuration: every dimension of the hybrid sparse MoE transformer
+// (docs/model_math.md).
 //
 // Plain structs with in-class defaults; LoadModelConfig reads them strictly from YAML and
 // ValidateModelConfig checks the relations between fields. No LibTorch here: parameter counting
@@ -15,7 +16,7 @@ namespace strider {
 
 class ConfigReader;
 
-// Incremental attention: gated delta rule, per-channel decay (MODEL.md s.1).
+// Incremental attention: gated delta rule, per-channel decay (docs/model_math.md#gated-delta-rule).
 struct IncrementalAttentionConfig {
   int64_t heads = 2;
   int64_t key_dim = 32;        // d_k
@@ -26,7 +27,7 @@ struct IncrementalAttentionConfig {
   int64_t chunk_size = 64;     // training and prefill kernel chunk length
 };
 
-// Gated multi-head latent attention (MODEL.md s.2).
+// Gated multi-head latent attention (docs/model_math.md#latent-attention).
 struct LatentAttentionConfig {
   int64_t heads = 2;
   int64_t query_rank = 32;     // rank of the query compression
@@ -50,7 +51,7 @@ struct FeedForwardConfig {
   double up_cap = 25.0;            // SiTU c2
 };
 
-// Native vision input by patch embedding (MODEL.md s.6).
+// Native vision input by patch embedding (docs/model_math.md#vision-input).
 struct VisionConfig {
   bool enabled = true;
   int64_t patch_size = 4;       // P: an image is cut into P x P patches

@@ -1,4 +1,4 @@
-// Incremental attention: gated delta-rule linear attention (MODEL.md s.1).
+// Incremental attention: gated delta-rule linear attention (docs/model_math.md#gated-delta-rule).
 //
 // A constant-size state per head replaces the growing key-value cache, so decode cost does not
 // depend on context length. One forward function serves both paths: without a state it is the
@@ -47,7 +47,7 @@ struct IncrementalAttentionState {
                                          int64_t batch, const at::TensorOptions& options);
 };
 
-// Intermediates kept for debugging and tests (named as in MODEL.md).
+// Intermediates kept for debugging and tests (named as in docs/model_math.md).
 struct IncrementalAttentionTrace {
   at::Tensor log_decay;  // (B, H, T, Dk) g
   at::Tensor beta;       // (B, H, T)

@@ -1,5 +1,6 @@
-// Latent attention's equations (MODEL.md s.2) and its compressed cache. The absorbed form's
-// blockwise softmax over a paged past is a kernel: common/kernels/latent_attention.h.
+// Latent attention's equations (docs/model_math.md#latent-attention) and its compressed cache. The
+// absorbed form's blockwise softmax over a paged past is a kernel:
+// common/kernels/latent_attention.h.
 #include "common/model/latent_attention.h"
 
 #include <ATen/ATen.h>

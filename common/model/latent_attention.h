@@ -1,4 +1,4 @@
-// Gated multi-head latent attention (MODEL.md s.2).
+// Gated multi-head latent attention (docs/model_math.md#latent-attention).
 //
 // Keys and values are cached as one compressed vector c_kv (d_c values) plus a key part shared
 // by all heads (d_rope values) per token: 576 values in the reference instead of 24,576. Two
@@ -113,9 +113,9 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& weights,
 // to that row's past and to themselves causally. The new compressed rows are returned in *rows.
 //
 // Unless autograd records or the explicit form is asked for, both entry points take the
-// absorbed form blockwise (MODEL.md s.2): queries in the latent space score the cached rows
-// where they are, in blocks, with a running maximum and sum per query and head (online
-// softmax; common/kernels/latent_attention.h). Transient memory is bounded by a block of
+// absorbed form blockwise (docs/model_math.md#latent-attention): queries in the latent space score
+// the cached rows where they are, in blocks, with a running maximum and sum per query and head
+// (online softmax; common/kernels/latent_attention.h). Transient memory is bounded by a block of
 // scores, whatever the past's length; the result equals one softmax over everything up to
 // rounding. While autograd records, the absorbed form materialises the scores instead.
 at::Tensor LatentAttentionForwardRagged(const LatentAttentionWeights& weights,

@@ -9,10 +9,11 @@
 // paths give the same log-probabilities (fp32: 1e-5 absolute) when the inference path's expert
 // choices are replayed, and the same choices except at exact near-ties when each routes alone.
 //
-// Layer schedule (MODEL.md s.3): per layer i, read the attention residual sources (skipped for
-// layer 0, which reads the embedding), seal the block partial sum every `residual_block` layers,
-// attention (I or G by the layer pattern) on its pre-normed input, read again, feed-forward
-// (dense for the first layers, latent sparse experts after); a final read, norm and output head.
+// Layer schedule (docs/model_math.md#layer-schedule): per layer i, read the attention residual
+// sources (skipped for layer 0, which reads the embedding), seal the block partial sum every
+// `residual_block` layers, attention (I or G by the layer pattern) on its pre-normed input, read
+// again, feed-forward (dense for the first layers, latent sparse experts after); a final read, norm
+// and output head.
 //
 // Errors: every public method returns Status/Result; LibTorch exceptions are caught here and
 // reported with context, never thrown to callers.
@@ -204,7 +205,8 @@ class Model {
                              const ForwardOptions& options = {}) const;
 
   // One quantile-balancing update of every sparse layer's router bias from the scores of a
-  // record (MODEL.md s.5). Returns the MaxVio of each layer's recorded choices.
+  // record (docs/model_math.md#quantile-balancing). Returns the MaxVio of each layer's recorded
+  // choices.
   Result<std::vector<double>> UpdateRoutingBalance(const RoutingRecord& record);
 
   Status CheckInput(const ModelInput& input) const;

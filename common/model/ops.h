@@ -38,7 +38,7 @@ at::Tensor JoinRows(TensorMap* tensors, const std::vector<std::string>& names);
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double epsilon);
 
 // SiTU-GLU feed-forward W_out([c1 tanh(a/c1) sigmoid(a)] * [c2 tanh(b/c2)]), a = W_gate x,
-// b = W_up x (MODEL.md s.4). Weights (hidden, in), (hidden, in), (out, hidden).
+// b = W_up x (docs/model_math.md#situ-glu). Weights (hidden, in), (hidden, in), (out, hidden).
 at::Tensor SituGluFeedForward(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
                               const at::Tensor& down, double gate_cap, double up_cap);
 

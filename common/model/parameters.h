@@ -71,7 +71,8 @@ struct ExpertParallelFootprint {
 };
 ExpertParallelFootprint ExpertParallelFootprintOf(const ModelConfig& config, int64_t degree);
 
-// Memory of the inference state (MODEL.md s.1 and s.2), from the config alone.
+// Memory of the inference state (docs/model_math.md#gated-delta-rule and #latent-attention), from
+// the config alone.
 struct CacheAccounting {
   // Latent attention: (d_c + d_rope) values per token per latent layer, in the cache dtype.
   int64_t kv_cache_values_per_token_per_layer = 0;

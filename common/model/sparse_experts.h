@@ -1,4 +1,5 @@
-// Feed-forward layers: the dense SiTU-GLU block and the latent sparse expert layer (MODEL.md s.4).
+// Feed-forward layers: the dense SiTU-GLU block and the latent sparse expert layer
+// (docs/model_math.md#sparse-experts-and-routing).
 //
 //   y = sum_{shared j} E_j(x) + W_up RMSNorm( sum_{i in TopK} p_i E_i(W_down x) )
 //

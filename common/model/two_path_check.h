@@ -1,6 +1,6 @@
-// The two-path contract as a reusable check (DESIGN.md s.3): run tokens through the inference
-// path in uneven appended chunks, then through the training path with the inference path's
-// expert choices replayed, and again with each path routing on its own.
+// The two-path contract as a reusable check (docs/design.md#two-paths-one-model): run tokens
+// through the inference path in uneven appended chunks, then through the training path with the
+// inference path's expert choices replayed, and again with each path routing on its own.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,4 +1,4 @@
-// Native vision input by patch embedding (MODEL.md s.6).
+// Native vision input by patch embedding (docs/model_math.md#vision-input).
 //
 // An image (H x W x C, values in [0, 1]) is cut into P x P patches in row-major order; each
 // patch is flattened (P, P, C) and projected to the model width, plus learned row and column

@@ -135,7 +135,7 @@ struct Image {
   std::string pixels;  // width * height * channels bytes
 };
 
-// One contiguous token range of a trajectory (DESIGN.md section 4).
+// One contiguous token range of a trajectory (docs/design.md#trajectories-and-segments).
 struct SegmentData {
   TrajectoryId trajectory_id;
   uint32_t segment_index = 0;

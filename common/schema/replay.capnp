@@ -1,4 +1,4 @@
-# Wire and storage format of the replay service (DESIGN.md sections 4 and 5).
+# Wire and storage format of the replay service (docs/design.md#wire-schema and #replay-store).
 #
 # Every message travels in an envelope (common/schema/messages.h: magic, schema version, length,
 # CRC32C) around one `Message`. A ZeroMQ frame holds one envelope, or several back to back when

@@ -1,4 +1,5 @@
-// Versioned, chunked, checksummed weight streaming from a learner to actors (DESIGN.md s.1).
+// Versioned, chunked, checksummed weight streaming from a learner to actors
+// (docs/design.md#processes-and-data-flow).
 //
 // No LibTorch: the payload is opaque bytes (a safetensors file); the receiver loads it.
 //

@@ -1,5 +1,6 @@
-// Staged pretraining (`mode: pretrain`, DESIGN.md s.7): the stages of a config run in order,
-// each from the previous stage's final checkpoint, each writing its own, each evaluated.
+// Staged pretraining (`mode: pretrain`, docs/design.md#pretraining-mode): the stages of a config
+// run in order, each from the previous stage's final checkpoint, each writing its own, each
+// evaluated.
 //
 // Run directory layout:
 //   data/<stage>/<generator>/part-*.shard   generated training data (built once, reused)

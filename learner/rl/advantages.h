@@ -70,11 +70,12 @@ struct GroupAdvantages {
   bool filtered = false;
 };
 
-// Step-level GAE (DESIGN.md section 6): delta_k = r_k + gamma V_{k+1} - V_k with the outcome
-// added to the last step's reward and V_{K+1} = 0 when the trajectory finished, and V_{K+1} the
-// bootstrap value when it was truncated or cut (if those corrections are on; off, a truncated
-// trajectory keeps its outcome and V_{K+1} = 0, and a cut one gets V_{K+1} = 0);
-// A_k = sum_j (gamma lambda)^j delta_{k+j}. Optionally normalised over the group's steps.
+// Step-level GAE (docs/design.md#advantages-from-process-rewards):
+// delta_k = r_k + gamma V_{k+1} - V_k with the outcome added to the last step's reward and
+// V_{K+1} = 0 when the trajectory finished, and V_{K+1} the bootstrap value when it was truncated
+// or cut (if those corrections are on; off, a truncated trajectory keeps its outcome and
+// V_{K+1} = 0, and a cut one gets V_{K+1} = 0); A_k = sum_j (gamma lambda)^j delta_{k+j}.
+// Optionally normalised over the group's steps.
 Result<GroupAdvantages> ProcessGae(const GroupInput& group, const AdvantageOptions& options);
 
 // The outcome-only group baseline: A = (s - mean(s)) / (std(s) + epsilon) for every action

@@ -260,7 +260,8 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(d.key_dim) + "Dv" + std::to_string(d.value_dim);
     });
 
-// MODEL.md s.7: with beta = 1 and a unit key, S^T k = v after the write.
+// docs/model_math.md#gated-delta-rule-invariants: with beta = 1 and a unit key, S^T k = v after the
+// write.
 TEST(GatedDeltaRuleDecode, UnitKeyWithBetaOneStoresValue) {
   STRIDER_SKIP_WITHOUT_DEVICE();
   const GatedDeltaRuleDecodeDims d{8, 4, 128, 128};
@@ -293,7 +294,7 @@ TEST(GatedDeltaRuleDecode, UnitKeyWithBetaOneStoresValue) {
   EXPECT_LE(worst, kTolerance);  // values are in [-1, 1]
 }
 
-// MODEL.md s.7: with beta = 0 the step only decays the state.
+// docs/model_math.md#gated-delta-rule-invariants: with beta = 0 the step only decays the state.
 TEST(GatedDeltaRuleDecode, BetaZeroOnlyDecays) {
   STRIDER_SKIP_WITHOUT_DEVICE();
   const GatedDeltaRuleDecodeDims d{3, 4, 128, 96};

@@ -1,6 +1,7 @@
-// Invariants of the gated delta rule (MODEL.md s.7, incremental attention): the chunkwise form
-// equals the recurrence, prefill plus decode equals one pass, the delta-rule write stores a value
-// exactly, beta = 0 only decays, gradients match finite differences, the state does not grow.
+// Invariants of the gated delta rule (docs/model_math.md#gated-delta-rule-invariants): the
+// chunkwise form equals the recurrence, prefill plus decode equals one pass, the delta-rule write
+// stores a value exactly, beta = 0 only decays, gradients match finite differences, the state does
+// not grow.
 #include "common/kernels/gated_delta_rule.h"
 
 #include <ATen/ATen.h>
@@ -26,8 +27,9 @@ struct Inputs {
 };
 
 // Realistic inputs, drawn in fp64 and then cast so fp32 and fp64 runs see the same values.
-// The decay gate follows MODEL.md s.1 (g = -5 sigmoid(z)) with a per-channel offset, so some
-// channels barely decay and others lose up to e^-5 per step: exp(+G) would overflow in a chunk.
+// The decay gate follows docs/model_math.md#gated-delta-rule (g = -5 sigmoid(z)) with a per-channel
+// offset, so some channels barely decay and others lose up to e^-5 per step: exp(+G) would overflow
+// in a chunk.
 Inputs MakeInputs(int64_t b, int64_t h, int64_t t, int64_t dk, int64_t dv, at::ScalarType dtype,
                   uint64_t seed) {
   at::manual_seed(seed);

@@ -1,7 +1,7 @@
-// The two-path contract after a long real prefill (MODEL.md s.2): 63K tokens prefilled into
-// latent attention's cache by the prefill kernel, then the last 1K queries in the absorbed
-// form (the inference path, and the blockwise kernel under autograd) against the explicit form
-// over the same cache. fp32; `slow` because the prefill alone is 2 x 10^9 query-key pairs.
+// The two-path contract after a long real prefill (docs/model_math.md#latent-attention): 63K tokens
+// prefilled into latent attention's cache by the prefill kernel, then the last 1K queries in the
+// absorbed form (the inference path, and the blockwise kernel under autograd) against the explicit
+// form over the same cache. fp32; `slow` because the prefill alone is 2 x 10^9 query-key pairs.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-// Layer-level invariants of MODEL.md s.7 and the accounting around the model: parameter and
-// cache counts, checkpoints, config validation, and gradient coverage.
+// Layer-level invariants of docs/model_math.md#invariants and the accounting around the model:
+// parameter and cache counts, checkpoints, config validation, and gradient coverage.
 //
 // Layer tests build their weights from the parameter table (ModelParameterSpecs) with a
 // random initialisation larger than the model's (std 1/sqrt(fan_in) instead of 0.02, norms and
@@ -285,8 +285,8 @@ TEST(IncrementalAttention, StateSizeDoesNotDependOnLength) {
 
 constexpr char kLatentPrefix[] = "layers.3.latent.";  // tiny: IIIG, layer 3 is latent
 
-// An independent transcription of MODEL.md s.2 without the gate and W_o: per head, explicit
-// keys [k_nope; k_rope], causal softmax, values. Returns (B, T, H*Dv).
+// An independent transcription of docs/model_math.md#latent-attention without the gate and W_o: per
+// head, explicit keys [k_nope; k_rope], causal softmax, values. Returns (B, T, H*Dv).
 at::Tensor ReferenceLatentHeads(const TensorMap& t, const LatentAttentionConfig& c,
                                 const at::Tensor& x, double eps) {
   auto get = [&](const char* name) { return t.at(std::string(kLatentPrefix) + name); };
@@ -549,9 +549,10 @@ TEST(AttentionResiduals, ScalingOneSourceLeavesTheWeightsUnchanged) {
   }
 }
 
-// MODEL.md s.3's layer schedule, written from the document and not from Model::Run, over
-// sublayers given as functions. Returns the final read. The test below holds the model to it,
-// so the properties checked on this copy (source counts at 93 layers) are the model's too.
+// The layer schedule of docs/model_math.md#layer-schedule, written from the document and not from
+// Model::Run, over sublayers given as functions. Returns the final read. The test below holds the
+// model to it, so the properties checked on this copy (source counts at 93 layers) are the model's
+// too.
 struct ScheduleSublayers {
   std::function<at::Tensor(const model::ResidualSources&, int64_t query)> read;
   std::function<at::Tensor(int64_t layer, const at::Tensor& h)> attention;

@@ -1,5 +1,6 @@
-// Whole-model tests: the two-path contract (DESIGN.md s.3, MODEL.md s.7 "Whole model"), the
-// inference state's error handling, and quantile balancing through the model.
+// Whole-model tests: the two-path contract (docs/design.md#two-paths-one-model,
+// docs/model_math.md#whole-model-invariants), the inference state's error handling, and quantile
+// balancing through the model.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,5 @@
-// Routing and quantile balancing (MODEL.md s.4, s.5 and the routing invariants of s.7).
+// Routing and quantile balancing (docs/model_math.md#sparse-experts-and-routing,
+// #quantile-balancing and #expert-and-routing-invariants).
 #include "common/kernels/routing.h"
 
 #include <ATen/ATen.h>

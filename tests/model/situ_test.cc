@@ -1,4 +1,4 @@
-// SiTU-GLU against the fp64 values of MODEL.md s.7.
+// SiTU-GLU against the fp64 values of docs/model_math.md#situ-glu-values.
 #include "common/kernels/situ.h"
 
 #include <ATen/ATen.h>
@@ -14,7 +14,7 @@ double Situ(double a, double b) {
       .item<double>();
 }
 
-// Relative tolerance matches the 7-8 significant digits MODEL.md quotes.
+// Relative tolerance matches the 7-8 significant digits docs/model_math.md quotes.
 void ExpectClose(double actual, double expected) {
   EXPECT_NEAR(actual, expected, 2e-7 * std::abs(expected)) << "expected " << expected;
 }

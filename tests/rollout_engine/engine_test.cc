@@ -179,7 +179,7 @@ TEST(Engine, EqualsTrainingPathForMixedLengthsAppendsForksAndRestoredSnapshots) 
   }
   ExpectEqualsTrainingPath(*model, restored_history, &agree, &decisions);
   EXPECT_GT(decisions, 1000);
-  // Identical expert choices except at exact near-ties (MODEL.md s.7).
+  // Identical expert choices except at exact near-ties (docs/model_math.md#whole-model-invariants).
   EXPECT_GE(static_cast<double>(agree) / static_cast<double>(decisions), 0.999)
       << agree << " of " << decisions;
 }

@@ -1,4 +1,5 @@
-// CUDA decode kernels for the two attention kinds of the hybrid model (MODEL.md s.1 and s.2).
+// CUDA decode kernels for the two attention kinds of the hybrid model
+// (docs/model_math.md#gated-delta-rule and #latent-attention).
 //
 // Debian's LibTorch has no CUDA, so these kernels are plain CUDA C++ on raw device pointers and
 // this header names no CUDA type: CPU-only code can include it, and a CUDA-enabled LibTorch can
@@ -29,8 +30,9 @@ namespace strider::kernels::cuda {
 bool CudaDeviceAvailable(std::string* why);
 
 // ---------------------------------------------------------------------------------------------
-// Gated delta rule, one decode step (MODEL.md s.1), the GPU counterpart of one position of
-// GatedDeltaRuleRecurrent (common/kernels/gated_delta_rule.h). Per (sequence, head):
+// Gated delta rule, one decode step (docs/model_math.md#gated-delta-rule), the GPU counterpart of
+// one position of GatedDeltaRuleRecurrent (common/kernels/gated_delta_rule.h). Per (sequence,
+// head):
 //   S <- Diag(exp g) S;   S <- S + beta k (v - S^T k)^T;   o = S^T q.
 // The caller has already applied the short convolutions, SiLU, L2 norms and the Dk^-1/2 query
 // scale, exactly as for the CPU kernel.
@@ -54,8 +56,8 @@ Status GatedDeltaRuleDecodeStep(const GatedDeltaRuleDecodeDims& dims,
                                 void* stream);
 
 // ---------------------------------------------------------------------------------------------
-// Absorbed latent-attention decode (MODEL.md s.2), one new token per sequence, over the
-// compressed cache. Per (sequence b, head h), with L = lengths[b]:
+// Absorbed latent-attention decode (docs/model_math.md#latent-attention), one new token per
+// sequence, over the compressed cache. Per (sequence b, head h), with L = lengths[b]:
 //   score_s = (q~_h . c_s + q_rope_h . kr_s) * scale    for s < L
 //   o~_h    = sum_s softmax(score)_s c_s
 // The computation is split along the context (flash decoding): each block takes a range of

@@ -1,4 +1,4 @@
-// Gated delta rule, one decode step on the GPU (MODEL.md s.1).
+// Gated delta rule, one decode step on the GPU (docs/model_math.md#gated-delta-rule).
 //
 // Design decisions:
 //   - One thread block per (sequence, head). A step touches each state value once (read, decay,

@@ -1,4 +1,5 @@
-// Absorbed latent-attention decode on the GPU (MODEL.md s.2), flash-decoding style.
+// Absorbed latent-attention decode on the GPU (docs/model_math.md#latent-attention), flash-decoding
+// style.
 //
 // Design decisions:
 //   - All heads attend to the same cached rows [c_s; kr_s] (Dc + Dr values). A block therefore
