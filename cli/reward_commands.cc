@@ -1,5 +1,5 @@
 // `strider reward train-prm` and `strider reward score-prm`: the learned process reward model
-// (reward/process_model.h, docs/rewards.md). Both read a replay store directory read-only, so
+// (learner/prm/process_model.h, docs/rewards.md). Both read a replay store directory read-only, so
 // they run beside a live server.
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -8,7 +8,7 @@
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "envs/environment.h"
-#include "reward/process_model.h"
+#include "learner/prm/process_model.h"
 
 namespace strider::cli {
 namespace {

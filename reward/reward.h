@@ -9,9 +9,9 @@
 //   verifiers.h   Rescore, RescoreStore: replay stored episodes against their environment for
 //                 step labels, step rewards and outcomes
 //
-// No LibTorch: log-probs and scores arrive as plain arrays. The learned process reward model
-// (process_model.h: TrainProcessModel, ProcessRewardModel::ScoreSteps) runs a model, so it is a
-// library of its own, strider_reward_model, and not included here.
+// No LibTorch: log-probs and scores arrive as plain arrays. Depends only on common, envs and the
+// replay store reader. Reward models that are trained (the learned process reward model) run a
+// model on the learner's core, so they live under the learner (learner/prm/prm.h).
 #pragma once
 
 #include "reward/implicit.h"

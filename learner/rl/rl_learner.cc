@@ -23,7 +23,7 @@
 #include "learner/progress.h"
 #include "learner/rl/rl_step.h"
 #include "replay/client.h"
-#include "reward/process_model.h"
+#include "learner/prm/process_model.h"
 
 namespace strider::rl {
 namespace {

@@ -15,7 +15,7 @@
 #include "learner/rl/advantages.h"
 #include "learner/rl/losses.h"
 #include "reward/implicit.h"
-#include "reward/process_model.h"
+#include "learner/prm/process_model.h"
 #include "reward/trajectory.h"
 
 namespace strider::rl {

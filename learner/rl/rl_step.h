@@ -65,7 +65,7 @@ struct StepSettings {
   // evaluations of one policy, so it runs only on trajectories sampled entirely under this
   // version; older ones are corrected by the loss's truncated importance weights instead.
   std::optional<uint64_t> weights_version;
-  // The learned process reward model (reward/process_model.h) when reward.process_model_weight
+  // The learned process reward model (learner/prm/process_model.h) when reward.process_model_weight
   // is not 0: step k's learned reward is 2 P(step k correct) - 1, so a step it judges wrong
   // costs what a step it judges right earns. Borrowed.
   const reward::ProcessRewardModel* process_model = nullptr;

@@ -22,7 +22,7 @@
 #include "envs/episode.h"
 #include "envs/tools.h"
 #include "replay/client.h"
-#include "reward/process_model.h"
+#include "learner/prm/process_model.h"
 
 namespace strider::testing {
 

@@ -1,4 +1,4 @@
-#include "reward/process_model.h"
+#include "learner/prm/process_model.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>

@@ -2,7 +2,7 @@
 // calculator episodes with random turns among the solver's, labelled by the environment, sent
 // through an ActorClient). The head, on a frozen tiny model with random weights, must beat the
 // majority baseline on held-out trajectories; with the training labels shuffled it must not.
-#include "reward/process_model.h"
+#include "learner/prm/process_model.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include "replay/replay.h"
 #include "tests/integration/child_process.h"
 #include "tests/replay/temp_dir.h"
-#include "tests/reward/labelled_episodes.h"
+#include "tests/learner/prm/labelled_episodes.h"
 
 namespace strider::reward {
 namespace {

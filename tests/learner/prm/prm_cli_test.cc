@@ -12,7 +12,7 @@
 #include "replay/replay.h"
 #include "tests/integration/child_process.h"
 #include "tests/replay/temp_dir.h"
-#include "tests/reward/labelled_episodes.h"
+#include "tests/learner/prm/labelled_episodes.h"
 
 namespace strider::reward {
 namespace {
