@@ -1,0 +1,52 @@
+// Files that survive a crash whole or not at all.
+//
+// Every file Strider writes for a later run to read (weights, checkpoints, spilled segments,
+// shards, keys, reports, run records) goes through here, so one sequence is right once: write a
+// temporary beside the target, fsync it, rename it over the target, fsync the directory. A
+// reader, or a run after a power loss, then sees either the previous contents or the new ones,
+// never a prefix, and once the call returns OK the new contents are on disk. This is the only
+// place in the tree that renames files.
+//
+// Temporaries are named ".<target name>.<pid>.<n>.tmp" in the target's directory: hidden from
+// listings that look for the target's pattern, unique per process and call so concurrent writers
+// of one path do not share one, and removed on every failure this process sees. A crash can leave
+// one behind; a component that lists its own directory may delete hidden "*.tmp" files it finds.
+//
+// Thread-safe: calls share no state but an atomic counter. Writers of the same path race like
+// renames do: the last rename wins, and each reader sees one writer's whole file.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace strider {
+
+// Replaces `path` with `contents` atomically and durably. On failure `path` keeps what it held
+// (or stays absent), no temporary is left, and the Status names `path`.
+Status WriteFileDurably(const std::filesystem::path& path, std::string_view contents);
+
+// Appends bytes to the temporary file being written; fails with a Status naming that file.
+using FileAppender = std::function<Status(std::string_view bytes)>;
+
+// WriteFileDurably for contents produced piece by piece, when holding them in one buffer would
+// cost too much memory (a weights file is its tensors' bytes). `write` is called once with an
+// appender; an error it returns aborts the write as a failed append would.
+Status WriteFileDurablyStreamed(const std::filesystem::path& path,
+                                const std::function<Status(const FileAppender& append)>& write);
+
+// Renames `from` (a file or a directory whose contents the caller has already synced) to `to`
+// durably: fsyncs `from`, renames, then fsyncs the directories whose entries changed. As
+// rename(2), replaces a file `to` or an empty directory `to`.
+Status RenameDurably(const std::filesystem::path& from, const std::filesystem::path& to);
+
+// Flushes a directory's entries (creations, renames, removals within it) to disk.
+Status FsyncDirectory(const std::filesystem::path& directory);
+
+// Flushes a file's or a directory's contents to disk, for writers that fill a directory and then
+// rename the whole of it.
+Status FsyncPath(const std::filesystem::path& path);
+
+}  // namespace strider
