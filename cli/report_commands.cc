@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "learner/report.h"
+#include "report/report.h"
 
 namespace strider::cli {
 namespace {

@@ -46,7 +46,7 @@
 #include "common/transport/http_status.h"
 #include "launcher/child_commands.h"
 #include "launcher/status_page.h"
-#include "learner/report.h"
+#include "report/report.h"
 
 namespace strider::launcher {
 namespace {

@@ -1,4 +1,4 @@
-#include "learner/report.h"
+#include "report/report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "learner/report_html.h"
+#include "report/report_html.h"
 
 namespace strider {
 namespace fs = std::filesystem;

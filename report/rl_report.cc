@@ -1,4 +1,4 @@
-// The RL report: several runs of `strider launch` overlaid on one page (learner/report.h).
+// The RL report: several runs of `strider launch` overlaid on one page (report/report.h).
 //
 // Every plot draws one series per run, named by the run's label, so runs that differ only in
 // their advantage estimator read as a comparison; the same colour is the same run everywhere
@@ -12,8 +12,8 @@
 #include <sstream>
 
 #include "common/config.h"
-#include "learner/report.h"
-#include "learner/report_html.h"
+#include "report/report.h"
+#include "report/report_html.h"
 
 namespace strider {
 namespace {

@@ -8,7 +8,7 @@
 #include <regex>
 #include <sstream>
 
-#include "learner/report.h"
+#include "report/report.h"
 
 namespace strider {
 namespace {

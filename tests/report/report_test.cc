@@ -1,5 +1,5 @@
 // The run report: plots drawn from a small run directory's JSON lines, checked in the SVG.
-#include "learner/report.h"
+#include "report/report.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

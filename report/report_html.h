@@ -1,6 +1,6 @@
 // Pieces shared by the pretraining report (report.cc) and the RL report (rl_report.cc): reading
 // JSON lines strictly, formatting numbers and text for HTML, the page's head, and writing the
-// page atomically. Internal to strider_report; the public interface is learner/report.h.
+// page atomically. Internal to strider_report; the public interface is report/report.h.
 #pragma once
 
 #include <nlohmann/json.hpp>
