@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -30,6 +29,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+
+#include "common/durable_file.h"
 
 namespace strider {
 namespace {
@@ -56,12 +57,6 @@ class FileCloser {
   ~FileCloser() {
     if (fd_ >= 0) ::close(fd_);
   }
-  // Closes now and reports the error, for writers where close can reveal a failed write.
-  int Close() {
-    int result = ::close(fd_);
-    fd_ = -1;
-    return result;
-  }
 
  private:
   int fd_;
@@ -82,21 +77,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-// Writes all of [data, data + size), retrying short writes and interrupted calls.
-Status WriteAll(int fd, const void* data, size_t size, const std::string& file) {
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    ssize_t written = ::write(fd, bytes, size);
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      return Status::IoError(fmt::format("{}: write failed: {}", file, ErrnoText(errno)));
-    }
-    bytes += written;
-    size -= static_cast<size_t>(written);
-  }
-  return Status::Ok();
-}
-
 // Reads exactly `size` bytes at `offset`; a short read means the file shrank since fstat.
 Status ReadAt(int fd, uint64_t offset, void* data, size_t size, const std::string& file) {
   auto* bytes = static_cast<uint8_t*>(data);
@@ -115,20 +95,6 @@ Status ReadAt(int fd, uint64_t offset, void* data, size_t size, const std::strin
     bytes += got;
     size -= static_cast<size_t>(got);
     offset += static_cast<uint64_t>(got);
-  }
-  return Status::Ok();
-}
-
-Status FsyncDirectory(const std::string& directory) {
-  int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    return Status::IoError(
-        fmt::format("{}: cannot open directory to sync it: {}", directory, ErrnoText(errno)));
-  }
-  FileCloser closer(fd);
-  if (::fsync(fd) != 0) {
-    return Status::IoError(fmt::format("{}: fsync of directory failed: {}", directory,
-                                       ErrnoText(errno)));
   }
   return Status::Ok();
 }
@@ -536,45 +502,15 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& 
                         const std::map<std::string, std::string>& metadata) {
   std::vector<const TensorView*> order;
   STRIDER_ASSIGN_OR_RETURN(std::string prefix, EncodeHeader(path, tensors, metadata, &order));
-  std::filesystem::path target(path);
-  std::string directory = target.has_parent_path() ? target.parent_path().string() : ".";
-  // A name unique to this process and call, beside the target so rename stays on one
-  // filesystem and is atomic.
-  static std::atomic<uint64_t> counter{0};
-  std::string temp_path =
-      fmt::format("{}.tmp.{}.{}", path, static_cast<long>(::getpid()), counter.fetch_add(1));
-
-  int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return Status::IoError(
-        fmt::format("{}: cannot create temporary file {}: {}", path, temp_path, ErrnoText(errno)));
-  }
-  FileCloser closer(fd);
-  auto fail = [&](Status status) {
-    closer.Close();
-    ::unlink(temp_path.c_str());
-    return status;
-  };
-  Status status = WriteAll(fd, prefix.data(), prefix.size(), temp_path);
-  for (size_t i = 0; status.ok() && i < order.size(); ++i) {
-    status = WriteAll(fd, order[i]->data, order[i]->byte_size, temp_path)
-                 .WithContext(fmt::format("tensor '{}'", order[i]->name));
-  }
-  if (!status.ok()) return fail(status);
-  if (::fsync(fd) != 0) {
-    return fail(Status::IoError(fmt::format("{}: fsync failed: {}", temp_path, ErrnoText(errno))));
-  }
-  if (closer.Close() != 0) {
-    return fail(Status::IoError(fmt::format("{}: close failed: {}", temp_path, ErrnoText(errno))));
-  }
-  if (::rename(temp_path.c_str(), path.c_str()) != 0) {
-    int error = errno;
-    ::unlink(temp_path.c_str());
-    return Status::IoError(fmt::format("{}: cannot rename {} over it: {}", path, temp_path,
-                                       ErrnoText(error)));
-  }
-  // The rename is durable only once the directory entry is.
-  return FsyncDirectory(directory).WithContext(path);
+  return WriteFileDurablyStreamed(path, [&](const FileAppender& append) -> Status {
+    STRIDER_RETURN_IF_ERROR(append(prefix));
+    for (const TensorView* view : order) {
+      STRIDER_RETURN_IF_ERROR(
+          append(std::string_view(static_cast<const char*>(view->data), view->byte_size))
+              .WithContext(fmt::format("tensor '{}'", view->name)));
+    }
+    return Status::Ok();
+  });
 }
 
 Result<SafetensorsContents> ReadSafetensors(const std::string& path) {

@@ -45,9 +45,9 @@ struct SafetensorsContents {
   std::map<std::string, LoadedTensor> tensors;
 };
 
-// Writes atomically: a temporary file beside `path`, flushed and fsynced, then renamed over it,
-// so a crash leaves either the old file or the new one. Rejects duplicate names and views whose
-// byte size does not match their shape.
+// Writes atomically and durably (WriteFileDurably in common/durable_file.h), so a crash leaves
+// either the old file or the new one. Rejects duplicate names and views whose byte size does not
+// match their shape.
 Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
                         const std::map<std::string, std::string>& metadata = {});
 
