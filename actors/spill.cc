@@ -1,6 +1,5 @@
 #include "actors/spill.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include "common/durable_file.h"
 
 namespace strider::actors {
 namespace {
@@ -20,41 +21,8 @@ Status Errno(const std::string& what) {
 
 Status WriteFileAtomically(const std::string& dir, const std::string& name,
                            std::string_view bytes) {
-  const std::string temporary = dir + "/." + name + ".tmp";
-  const std::string final_path = dir + "/" + name;
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("spill: cannot create " + temporary);
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      Status status = Errno("spill: cannot write " + temporary);
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      return status;
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    Status status = Errno("spill: cannot sync " + temporary);
-    ::close(fd);
-    ::unlink(temporary.c_str());
-    return status;
-  }
-  ::close(fd);
-  if (::rename(temporary.c_str(), final_path.c_str()) != 0) {
-    Status status = Errno("spill: cannot rename " + temporary);
-    ::unlink(temporary.c_str());
-    return status;
-  }
-  // The rename is durable only once the directory entry is.
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
-  return Status::Ok();
+  // Its temporary is a hidden "*.tmp" file, which Open deletes if a crash left one.
+  return WriteFileDurably(fs::path(dir) / name, bytes).WithContext("spill");
 }
 
 // "<sequence>-<hex>-<index>.seg" -> sequence and key.
@@ -144,15 +112,15 @@ Result<std::string> SpillDirectory::Read(const SpilledSegment& segment) {
   Status check = schema::CheckEnvelope(frame);
   if (!check.ok()) {
     // Keep the bytes for a person to look at, out of the way of the sender.
-    std::error_code error;
-    fs::rename(segment.path, segment.path + ".corrupt", error);
+    const Status moved = RenameDurably(segment.path, segment.path + ".corrupt");
     bytes_ -= std::min(bytes_, segment.bytes);
     const std::string path = segment.path;
     segments_.erase(std::remove_if(segments_.begin(), segments_.end(),
                                    [&](const SpilledSegment& s) { return s.path == path; }),
                     segments_.end());
     return Status::Corruption("spill: " + path + " fails its envelope checks (" + check.message() +
-                              "); renamed to .corrupt");
+                              (moved.ok() ? "); renamed to .corrupt"
+                                          : "); renaming it to .corrupt failed: " + moved.ToString()));
   }
   return frame;
 }
