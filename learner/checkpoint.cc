@@ -1,27 +1,17 @@
 #include "learner/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/durable_file.h"
 #include "common/model/model.h"
 #include "learner/optimizer.h"
 
 namespace strider {
 namespace {
-
-Status SyncPath(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return Status::IoError("cannot open " + path + " to sync");
-  const int result = ::fsync(fd);
-  ::close(fd);
-  return result == 0 ? Status::Ok() : Status::IoError("cannot sync " + path);
-}
 
 // WriteCheckpoint swaps directories in two renames (<dir> to <dir>.old, then <dir>.tmp to <dir>);
 // a crash between them leaves no <dir>, with the previous checkpoint whole in <dir>.old (its files
@@ -33,12 +23,8 @@ Status RecoverInterruptedSwap(const std::string& directory) {
   if (fs::exists(directory, error) || !fs::exists(previous + "/state.json", error)) {
     return Status::Ok();
   }
-  fs::rename(previous, directory, error);
-  if (error) {
-    return Status::IoError("cannot restore interrupted checkpoint " + previous + ": " +
-                           error.message());
-  }
-  return Status::Ok();
+  return RenameDurably(previous, directory)
+      .WithContext("cannot restore interrupted checkpoint " + previous);
 }
 
 std::string ToHex(const std::string& bytes) {
@@ -111,22 +97,14 @@ Status WriteCheckpoint(const std::string& directory, const Model& model, const A
                         {"data_position", state.pretrain.data_position}};
   }
   const std::string state_path = temporary + "/state.json";
-  {
-    std::ofstream out(state_path);
-    out << json.dump(2) << "\n";
-    if (!out) return Status::IoError("cannot write " + state_path);
-  }
-  STRIDER_RETURN_IF_ERROR(SyncPath(state_path));
-  STRIDER_RETURN_IF_ERROR(SyncPath(temporary));
+  STRIDER_RETURN_IF_ERROR(WriteFileDurably(state_path, json.dump(2) + "\n"));
   fs::remove_all(previous, error);
   if (fs::exists(directory)) {
-    fs::rename(directory, previous, error);
-    if (error) return Status::IoError("cannot move old checkpoint " + directory + ": " + error.message());
+    STRIDER_RETURN_IF_ERROR(
+        RenameDurably(directory, previous).WithContext("cannot move old checkpoint " + directory));
   }
-  fs::rename(temporary, directory, error);
-  if (error) return Status::IoError("cannot rename " + temporary + ": " + error.message());
-  const fs::path parent = fs::path(directory).parent_path();
-  if (!parent.empty()) STRIDER_RETURN_IF_ERROR(SyncPath(parent.string()));
+  // RenameDurably syncs <dir>.tmp itself (its files are synced already) and then the parent.
+  STRIDER_RETURN_IF_ERROR(RenameDurably(temporary, directory));
   fs::remove_all(previous, error);
   return Status::Ok();
 }

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/durable_file.h"
 #include "common/model/model.h"
 #include "common/model/tensor_pool.h"
 #include "common/safetensors.h"
@@ -289,7 +290,8 @@ TEST(Checkpoint, ACrashBetweenTheSwapsRenamesLeavesThePreviousOneReadable) {
   ASSERT_TRUE(
       WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(), StateAtStep(7)).ok());
   const std::vector<std::pair<std::string, at::Tensor>> old_weights = CloneTensors(*trained.model);
-  fs::rename(checkpoint, checkpoint + ".old");  // the state right after the first rename
+  // The state right after the first rename.
+  ASSERT_TRUE(RenameDurably(checkpoint, checkpoint + ".old").ok());
 
   Result<CheckpointState> state = ReadCheckpointState(checkpoint);
   ASSERT_TRUE(state.ok()) << state.status().ToString();
@@ -299,7 +301,7 @@ TEST(Checkpoint, ACrashBetweenTheSwapsRenamesLeavesThePreviousOneReadable) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   ExpectSameWeights(**loaded, old_weights);
 
-  fs::rename(checkpoint, checkpoint + ".old");
+  ASSERT_TRUE(RenameDurably(checkpoint, checkpoint + ".old").ok());
   trained.Step();
   ASSERT_TRUE(
       WriteCheckpoint(checkpoint, *trained.model, trained.optimizer.get(), StateAtStep(8)).ok());
