@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -78,7 +79,8 @@ Status FsyncDirectory(const fs::path& directory) {
 Status FsyncPath(const fs::path& path) { return FsyncOpened(path, O_RDONLY, "file"); }
 
 Status WriteFileDurablyStreamed(const fs::path& path,
-                                const std::function<Status(const FileAppender& append)>& write) {
+                                const std::function<Status(const FileAppender& append)>& write,
+                                std::optional<mode_t> exact_mode) {
   const std::string target = path.string();
   if (!path.has_filename()) {
     return Status::InvalidArgument(fmt::format("{}: not a file path", target));
@@ -88,7 +90,9 @@ Status WriteFileDurablyStreamed(const fs::path& path,
   const fs::path temporary =
       DirectoryOf(path) / fmt::format(".{}.{}.{}.tmp", path.filename().string(),
                                       static_cast<long>(::getpid()), counter.fetch_add(1));
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  // With an exact mode, created owner-only (the umask can only narrow that) and then set.
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                        exact_mode.has_value() ? 0600 : 0644);
   if (fd < 0) {
     return Status::IoError(fmt::format("{}: cannot create temporary file {}: {}", target,
                                        temporary.string(), ErrnoText(errno)));
@@ -99,6 +103,10 @@ Status WriteFileDurablyStreamed(const fs::path& path,
     ::unlink(temporary.c_str());
     return status.WithContext(target);
   };
+  if (exact_mode.has_value() && ::fchmod(fd, *exact_mode) != 0) {
+    return fail(Status::IoError(fmt::format("{}: cannot set mode {:o}: {}", temporary.string(),
+                                            *exact_mode, ErrnoText(errno))));
+  }
   const FileAppender append = [&](std::string_view bytes) {
     return WriteAll(fd, bytes, temporary);
   };
@@ -123,9 +131,10 @@ Status WriteFileDurablyStreamed(const fs::path& path,
   return FsyncDirectory(DirectoryOf(path)).WithContext(target);
 }
 
-Status WriteFileDurably(const fs::path& path, std::string_view contents) {
-  return WriteFileDurablyStreamed(path,
-                                  [contents](const FileAppender& append) { return append(contents); });
+Status WriteFileDurably(const fs::path& path, std::string_view contents,
+                        std::optional<mode_t> exact_mode) {
+  return WriteFileDurablyStreamed(
+      path, [contents](const FileAppender& append) { return append(contents); }, exact_mode);
 }
 
 Status RenameDurably(const fs::path& from, const fs::path& to) {

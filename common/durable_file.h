@@ -16,8 +16,11 @@
 // renames do: the last rename wins, and each reader sees one writer's whole file.
 #pragma once
 
+#include <sys/types.h>
+
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string_view>
 
 #include "common/status.h"
@@ -26,7 +29,11 @@ namespace strider {
 
 // Replaces `path` with `contents` atomically and durably. On failure `path` keeps what it held
 // (or stays absent), no temporary is left, and the Status names `path`.
-Status WriteFileDurably(const std::filesystem::path& path, std::string_view contents);
+//
+// The new file gets 0644 less the umask, as open(2) gives, or exactly `exact_mode` when set: that
+// mode is applied before any byte is written, so a secret is never readable by others.
+Status WriteFileDurably(const std::filesystem::path& path, std::string_view contents,
+                        std::optional<mode_t> exact_mode = std::nullopt);
 
 // Appends bytes to the temporary file being written; fails with a Status naming that file.
 using FileAppender = std::function<Status(std::string_view bytes)>;
@@ -35,7 +42,8 @@ using FileAppender = std::function<Status(std::string_view bytes)>;
 // cost too much memory (a weights file is its tensors' bytes). `write` is called once with an
 // appender; an error it returns aborts the write as a failed append would.
 Status WriteFileDurablyStreamed(const std::filesystem::path& path,
-                                const std::function<Status(const FileAppender& append)>& write);
+                                const std::function<Status(const FileAppender& append)>& write,
+                                std::optional<mode_t> exact_mode = std::nullopt);
 
 // Renames `from` (a file or a directory whose contents the caller has already synced) to `to`
 // durably: fsyncs `from`, renames, then fsyncs the directories whose entries changed. As

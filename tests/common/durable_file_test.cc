@@ -72,6 +72,23 @@ TEST_F(DurableFileTest, StreamedPiecesArriveInOrder) {
   EXPECT_EQ(Entries(), std::vector<std::string>{"pieces.bin"});
 }
 
+TEST_F(DurableFileTest, AnExactModeIsSetWhateverTheUmask) {
+  const mode_t previous = ::umask(0077);
+  Status secret = WriteFileDurably(Path("key_secret"), "s", 0600);
+  Status open = WriteFileDurably(Path("key"), "p", 0644);
+  Status plain = WriteFileDurably(Path("plain"), "x");
+  ::umask(previous);
+  ASSERT_TRUE(secret.ok() && open.ok() && plain.ok());
+  auto mode = [&](const std::string& name) {
+    struct stat info;
+    EXPECT_EQ(::stat(Path(name).c_str(), &info), 0);
+    return info.st_mode & 07777;
+  };
+  EXPECT_EQ(mode("key_secret"), 0600u);
+  EXPECT_EQ(mode("key"), 0644u);
+  EXPECT_EQ(mode("plain"), 0600u) << "without an exact mode the umask applies";
+}
+
 TEST_F(DurableFileTest, AFailedWriteLeavesTheOldFileAndNoTemporary) {
   const std::string path = Path("weights.bin");
   ASSERT_TRUE(WriteFileDurably(path, "old contents").ok());
