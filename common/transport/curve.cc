@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/durable_file.h"
 #include "common/transport/zmq_util.h"
 
 namespace strider::transport {
@@ -107,24 +108,9 @@ bool ValidKeyName(const std::string& name) {
 }
 
 Status WriteText(const fs::path& path, const std::string& text, mode_t mode) {
-  // Created with the final mode, so a secret is never readable by others even for a moment.
-  const fs::path temporary = path.string() + ".tmp";
-  std::error_code ignored;
-  fs::remove(temporary, ignored);
-  const mode_t old_mask = umask(0);
-  FILE* file = std::fopen(temporary.c_str(), "wx");
-  umask(old_mask);
-  if (file == nullptr) return Status::IoError("cannot create " + temporary.string());
-  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
-  const bool closed = std::fclose(file) == 0;
-  if (!written || !closed || chmod(temporary.c_str(), mode) != 0) {
-    fs::remove(temporary, ignored);
-    return Status::IoError("cannot write " + temporary.string());
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  if (error) return Status::IoError("cannot rename to " + path.string() + ": " + error.message());
-  return Status::Ok();
+  // The exact mode is set before the secret is written, so no one else can read it even for a
+  // moment, and the key is on disk before a service is told to use it.
+  return WriteFileDurably(path, text, mode);
 }
 
 std::string ShortKey(const std::string& binary) { return Z85Encode(binary); }
