@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/durable_file.h"
 #include "common/schema/crc32c.h"
 
 namespace strider::data {
@@ -85,24 +86,8 @@ Status ShardWriter::Write(const std::string& path) {
   PutU32(header + 32, schema::Crc32c(table, bytes.size() - kShardHeaderBytes));
   PutU32(header + 60, schema::Crc32c(header, 60));
 
-  const std::string temporary = path + ".tmp";
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return Status::IoError(Errno("cannot create", temporary));
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const Status status = Status::IoError(Errno("cannot write", temporary));
-      ::close(fd);
-      return status;
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) return Status::IoError(Errno("cannot sync", temporary));
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    return Status::IoError(Errno("cannot rename to", path));
-  }
+  STRIDER_RETURN_IF_ERROR(WriteFileDurably(
+      path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
   offsets_.clear();
   tokens_.clear();
   return Status::Ok();
