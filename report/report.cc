@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/durable_file.h"
 #include "report/report_html.h"
 
 namespace strider {
@@ -279,16 +280,7 @@ std::string PageHead(const std::string& title, const std::string& style) {
 }
 
 Status WriteAtomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    if (!out) return Status::IoError("cannot write " + temporary);
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  if (error) return Status::IoError("cannot rename " + temporary + " to " + path);
-  return Status::Ok();
+  return WriteFileDurably(path, text);
 }
 
 }  // namespace report_html

@@ -33,7 +33,7 @@ std::string StringField(const nlohmann::json& json, const char* key);
 // appended to it.
 std::string PageHead(const std::string& title, const std::string& style = "");
 
-// Writes `text` to `path` through `path`.tmp and a rename, so a reader never sees half a page.
+// Writes `text` to `path` with WriteFileDurably, so a reader never sees half a page.
 Status WriteAtomically(const std::string& path, const std::string& text);
 
 }  // namespace strider::report_html
