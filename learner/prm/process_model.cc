@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "common/durable_file.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/model/torch_status.h"
@@ -52,7 +53,7 @@ void Count(schema::StepLabel label, LabelCounts* counts) {
 
 // (K, 2D) features of every step (h_last ; h_mean, see the header), in fp32, from one pass
 // along the inference path without gradient.
-Result<at::Tensor> StepFeatures(const Model& model, const StoredTrajectory& trajectory,
+Result<at::Tensor> StepFeatures(const Model& model, const schema::StoredTrajectory& trajectory,
                                 int64_t chunk_tokens) {
   const int64_t width = model.config().width;
   const size_t steps = trajectory.steps.size();
@@ -247,7 +248,7 @@ bool HeldOut(const schema::TrajectoryId& id, uint64_t split_seed, double fractio
 
 Result<LabelledTrajectory> ReadLabelledTrajectory(std::span<const schema::SegmentData> segments) {
   LabelledTrajectory out;
-  STRIDER_ASSIGN_OR_RETURN(out.trajectory, JoinSegments(segments));
+  STRIDER_ASSIGN_OR_RETURN(out.trajectory, schema::JoinSegments(segments));
   // JoinSegments checked the indices: ordering by index gives the steps in trajectory order.
   std::vector<const schema::SegmentData*> ordered;
   for (const schema::SegmentData& segment : segments) ordered.push_back(&segment);
@@ -259,7 +260,7 @@ Result<LabelledTrajectory> ReadLabelledTrajectory(std::span<const schema::Segmen
   return out;
 }
 
-Result<std::vector<schema::StepLabel>> ReplayedLabels(const StoredTrajectory& trajectory,
+Result<std::vector<schema::StepLabel>> ReplayedLabels(const schema::StoredTrajectory& trajectory,
                                                       const envs::EnvironmentConfig& env) {
   STRIDER_ASSIGN_OR_RETURN(Rescored rescored, Rescore(trajectory, env));
   std::vector<schema::StepLabel> labels(trajectory.steps.size(), schema::StepLabel::kUnknown);
@@ -420,16 +421,7 @@ Status WriteCheckpoint(const ProcessModelOptions& options, const ProcessModelHea
                {"heldout_fraction", options.heldout_fraction},
                {"split_seed", options.split_seed},
                {"report", ReportObject(report)}};
-  const std::string path = (dir / kInfoFile).string();
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << info.dump(2) << "\n";
-    if (!out) return Status::IoError(temporary + ": write failed");
-  }
-  std::filesystem::rename(temporary, path, error);
-  if (error) return Status::IoError(path + ": " + error.message());
-  return Status::Ok();
+  return WriteFileDurably(dir / kInfoFile, info.dump(2) + "\n");
 }
 
 }  // namespace
@@ -606,7 +598,7 @@ Result<std::unique_ptr<ProcessRewardModel>> ProcessRewardModel::Load(const std::
 }
 
 Result<std::vector<double>> ProcessRewardModel::ScoreSteps(
-    const StoredTrajectory& trajectory) const {
+    const schema::StoredTrajectory& trajectory) const {
   STRIDER_ASSIGN_OR_RETURN(at::Tensor features, StepFeatures(*model_, trajectory, chunk_tokens_));
   return model::Guarded("process model scoring", [&]() -> Result<std::vector<double>> {
     at::NoGradGuard no_grad;
