@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/model/model.h"
 #include "common/transport/weight_stream.h"
 #include "envs/environment.h"
@@ -18,8 +19,6 @@
 
 namespace strider::actors {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // The newest version the publisher holds; waits up to `timeout` for one that is not there yet
 // (a learner still starting), so a caller that starts both need not order them.

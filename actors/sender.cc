@@ -4,11 +4,11 @@
 
 #include <algorithm>
 
+#include "common/clock.h"
 #include "common/transport/curve.h"
 
 namespace strider::actors {
 namespace {
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 }  // namespace
 

@@ -50,6 +50,7 @@
 #include "bench/bench_json.h"
 #include "bench/bench_util.h"
 #include "bench/ceiling.h"
+#include "common/clock.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
 #include "common/model/tensor_pool.h"
@@ -62,8 +63,6 @@
 
 namespace strider {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();

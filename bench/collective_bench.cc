@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bench/bench_json.h"
+#include "common/clock.h"
 #include "common/model/expert_parallel.h"
 #include "common/model/model.h"
 #include "learner/distributed.h"
@@ -35,7 +36,7 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using strider::Clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();

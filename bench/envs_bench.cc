@@ -20,6 +20,7 @@
 #include <zmq_addon.hpp>
 
 #include "bench/bench_json.h"
+#include "common/clock.h"
 #include "envs/environment.h"
 #include "envs/episode.h"
 #include "envs/sandbox.h"
@@ -30,7 +31,6 @@ extern char** environ;
 namespace strider::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr const char* kPython = "/usr/bin/python3";
 
 double Seconds(Clock::time_point start) {

@@ -27,6 +27,7 @@
 
 #include "bench/bench_json.h"
 #include "bench/ceiling.h"
+#include "common/clock.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
 #include "common/process_memory.h"
@@ -37,8 +38,6 @@
 
 namespace strider {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();

@@ -51,6 +51,7 @@
 #include <zmq.hpp>
 
 #include "bench/bench_json.h"
+#include "common/clock.h"
 #include "common/schema/messages.h"
 #include "common/transport/curve.h"
 #include "common/transport/zmq_util.h"
@@ -61,7 +62,6 @@
 namespace strider::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 constexpr int kActors = 4;
 // ActorClientOptions::batch_bytes of every actor client (--batch-bytes).

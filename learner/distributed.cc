@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "common/clock.h"
 #include "common/model/expert_parallel.h"
 #include "common/model/model.h"
 #include "learner/learner.h"
@@ -22,7 +23,6 @@
 namespace strider {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 bool IsLoopback(const std::string& host) {

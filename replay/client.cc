@@ -7,13 +7,13 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "common/clock.h"
 #include "common/transport/curve.h"
 #include "common/transport/zmq_util.h"
 
 namespace strider::replay {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // A SendFrame that sent nothing (its segment waits to be batched) reads replies (acks) only when

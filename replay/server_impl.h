@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/schema/messages.h"
 #include "common/status.h"
 #include "common/transport/curve.h"
@@ -56,8 +57,6 @@
 #include "replay/table.h"
 
 namespace strider::replay::internal {
-
-using Clock = std::chrono::steady_clock;
 
 inline uint64_t NowUnixMs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "common/clock.h"
 #include "common/durable_file.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
@@ -26,7 +27,6 @@ namespace strider::reward {
 namespace {
 
 using Json = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
 
 constexpr const char* kFormat = "strider-prm/1";
 constexpr const char* kFeatures = "last_and_mean";

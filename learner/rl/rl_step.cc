@@ -11,6 +11,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/clock.h"
 #include "learner/learner.h"
 #include "learner/rl/advantages.h"
 #include "learner/rl/losses.h"
@@ -20,8 +21,6 @@
 
 namespace strider::rl {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Positions of one trajectory whose routing the update records for the routing balance: enough
 // for the quantile update's estimate, bounded so a long trajectory's record does not grow.
