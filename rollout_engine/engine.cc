@@ -14,9 +14,9 @@
 #include <algorithm>
 #include <deque>
 #include <map>
-#include <mutex>
 
 #include "common/model/parameters.h"
+#include "common/mutex.h"
 #include "common/tokenizer.h"
 #include "common/model/torch_status.h"
 #include "rollout_engine/engine_testing.h"
@@ -63,7 +63,7 @@ class EngineImpl final : public Engine {
   }
 
   Result<SequenceId> Submit(const Request& request) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (request.tokens.empty()) {
       return Status::InvalidArgument("submit: the prompt must hold at least one token");
     }
@@ -80,6 +80,7 @@ class EngineImpl final : public Engine {
     sequence->turn = request.sampling;
     sequence->release_on_finish = request.release_on_finish;
     Status status = Guarded("allocating sequence state", [&] {
+      mutex_.AssertHeld();
       const at::TensorOptions tensor_options = at::TensorOptions().dtype(model_->dtype());
       sequence->incremental.resize(config_.layers);
       for (int64_t i = 0; i < config_.layers; ++i) {
@@ -98,7 +99,7 @@ class EngineImpl final : public Engine {
   }
 
   Status Append(SequenceId id, const Request& request) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "append"));
     if (sequence->status != SequenceStatus::kIdle) {
       return Status::FailedPrecondition("append: sequence " + std::to_string(id) +
@@ -131,8 +132,9 @@ class EngineImpl final : public Engine {
   }
 
   Result<StepResult> Step() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     return Guarded("rollout step", [&]() -> Result<StepResult> {
+      mutex_.AssertHeld();
       at::NoGradGuard no_grad;
       StepResult result;
       result.policy_version = version_;
@@ -176,14 +178,14 @@ class EngineImpl final : public Engine {
   }
 
   Status Cancel(SequenceId id) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     STRIDER_RETURN_IF_ERROR(Find(id, "cancel").status());
     ReleaseSequence(id);
     return Status::Ok();
   }
 
   Status Release(SequenceId id) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "release"));
     if (sequence->status != SequenceStatus::kIdle) {
       return Status::FailedPrecondition("release: sequence " + std::to_string(id) +
@@ -195,7 +197,7 @@ class EngineImpl final : public Engine {
 
   Result<std::vector<SequenceId>> Fork(SequenceId id, int64_t count,
                                        const std::optional<SamplingParams>& sampling) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     STRIDER_ASSIGN_OR_RETURN(Sequence * source, Find(id, "fork"));
     if (count < 1) return Status::InvalidArgument("fork: count must be >= 1");
     if (source->status == SequenceStatus::kQueued || source->status == SequenceStatus::kPrefill ||
@@ -251,7 +253,7 @@ class EngineImpl final : public Engine {
   }
 
   Result<std::string> Snapshot(SequenceId id) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "snapshot"));
     if (sequence->status == SequenceStatus::kQueued ||
         sequence->status == SequenceStatus::kPrefill) {
@@ -270,6 +272,7 @@ class EngineImpl final : public Engine {
     record.turn_text = sequence->turn_text;
     record.next_logits = sequence->next_logits;
     STRIDER_RETURN_IF_ERROR(Guarded("snapshot", [&] {
+      mutex_.AssertHeld();
       record.state = SerializeState(*sequence);
       return Status::Ok();
     }));
@@ -277,7 +280,7 @@ class EngineImpl final : public Engine {
   }
 
   Result<SequenceId> Restore(const std::string& bytes) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     STRIDER_ASSIGN_OR_RETURN(SnapshotRecord record, DecodeSnapshot(bytes, config_, fingerprint_));
     auto sequence = std::make_unique<Sequence>();
     sequence->status = record.generating ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
@@ -294,6 +297,7 @@ class EngineImpl final : public Engine {
     sequence->id = next_id_;
     std::vector<at::Tensor> rows;
     STRIDER_RETURN_IF_ERROR(Guarded("restore", [&] {
+      mutex_.AssertHeld();
       return DeserializeState(record.state, sequence.get(), &rows);
     }));
     // Admission: its stored rows plus its remaining turn must fit the budget now.
@@ -310,6 +314,7 @@ class EngineImpl final : public Engine {
     const int64_t length = sequence->length;
     sequence->length = 0;
     STRIDER_RETURN_IF_ERROR(Guarded("restore", [&] {
+      mutex_.AssertHeld();
       STRIDER_RETURN_IF_ERROR(cache_.Append(&sequence->table, rows));
       return Status::Ok();
     }));
@@ -322,11 +327,12 @@ class EngineImpl final : public Engine {
   }
 
   Result<uint64_t> StateDigest(SequenceId id) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "state digest"));
     // Streamed from the blocks: at a million tokens the encoding alone would be 100 MB.
     StreamingHasher hasher;
     STRIDER_RETURN_IF_ERROR(Guarded("state digest", [&] {
+      mutex_.AssertHeld();
       WriteSequenceState(*sequence, [&](const void* data, size_t n) { hasher.Update(data, n); });
       return Status::Ok();
     }));
@@ -335,7 +341,7 @@ class EngineImpl final : public Engine {
 
   Status SwapWeights(std::shared_ptr<const Model> model, uint64_t policy_version) override {
     if (model == nullptr) return Status::InvalidArgument("swap weights: no model");
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (ConfigFingerprint(model->config()) != fingerprint_ || model->dtype() != model_->dtype()) {
       return Status::FailedPrecondition(
           "swap weights: the new model's config '" + model->config().name +
@@ -348,7 +354,7 @@ class EngineImpl final : public Engine {
 
   // engine_testing.h; not part of the Engine interface.
   Status FillForBenchmark(SequenceId id, int64_t tokens, uint64_t seed) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "fill for benchmark"));
     if (sequence->status != SequenceStatus::kIdle || !sequence->pending.empty()) {
       return Status::FailedPrecondition("fill for benchmark: sequence " + std::to_string(id) +
@@ -371,6 +377,7 @@ class EngineImpl final : public Engine {
                                        " blocks the budget does not have");
     }
     return Guarded("fill for benchmark", [&]() -> Status {
+      mutex_.AssertHeld();
       at::Generator generator = at::detail::createCPUGenerator(seed);
       const int64_t latent_rank = config_.latent.kv_rank;
       constexpr int64_t kPiece = 65536;
@@ -392,7 +399,7 @@ class EngineImpl final : public Engine {
   }
 
   Result<SequenceInfo> Info(SequenceId id) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     STRIDER_ASSIGN_OR_RETURN(Sequence * sequence, Find(id, "info"));
     SequenceInfo info;
     info.status = sequence->status;
@@ -404,7 +411,7 @@ class EngineImpl final : public Engine {
   }
 
   EngineStats Stats() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     EngineStats stats;
     stats.live_sequences = static_cast<int64_t>(sequences_.size());
     stats.queued_requests = static_cast<int64_t>(queue_.size());
@@ -417,12 +424,12 @@ class EngineImpl final : public Engine {
   }
 
   uint64_t policy_version() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     return version_;
   }
 
  private:
-  Result<Sequence*> Find(SequenceId id, const char* what) {
+  Result<Sequence*> Find(SequenceId id, const char* what) REQUIRES(mutex_) {
     auto it = sequences_.find(id);
     if (it == sequences_.end()) {
       return Status::NotFound(std::string(what) + ": unknown sequence " + std::to_string(id));
@@ -430,7 +437,8 @@ class EngineImpl final : public Engine {
     return it->second.get();
   }
 
-  Status CheckRequest(const Request& request, int64_t length, const char* what) const {
+  Status CheckRequest(const Request& request, int64_t length, const char* what) const
+      REQUIRES(mutex_) {
     for (size_t i = 0; i < request.tokens.size(); ++i) {
       const int64_t token = request.tokens[i];
       if (token < 0 || token >= config_.vocabulary) {
@@ -445,6 +453,7 @@ class EngineImpl final : public Engine {
     if (has_patches || !request.images.empty()) {
       // Patch counts, image shapes and the vision config, checked as the model will.
       STRIDER_RETURN_IF_ERROR(Guarded(what, [&] {
+        mutex_.AssertHeld();
         ModelInput input{at::tensor(request.tokens, at::kLong).view({1, -1}), {}};
         for (const at::Tensor& pixels : request.images) {
           if (!pixels.defined()) return Status::InvalidArgument("an image tensor is undefined");
@@ -476,7 +485,7 @@ class EngineImpl final : public Engine {
   // Blocks the sequence may still allocate: up to its longest possible length, plus a copy of
   // a shared partially filled last block. Growth never raises used + reserved (a new block
   // lowers this count by one), so admitted sequences cannot run the pool dry.
-  int64_t FutureBlocks(const Sequence& sequence) const {
+  int64_t FutureBlocks(const Sequence& sequence) const REQUIRES(mutex_) {
     if (latent_layers_ == 0) return 0;
     const int64_t block = options_.block_tokens;
     int64_t longest = sequence.length + static_cast<int64_t>(sequence.pending.size());
@@ -491,7 +500,7 @@ class EngineImpl final : public Engine {
   }
 
   // Sum over admitted sequences other than `except`.
-  int64_t ReservedBlocks(SequenceId except = 0) const {
+  int64_t ReservedBlocks(SequenceId except = 0) const REQUIRES(mutex_) {
     int64_t reserved = 0;
     for (const auto& [id, sequence] : sequences_) {
       if (id == except) continue;
@@ -501,7 +510,7 @@ class EngineImpl final : public Engine {
   }
 
   // Admits `sequence` (new, or idle with a new request) or, by policy, queues it.
-  Status Admit(Sequence* sequence, const char* what) {
+  Status Admit(Sequence* sequence, const char* what) REQUIRES(mutex_) {
     const int64_t future = FutureBlocks(*sequence);
     const int64_t capacity = cache_.options().max_blocks;
     const int64_t own = static_cast<int64_t>(sequence->table.blocks.size());
@@ -535,7 +544,7 @@ class EngineImpl final : public Engine {
     return sequence.turn ? SequenceStatus::kGenerating : SequenceStatus::kIdle;
   }
 
-  void AdmitQueued() {
+  void AdmitQueued() REQUIRES(mutex_) {
     while (!queue_.empty()) {
       auto it = sequences_.find(queue_.front());
       if (it == sequences_.end()) {  // cancelled while queued
@@ -552,7 +561,7 @@ class EngineImpl final : public Engine {
     }
   }
 
-  void ReleaseSequence(SequenceId id) {
+  void ReleaseSequence(SequenceId id) REQUIRES(mutex_) {
     auto it = sequences_.find(id);
     if (it == sequences_.end()) return;
     cache_.Release(&it->second->table);
@@ -607,7 +616,7 @@ class EngineImpl final : public Engine {
   // Runs one model call over `rows`, each feeding tokens.size(1) tokens, and commits states,
   // latent rows and next-token logits. Fails without changing any row.
   Result<ForwardOutput> Feed(const std::vector<Sequence*>& rows, const at::Tensor& tokens,
-                             const std::vector<at::Tensor>& images = {}) {
+                             const std::vector<at::Tensor>& images = {}) REQUIRES(mutex_) {
     const int64_t batch = static_cast<int64_t>(rows.size());
     const int64_t count = tokens.size(1);
     RaggedBatch ragged;
@@ -635,6 +644,7 @@ class EngineImpl final : public Engine {
     const int64_t rope = config_.latent.rope_dim;
     // The past is read in place from the blocks (views, nothing copied).
     ragged.load_past = [&](int64_t layer) {
+      mutex_.AssertHeld();  // the model calls it inside Step below
       model::LatentAttentionPast past;
       past.pages.resize(tables.size());
       for (size_t b = 0; b < tables.size(); ++b) {
@@ -720,7 +730,7 @@ class EngineImpl final : public Engine {
     return std::min(options_.prefill_chunk_tokens, remaining);
   }
 
-  Status Prefill(Sequence* sequence, SequenceStep* step, StepResult* result) {
+  Status Prefill(Sequence* sequence, SequenceStep* step, StepResult* result) REQUIRES(mutex_) {
     std::vector<CompactRouting> parts;
     size_t done = 0;
     const int64_t total = static_cast<int64_t>(sequence->pending.size());
@@ -767,7 +777,8 @@ class EngineImpl final : public Engine {
 
   // Feeds the whole pending run of several sequences (all `count` long) in batched calls.
   Status PrefillGroup(const std::vector<Sequence*>& group, int64_t count,
-                      std::map<SequenceId, SequenceStep>* touched, StepResult* result) {
+                      std::map<SequenceId, SequenceStep>* touched, StepResult* result)
+      REQUIRES(mutex_) {
     size_t begin = 0;
     while (begin < group.size()) {
       // Up to max_batch rows per call.
@@ -798,7 +809,7 @@ class EngineImpl final : public Engine {
   }
 
   Status Decode(const std::vector<Sequence*>& rows, std::map<SequenceId, SequenceStep>* touched,
-                StepResult* result) {
+                StepResult* result) REQUIRES(mutex_) {
     // Every row's distribution in one call: the log-prob stored with a token is the shared
     // sampling distribution's (model::SamplingLogProbs), which a learner recomputes.
     at::Tensor logits = at::empty({static_cast<int64_t>(rows.size()), config_.vocabulary},
@@ -886,7 +897,8 @@ class EngineImpl final : public Engine {
 
   // The snapshot's state section (snapshot.h) handed to `sink` piece by piece, the latent rows
   // straight from the cache's blocks; StateDigest hashes the same bytes.
-  void WriteSequenceState(const Sequence& sequence, const ByteSink& sink) const {
+  void WriteSequenceState(const Sequence& sequence, const ByteSink& sink) const
+      REQUIRES(mutex_) {
     std::vector<model::IncrementalAttentionState> incremental;
     for (int64_t i = 0; i < config_.layers; ++i) {
       if (kinds_[i] == 'I') incremental.push_back(sequence.incremental[i]);
@@ -902,14 +914,17 @@ class EngineImpl final : public Engine {
     WriteState(sequence.length, incremental, latent, sink);
   }
 
-  std::string SerializeState(const Sequence& sequence) const {
-    return CollectBytes([&](const ByteSink& sink) { WriteSequenceState(sequence, sink); });
+  std::string SerializeState(const Sequence& sequence) const REQUIRES(mutex_) {
+    return CollectBytes([&](const ByteSink& sink) {
+      mutex_.AssertHeld();
+      WriteSequenceState(sequence, sink);
+    });
   }
 
   // Sets the sequence's length and incremental states from a snapshot's state section; its
   // latent rows go to *rows, one (length, d_c + d_rope) per latent layer, for the cache.
   Status DeserializeState(const std::string& bytes, Sequence* sequence,
-                          std::vector<at::Tensor>* rows) const {
+                          std::vector<at::Tensor>* rows) const REQUIRES(mutex_) {
     STRIDER_ASSIGN_OR_RETURN(SequenceState state, DecodeState(bytes, config_, model_->dtype(),
                                                               cache_.options().dtype));
     sequence->length = state.length;
@@ -922,20 +937,24 @@ class EngineImpl final : public Engine {
     return Status::Ok();
   }
 
-  std::mutex mutex_;
+  // Serialises every public method (engine.h: Step holds it for the whole step). The lambdas
+  // that run under it (Guarded's, the model's load_past) say so with AssertHeld: the analysis
+  // does not carry a lock into a lambda.
+  Mutex mutex_;
   EngineOptions options_;
-  std::shared_ptr<const Model> model_;
-  uint64_t version_;
+  std::shared_ptr<const Model> model_ GUARDED_BY(mutex_);  // replaced by SwapWeights
+  uint64_t version_ GUARDED_BY(mutex_);
   const ModelConfig config_;
   const uint64_t fingerprint_;
   std::vector<char> kinds_;
   std::vector<int64_t> latent_index_;  // per model layer: index among latent layers, or -1
   int64_t latent_layers_ = 0;
   int64_t sparse_layers_ = 0;
-  PagedCache cache_;
-  std::map<SequenceId, std::unique_ptr<Sequence>> sequences_;  // ordered: steps run by id
-  std::deque<SequenceId> queue_;
-  SequenceId next_id_ = 1;
+  PagedCache cache_ GUARDED_BY(mutex_);
+  // Ordered: steps run by id.
+  std::map<SequenceId, std::unique_ptr<Sequence>> sequences_ GUARDED_BY(mutex_);
+  std::deque<SequenceId> queue_ GUARDED_BY(mutex_);
+  SequenceId next_id_ GUARDED_BY(mutex_) = 1;
 };
 
 }  // namespace
