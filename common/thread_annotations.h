@@ -20,8 +20,12 @@
 // itself is not guarded).
 #define PT_GUARDED_BY(x) STRIDER_THREAD_ANNOTATION(pt_guarded_by(x))
 
-// A function called with the listed mutexes held; it neither takes nor releases them.
+// A function called with the listed mutexes held (exclusively); it neither takes nor releases
+// them.
 #define REQUIRES(...) STRIDER_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
+
+// A function called with the listed mutexes held at least shared (SharedMutex readers).
+#define REQUIRES_SHARED(...) STRIDER_THREAD_ANNOTATION(requires_shared_capability(__VA_ARGS__))
 
 // A function called without the listed mutexes held, usually because it takes them itself.
 #define EXCLUDES(...) STRIDER_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
@@ -30,9 +34,15 @@
 // and returns holding them.
 #define ACQUIRE(...) STRIDER_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 
+// A function that takes the listed mutexes shared and returns holding them.
+#define ACQUIRE_SHARED(...) STRIDER_THREAD_ANNOTATION(acquire_shared_capability(__VA_ARGS__))
+
 // A function that releases the listed mutexes (with no argument: the object itself, or for a
 // scoped lock whatever it holds).
 #define RELEASE(...) STRIDER_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+
+// A function that releases a shared hold of the listed mutexes.
+#define RELEASE_SHARED(...) STRIDER_THREAD_ANNOTATION(release_shared_capability(__VA_ARGS__))
 
 // A class whose objects are mutexes; `x` names the kind in diagnostics ("mutex").
 #define CAPABILITY(x) STRIDER_THREAD_ANNOTATION(capability(x))
