@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "common/model/torch_status.h"
+#include "common/random.h"
 
 namespace strider::rollout {
 
@@ -33,24 +34,13 @@ Status ValidateSamplingParams(const SamplingParams& p, int64_t vocabulary) {
   return Status::Ok();
 }
 
-namespace {
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 double UniformDraw(uint64_t seed, uint64_t counter) {
-  const uint64_t bits = Mix(Mix(seed) ^ counter);
+  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ counter);
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
 uint64_t DeriveSeed(uint64_t seed, uint64_t index) {
-  return Mix(seed ^ Mix(index + 0x5851f42d4c957f2dull));
+  return SplitMix64(seed ^ SplitMix64(index + 0x5851f42d4c957f2dull));
 }
 
 model::SamplingSettings TurnDistribution(const SamplingParams& params) {

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/model/parameters.h"
+#include "common/random.h"
 
 namespace strider::rollout {
 namespace {
@@ -95,10 +96,7 @@ void Hasher::Update(const void* data, size_t size) {
 }
 
 uint64_t Hasher::Digest() const {
-  uint64_t x = state_ ^ total_;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+  return SplitMix64Finalize(state_ ^ total_);
 }
 
 void StreamingHasher::Update(const void* data, size_t size) {

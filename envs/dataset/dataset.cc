@@ -19,6 +19,7 @@
 #include <regex>
 
 #include "common/config.h"
+#include "common/random.h"
 #include "common/subprocess.h"
 #include "envs/calculator/calculator.h"
 #include "envs/options.h"
@@ -303,14 +304,6 @@ std::string FirstObservationText(const DatasetRecord& record) {
   return record.system.empty() ? record.prompt : record.system + "\n\n" + record.prompt;
 }
 
-// A 64-bit mix (splitmix64's finaliser): shuffled order without a generator's state.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 class Dataset : public Environment {
  public:
   Dataset(Settings settings, std::shared_ptr<const std::vector<DatasetRecord>> records)
@@ -345,7 +338,7 @@ class Dataset : public Environment {
     if (records_ == nullptr) {
       return Status::InvalidArgument("dataset: option 'path': is required (a JSONL file)");
     }
-    const uint64_t index = (settings_.shuffle ? Mix(seed) : seed) % records_->size();
+    const uint64_t index = (settings_.shuffle ? SplitMix64(seed) : seed) % records_->size();
     record_ = &(*records_)[index];
     turns_ = 0;
     Observation observation;

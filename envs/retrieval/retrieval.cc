@@ -4,18 +4,12 @@
 
 #include <regex>
 
+#include "common/random.h"
 #include "envs/options.h"
 #include "envs/tools.h"
 
 namespace strider::envs {
 namespace {
-
-uint64_t Mix(uint64_t x) {  // splitmix64: record i of an episode is a pure function of (seed, i)
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 const char* const kSyllables[] = {"ka", "lo", "mi", "ren", "to", "va", "shi", "dor",
                                   "el", "fa", "gu", "ion", "ne", "pa", "quo", "sa"};
@@ -60,7 +54,8 @@ struct Episode {
     } else if (index == vault_record) {
       body = fmt::format("Badge {} opens vault {}.", badge, vault);
     } else {
-      const uint64_t r = Mix(seed * 0x100000001b3ULL + static_cast<uint64_t>(index));
+      // Record i of an episode is a pure function of (seed, i).
+      const uint64_t r = SplitMix64(seed * 0x100000001b3ULL + static_cast<uint64_t>(index));
       switch ((r >> 40) % 4) {
         case 0: {
           std::string name = NameOf(r);
@@ -146,16 +141,16 @@ class Retrieval : public Environment {
     episode_.parts = settings.parts;
     restate_question_ = settings.restate_question;
     episode_.numeric = settings.numeric_names;
-    const uint64_t r = Mix(seed ^ 0x5eedULL);
+    const uint64_t r = SplitMix64(seed ^ 0x5eedULL);
     // A word agent has a suffix no filler name has; a numeric one is renamed in fillers.
     episode_.agent = episode_.numeric ? NumericName(r) : Name(r) + "ar";
     episode_.badge = episode_.BadgeOf(r >> 16);
     episode_.vault = fmt::format("{:05}", (r >> 32) % 100000);
     const int64_t first_size = episode_.PartBegin(1);
     const int64_t last_begin = episode_.PartBegin(episode_.parts - 1);
-    episode_.agent_record = static_cast<int64_t>(Mix(r) % first_size);
+    episode_.agent_record = static_cast<int64_t>(SplitMix64(r) % first_size);
     episode_.vault_record =
-        last_begin + static_cast<int64_t>(Mix(r + 1) % (episode_.records - last_begin));
+        last_begin + static_cast<int64_t>(SplitMix64(r + 1) % (episode_.records - last_begin));
     if (episode_.vault_record == episode_.agent_record) {
       episode_.vault_record = (episode_.agent_record + 1) % episode_.records;
     }

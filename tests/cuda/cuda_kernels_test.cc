@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/kernels/cuda/decode_kernels.h"
+#include "common/random.h"
 
 namespace strider::kernels::cuda {
 namespace {
@@ -34,12 +35,7 @@ constexpr double kTolerance = 1e-5;
 class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  uint64_t Next() { return SplitMix64Next(&state_); }
   // Uniform in [lo, hi).
   float Uniform(float lo, float hi) {
     const double u = static_cast<double>(Next() >> 11) * 0x1.0p-53;

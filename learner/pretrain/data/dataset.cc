@@ -2,19 +2,10 @@
 
 #include <algorithm>
 
+#include "common/random.h"
 #include "common/tokenizer.h"
 
 namespace strider::data {
-namespace {
-
-uint64_t SplitMix(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 Result<std::unique_ptr<Packer>> Packer::Create(std::vector<DataSource> sources, int64_t length,
                                                uint64_t seed) {
@@ -50,7 +41,7 @@ void Packer::Shuffle(Source& source) {
   uint64_t state = seed_ ^ (0xA0761D6478BD642Full * (source.epoch + 1)) ^
                    (0xE7037ED1A0B428DBull * (&source - sources_.data() + 1));
   for (int64_t i = n - 1; i > 0; --i) {
-    std::swap(source.order[i], source.order[SplitMix(state) % static_cast<uint64_t>(i + 1)]);
+    std::swap(source.order[i], source.order[SplitMix64Next(&state) % static_cast<uint64_t>(i + 1)]);
   }
   source.next = 0;
 }
@@ -69,7 +60,7 @@ void Packer::Reset() {
 void Packer::Draw() {
   int32_t chosen = 0;
   if (sources_.size() > 1) {
-    const double u = static_cast<double>(SplitMix(rng_) >> 11) * 0x1.0p-53 * total_weight_;
+    const double u = static_cast<double>(SplitMix64Next(&rng_) >> 11) * 0x1.0p-53 * total_weight_;
     double cumulative = 0;
     chosen = static_cast<int32_t>(sources_.size()) - 1;
     for (size_t i = 0; i < sources_.size(); ++i) {

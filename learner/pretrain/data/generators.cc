@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "common/random.h"
 #include "common/tokenizer.h"
 #include "common/transcript.h"
 #include "envs/calculator/calculator.h"
@@ -27,12 +28,7 @@ class Rng {
                stream * 0x8CB92BA72F3D8DD7ull) {
     Next();
   }
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t Next() { return SplitMix64Next(&state_); }
   int64_t Uniform(int64_t n) { return static_cast<int64_t>(Next() % static_cast<uint64_t>(n)); }
   int64_t Range(int64_t low, int64_t high) { return low + Uniform(high - low + 1); }
   double Unit() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
