@@ -11,8 +11,8 @@
 #include "actors/sender.h"
 #include "replay/inspect.h"
 #include "replay/replay.h"
-#include "tests/replay/temp_dir.h"
 #include "tests/replay/test_segments.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::actors {
 namespace {

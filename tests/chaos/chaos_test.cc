@@ -27,7 +27,7 @@
 #include "replay/inspect.h"
 #include "tests/integration/child_process.h"
 #include "tests/replay/small_disk.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {

@@ -39,7 +39,7 @@
 #include "replay/client.h"
 #include "replay/inspect.h"
 #include "tests/integration/child_process.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {

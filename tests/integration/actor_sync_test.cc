@@ -19,7 +19,7 @@
 #include "replay/inspect.h"
 #include "replay/replay.h"
 #include "tests/integration/child_process.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {

@@ -11,8 +11,8 @@
 #include "common/transport/curve.h"
 #include "replay/client.h"
 #include "tests/integration/child_process.h"
-#include "tests/replay/temp_dir.h"
 #include "tests/replay/test_segments.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {

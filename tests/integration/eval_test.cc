@@ -15,7 +15,7 @@
 
 #include "common/transport/weight_stream.h"
 #include "tests/integration/child_process.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {

@@ -23,7 +23,7 @@
 #include "tests/integration/child_process.h"
 #include "tests/integration/png.h"
 #include "tests/integration/tiny_fleet.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 #include "tests/transport/http_get.h"
 
 namespace strider {

@@ -26,7 +26,7 @@
 #include "learner/rl/scoring.h"
 #include "replay/client.h"
 #include "tests/integration/child_process.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {

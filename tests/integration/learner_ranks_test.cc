@@ -19,7 +19,7 @@
 #include "tests/integration/child_process.h"
 #include "tests/integration/rl_fixture.h"
 #include "tests/free_port.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {

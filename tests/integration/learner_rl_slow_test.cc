@@ -10,7 +10,7 @@
 #include <numeric>
 
 #include "tests/integration/child_process.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {

@@ -26,7 +26,7 @@
 #include "tests/free_port.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/rl_fixture.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {

@@ -18,8 +18,8 @@
 #include "replay/inspect.h"
 #include "replay/storage.h"
 #include "tests/integration/child_process.h"
-#include "tests/replay/temp_dir.h"
 #include "tests/replay/test_segments.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::replay {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "tests/integration/child_process.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::testing {
 

@@ -8,7 +8,7 @@
 
 #include "launcher/launcher.h"
 #include "tests/launcher/fleet_files.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::launcher {
 namespace {

@@ -4,7 +4,8 @@
 #include <fstream>
 #include <string>
 
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
+
 
 namespace strider::launcher {
 
