@@ -14,8 +14,8 @@
 #include "common/transport/zmq_util.h"
 #include "replay/client.h"
 #include "replay/replay.h"
-#include "tests/replay/temp_dir.h"
 #include "tests/replay/test_segments.h"
+#include "tests/scratch_dir.h"
 #include "tests/transport/test_keys.h"
 
 namespace strider::replay {

@@ -19,8 +19,8 @@
 #include "replay/replay.h"
 #include "tests/replay/raw_frames.h"
 #include "tests/replay/replay_1_1.capnp.h"
-#include "tests/replay/temp_dir.h"
 #include "tests/replay/test_segments.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::replay {
 namespace {

@@ -22,8 +22,8 @@
 #include "replay/storage.h"
 #include "tests/replay/raw_frames.h"
 #include "tests/replay/small_disk.h"
-#include "tests/replay/temp_dir.h"
 #include "tests/replay/test_segments.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::replay {
 namespace {

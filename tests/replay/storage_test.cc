@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "replay/storage.h"
-#include "tests/replay/temp_dir.h"
 #include "tests/replay/test_segments.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::replay {
 namespace {

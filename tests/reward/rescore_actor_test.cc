@@ -14,7 +14,7 @@
 #include "replay/inspect.h"
 #include "reward/verifiers.h"
 #include "tests/integration/child_process.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::reward {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/transport/curve.h"
-#include "tests/replay/temp_dir.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::testing {
 

@@ -14,8 +14,8 @@
 #include "common/model/model.h"
 #include "replay/replay.h"
 #include "tests/integration/child_process.h"
-#include "tests/replay/temp_dir.h"
 #include "tests/learner/prm/labelled_episodes.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::reward {
 namespace {
