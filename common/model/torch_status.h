@@ -1,37 +1,86 @@
-// LibTorch reports failures (a shape mismatch, an allocation refused) by throwing c10::Error;
-// Strider passes errors as values (common/status.h). Guarded is the one place where the code
-// that calls LibTorch turns the first into the second, so no exception leaves the model layer
-// or the rollout engine. LibTorch code only: model, kernels, rollout_engine.
+// LibTorch reports failures (a shape mismatch, an allocation refused, a collective whose peer is
+// gone) by throwing c10::Error; Strider passes errors as values (common/status.h). Guarded is the
+// one place where code that calls LibTorch turns the first into the second, so no exception
+// leaves the model layer, the rollout engine or the learner: no other code catches c10::Error.
+// For LibTorch code only (model, kernels, rollout_engine, learner, and their tests and
+// benchmarks): code that does not link LibTorch has no exception to convert.
 #pragma once
 
 #include <c10/util/Exception.h>
 
 #include <exception>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "common/status.h"
 
 namespace strider::model {
+namespace guarded_internal {
 
-// Runs `function` and returns what it returns (a Status or Result<T>; Status::Ok() for a
-// function returning nothing), or Internal naming `what` and the exception's message when it
-// throws.
+// What a guarded call returns: a Status or Result<T> as the function does, Status for a function
+// returning nothing, and Result<T> for a function returning a plain T.
+template <typename T>
+struct Returned {
+  using type = Result<std::remove_cvref_t<T>>;
+};
+template <>
+struct Returned<void> {
+  using type = Status;
+};
+template <>
+struct Returned<Status> {
+  using type = Status;
+};
+template <typename T>
+struct Returned<Result<T>> {
+  using type = Result<T>;
+};
+
+}  // namespace guarded_internal
+
 template <typename Function>
-auto Guarded(const char* what, Function&& function)
-    -> std::conditional_t<std::is_void_v<decltype(function())>, Status, decltype(function())> {
+using GuardedResult =
+    typename guarded_internal::Returned<std::remove_cvref_t<std::invoke_result_t<Function&>>>::type;
+
+// Runs `function` and returns what it returns, or the Status `on_error(message)` builds from the
+// message of the exception it throws (a c10::Error's without its C++ backtrace, which names
+// LibTorch's frames, not ours). For callers whose failure is not an Internal error, such as a
+// collective that finds a peer gone.
+template <typename Function, typename OnError>
+GuardedResult<Function> GuardedWith(Function&& function, OnError&& on_error) {
   try {
-    if constexpr (std::is_void_v<decltype(function())>) {
+    if constexpr (std::is_void_v<std::invoke_result_t<Function&>>) {
       function();
       return Status::Ok();
     } else {
       return function();
     }
   } catch (const c10::Error& error) {
-    return Status::Internal(std::string(what) + ": " + error.what_without_backtrace());
+    return Status(on_error(std::string_view(error.what_without_backtrace())));
   } catch (const std::exception& error) {
-    return Status::Internal(std::string(what) + ": " + error.what());
+    return Status(on_error(std::string_view(error.what())));
   }
+}
+
+// `code` naming `what` and the exception's message when `function` throws.
+template <typename Function>
+GuardedResult<Function> Guarded(StatusCode code, std::string_view what, Function&& function) {
+  return GuardedWith(std::forward<Function>(function), [&](std::string_view message) {
+    std::string text(what);
+    text += ": ";
+    text += message;
+    return Status(code, std::move(text));
+  });
+}
+
+// Runs `function` and returns what it returns (a Status or Result<T>; Status::Ok() for a
+// function returning nothing; Result<T> for one returning a T), or Internal naming `what` and the
+// exception's message when it throws.
+template <typename Function>
+GuardedResult<Function> Guarded(std::string_view what, Function&& function) {
+  return Guarded(StatusCode::kInternal, what, std::forward<Function>(function));
 }
 
 }  // namespace strider::model
