@@ -5,7 +5,8 @@
 //                 outcome, learned and implicit process rewards -> one reward per step, each
 //                 counted once, truncated trajectories marked for bootstrapping
 //   implicit.h    ImplicitProcessRewards: beta x the policy/reference log-ratio per step (PRIME)
-//   trajectory.h  JoinSegments: stored segments -> one trajectory with its steps and turns
+//   trajectory.h  StoredRewards: a stored trajectory (schema::JoinSegments joins its segments,
+//                 common/schema/trajectory.h) as shaping's input
 //   verifiers.h   Rescore, RescoreStore: replay stored episodes against their environment for
 //                 step labels, step rewards and outcomes
 //

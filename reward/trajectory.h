@@ -1,64 +1,16 @@
-// A stored trajectory read back whole: its segments joined in order, its steps as trajectory
-// positions with the model's turn of each, its end as the actor recorded it. What the verifier
-// replays and what shaping reads stored rewards from.
-//
-// Steps as the actor stores them (actors/segmenter.h): a step is one model turn and ends right
-// after the turn's last sampled token; it begins where the previous step ended, so it holds the
-// context before the turn (the observation answered, the <|model|> header) and the turn's
-// action tokens. A step belongs to the segment where it ends.
+// Reward shaping's input from a stored trajectory, once common/schema/trajectory.h has joined
+// its segments.
 #pragma once
 
-#include <cstdint>
-#include <map>
-#include <span>
-#include <string>
-#include <vector>
-
-#include "common/schema/messages.h"
-#include "common/status.h"
+#include "common/schema/trajectory.h"
 #include "reward/shaping.h"
 
 namespace strider::reward {
-
-struct StoredStep {
-  uint64_t begin = 0;  // trajectory positions
-  uint64_t end = 0;
-  float stored_reward = 0;  // as stored (schema 1.1 stores a missing reward as 0)
-  // Since schema 1.2: whether the environment gave a reward, and its label (1.1 segments read
-  // as rewarded, unknown).
-  bool has_reward = true;
-  envs::StepLabel label = envs::StepLabel::kUnknown;
-  // The model's turn as the environment got it: the step's action tokens decoded, without a
-  // closing end-of-turn or end-of-text.
-  std::string turn_text;
-};
-
-struct StoredTrajectory {
-  schema::TrajectoryId id;
-  std::string env;
-  std::vector<int32_t> tokens;
-  std::vector<schema::Role> roles;
-  std::vector<schema::Image> images;  // token_offset as a trajectory position
-  std::vector<StoredStep> steps;
-  // Action tokens after the last step: a turn the environment never answered (a timeout, an
-  // engine error, a stop while generating).
-  uint64_t unanswered_action_tokens = 0;
-  float outcome = 0;
-  std::map<std::string, std::string> metadata;  // of the last segment
-  std::string status;                           // metadata `status` ("done", "max_turns", ...)
-  // The last segment's end reason (schema 1.2; kNone on 1.1 segments, whose end is `status`).
-  schema::EndReason end_reason = schema::EndReason::kNone;
-};
-
-// Joins the segments of one trajectory, given in any order. Errors (InvalidArgument): no
-// segments, segments of different trajectories, a missing or repeated index, token ranges that
-// do not follow each other, no last segment or one that is not the highest index.
-Result<StoredTrajectory> JoinSegments(std::span<const schema::SegmentData> segments);
 
 // The shaping input of a stored trajectory: stored step rewards with their 1.2 has-reward flags
 // and labels (1.1 segments: all rewarded, labels unknown), step keys from the turns, the end
 // from the 1.2 end reason (an abandoned trajectory is a cut, as "stopped" is) or else the
 // status, the stored outcome when finished.
-TrajectoryRewards StoredRewards(const StoredTrajectory& trajectory);
+TrajectoryRewards StoredRewards(const schema::StoredTrajectory& trajectory);
 
 }  // namespace strider::reward

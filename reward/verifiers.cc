@@ -17,7 +17,7 @@ constexpr std::string_view kOptionPrefix = "env_option.";
 // The patch count of each image run in tokens[begin, end), in order: the number of
 // placeholders the actor wrote, which depends on the model's vision settings, not on the
 // environment, so the replay takes it from the stored stream.
-std::vector<int64_t> ImagePatches(const StoredTrajectory& t, uint64_t begin, uint64_t end) {
+std::vector<int64_t> ImagePatches(const schema::StoredTrajectory& t, uint64_t begin, uint64_t end) {
   std::vector<int64_t> patches;
   for (uint64_t i = begin; i < end; ++i) {
     if (t.tokens[i] != token::kImageStart) continue;
@@ -31,14 +31,14 @@ std::vector<int64_t> ImagePatches(const StoredTrajectory& t, uint64_t begin, uin
   return patches;
 }
 
-uint64_t NextAction(const StoredTrajectory& t, uint64_t from) {
+uint64_t NextAction(const schema::StoredTrajectory& t, uint64_t from) {
   while (from < t.tokens.size() && !schema::IsAction(t.roles[from])) ++from;
   return from;
 }
 
 class Replay {
  public:
-  Replay(const StoredTrajectory& t, std::unique_ptr<envs::Environment> env)
+  Replay(const schema::StoredTrajectory& t, std::unique_ptr<envs::Environment> env)
       : t_(t), env_(std::move(env)) {}
   ~Replay() { env_->Close(); }
 
@@ -92,7 +92,7 @@ class Replay {
   }
 
   // Feeds the stored model turn of `step` to the transcript (the actor's roles come from it).
-  Status ModelTurn(const StoredStep& step, const std::string& what) {
+  Status ModelTurn(const schema::StoredStep& step, const std::string& what) {
     bool started = false;
     for (uint64_t i = step.begin; i < step.end; ++i) {
       if (!schema::IsAction(t_.roles[i])) {
@@ -119,14 +119,14 @@ class Replay {
         " (a seed or options other than the episode's, or a changed environment)");
   }
 
-  const StoredTrajectory& t_;
+  const schema::StoredTrajectory& t_;
   std::unique_ptr<envs::Environment> env_;
   transcript::Transcript transcript_;
 };
 
 }  // namespace
 
-Result<Rescored> Rescore(const StoredTrajectory& t, const envs::EnvironmentConfig& env) {
+Result<Rescored> Rescore(const schema::StoredTrajectory& t, const envs::EnvironmentConfig& env) {
   const std::string name = "trajectory " + t.id.Hex();
   envs::EnvironmentConfig config = env;
   if (config.name.empty()) config.name = t.env;
@@ -163,7 +163,7 @@ Result<Rescored> Rescore(const StoredTrajectory& t, const envs::EnvironmentConfi
       replay.Observe(*first, 0, NextAction(t, 0), "the prompt", /*first=*/true, false));
   bool done = false;
   for (size_t k = 0; k < t.steps.size(); ++k) {
-    const StoredStep& step = t.steps[k];
+    const schema::StoredStep& step = t.steps[k];
     const std::string what = "step " + std::to_string(k);
     if (done) {
       return Status::FailedPrecondition(name + ": the replayed episode ended before " + what);
@@ -201,11 +201,12 @@ Result<Rescored> Rescore(const StoredTrajectory& t, const envs::EnvironmentConfi
 
 Result<Rescored> Rescore(std::span<const schema::SegmentData> segments,
                          const envs::EnvironmentConfig& env) {
-  STRIDER_ASSIGN_OR_RETURN(StoredTrajectory trajectory, JoinSegments(segments));
+  STRIDER_ASSIGN_OR_RETURN(schema::StoredTrajectory trajectory, schema::JoinSegments(segments));
   return Rescore(trajectory, env);
 }
 
-TrajectoryRewards RescoredRewards(const Rescored& rescored, const StoredTrajectory& trajectory) {
+TrajectoryRewards RescoredRewards(const Rescored& rescored,
+                                  const schema::StoredTrajectory& trajectory) {
   TrajectoryRewards rewards;
   rewards.end = TrajectoryEndFromStatus(rescored.stored_status);
   if (rewards.end == TrajectoryEnd::kFinished) rewards.outcome = rescored.outcome;

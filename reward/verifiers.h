@@ -64,11 +64,13 @@ struct Rescored {
 // the step and token position). A Step error is a verdict (StepVerdict::error), not a failure.
 Result<Rescored> Rescore(std::span<const schema::SegmentData> segments,
                          const envs::EnvironmentConfig& env);
-Result<Rescored> Rescore(const StoredTrajectory& trajectory, const envs::EnvironmentConfig& env);
+Result<Rescored> Rescore(const schema::StoredTrajectory& trajectory,
+                         const envs::EnvironmentConfig& env);
 
 // The shaping input of a re-scored trajectory: the environment's rewards and labels as replayed,
 // the outcome when it ended, the end from the stored status.
-TrajectoryRewards RescoredRewards(const Rescored& rescored, const StoredTrajectory& trajectory);
+TrajectoryRewards RescoredRewards(const Rescored& rescored,
+                                  const schema::StoredTrajectory& trajectory);
 
 struct StoreRescore {
   schema::TrajectoryId id;

@@ -10,7 +10,7 @@
 // Why here and not in reward/: training needs the learner core and LibTorch, and reward/ depends
 // only on common, envs and the replay store reader, so the learner and the evaluation can link
 // reward shaping without either. What they share with reward/ is the stored trajectory
-// (reward/trajectory.h) and the per-step scores they hand to reward::Shape.
+// (common/schema/trajectory.h) and the per-step scores they hand to reward::Shape.
 //
 // A second trained model sits beside this one the same way: a header of its own here, a
 // checkpoint directory with a JSON description whose "format" names it, training on the same

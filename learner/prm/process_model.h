@@ -60,10 +60,10 @@
 #include <vector>
 
 #include "common/schema/messages.h"
+#include "common/schema/trajectory.h"
 #include "common/status.h"
 #include "envs/environment.h"
 #include "replay/inspect.h"
-#include "reward/trajectory.h"
 
 namespace strider {
 class Model;
@@ -78,7 +78,7 @@ struct ProcessModelHead;  // process_model.cc
 // ---------------------------------------------------------------------------------------------
 
 struct LabelledTrajectory {
-  StoredTrajectory trajectory;
+  schema::StoredTrajectory trajectory;
   std::vector<schema::StepLabel> labels;  // one per trajectory.steps entry
 };
 
@@ -96,7 +96,7 @@ Result<LabelledTrajectory> ReadLabelledTrajectory(std::span<const schema::Segmen
 // The labels of replaying a trajectory against `env` (reward::Rescore): the environment's label
 // of each step it answered; unknown for a step whose Step failed and for steps after it.
 // Errors: those of Rescore (a trajectory that does not replay is FailedPrecondition).
-Result<std::vector<schema::StepLabel>> ReplayedLabels(const StoredTrajectory& trajectory,
+Result<std::vector<schema::StepLabel>> ReplayedLabels(const schema::StoredTrajectory& trajectory,
                                                       const envs::EnvironmentConfig& env);
 
 struct LabelledStore {
@@ -201,7 +201,7 @@ class ProcessRewardModel {
 
   // One score per step of `trajectory`, P(step correct) in [0, 1], in step order (empty for a
   // trajectory without steps). The model and head are only read.
-  Result<std::vector<double>> ScoreSteps(const StoredTrajectory& trajectory) const;
+  Result<std::vector<double>> ScoreSteps(const schema::StoredTrajectory& trajectory) const;
 
   const std::string& model_config() const { return model_config_; }
   const std::string& model_weights() const { return model_weights_; }

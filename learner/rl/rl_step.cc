@@ -43,14 +43,14 @@ Result<std::vector<double>> ImplicitRewards(const PreparedTrajectory& prepared,
     reference[scores.positions[i]] = scores.reference_logprobs[i];
   }
   std::vector<uint64_t> ends;
-  for (const reward::StoredStep& step : prepared.joined.steps) ends.push_back(step.end);
+  for (const schema::StoredStep& step : prepared.joined.steps) ends.push_back(step.end);
   return reward::ImplicitProcessRewards(policy, reference, prepared.joined.roles, ends, 1.0);
 }
 
 // The advantage estimator's view of one trajectory.
 TrajectoryInput EstimatorInput(const TrainingTrajectory& t, const reward::ShapedRewards& shaped,
                                const std::vector<double>& implicit, double implicit_beta) {
-  const reward::StoredTrajectory& joined = t.prepared.joined;
+  const schema::StoredTrajectory& joined = t.prepared.joined;
   TrajectoryInput input;
   input.token_begin = 0;
   input.action.resize(joined.roles.size());

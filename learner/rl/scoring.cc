@@ -14,7 +14,6 @@
 #include "common/model/sampling_distribution.h"
 #include "common/tokenizer.h"
 #include "learner/learner.h"
-#include "reward/trajectory.h"
 
 namespace strider::rl {
 namespace {
@@ -176,7 +175,7 @@ MismatchStats MeasureMismatch(std::span<const float> learner, std::span<const fl
 Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData> segments,
                                              bool replay_routing, int64_t vocabulary) {
   PreparedTrajectory prepared;
-  STRIDER_ASSIGN_OR_RETURN(prepared.joined, reward::JoinSegments(segments));
+  STRIDER_ASSIGN_OR_RETURN(prepared.joined, schema::JoinSegments(segments));
   const std::vector<const schema::SegmentData*> ordered = Ordered(segments);
   for (const schema::SegmentData* s : ordered) {
     const model::SamplingSettings settings =
@@ -202,7 +201,7 @@ Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData
       prepared.versions.push_back(s->policy_runs[run].version);
     }
   }
-  const reward::StoredTrajectory& joined = prepared.joined;
+  const schema::StoredTrajectory& joined = prepared.joined;
   prepared.input.tokens = at::empty({1, static_cast<int64_t>(joined.tokens.size())}, at::kLong);
   std::copy(joined.tokens.begin(), joined.tokens.end(), prepared.input.tokens.data_ptr<int64_t>());
   for (const schema::Image& image : joined.images) {
@@ -297,7 +296,7 @@ at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
 
 Result<TrajectoryScores> ScorePrepared(const Model& model, const PreparedTrajectory& trajectory,
                                        const ScoringOptions& options, const Model* reference) {
-  const reward::StoredTrajectory& joined = trajectory.joined;
+  const schema::StoredTrajectory& joined = trajectory.joined;
   TrajectoryScores scores;
   scores.id = joined.id;
   scores.length = static_cast<int64_t>(joined.tokens.size());
@@ -317,7 +316,7 @@ Result<TrajectoryScores> ScorePrepared(const Model& model, const PreparedTraject
   if (options.values) {
     const float* v = own.values.data_ptr<float>();
     const uint64_t passed = static_cast<uint64_t>(trajectory.length());  // values computed
-    for (const reward::StoredStep& step : joined.steps) {
+    for (const schema::StoredStep& step : joined.steps) {
       uint64_t first = step.begin;
       while (first < step.end && !schema::IsAction(joined.roles[first])) ++first;
       const uint64_t at = first < step.end ? std::max<uint64_t>(first, 1) - 1 : step.end - 1;

@@ -25,8 +25,8 @@
 #include "common/model/model.h"
 #include "common/model/sampling_distribution.h"
 #include "common/schema/messages.h"
+#include "common/schema/trajectory.h"
 #include "common/status.h"
-#include "reward/trajectory.h"
 
 namespace strider {
 class ChunkRounds;  // learner/learner.h
@@ -67,7 +67,7 @@ struct MismatchStats {
 // joined, the model input, its action tokens with the distribution each was sampled from, and
 // the routing record that replays the stored experts.
 struct PreparedTrajectory {
-  reward::StoredTrajectory joined;
+  schema::StoredTrajectory joined;
   // Tokens (1, N) and the images. N is the trajectory's length, or one less under routing
   // replay when the actor never fed the last token (so it has no experts recorded): its logits
   // would predict nothing.
@@ -90,7 +90,7 @@ struct PreparedTrajectory {
 };
 
 // Joins and checks the segments (any order) and builds the above. Errors: the segments do not
-// join (reward::JoinSegments), a segment's sampling settings are out of range for `vocabulary`,
+// join (schema::JoinSegments), a segment's sampling settings are out of range for `vocabulary`,
 // routing replay asked for on segments lacking a position's record (the message names it).
 Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData> segments,
                                              bool replay_routing, int64_t vocabulary);
@@ -125,7 +125,7 @@ struct TrajectoryScores {
 };
 
 // Scores one trajectory given as all of its segments (any order). Errors: the segments do not
-// join (reward::JoinSegments: gaps, overlaps, a missing last segment), a segment's sampling
+// join (schema::JoinSegments: gaps, overlaps, a missing last segment), a segment's sampling
 // settings are out of range, routing replay asked for on segments lacking a position's record,
 // or the model fails. `reference`, when not null, is scored on the same tokens with its own
 // routing (the reference is a fixed policy; forcing the actor's experts on it would make the KL

@@ -198,7 +198,7 @@ TEST(Rescore, RescoredAndStoredRewardsShapeAlike) {
   PlayOptions options;
   options.env = Named("calculator", {{"difficulty", "1"}});
   Played played = PlayAndStore(options);
-  Result<StoredTrajectory> joined = JoinSegments(played.segments);
+  Result<schema::StoredTrajectory> joined = schema::JoinSegments(played.segments);
   ASSERT_TRUE(joined.ok()) << joined.status().ToString();
   Result<Rescored> rescored = Rescore(*joined, Named("calculator"));
   ASSERT_TRUE(rescored.ok()) << rescored.status().ToString();
@@ -295,7 +295,7 @@ TEST(Rescore, ACutEpisodeReplaysItsStepsWithoutAnOutcome) {
   options.env = Named("retrieval", {{"total_tokens", "2048"}, {"parts", "2"}});
   options.max_turns = 2;  // cut before the answer, as an actor's max_turns does
   Played played = PlayAndStore(options);
-  Result<StoredTrajectory> joined = JoinSegments(played.segments);
+  Result<schema::StoredTrajectory> joined = schema::JoinSegments(played.segments);
   ASSERT_TRUE(joined.ok());
   EXPECT_EQ(joined->status, "max_turns");
   Result<Rescored> rescored = Rescore(*joined, Named("retrieval"));
@@ -326,31 +326,6 @@ TEST(Rescore, ATurnNoEnvironmentAnsweredIsNotReplayed) {
   // The turn's text, its call and the end-of-turn it was closed with.
   EXPECT_EQ(rescored->unanswered_action_tokens,
             Tokenizer::Encode("Let me see.calc(1+1)").size() + 3);
-}
-
-TEST(JoinSegments, RefusesSegmentsThatDoNotMakeOneTrajectory) {
-  PlayOptions options;
-  options.env = Named("calculator", {{"difficulty", "2"}});
-  const Played played = PlayAndStore(options);
-  ASSERT_GE(played.segments.size(), 3u);
-  std::vector<schema::SegmentData> missing = played.segments;
-  missing.erase(missing.begin() + 1);
-  EXPECT_TRUE(JoinSegments(missing).status().IsInvalidArgument());
-  std::vector<schema::SegmentData> open(played.segments.begin(), played.segments.end() - 1);
-  EXPECT_TRUE(JoinSegments(open).status().IsInvalidArgument()) << "no last segment";
-  std::vector<schema::SegmentData> gap = played.segments;
-  gap[1].token_begin += 1;
-  EXPECT_TRUE(JoinSegments(gap).status().IsInvalidArgument());
-  std::vector<schema::SegmentData> foreign = played.segments;
-  foreign[2].trajectory_id.bytes[1] = 1;
-  EXPECT_TRUE(JoinSegments(foreign).status().IsInvalidArgument());
-  EXPECT_TRUE(JoinSegments({}).status().IsInvalidArgument());
-  Result<StoredTrajectory> joined = JoinSegments(played.segments);
-  ASSERT_TRUE(joined.ok());
-  uint64_t tokens = 0;
-  for (const schema::SegmentData& s : played.segments) tokens += s.tokens.size();
-  EXPECT_EQ(joined->tokens.size(), tokens);
-  EXPECT_EQ(joined->steps.size(), played.results.size());
 }
 
 }  // namespace

@@ -192,22 +192,23 @@ TEST_F(ProcessModelTest, ScoresDoNotDependOnTheChunkLengthAndTrajectoriesWithIma
   Result<std::unique_ptr<ProcessRewardModel>> chunked = ProcessRewardModel::Load(short_chunks);
   ASSERT_TRUE(whole.ok() && chunked.ok());
 
-  std::vector<StoredTrajectory> trajectories;
+  std::vector<schema::StoredTrajectory> trajectories;
   Result<LabelledStore> store = ReadLabelledStore(dir_->Sub("store"), {}, 5);
   ASSERT_TRUE(store.ok());
   for (LabelledTrajectory& t : store->trajectories) trajectories.push_back(t.trajectory);
   LabelCounts ignored;
   const envs::EnvironmentConfig vision{.name = "vision_count"};
-  Result<StoredTrajectory> pictured = JoinSegments(PlayAndSegment(7, &ignored, vision, 0.0));
+  Result<schema::StoredTrajectory> pictured =
+      schema::JoinSegments(PlayAndSegment(7, &ignored, vision, 0.0));
   ASSERT_TRUE(pictured.ok()) << pictured.status().ToString();
   ASSERT_FALSE(pictured->images.empty());
   trajectories.push_back(*pictured);
-  StoredTrajectory stepless = trajectories.front();
+  schema::StoredTrajectory stepless = trajectories.front();
   stepless.steps.clear();
   Result<std::vector<double>> none = (*whole)->ScoreSteps(stepless);
   ASSERT_TRUE(none.ok()) << none.status().ToString();
   EXPECT_TRUE(none->empty());
-  for (const StoredTrajectory& t : trajectories) {
+  for (const schema::StoredTrajectory& t : trajectories) {
     Result<std::vector<double>> a = (*whole)->ScoreSteps(t);
     Result<std::vector<double>> b = (*chunked)->ScoreSteps(t);
     ASSERT_TRUE(a.ok()) << a.status().ToString();
