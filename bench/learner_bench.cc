@@ -68,6 +68,7 @@
 #include "envs/retrieval/retrieval.h"
 #include "learner/language_model_loss.h"
 #include "learner/learner.h"
+#include "learner/pretrain/token_batch.h"
 #include "learner/rl/rl_learner.h"
 #include "learner/rl/rl_step.h"
 #include "replay/client.h"

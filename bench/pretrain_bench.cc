@@ -35,6 +35,7 @@
 #include "learner/language_model_loss.h"
 #include "learner/optimizer.h"
 #include "learner/pretrain/pretrain_config.h"
+#include "learner/pretrain/token_batch.h"
 
 namespace strider {
 namespace {

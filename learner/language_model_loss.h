@@ -23,6 +23,8 @@
 
 namespace strider {
 
+// A batch as the loss reads it; the data side builds it (MakeTokenBatch in
+// learner/pretrain/token_batch.h for packed sequences, with their images rendered).
 struct TokenBatch {
   at::Tensor tokens;     // (B, L) int64
   at::Tensor loss_mask;  // (B, L-1) float: 1 where the target tokens[:, t+1] is scored
@@ -32,13 +34,6 @@ struct TokenBatch {
   at::Tensor loss_weight;
   std::vector<ImageInput> images;
 };
-
-// Stacks packed sequences of equal length. Targets that are padding, begin-of-text (the start
-// of the next packed document) or image markers and patches are not scored. Image blocks
-// (image-start, patches, image-end, caption) get their pixels from RenderCaptionImage; a block
-// cut by the sequence's end or without a renderable caption has its patches replaced by padding.
-Result<TokenBatch> MakeTokenBatch(const std::vector<std::vector<int32_t>>& sequences,
-                                  const ModelConfig& config);
 
 struct LossOptions {
   TrainingPath path = TrainingPath::kTraining;

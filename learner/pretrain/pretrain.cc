@@ -17,6 +17,7 @@
 #include "learner/pretrain/data/generators.h"
 #include "learner/language_model_loss.h"
 #include "learner/learner.h"
+#include "learner/pretrain/token_batch.h"
 #include "report/report.h"
 #include "common/tokenizer.h"
 #include "common/transcript.h"

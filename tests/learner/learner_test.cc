@@ -24,6 +24,7 @@
 #include "learner/optimizer.h"
 #include "learner/pretrain/pretrain.h"
 #include "learner/pretrain/pretrain_config.h"
+#include "learner/pretrain/token_batch.h"
 #include "tests/scratch_dir.h"
 
 namespace strider {
