@@ -24,3 +24,16 @@ function(strider_add_test)
     TIMEOUT ${ARG_TIMEOUT}
     ENVIRONMENT "${STRIDER_TEST_ENVIRONMENT}")
 endfunction()
+
+# strider_add_subdirectories(dir ...): add_subdirectory for folders the build requires. A missing
+# folder or CMakeLists.txt stops the configuration with its path; a component is never left out
+# of the build because a file is missing. A macro, so the folders see the caller's variables.
+macro(strider_add_subdirectories)
+  foreach(strider_subdirectory ${ARGN})
+    if(NOT EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/${strider_subdirectory}/CMakeLists.txt)
+      message(FATAL_ERROR "Strider: ${CMAKE_CURRENT_SOURCE_DIR}/${strider_subdirectory}/"
+        "CMakeLists.txt is missing: the build needs every component folder")
+    endif()
+    add_subdirectory(${strider_subdirectory})
+  endforeach()
+endmacro()
