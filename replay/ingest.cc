@@ -121,16 +121,16 @@ void ServerImpl::HandleActorMessage(const std::string& identity,
   pending.facts = std::move(segment);
   pending.facts.table = table;
   {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
+    MutexLock lock(&queue_mutex_);
     queue_.push_back(std::move(pending));
   }
-  queue_ready_.notify_one();
+  queue_ready_.Signal();
 }
 
 void ServerImpl::SendAcks() {
   std::vector<Completion> done;
   {
-    std::lock_guard<std::mutex> lock(done_mutex_);
+    MutexLock lock(&done_mutex_);
     done.swap(done_);
   }
   std::map<std::string, std::vector<schema::SegmentKey>> acks;
@@ -205,7 +205,7 @@ void ServerImpl::ActorLoop() {
 
 void ServerImpl::EnterDiskFull(const std::string& why) {
   {
-    std::lock_guard<std::mutex> lock(space_mutex_);
+    MutexLock lock(&space_mutex_);
     if (disk_full_) return;
     disk_full_why_ = why;
     disk_full_ = true;
@@ -216,7 +216,7 @@ void ServerImpl::EnterDiskFull(const std::string& why) {
 }
 
 std::string ServerImpl::DiskFullMessage() {
-  std::lock_guard<std::mutex> lock(space_mutex_);
+  MutexLock lock(&space_mutex_);
   return std::string(schema::reject::kDiskFull) + ": the replay store at " + options_.db_path +
          " takes no more segments (" + disk_full_why_ + "); send again later";
 }
@@ -251,7 +251,7 @@ void ServerImpl::CheckSpace() {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(space_mutex_);
+    MutexLock lock(&space_mutex_);
     disk_full_ = false;
     disk_full_why_.clear();
   }
@@ -266,7 +266,7 @@ void ServerImpl::AbandonStale() {
   auto silent = [&](const OpenTrajectory& open) { return now_ms > open.last_unix_ms + limit_ms; };
   std::vector<std::string> stale;
   {
-    std::lock_guard<std::mutex> lock(state_mutex_);
+    MutexLock lock(&state_mutex_);
     for (const auto& [id, open] : open_) {
       if (silent(open)) stale.push_back(id);
     }
@@ -274,19 +274,19 @@ void ServerImpl::AbandonStale() {
   for (const std::string& id : stale) {
     {
       // Held like a writer holds it, so no segment of it is written meanwhile.
-      std::lock_guard<std::mutex> lock(queue_mutex_);
+      MutexLock lock(&queue_mutex_);
       if (busy_trajectories_.count(id)) continue;
       busy_trajectories_.insert(id);
     }
     bool still_silent = false;
     {
-      std::lock_guard<std::mutex> lock(state_mutex_);
+      MutexLock lock(&state_mutex_);
       auto it = open_.find(id);
       still_silent = it != open_.end() && silent(it->second);
     }
     Status marked = still_silent ? store_->MarkAbandoned(id) : Status::Ok();
     if (still_silent && marked.ok()) {
-      std::lock_guard<std::mutex> lock(state_mutex_);
+      MutexLock lock(&state_mutex_);
       auto it = open_.find(id);
       if (it != open_.end()) {
         if (Table* table = FindTable(it->second.table)) table->Abandon(id, it->second.items);
@@ -307,7 +307,7 @@ void ServerImpl::AbandonStale() {
 }
 
 Status ServerImpl::ReopenStore() {
-  std::unique_lock<std::shared_mutex> lock(store_mutex_);
+  WriterMutexLock lock(&store_mutex_);
   segment_writers_.clear();
   store_.reset();
   Result<std::unique_ptr<Store>> reopened = Store::Open(options_.db_path, store_options_);
@@ -382,10 +382,10 @@ std::vector<PendingSegment> ServerImpl::TakeGroup(std::vector<std::string>* traj
 void ServerImpl::ReleaseTrajectories(const std::vector<std::string>& trajectories) {
   if (trajectories.empty()) return;
   {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
+    MutexLock lock(&queue_mutex_);
     for (const std::string& trajectory : trajectories) busy_trajectories_.erase(trajectory);
   }
-  queue_ready_.notify_all();
+  queue_ready_.SignalAll();
 }
 
 void ServerImpl::WriterLoop(int slot) {
@@ -394,28 +394,30 @@ void ServerImpl::WriterLoop(int slot) {
     std::vector<PendingSegment> group;
     std::vector<std::string> trajectories;
     {
-      std::unique_lock<std::mutex> lock(queue_mutex_);
-      queue_ready_.wait_for(lock, std::chrono::milliseconds(200),
-                            [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(&queue_mutex_);
+      const auto deadline = Clock::now() + std::chrono::milliseconds(200);
+      while (!stopping_ && queue_.empty()) {
+        if (!queue_ready_.WaitUntil(&queue_mutex_, deadline)) break;
+      }
       if (queue_.empty() && stopping_) return;
       group = TakeGroup(&trajectories);
       if (group.empty() && !queue_.empty()) {
         // Everything queued belongs to trajectories other writers hold: wait for a release.
-        queue_ready_.wait_for(lock, std::chrono::milliseconds(5));
+        queue_ready_.WaitFor(&queue_mutex_, std::chrono::milliseconds(5));
       }
     }
     if (!group.empty()) {
-      std::shared_lock<std::shared_mutex> store_lock(store_mutex_);  // ReopenStore waits
+      ReaderMutexLock store_lock(&store_mutex_);  // ReopenStore waits
       WriteGroup(group, slot, trajectories);
     }
     if (slot == 0 && Clock::now() >= next_age_check) {
       CheckSpace();  // takes the store lock itself to reopen the store
       if (!disk_full_) {
-        std::shared_lock<std::shared_mutex> store_lock(store_mutex_);
+        ReaderMutexLock store_lock(&store_mutex_);
         ApplyRetention();
         AbandonStale();
         const StoreMemory memory = store_->Memory();
-        std::lock_guard<std::mutex> memory_lock(memory_mutex_);
+        MutexLock memory_lock(&memory_mutex_);
         store_memory_ = memory;
       }
       next_age_check = Clock::now() + std::chrono::seconds(1);
@@ -439,7 +441,7 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
   {
     // Sequence numbers and tickets in one order. No other writer holds these trajectories, so
     // no other writer can be storing these keys right now: stored_keys_ is exact for them.
-    std::lock_guard<std::mutex> lock(commit_mutex_);
+    MutexLock lock(&commit_mutex_);
     std::unordered_map<std::string, const PendingSegment*> in_group;
     for (size_t i = 0; i < group.size(); ++i) {
       const PendingSegment& p = group[i];
@@ -502,7 +504,7 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
                                : segment_writers_[slot]->Write(inserts, now_ms);
     if (status.ok()) {
       store_bytes_ += group_bytes;
-      std::lock_guard<std::mutex> lock(commit_mutex_);
+      MutexLock lock(&commit_mutex_);
       for (const Stored& st : stored) stored_keys_[st.store_key] = st.sequence;
     } else if (status.code() == StatusCode::kResourceExhausted) {
       // Nothing of the group is durable; the clients keep it and send it again.
@@ -518,13 +520,13 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
     }
 
     // Publish in ticket order, so the tables see sequence numbers in increasing order.
-    std::unique_lock<std::mutex> publish(publish_mutex_);
-    published_.wait(publish, [&] { return next_publish_ == ticket; });
+    MutexLock publish(&publish_mutex_);
+    while (next_publish_ != ticket) published_.Wait(&publish_mutex_);
     for (size_t begin = 0; error.empty() && begin < stored.size(); begin += kPublishChunk) {
       // A learner request that waited for the previous chunk goes first: the lock is not fair,
       // and this thread would otherwise take it straight back.
       while (begin > 0 && learners_waiting_.load() > 0 && !stopping_) std::this_thread::yield();
-      std::lock_guard<std::mutex> lock(state_mutex_);
+      MutexLock lock(&state_mutex_);
       const size_t end = std::min(stored.size(), begin + kPublishChunk);
       for (size_t i = begin; i < end; ++i) {
         const Stored& st = stored[i];
@@ -554,7 +556,7 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
       }
     }
     ++next_publish_;
-    published_.notify_all();
+    published_.SignalAll();
   }
   // Counted in the trajectories' summaries (written after the group, whose batch may have
   // created them), while this writer still holds the trajectories.
@@ -567,7 +569,7 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
   // Retention before the acks, so a client that saw its ack also sees the bound respected.
   if (!stored.empty() && error.empty()) ApplyRetention();
   {
-    std::lock_guard<std::mutex> lock(done_mutex_);
+    MutexLock lock(&done_mutex_);
     uint64_t bytes = 0;
     for (size_t i = 0; i < group.size(); ++i) {
       const PendingSegment& p = group[i];

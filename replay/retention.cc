@@ -11,7 +11,7 @@ namespace strider::replay::internal {
 void ServerImpl::ApplyRetention() {
   std::vector<std::pair<uint64_t, IndexRecord>> victims;
   {
-    std::lock_guard<std::mutex> lock(state_mutex_);
+    MutexLock lock(&state_mutex_);
     const uint64_t now_ms = NowUnixMs();
     for (auto& table : tables_) {
       for (uint64_t item : table->SelectForDeletion(now_ms)) {
@@ -42,19 +42,23 @@ Status ServerImpl::DeleteItems(const std::vector<std::pair<uint64_t, IndexRecord
   // at the same time. Whoever holds them now is writing and never waits for retention.
   std::vector<std::string> trajectories(wanted.begin(), wanted.end());
   {
-    std::unique_lock<std::mutex> lock(queue_mutex_);
-    queue_ready_.wait(lock, [&] {
-      return std::none_of(trajectories.begin(), trajectories.end(), [&](const std::string& t) {
-        return busy_trajectories_.count(t) > 0;
-      });
-    });
+    MutexLock lock(&queue_mutex_);
+    auto any_busy = [&] {
+      queue_mutex_.AssertHeld();  // called below, under the lock
+      for (const std::string& t : trajectories) {
+        if (busy_trajectories_.count(t) > 0) return true;
+      }
+      return false;
+    };
+    while (any_busy()) queue_ready_.Wait(&queue_mutex_);
     for (const std::string& t : trajectories) busy_trajectories_.insert(t);
   }
   Status status = [&]() -> Status {
+    store_mutex_.AssertReaderHeld();  // run here, in DeleteItems
     STRIDER_RETURN_IF_ERROR(store_->DeleteSegments(records));
     std::vector<uint64_t> sequences;
     {
-      std::lock_guard<std::mutex> lock(commit_mutex_);
+      MutexLock lock(&commit_mutex_);
       for (const auto& [sequence, record] : records) {
         stored_keys_.erase(SegmentStoreKey(record.key));
         sequences.push_back(sequence);

@@ -44,7 +44,7 @@ schema::SampleReply ServerImpl::Sample(const schema::SampleRequest& request, Sta
   // every segment of a unit carries the unit's handle.
   std::vector<std::tuple<uint64_t, uint64_t, uint32_t>> parts;
   {
-    std::unique_lock<std::mutex> lock = LockStateForLearner();
+    LearnerStateLock lock(this);
     Table* table = FindTable(request.table);
     if (table == nullptr) {
       *error = NoTable(request.table);
@@ -157,7 +157,7 @@ schema::SampleReply ServerImpl::Fetch(const schema::SampleRequest& request, Stat
   reply.step = request.step;
   std::vector<uint64_t> items;
   {
-    std::unique_lock<std::mutex> lock = LockStateForLearner();
+    LearnerStateLock lock(this);
     Table* table = FindTable(request.table);
     if (table == nullptr) {
       *error = NoTable(request.table);
@@ -183,7 +183,7 @@ schema::SampleReply ServerImpl::Fetch(const schema::SampleRequest& request, Stat
 }
 
 Status ServerImpl::UpdatePriorities(const schema::PriorityUpdate& update) {
-  std::unique_lock<std::mutex> lock = LockStateForLearner();
+  LearnerStateLock lock(this);
   Table* table = FindTable(update.table);
   if (table == nullptr) {
     return NoTable(update.table);
@@ -269,7 +269,7 @@ void ServerImpl::LearnerLoop() {
              nullptr);
       continue;
     }
-    std::shared_lock<std::shared_mutex> store_lock(store_mutex_);  // ReopenStore waits
+    ReaderMutexLock store_lock(&store_mutex_);  // ReopenStore waits
     HandleLearnerFrame(identity, (*parts)[1]);
   }
 }

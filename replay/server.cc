@@ -275,19 +275,24 @@ Status ServerImpl::Recover() {
 void ServerImpl::Stop() {
   std::call_once(stop_once_, [this] {
     stopping_ = true;
-    queue_ready_.notify_all();
+    queue_ready_.SignalAll();
     if (actor_thread_.joinable()) actor_thread_.join();
     if (learner_thread_.joinable()) learner_thread_.join();
-    queue_ready_.notify_all();
+    queue_ready_.SignalAll();
     for (std::thread& writer : writer_threads_) {
       if (writer.joinable()) writer.join();
     }
     actor_socket_.close();
     learner_socket_.close();
     wake_receiver_.close();
-    wake_sender_.close();
+    {
+      // The threads are joined: nothing else waits for these locks now.
+      MutexLock lock(&done_mutex_);
+      wake_sender_.close();
+    }
     actor_curve_.reset();
     learner_curve_.reset();
+    WriterMutexLock store_lock(&store_mutex_);
     store_.reset();
   });
 }
@@ -304,7 +309,7 @@ std::string ServerImpl::Stats(bool new_window) {
   double rate_mb = 0;
   double rate_segments = 0;
   {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
+    MutexLock lock(&stats_mutex_);
     for (const auto& [reason, count] : rejects_) {
       rejects[reason] = count;
       rejects_total += count;
@@ -342,12 +347,12 @@ std::string ServerImpl::Stats(bool new_window) {
                  {"latency_ms_p99", p99}};
   j["retention"] = {{"deleted_segments", deleted_segments_.load()}};
   {
-    std::lock_guard<std::mutex> lock(state_mutex_);
+    MutexLock lock(&state_mutex_);
     j["trajectories"] = {{"open", open_.size()}, {"abandoned", abandoned_count_.load()}};
   }
   nlohmann::json tables = nlohmann::json::array();
   {
-    std::lock_guard<std::mutex> lock(state_mutex_);
+    MutexLock lock(&state_mutex_);
     for (const auto& table : tables_) {
       const TableConfig& c = table->config();
       tables.push_back({{"name", c.name},
@@ -366,7 +371,7 @@ std::string ServerImpl::Stats(bool new_window) {
   {
     // Read by the first writer with its periodic checks: StatsJson runs on threads that may
     // already hold the store lock.
-    std::lock_guard<std::mutex> lock(memory_mutex_);
+    MutexLock lock(&memory_mutex_);
     const StoreMemory& memory = store_memory_;
     j["memory"] = {{"resident_bytes", ResidentBytes()},
                    {"memtables_bytes", memory.memtables_bytes},

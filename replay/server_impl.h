@@ -32,13 +32,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -48,6 +46,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/schema/messages.h"
 #include "common/status.h"
 #include "common/transport/curve.h"
@@ -92,8 +91,8 @@ struct LearnerState {
 
 class LatencyWindow {
  public:
-  void Add(double ms) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void Add(double ms) EXCLUDES(mutex_) {
+    MutexLock lock(&mutex_);
     if (samples_.size() < kSize) {
       samples_.push_back(ms);
     } else {
@@ -101,8 +100,8 @@ class LatencyWindow {
     }
     next_ = (next_ + 1) % kSize;
   }
-  std::pair<double, double> P50P99() {
-    std::lock_guard<std::mutex> lock(mutex_);
+  std::pair<double, double> P50P99() EXCLUDES(mutex_) {
+    MutexLock lock(&mutex_);
     if (samples_.empty()) return {0, 0};
     std::vector<double> sorted = samples_;
     std::sort(sorted.begin(), sorted.end());
@@ -113,9 +112,9 @@ class LatencyWindow {
 
  private:
   static constexpr size_t kSize = 4096;
-  std::mutex mutex_;
-  std::vector<double> samples_;
-  size_t next_ = 0;
+  Mutex mutex_;
+  std::vector<double> samples_ GUARDED_BY(mutex_);
+  size_t next_ GUARDED_BY(mutex_) = 0;
 };
 
 // Rejects for a message an endpoint does not take and for a table the server does not have:
@@ -146,7 +145,10 @@ class ServerImpl : public ReplayServer {
   }
   ~ServerImpl() override { Stop(); }
 
-  Status Init();
+  // Start-up runs before the server's threads exist, so nothing else touches the state yet,
+  // and it calls functions that take the locks themselves (CheckSpace, ApplyRetention): the
+  // analysis is off for it and for Recover.
+  Status Init() NO_THREAD_SAFETY_ANALYSIS;
   std::string actor_endpoint() const override { return actor_endpoint_; }
   std::string learner_endpoint() const override { return learner_endpoint_; }
   std::string StatsJson() override { return Stats(true); }
@@ -155,14 +157,15 @@ class ServerImpl : public ReplayServer {
   void Stop() override;
 
  private:
-  Status Recover();
+  Status Recover() NO_THREAD_SAFETY_ANALYSIS;
   void ActorLoop();
-  void WriterLoop(int slot);
+  void WriterLoop(int slot) EXCLUDES(store_mutex_);
   // Takes up to write_batch_bytes of queued segments whose trajectories no other writer holds
-  // and marks those trajectories busy. Requires queue_mutex_.
-  std::vector<PendingSegment> TakeGroup(std::vector<std::string>* trajectories);
-  void ReleaseTrajectories(const std::vector<std::string>& trajectories);
-  void LearnerLoop();
+  // and marks those trajectories busy.
+  std::vector<PendingSegment> TakeGroup(std::vector<std::string>* trajectories)
+      REQUIRES(queue_mutex_);
+  void ReleaseTrajectories(const std::vector<std::string>& trajectories) EXCLUDES(queue_mutex_);
+  void LearnerLoop() EXCLUDES(store_mutex_);
 
   void HandleActorFrame(const std::string& identity, zmq::message_t frame);
   void HandleActorMessage(const std::string& identity,
@@ -176,43 +179,59 @@ class ServerImpl : public ReplayServer {
   }
   void Reject(zmq::socket_t& socket, const std::string& identity, const Status& status,
               const schema::SegmentKey* key);
-  void SendAcks();
+  void SendAcks() EXCLUDES(done_mutex_);
 
   static std::string ConflictMessage(const schema::SegmentKey& key);
   void WriteGroup(std::vector<PendingSegment>& group, int slot,
-                  const std::vector<std::string>& trajectories);
-  void ApplyRetention();
+                  const std::vector<std::string>& trajectories) REQUIRES_SHARED(store_mutex_);
+  void ApplyRetention() REQUIRES_SHARED(store_mutex_);
   // Disk full (or over max_store_bytes): ingest stops until CheckSpace finds room again.
-  void EnterDiskFull(const std::string& why);
-  std::string DiskFullMessage();
+  void EnterDiskFull(const std::string& why) EXCLUDES(space_mutex_);
+  std::string DiskFullMessage() EXCLUDES(space_mutex_);
   // Measures the store on disk; while ingest is stopped, resumes it when there is room.
-  void CheckSpace();
+  void CheckSpace() EXCLUDES(store_mutex_);
   // Closes open trajectories silent for abandon_after_s (see ServerOptions).
-  void AbandonStale();
+  void AbandonStale() REQUIRES_SHARED(store_mutex_);
   // Closes and opens the store again (read-only when that fails); waits for every user of it.
-  Status ReopenStore();
-  Status MakeSegmentWriters();  // one per writer slot, its counters read from the store
-  Status DeleteItems(const std::vector<std::pair<uint64_t, IndexRecord>>& victims);
+  Status ReopenStore() EXCLUDES(store_mutex_);
+  // One per writer slot, its counters read from the store.
+  Status MakeSegmentWriters() REQUIRES(store_mutex_);
+  Status DeleteItems(const std::vector<std::pair<uint64_t, IndexRecord>>& victims)
+      REQUIRES_SHARED(store_mutex_);
 
-  void HandleLearnerFrame(const std::string& identity, const zmq::message_t& frame);
-  schema::SampleReply Sample(const schema::SampleRequest& request, Status* error);
+  void HandleLearnerFrame(const std::string& identity, const zmq::message_t& frame)
+      REQUIRES_SHARED(store_mutex_);
+  schema::SampleReply Sample(const schema::SampleRequest& request, Status* error)
+      REQUIRES_SHARED(store_mutex_);
   // Fetch by key: every stored segment of a trajectory or group, nothing counted or recorded.
-  schema::SampleReply Fetch(const schema::SampleRequest& request, Status* error);
+  schema::SampleReply Fetch(const schema::SampleRequest& request, Status* error)
+      REQUIRES_SHARED(store_mutex_);
   // Appends the stored segment `item` under `handle`; skips one deleted by retention since.
-  void ReadInto(uint64_t handle, uint64_t item, uint32_t times, schema::SampleReply* reply);
-  Status UpdatePriorities(const schema::PriorityUpdate& update);
-  Table* FindTable(const std::string& name);  // empty: the first table; requires state_mutex_
+  void ReadInto(uint64_t handle, uint64_t item, uint32_t times, schema::SampleReply* reply)
+      REQUIRES_SHARED(store_mutex_);
+  Status UpdatePriorities(const schema::PriorityUpdate& update) REQUIRES_SHARED(store_mutex_);
+  Table* FindTable(const std::string& name) REQUIRES(state_mutex_);  // empty: the first table
   // state_mutex_ for a learner request: a publishing writer steps aside for it between chunks.
-  std::unique_lock<std::mutex> LockStateForLearner() {
-    learners_waiting_.fetch_add(1);
-    std::unique_lock<std::mutex> lock(state_mutex_);
-    learners_waiting_.fetch_sub(1);
-    return lock;
-  }
-  Result<LearnerState> LoadLearnerState(const std::string& table, const std::string& learner);
+  class SCOPED_CAPABILITY LearnerStateLock {
+   public:
+    explicit LearnerStateLock(ServerImpl* server) ACQUIRE(server->state_mutex_)
+        : mu_(&server->state_mutex_) {
+      server->learners_waiting_.fetch_add(1);
+      mu_->Lock();
+      server->learners_waiting_.fetch_sub(1);
+    }
+    ~LearnerStateLock() RELEASE() { mu_->Unlock(); }
+    LearnerStateLock(const LearnerStateLock&) = delete;
+    LearnerStateLock& operator=(const LearnerStateLock&) = delete;
 
-  void CountReject(std::string_view reason) {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
+   private:
+    Mutex* const mu_;
+  };
+  Result<LearnerState> LoadLearnerState(const std::string& table, const std::string& learner)
+      REQUIRES(state_mutex_) REQUIRES_SHARED(store_mutex_);
+
+  void CountReject(std::string_view reason) EXCLUDES(stats_mutex_) {
+    MutexLock lock(&stats_mutex_);
     ++rejects_[std::string(reason)];
   }
 
@@ -220,8 +239,8 @@ class ServerImpl : public ReplayServer {
   schema::DecodeLimits limits_;
   uint64_t instance_ = 0;
   // Replaced only by ReopenStore, under an exclusive lock; every other use holds it shared.
-  std::shared_mutex store_mutex_;
-  std::unique_ptr<Store> store_;
+  SharedMutex store_mutex_;
+  std::unique_ptr<Store> store_ GUARDED_BY(store_mutex_);
   StoreOptions store_options_;
   transport::NamedContext actor_context_;  // actor ROUTER, and the wake-up pair (inproc)
   // The learner socket has its own context, so its own I/O thread: sample requests and replies
@@ -236,7 +255,7 @@ class ServerImpl : public ReplayServer {
   zmq::socket_t actor_socket_;
   zmq::socket_t learner_socket_;
   zmq::socket_t wake_receiver_;  // actor thread
-  zmq::socket_t wake_sender_;    // writer thread
+  zmq::socket_t wake_sender_ GUARDED_BY(done_mutex_);  // writer threads
   std::string actor_endpoint_;
   std::string learner_endpoint_;
   std::thread actor_thread_;
@@ -251,34 +270,37 @@ class ServerImpl : public ReplayServer {
 
   // Ingest queue: actor thread -> writer threads. queue_ready_ also signals trajectories
   // released by a writer.
-  std::mutex queue_mutex_;
-  std::condition_variable queue_ready_;
-  std::deque<PendingSegment> queue_;
+  Mutex queue_mutex_;
+  CondVar queue_ready_;
+  std::deque<PendingSegment> queue_ GUARDED_BY(queue_mutex_);
   // Bytes received and not yet written (queued or in a writer's group): max_queued_bytes.
   std::atomic<uint64_t> queued_bytes_{0};
-  std::unordered_set<std::string> busy_trajectories_;  // in a batch being written
+  // In a batch being written.
+  std::unordered_set<std::string> busy_trajectories_ GUARDED_BY(queue_mutex_);
 
   // Completions: writer threads -> actor thread. Also guards wake_sender_.
-  std::mutex done_mutex_;
-  std::vector<Completion> done_;
+  Mutex done_mutex_;
+  std::vector<Completion> done_ GUARDED_BY(done_mutex_);
 
   // One per writer slot (only that writer touches it): its batch and its counters.
-  std::vector<std::unique_ptr<SegmentWriter>> segment_writers_;
+  std::vector<std::unique_ptr<SegmentWriter>> segment_writers_ GUARDED_BY(store_mutex_);
 
   // Shared by the writer threads.
-  std::mutex commit_mutex_;
-  std::unordered_map<std::string, uint64_t> stored_keys_;  // segment store key -> sequence
-  uint64_t next_sequence_ = 1;
-  uint64_t next_ticket_ = 0;
-  std::mutex publish_mutex_;
-  std::condition_variable published_;
-  uint64_t next_publish_ = 0;  // the ticket whose batch is published next
+  Mutex commit_mutex_;
+  // Segment store key -> sequence.
+  std::unordered_map<std::string, uint64_t> stored_keys_ GUARDED_BY(commit_mutex_);
+  uint64_t next_sequence_ GUARDED_BY(commit_mutex_) = 1;
+  uint64_t next_ticket_ GUARDED_BY(commit_mutex_) = 0;
+  Mutex publish_mutex_;
+  CondVar published_;
+  // The ticket whose batch is published next.
+  uint64_t next_publish_ GUARDED_BY(publish_mutex_) = 0;
 
   // Shared by writer and learner threads.
-  std::mutex state_mutex_;
+  Mutex state_mutex_;
   std::atomic<int> learners_waiting_{0};  // learner requests waiting for state_mutex_
   static constexpr size_t kPublishChunk = 32;  // well under a millisecond of table inserts
-  std::vector<std::unique_ptr<Table>> tables_;
+  std::vector<std::unique_ptr<Table>> tables_ GUARDED_BY(state_mutex_);
   // Trajectories without their last segment yet, by 16-byte id, for AbandonStale; and those it
   // closed (a late segment of one is stored but never sampled).
   struct OpenTrajectory {
@@ -286,9 +308,9 @@ class ServerImpl : public ReplayServer {
     std::string table;
     std::vector<uint64_t> items;
   };
-  std::unordered_map<std::string, OpenTrajectory> open_;
-  std::unordered_set<std::string> abandoned_;
-  std::map<std::pair<std::string, std::string>, LearnerState> learners_;
+  std::unordered_map<std::string, OpenTrajectory> open_ GUARDED_BY(state_mutex_);
+  std::unordered_set<std::string> abandoned_ GUARDED_BY(state_mutex_);
+  std::map<std::pair<std::string, std::string>, LearnerState> learners_ GUARDED_BY(state_mutex_);
 
   // Stats.
   Clock::time_point started_ = Clock::now();
@@ -300,13 +322,13 @@ class ServerImpl : public ReplayServer {
   std::atomic<uint64_t> write_errors_{0};
   // Ingest stopped for want of space; the reason, under space_mutex_.
   std::atomic<bool> disk_full_{false};
-  std::mutex space_mutex_;
-  std::string disk_full_why_;
+  Mutex space_mutex_;
+  std::string disk_full_why_ GUARDED_BY(space_mutex_);
   // The store's size on disk at the last CheckSpace plus what was written since.
   std::atomic<uint64_t> store_bytes_{0};
   // RocksDB's memory and table files, taken with the first writer's periodic checks.
-  std::mutex memory_mutex_;
-  StoreMemory store_memory_;
+  Mutex memory_mutex_;
+  StoreMemory store_memory_ GUARDED_BY(memory_mutex_);
   std::atomic<uint64_t> disk_full_episodes_{0};  // times ingest stopped for space
   std::atomic<uint64_t> unrecorded_draws_{0};    // sample steps answered without a record
   std::atomic<uint64_t> abandoned_count_{0};     // trajectories closed by AbandonStale
@@ -315,11 +337,11 @@ class ServerImpl : public ReplayServer {
   std::atomic<uint64_t> samples_replayed_{0};
   std::atomic<uint64_t> segments_sampled_{0};
   LatencyWindow sample_latency_;
-  std::mutex stats_mutex_;
-  std::map<std::string, uint64_t> rejects_;
-  Clock::time_point rate_since_ = Clock::now();
-  uint64_t rate_bytes_ = 0;
-  uint64_t rate_segments_ = 0;
+  Mutex stats_mutex_;
+  std::map<std::string, uint64_t> rejects_ GUARDED_BY(stats_mutex_);
+  Clock::time_point rate_since_ GUARDED_BY(stats_mutex_) = Clock::now();
+  uint64_t rate_bytes_ GUARDED_BY(stats_mutex_) = 0;
+  uint64_t rate_segments_ GUARDED_BY(stats_mutex_) = 0;
 };
 
 }  // namespace strider::replay::internal

@@ -7,12 +7,13 @@
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <mutex>
 
 #include <rocksdb/cache.h>
 #include <rocksdb/env.h>
 #include <rocksdb/table.h>
 #include <spdlog/spdlog.h>
+
+#include "common/mutex.h"
 
 namespace strider::replay {
 namespace {
@@ -54,7 +55,7 @@ class StoreLogger : public rocksdb::Logger {
     if (n < 0) return;
     const std::string_view text(buffer, std::min<size_t>(n, sizeof(buffer) - 1));
     if (file_ != nullptr) {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       std::fwrite(text.data(), 1, text.size(), file_);
       std::fputc('\n', file_);
       std::fflush(file_);
@@ -73,8 +74,8 @@ class StoreLogger : public rocksdb::Logger {
  private:
   std::string store_;
   bool quiet_;
-  std::FILE* file_ = nullptr;
-  std::mutex mutex_;
+  Mutex mutex_;
+  std::FILE* file_ PT_GUARDED_BY(mutex_) = nullptr;  // RocksDB logs from several threads
 };
 
 }  // namespace
