@@ -69,6 +69,9 @@ class CAPABILITY("mutex") SharedMutex {
   void ReaderLock() ACQUIRE_SHARED() { mu_.lock_shared(); }
   void ReaderUnlock() RELEASE_SHARED() { mu_.unlock_shared(); }
 
+  // As Mutex::AssertHeld, for a hold of either kind; nothing is checked at run time.
+  void AssertReaderHeld() const ASSERT_SHARED_CAPABILITY(this) {}
+
  private:
   std::shared_mutex mu_;
 };

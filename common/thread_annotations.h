@@ -53,6 +53,9 @@
 // A function that tells the analysis `x` is held, after checking it where it can.
 #define ASSERT_CAPABILITY(x) STRIDER_THREAD_ANNOTATION(assert_capability(x))
 
+// A function that tells the analysis `x` is held at least shared.
+#define ASSERT_SHARED_CAPABILITY(x) STRIDER_THREAD_ANNOTATION(assert_shared_capability(x))
+
 // Turns the analysis off for one function whose locking it cannot follow (a lock taken in one
 // function and released in another through a pointer). Say why at each use.
 #define NO_THREAD_SAFETY_ANALYSIS STRIDER_THREAD_ANNOTATION(no_thread_safety_analysis)
