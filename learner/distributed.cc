@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/model/expert_parallel.h"
 #include "common/model/model.h"
+#include "common/model/torch_status.h"
 #include "learner/learner.h"
 
 #include <algorithm>
@@ -284,12 +285,10 @@ struct LearnerGroup::Impl {
     const int world = options.world_size;
     std::vector<std::vector<at::Tensor>> lengths(1);
     std::vector<at::Tensor> own_length;
-    try {
+    STRIDER_RETURN_IF_ERROR(model::Guarded("all-gather", [&] {
       own_length.push_back(at::full({1}, tensor.size(dim), at::kLong));
       for (int r = 0; r < world; ++r) lengths[0].push_back(at::zeros({1}, at::kLong));
-    } catch (const c10::Error& error) {
-      return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
-    }
+    }));
     STRIDER_RETURN_IF_ERROR(Run("length all-gather", [&](auto& works) {
       works.push_back(group->allgather(lengths, own_length));
     }));
@@ -301,16 +300,14 @@ struct LearnerGroup::Impl {
     }
     std::vector<std::vector<at::Tensor>> gathered(1);
     std::vector<at::Tensor> own;
-    try {
+    STRIDER_RETURN_IF_ERROR(model::Guarded("all-gather", [&] {
       std::vector<int64_t> shape = tensor.sizes().vec();
       shape[dim] = longest;
       at::Tensor padded = at::zeros(shape, tensor.options());
       padded.narrow(dim, 0, tensor.size(dim)).copy_(tensor);
       own.push_back(padded);
       for (int r = 0; r < world; ++r) gathered[0].push_back(at::empty_like(padded));
-    } catch (const c10::Error& error) {
-      return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
-    }
+    }));
     STRIDER_RETURN_IF_ERROR(Run("all-gather", [&](auto& works) {
       works.push_back(group->allgather(gathered, own));
     }));
@@ -410,13 +407,9 @@ class GroupRounds : public ChunkRounds {
 
   Status Serve(int64_t kind) {
     ++impl_->stats.rounds_served;
-    try {
+    return model::Guarded(StatusCode::kUnavailable, "serving an expert round", [&] {
       models_[static_cast<size_t>(kind / 2)]->ServeExperts(impl_->exchange, kind % 2 == 1);
-    } catch (const c10::Error& error) {
-      return Status::Unavailable(std::string("serving an expert round: ") +
-                                 error.what_without_backtrace());
-    }
-    return Status::Ok();
+    });
   }
 
   LearnerGroup::Impl* impl_;
@@ -489,7 +482,7 @@ Result<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const LearnerGroupOptio
 }
 
 Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters) {
-  try {
+  return model::Guarded("gradient buckets", [&]() -> Status {
     at::NoGradGuard no_grad;
     if (!impl_->Owns(parameters)) {
       impl_->gradients.reset();
@@ -546,10 +539,8 @@ Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters)
       at::Tensor parameter = parameters[i];
       parameter.mutable_grad() = r.views[i];
     }
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("gradient buckets: ") + error.what_without_backtrace());
-  }
-  return Status::Ok();
+    return Status::Ok();
+  });
 }
 
 void LearnerGroup::OverlapNextBackward(const at::Tensor& loss) {
@@ -600,7 +591,7 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
   }
   STRIDER_RETURN_IF_ERROR(impl_->Wait(r.works, "gradient all-reduce"));
   r.works.clear();
-  try {
+  STRIDER_RETURN_IF_ERROR(model::Guarded("gradient all-reduce", [&] {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> present;
     for (const Bucket& bucket : r.buckets) {
@@ -613,9 +604,7 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
       parameter.mutable_grad() = flag > 0 ? r.views[i] : at::Tensor();
       impl_->stats.bytes += r.views[i].numel() * static_cast<int64_t>(r.views[i].element_size());
     }
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("gradient all-reduce: ") + error.what_without_backtrace());
-  }
+  }));
   impl_->stats.allreduces += 1;
   impl_->stats.buckets += static_cast<int64_t>(r.buckets.size());
   impl_->stats.buckets_during_backward += r.sent_during_backward;
@@ -627,11 +616,9 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
 
 Status LearnerGroup::AllReduceSum(std::vector<double>& values) {
   at::Tensor sums;
-  try {
+  STRIDER_RETURN_IF_ERROR(model::Guarded("all-reduce", [&] {
     sums = at::tensor(values, at::kDouble);
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("all-reduce: ") + error.what_without_backtrace());
-  }
+  }));
   STRIDER_RETURN_IF_ERROR(impl_->Run("all-reduce", [&](auto& works) {
     std::vector<at::Tensor> one{sums};
     works.push_back(impl_->group->allreduce(one));
@@ -644,13 +631,11 @@ Status LearnerGroup::AllReduceSum(std::vector<double>& values) {
 Status LearnerGroup::Broadcast(const std::vector<at::Tensor>& tensors, int root) {
   std::vector<at::Tensor> views;
   std::vector<Bucket> buckets;
-  try {
+  STRIDER_RETURN_IF_ERROR(model::Guarded("broadcast", [&] {
     at::NoGradGuard no_grad;
     for (const at::Tensor& t : tensors) views.push_back(t.detach());
     buckets = MakeBuckets(views, impl_->options.bucket_bytes);
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("broadcast: ") + error.what_without_backtrace());
-  }
+  }));
   STRIDER_RETURN_IF_ERROR(impl_->Run("weight broadcast", [&](auto& works) {
     c10d::BroadcastOptions options;
     options.rootRank = root;
@@ -659,57 +644,42 @@ Status LearnerGroup::Broadcast(const std::vector<at::Tensor>& tensors, int root)
       works.push_back(impl_->group->broadcast(one, options));
     }
   }));
-  try {
+  return model::Guarded("broadcast", [&] {
     at::NoGradGuard no_grad;
     for (const Bucket& bucket : buckets) Unflatten(bucket, views);
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("broadcast: ") + error.what_without_backtrace());
-  }
-  return Status::Ok();
+  });
 }
 
 Result<at::Tensor> LearnerGroup::AllGatherAlong(const at::Tensor& tensor, int64_t dim) {
   STRIDER_ASSIGN_OR_RETURN(std::vector<at::Tensor> parts, impl_->GatherParts(tensor, dim));
-  try {
-    return at::cat(parts, dim);
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
-  }
+  return model::Guarded("all-gather", [&] { return at::cat(parts, dim); });
 }
 
 Result<at::Tensor> LearnerGroup::GatherTo(const at::Tensor& tensor, int root) {
   const bool here = impl_->options.rank == root;
   std::vector<std::vector<at::Tensor>> parts(here ? 1 : 0);
   std::vector<at::Tensor> own;
-  try {
+  STRIDER_RETURN_IF_ERROR(model::Guarded("gather", [&] {
     own.push_back(tensor.detach().contiguous());
     for (int r = 0; here && r < impl_->options.world_size; ++r) {
       parts[0].push_back(at::empty_like(own[0]));
     }
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("gather: ") + error.what_without_backtrace());
-  }
+  }));
   STRIDER_RETURN_IF_ERROR(impl_->Run("gather", [&](auto& works) {
     c10d::GatherOptions options;
     options.rootRank = root;
     works.push_back(impl_->group->gather(parts, own, options));
   }));
   if (!here) return at::Tensor();
-  try {
-    return at::cat(parts[0], 0);
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("gather: ") + error.what_without_backtrace());
-  }
+  return model::Guarded("gather", [&] { return at::cat(parts[0], 0); });
 }
 
 Result<std::vector<std::vector<int64_t>>> LearnerGroup::AllGather(
     const std::vector<int64_t>& values) {
   at::Tensor own;
-  try {
+  STRIDER_RETURN_IF_ERROR(model::Guarded("all-gather", [&] {
     own = at::tensor(values, at::kLong);
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("all-gather: ") + error.what_without_backtrace());
-  }
+  }));
   STRIDER_ASSIGN_OR_RETURN(std::vector<at::Tensor> parts, impl_->GatherParts(own, 0));
   std::vector<std::vector<int64_t>> out;
   for (const at::Tensor& part : parts) {
