@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/model/tensor_pool.h"
+#include "common/model/torch_status.h"
 #include "common/tokenizer.h"
 #include "learner/learner.h"
 
@@ -131,7 +132,7 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
         "a round is one call and its backward");
   }
   ChunkedPassResult result;
-  try {
+  STRIDER_RETURN_IF_ERROR(strider::model::Guarded("chunked pass", [&]() -> Status {
     at::AutoGradMode grad_mode(options.backward);
     const int64_t chunk = chunked ? std::max<int64_t>(1, options.chunk_tokens) : length;
     ForwardOptions forward;
@@ -263,9 +264,8 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
       state.DetachGraph();
       result.final_state = std::move(state);
     }
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("chunked pass: ") + error.what_without_backtrace());
-  }
+    return Status::Ok();
+  }));
   return result;
 }
 

@@ -6,13 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "common/model/torch_status.h"
+
 namespace strider {
 
 Result<LossResult> LanguageModelLoss(const Model& model, const TokenBatch& batch,
                                      const LossOptions& options) {
   const int64_t length = batch.tokens.size(1);
   LossResult result;
-  try {
+  STRIDER_RETURN_IF_ERROR(strider::model::Guarded("language-model loss", [&]() -> Status {
     const double targets = batch.loss_mask.sum().item<double>();
     result.targets = static_cast<int64_t>(targets);
     if (result.targets == 0) return Status::InvalidArgument("batch has no scored targets");
@@ -58,9 +60,8 @@ Result<LossResult> LanguageModelLoss(const Model& model, const TokenBatch& batch
     result.loss = loss_sum;
     if (options.record_routing) result.routing = std::move(out.routing);
     if (options.keep_predictions) result.predictions = at::cat(predictions, 1);
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("language-model loss: ") + error.what_without_backtrace());
-  }
+    return Status::Ok();
+  }));
   return result;
 }
 

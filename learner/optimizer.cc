@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/config.h"
+#include "common/model/torch_status.h"
 #include "common/safetensors.h"
 
 namespace strider {
@@ -68,7 +69,7 @@ void AdamW::ZeroGrad() {
 }
 
 Result<double> AdamW::Step(double learning_rate) {
-  try {
+  return model::Guarded("optimizer step", [&]() -> Result<double> {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> norms, sharded_norms;
     for (size_t i = 0; i < parameters_.size(); ++i) {
@@ -113,9 +114,7 @@ Result<double> AdamW::Step(double learning_rate) {
       parameter.addcdiv_(exp_avg_[i], denominator, -rate / correction1);
     }
     return norm;
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("optimizer step: ") + error.what_without_backtrace());
-  }
+  });
 }
 
 Status AdamW::Save(const std::string& path) const {

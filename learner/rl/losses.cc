@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "common/model/torch_status.h"
+
 namespace strider::rl {
 namespace {
 
@@ -101,7 +103,7 @@ Result<std::vector<double>> SequenceLossWeights(LossAggregation aggregation,
 
 Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLossOptions& options) {
   STRIDER_RETURN_IF_ERROR(CheckInputs(in, options));
-  try {
+  return model::Guarded("policy loss", [&]() -> Result<PolicyLossResult> {
     const at::Tensor& logprobs = in.logprobs;
     const auto as = [&](const at::Tensor& t) { return t.to(logprobs.options()).detach(); };
     const at::Tensor keep = in.action_mask.ne(0);
@@ -222,9 +224,7 @@ Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLoss
 
     result.loss = loss;
     return result;
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("policy loss: ") + error.what_without_backtrace());
-  }
+  });
 }
 
 }  // namespace strider::rl
