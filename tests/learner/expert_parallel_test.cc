@@ -16,6 +16,7 @@
 #include "common/model/model.h"
 #include "common/model/parameters.h"
 #include "common/model/sparse_experts.h"
+#include "common/model/torch_status.h"
 #include "learner/distributed.h"
 #include "tests/free_port.h"
 
@@ -156,15 +157,14 @@ void CheckAgainstUnsharded(int world, const std::vector<int64_t>& lengths) {
       const ExpertShard shard = ExpertShardOf(c.routed_experts, r, world);
       leaves[r] = Leaves(full, &shard);
       RankInputs in = InputsOf(r, lengths[r]);
-      try {
+      const Status ran = model::Guarded("expert forward and backward", [&] {
         at::Tensor y = model::SparseExpertForward(Bind(leaves[r]), c, in.x, at::Tensor(), nullptr,
                                                   1e-6, &(*group)->experts());
         (y * in.projection).sum().backward();
         ys[r] = y.detach();
         dxs[r] = in.x.grad();
-      } catch (const c10::Error& error) {
-        errors[r] = error.what_without_backtrace();
-      }
+      });
+      if (!ran.ok()) errors[r] = ran.ToString();
     });
   }
   for (std::thread& t : threads) t.join();
@@ -268,10 +268,10 @@ TEST(ExpertParallel, ShardedModelsEqualTheWholeModelForwardAndBackward) {
         errors[r] = out.status().ToString();
         return;
       }
-      try {
-        loss_of(out->logits, tokens[r]).backward();
-      } catch (const c10::Error& error) {
-        errors[r] = error.what_without_backtrace();
+      const Status backward =
+          model::Guarded("backward", [&] { loss_of(out->logits, tokens[r]).backward(); });
+      if (!backward.ok()) {
+        errors[r] = backward.ToString();
         return;
       }
       logits[r] = out->logits.detach();

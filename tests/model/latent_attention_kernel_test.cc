@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/kernels/latent_attention.h"
+#include "common/model/torch_status.h"
 
 namespace strider::kernels {
 namespace {
@@ -230,12 +231,11 @@ TEST(LatentAttentionBlockwise, RefusesMismatchedShapes) {
 TEST(LatentAttentionKernels, RejectMalformedPages) {
   Problem p = MakeProblem({{8}}, 2, at::kFloat, at::kFloat, 5);
   p.pages[0][0].latent = at::zeros({8, kLatentRank + 1});
-  try {
+  const Status decoded = model::Guarded("decode", [&] {
     LatentAttentionDecode(p.query, p.pages, p.new_latent, p.new_rope_key);
-    FAIL() << "a page of the wrong width was accepted";
-  } catch (const c10::Error& error) {
-    EXPECT_NE(std::string(error.what()).find("a page must be"), std::string::npos) << error.what();
-  }
+  });
+  ASSERT_FALSE(decoded.ok()) << "a page of the wrong width was accepted";
+  EXPECT_NE(decoded.message().find("a page must be"), std::string::npos) << decoded.ToString();
   p = MakeProblem({{8}}, 2, at::kFloat, at::kFloat, 5);
   p.pages.push_back({});  // two rows of pages for a batch of one
   EXPECT_THROW(LatentAttentionPrefill(p.query, p.pages, p.new_latent, p.new_rope_key), c10::Error);

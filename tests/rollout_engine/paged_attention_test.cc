@@ -13,6 +13,7 @@
 #include "common/model/config.h"
 #include "common/model/latent_attention.h"
 #include "common/model/model.h"
+#include "common/model/torch_status.h"
 
 namespace strider {
 namespace {
@@ -143,15 +144,13 @@ TEST(PagedLatentAttention, RejectsPagesOfTheWrongShape) {
   past.lengths = at::tensor(std::vector<int64_t>{4}, at::kLong);
   model::LatentAttentionRows rows;
   at::NoGradGuard no_grad;
-  try {
+  const Status forward = model::Guarded("ragged forward", [&] {
     model::LatentAttentionForwardRagged(weights, c, at::zeros({1, 1, config.width}), past,
                                         config.norm_epsilon,
                                         model::LatentAttentionForm::kAbsorbed, &rows);
-    ADD_FAILURE() << "a page of the wrong width was accepted";
-  } catch (const c10::Error& error) {
-    EXPECT_NE(std::string(error.what()).find("a page must be"), std::string::npos)
-        << error.what();
-  }
+  });
+  ASSERT_FALSE(forward.ok()) << "a page of the wrong width was accepted";
+  EXPECT_NE(forward.message().find("a page must be"), std::string::npos) << forward.ToString();
 }
 
 }  // namespace
