@@ -13,6 +13,7 @@
 #include "common/model/expert_parallel.h"
 #include "common/model/model.h"
 #include "common/model/torch_status.h"
+#include "common/mutex.h"
 #include "learner/learner.h"
 
 #include <algorithm>
@@ -99,6 +100,8 @@ void Unflatten(const Bucket& bucket, const std::vector<at::Tensor>& tensors) {
 // bucket as soon as all of its parameters are final. Buckets are laid out in reverse parameter
 // order, roughly the order backward completes them, and are sent strictly in that order, so
 // every rank issues the same collectives in the same sequence whatever its data.
+// The post hooks run on autograd's threads (the one calling backward for CPU tensors, a
+// device's own for others), so what they touch is guarded by `mu`.
 struct GradientReduction {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;  // the gradient group, apart from the rest
   std::vector<at::Tensor> parameters;
@@ -106,18 +109,20 @@ struct GradientReduction {
   std::vector<at::Tensor> views;      // per parameter: its gradient's storage in a bucket
   std::vector<size_t> bucket_of;      // per parameter
   std::vector<int64_t> flag_of;       // per parameter: its flag's index in Bucket::flags
-  std::vector<uint8_t> touched;       // per parameter: a gradient arrived since PrepareGradients
-  bool armed = false;                 // in the update's last backward
-  std::vector<uint8_t> final_seen;    // per parameter, in the armed backward
-  std::vector<int64_t> waiting;       // per bucket: parameters not yet final
-  size_t next = 0;                    // the next bucket to send
-  int64_t sent_during_backward = 0;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  std::string failure;                // a send that threw inside backward
+  Mutex mu;
+  // Per parameter: a gradient arrived since PrepareGradients.
+  std::vector<uint8_t> touched GUARDED_BY(mu);
+  bool armed GUARDED_BY(mu) = false;              // in the update's last backward
+  std::vector<uint8_t> final_seen GUARDED_BY(mu);  // per parameter, in the armed backward
+  std::vector<int64_t> waiting GUARDED_BY(mu);     // per bucket: parameters not yet final
+  size_t next GUARDED_BY(mu) = 0;                  // the next bucket to send
+  int64_t sent_during_backward GUARDED_BY(mu) = 0;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works GUARDED_BY(mu);
+  std::string failure GUARDED_BY(mu);  // a send that threw inside backward
 
-  void Reset() {
-    std::fill(touched.begin(), touched.end(), 0);
-    std::fill(final_seen.begin(), final_seen.end(), 0);
+  void Reset() REQUIRES(mu) {
+    touched.assign(parameters.size(), 0);
+    final_seen.assign(parameters.size(), 0);
     waiting.assign(buckets.size(), 0);
     for (size_t b = 0; b < buckets.size(); ++b) {
       waiting[b] = static_cast<int64_t>(buckets[b].members.size());
@@ -130,7 +135,7 @@ struct GradientReduction {
 
   // Autograd accumulates into the bucket view in place; a gradient set any other way since
   // PrepareGradients is copied in before its bucket leaves.
-  void Gather(const Bucket& bucket) {
+  void Gather(const Bucket& bucket) REQUIRES(mu) {
     for (size_t i : bucket.members) {
       const at::Tensor grad = parameters[i].grad();
       if (grad.defined() && !grad.is_same(views[i])) {
@@ -140,7 +145,7 @@ struct GradientReduction {
     }
   }
 
-  void Send(size_t b) {
+  void Send(size_t b) REQUIRES(mu) {
     Gather(buckets[b]);
     // The bucket's parameters are final: their flags are known.
     std::vector<double> own;
@@ -151,7 +156,8 @@ struct GradientReduction {
   }
 
   // The post hook of parameter i's grad accumulator.
-  void Arrived(size_t i) {
+  void Arrived(size_t i) EXCLUDES(mu) {
+    MutexLock lock(&mu);
     touched[i] = 1;
     if (!armed || final_seen[i] != 0 || !failure.empty()) return;
     final_seen[i] = 1;
@@ -160,7 +166,7 @@ struct GradientReduction {
   }
 
   // Sends the complete buckets at the front of the order.
-  void SendReady() {
+  void SendReady() REQUIRES(mu) {
     if (!failure.empty()) return;
     try {
       at::NoGradGuard no_grad;
@@ -510,8 +516,6 @@ Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters)
           r->flag_of[i] = static_cast<int64_t>(k);
         }
       }
-      r->touched.assign(n, 0);
-      r->final_seen.assign(n, 0);
       for (size_t i = 0; i < n; ++i) {
         g->owners.push_back(parameters[i].unsafeGetTensorImpl());
         std::shared_ptr<torch::autograd::Node> accumulator =
@@ -534,6 +538,7 @@ Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters)
     }
     GradientReduction& r = *impl_->gradients->reduction;
     for (Bucket& bucket : r.buckets) bucket.flat.zero_();
+    MutexLock lock(&r.mu);
     r.Reset();
     for (size_t i = 0; i < parameters.size(); ++i) {
       at::Tensor parameter = parameters[i];
@@ -561,6 +566,7 @@ void LearnerGroup::OverlapNextBackward(const at::Tensor& loss) {
       if (edge.function != nullptr) stack.push_back(edge.function.get());
     }
   }
+  MutexLock lock(&r.mu);
   r.armed = true;
   for (size_t i = 0; i < g.accumulators.size(); ++i) {
     if (reached.count(g.accumulators[i].get()) == 0 && r.final_seen[i] == 0) {
@@ -579,6 +585,7 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
         "their backward passes");
   }
   GradientReduction& r = *impl_->gradients->reduction;
+  MutexLock lock(&r.mu);
   r.armed = false;
   ++impl_->collectives;
   if (!r.failure.empty()) return impl_->Lost("gradient all-reduce", r.failure);
