@@ -32,6 +32,7 @@ void ServerImpl::Reject(zmq::socket_t& socket, const std::string& identity, cons
     error.key = *key;
   }
   spdlog::debug("replay server: rejected a message: {}", status.message());
+  // Not waited for, as SendActor's replies: a client that misses it resends on its timer.
   (void)transport::SendParts(socket, {identity, schema::EncodeError(error)}, true);
 }
 
@@ -328,7 +329,11 @@ Status ServerImpl::ReopenStore() {
     std::abort();  // nothing left to serve from; a supervisor restarts the server
   }
   store_ = std::move(*fallback);
-  (void)MakeSegmentWriters();
+  // Ingest stays stopped over the read-only store, so writers that cannot be made there cost
+  // nothing until the next reopen makes them again; the error is still worth a line.
+  if (const Status writers = MakeSegmentWriters(); !writers.ok()) {
+    spdlog::warn("replay server: segment writers over the read-only store: {}", writers.message());
+  }
   return status;
 }
 
@@ -578,6 +583,7 @@ void ServerImpl::WriteGroup(std::vector<PendingSegment>& group, int slot,
       bytes += p.envelope.size();
     }
     queued_bytes_ -= bytes;
+    // A full wake pipe already holds a wake-up for this one to join.
     (void)transport::SendParts(wake_sender_, {std::string_view("w", 1)}, true);
   }
 }

@@ -211,6 +211,8 @@ void ServerImpl::HandleLearnerFrame(const std::string& identity, const zmq::mess
     return;
   }
   auto send = [&](const std::string& reply) {
+    // As SendActor: never block on one learner. A reply its full pipe drops is asked for again
+    // when the learner's request times out (LearnerClient resends after request_timeout).
     (void)transport::SendParts(learner_socket_, {identity, reply}, true);
   };
   switch (message->kind) {

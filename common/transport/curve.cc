@@ -346,7 +346,11 @@ void ZapHandler::Loop() {
     }
     // Reply: version, request id, status code, status text, user id, metadata.
     const std::string user_id = key.empty() ? "" : ShortKey(key);
-    (void)SendParts(socket_, {"1.0", request_id, status, text, user_id, ""});
+    // Unanswered, the client's handshake stalls until libzmq's own timeout; say why.
+    if (const Status sent = SendParts(socket_, {"1.0", request_id, status, text, user_id, ""});
+        !sent.ok()) {
+      spdlog::warn("{}: cannot answer an authentication request: {}", name_, sent.message());
+    }
   }
 }
 

@@ -75,6 +75,7 @@ class Process {
   // Asks politely first (`close`, a short wait), then Stop.
   void Close() {
     if (pid_ > 0 && socket_) {
+      // A close that fails or goes unanswered changes nothing: Stop below ends the process.
       (void)Request({{"op", "close"}}, 1000);
       for (int i = 0; i < 50 && Reaped() == false; ++i) ::usleep(10000);
     }
