@@ -227,7 +227,7 @@ Result<EngineRun> ReplayThroughEngine(const std::vector<Script>& scripts,
             engine->Append(s.id, {script.context[l.turn], sampling_for(script, l.turn), false}));
         run.tokens += static_cast<int64_t>(script.context[l.turn].size());
       } else {
-        (void)engine->Cancel(s.id);
+        STRIDER_RETURN_IF_ERROR(engine->Cancel(s.id));
         live.erase(s.id);
       }
     }
@@ -505,6 +505,8 @@ struct ServerChild {
     }
     return Status::Ok();
   }
+  // The run calls Stop and reports its error; here, after an error elsewhere, only the process
+  // matters.
   ~ServerChild() { (void)Stop(); }
 };
 
@@ -535,7 +537,7 @@ Status StartServerChild(const std::string& dir, ServerChild* child) {
     std::fputs(line, stderr);  // a log line before it
   }
   if (text.rfind("endpoint ", 0) != 0) {
-    (void)child->Stop();
+    (void)child->Stop();  // the failed start is the error to report
     return Status::Internal("actor_bench: the replay server did not start (see its errors)");
   }
   child->endpoint = text.substr(9, text.find_last_not_of("\r\n") - 8);

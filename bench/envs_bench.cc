@@ -20,6 +20,7 @@
 #include <zmq_addon.hpp>
 
 #include "bench/bench_json.h"
+#include "bench/bench_util.h"
 #include "common/clock.h"
 #include "envs/environment.h"
 #include "envs/episode.h"
@@ -100,11 +101,11 @@ void ExternalBench(int steps) {
 
   const envs::Action action = envs::MakeAction(envs::FormatToolCall("guess", "50"));
   std::vector<double> ours, raw;
-  (void)(*env)->Reset(0, {});
+  Check((*env)->Reset(0, {}).status(), "resetting the external environment");
   int in_episode = 0;
   for (int i = 0; i < steps; ++i) {
     if (++in_episode == 15) {
-      (void)(*env)->Reset(i, {});
+      Check((*env)->Reset(i, {}).status(), "resetting the external environment");
       in_episode = 0;
     }
     auto start = Clock::now();

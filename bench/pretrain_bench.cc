@@ -192,7 +192,7 @@ int Run(int argc, char** argv) {
         return 1;
       }
       if (!optimizer.Step(1e-4).ok()) return 1;
-      if (config->balance) (void)(*model)->UpdateRoutingBalance(loss->routing);
+      if (config->balance && !(*model)->UpdateRoutingBalance(loss->routing).ok()) return 1;
       seconds += Seconds(start);
     }
     const double memory = static_cast<double>(PeakResidentBytes() - baseline);

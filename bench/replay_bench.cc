@@ -51,6 +51,7 @@
 #include <zmq.hpp>
 
 #include "bench/bench_json.h"
+#include "bench/bench_util.h"
 #include "common/clock.h"
 #include "common/schema/messages.h"
 #include "common/transport/curve.h"
@@ -243,7 +244,9 @@ double RawRocksDbRate(const std::vector<Frame>& frames, const std::string& dir) 
                                          rocksdb::Slice(*frames[i].bytes)};
         rocksdb::WriteBatch batch;
         batch.Put(rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(value_parts, 2));
-        (void)db->Write(write, &batch);
+        const rocksdb::Status written = db->Write(write, &batch);
+        Check(written.ok() ? Status::Ok() : Status::IoError(written.ToString()),
+              "the plain RocksDB write");
       }
     });
   }
@@ -333,7 +336,8 @@ double RawZmqRate(const std::vector<Frame>& frames, const std::string& bind) {
       push.set(zmq::sockopt::linger, -1);
       push.connect(endpoint);
       for (size_t i = a; i < frames.size(); i += kActors) {
-        (void)transport::SendShared(push, frames[i].bytes);  // zero-copy, as the clients send
+        // Zero-copy, as the clients send.
+        Check(transport::SendShared(push, frames[i].bytes), "the plain ZeroMQ push");
       }
     });
   }
@@ -356,6 +360,8 @@ class StandInActors {
     for (int a = 0; a < kActors; ++a) {
       threads_.emplace_back([this, endpoint, &load, name, a] {
         auto actor = ConnectStandInActor(endpoint, name + "-" + std::to_string(a));
+        // Load, not the measurement: the server stops under it when the measurement ends, so
+        // errors then are expected, and a frame lost earlier only lightens the load.
         for (size_t i = a; i < load.size() && !stop_; i += kActors) {
           (void)actor->SendFrame(load[i].key, load[i].bytes);
         }
@@ -415,8 +421,8 @@ Latency SampleLatencyUnderIngest(const std::vector<Frame>& prefill,
     replay::ActorClientOptions client;
     client.endpoint = server->actor_endpoint();
     auto actor = replay::ActorClient::Connect(client).value();
-    for (const Frame& f : prefill) (void)actor->SendFrame(f.key, f.bytes);
-    (void)actor->Flush(milliseconds(60000));
+    for (const Frame& f : prefill) Check(actor->SendFrame(f.key, f.bytes), "prefilling the store");
+    Check(actor->Flush(milliseconds(60000)), "prefilling the store");
   }
   StandInActors ingest(server->actor_endpoint(), load, "load");
   replay::LearnerClientOptions learner_options;
@@ -523,7 +529,9 @@ void VerifyCost(const std::vector<Frame>& frames, const std::string& dir) {
     rocksdb::FlushOptions flush;
     for (auto* family : {(*store)->segments(), (*store)->trajectories(), (*store)->sequence(),
                          (*store)->meta()}) {
-      (void)(*store)->db()->Flush(flush, family);
+      const rocksdb::Status flushed = (*store)->db()->Flush(flush, family);
+      Check(flushed.ok() ? Status::Ok() : Status::IoError(flushed.ToString()),
+            "flushing the store before measuring its files");
     }
   }
   uint64_t bytes = 0;
