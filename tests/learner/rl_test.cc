@@ -583,8 +583,11 @@ Status ReadInline(const std::string& text, ObjectiveConfig* config) {
   Result<ConfigReader> root = ConfigReader::FromString(text, "<inline>");
   if (!root.ok()) return root.status();
   ConfigReader objective = root->Section("objective");
-  (void)ReadObjectiveConfig(objective, config);
-  return root->Finish();
+  // As LoadRlLearnerConfig: the document's first error, unknown keys checked, comes before the
+  // reader's own.
+  const Status read = ReadObjectiveConfig(objective, config);
+  STRIDER_RETURN_IF_ERROR(root->Finish());
+  return read;
 }
 
 TEST(ObjectiveConfig, ReadsEveryKey) {

@@ -109,6 +109,7 @@ TEST(WeightStream, CorruptChunkIsRefused) {
         put(reply, static_cast<uint32_t>(payload.size()));
         reply += payload;
       }
+      // A reply lost here makes FetchNewer below time out, which fails the test.
       (void)SendParts(*socket, {View(parts[0]), reply});
     }
   });
