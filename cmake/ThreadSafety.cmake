@@ -2,25 +2,29 @@
 # thread-safety analysis as errors, so an access to a GUARDED_BY member without its mutex, or a
 # call to a REQUIRES function without the lock, stops the build (common/thread_annotations.h).
 # scripts/thread_safety.sh configures and builds it (target strider_libraries); the default
-# gcc tree compiles the same annotations as no-ops.
-#
-# libstdc++ 12's std::vector is constexpr in C++20, and clang instantiates its destructor where
-# LibTorch 1.13's headers hold a vector of the still incomplete c10::IValue (ATen/core/List.h),
-# which gcc accepts and clang does not. libc++ 14's vector is not constexpr yet, so this tree
-# compiles against libc++. Its objects then cannot be linked with the system's LibTorch,
-# RocksDB or ZeroMQ, built against libstdc++: the tree compiles the libraries, links nothing
-# and runs nothing, and builds without optimisation or debug info, which only cost time here.
-# What of C++20 libc++ 14 lacks and the code uses is in cmake/libcxx_compat.h, included first.
-option(STRIDER_THREAD_SAFETY "Check locking with clang's -Wthread-safety, as errors (libraries only)" OFF)
+# gcc tree compiles the same annotations as no-ops. Nothing in this tree is run, so it builds
+# without optimisation or debug info, which would only cost time here.
+option(STRIDER_THREAD_SAFETY
+  "Check locking with clang's -Wthread-safety, as errors (libraries only)" OFF)
 if(STRIDER_THREAD_SAFETY)
   if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
     message(FATAL_ERROR "STRIDER_THREAD_SAFETY needs clang: configure with CC=clang CXX=clang++")
   endif()
-  add_compile_options(-Wthread-safety -Werror=thread-safety -O0 -g0
-    "$<$<COMPILE_LANGUAGE:CXX>:-stdlib=libc++;-include;${PROJECT_SOURCE_DIR}/cmake/libcxx_compat.h>")
-  add_link_options($<$<LINK_LANGUAGE:CXX>:-stdlib=libc++>)
+  add_compile_options(-Wthread-safety -Werror=thread-safety -O0 -g0)
   message(STATUS "Strider: thread-safety analysis as errors (a check tree: libraries only)")
+  # LibTorch's target exists only after find_package(Torch), further down.
+  cmake_language(DEFER CALL strider_thread_safety_torch_headers)
 endif()
+
+# LibTorch 1.13's headers reach ATen/core/List.h, whose ListImpl holds a std::vector of the
+# still incomplete c10::IValue, before ATen/core/ivalue.h defines it. In C++20 libstdc++'s
+# vector is constexpr, and clang instantiates its destructor right there (gcc waits), so under
+# clang every LibTorch source fails to compile. Including ivalue.h first, where IValue is
+# complete by the time List.h needs it, fixes the order; only code that links LibTorch gets it.
+function(strider_thread_safety_torch_headers)
+  set_property(TARGET torch APPEND PROPERTY INTERFACE_COMPILE_OPTIONS
+    "$<$<COMPILE_LANGUAGE:CXX>:SHELL:-include ATen/core/ivalue.h>")
+endfunction()
 
 # strider_libraries: every library target of the build, without tests, benchmarks or the
 # binary; what the thread-safety tree builds. Call once, after the last add_subdirectory.
