@@ -12,67 +12,30 @@
 #include "actors/actor.h"
 
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <condition_variable>
-#include <cstdio>
-#include <fstream>
-#include <mutex>
+#include <algorithm>
+#include <map>
 #include <optional>
-#include <thread>
 #include <unordered_map>
 
-#include <ATen/ATen.h>
-
+#include "actors/actor_report.h"
+#include "actors/env_calls.h"
+#include "actors/observation_images.h"
 #include "actors/segmenter.h"
 #include "actors/sender.h"
+#include "actors/weight_receiver.h"
+#include "common/clock.h"
 #include "common/model/model.h"
-#include "common/model/vision.h"
 #include "common/tokenizer.h"
 #include "common/transcript.h"
-#include "common/transport/weight_stream.h"
 #include "envs/tools.h"
 #include "rollout_engine/engine.h"
 
 namespace strider::actors {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using schema::Role;
 using std::chrono::milliseconds;
-
-struct Wake {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool flag = false;
-  void Notify() {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      flag = true;
-    }
-    cv.notify_one();
-  }
-  void WaitFor(milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mutex);
-    cv.wait_for(lock, timeout, [&] { return flag; });
-    flag = false;
-  }
-};
-
-// The environment of one episode, shared with the thread of a call in progress.
-struct EnvBox {
-  std::unique_ptr<envs::Environment> env;
-  envs::EnvironmentSpec spec;
-};
-
-struct EnvCall {
-  std::mutex mutex;
-  bool done = false;
-  std::optional<Result<envs::Observation>> reset;
-  std::optional<Result<envs::StepResult>> step;
-  Clock::time_point started = Clock::now();
-};
 
 enum class Phase { kResetting, kPrompt, kGenerating, kStepping };
 
@@ -105,13 +68,6 @@ struct Episode {
   std::map<std::string, std::string> info;
 };
 
-// A run of context tokens with one role; an image run also carries the image it stands for.
-struct PromptPiece {
-  std::vector<int32_t> tokens;
-  Role role = Role::kUser;
-  std::optional<schema::Image> image;
-};
-
 struct Group {
   int64_t id = 0;
   uint64_t seed = 0;
@@ -128,18 +84,6 @@ struct Group {
 uint64_t Mix(uint64_t a, uint64_t b) { return rollout::DeriveSeed(a, b); }
 
 constexpr uint64_t kEvaluationBit = uint64_t{1} << 63;
-
-// The replay schema stores the transcript's roles by value.
-constexpr bool SameValue(Role stored, transcript::Role role) {
-  return static_cast<uint8_t>(stored) == static_cast<uint8_t>(role);
-}
-static_assert(SameValue(Role::kSystem, transcript::Role::kSystem) &&
-              SameValue(Role::kUser, transcript::Role::kUser) &&
-              SameValue(Role::kModel, transcript::Role::kModel) &&
-              SameValue(Role::kToolCall, transcript::Role::kToolCall) &&
-              SameValue(Role::kToolResult, transcript::Role::kToolResult) &&
-              SameValue(Role::kImage, transcript::Role::kImage));
-Role SchemaRole(transcript::Role role) { return static_cast<Role>(role); }
 
 schema::StepLabel SchemaLabel(envs::StepLabel label) {
   switch (label) {
@@ -160,82 +104,9 @@ schema::EndReason EndReasonOf(const std::string& status) {
   return schema::EndReason::kFailed;
 }
 
-// An observation's images (envs/environment.h) as the transcript, the segmenter and the engine
-// take them: per image the number of patches (its placeholder run in the transcript), the image
-// as stored with the trajectory, and the pixels as (H, W, C) floats in [0, 1].
-struct ObservationImages {
-  std::vector<int64_t> patches;
-  std::vector<schema::Image> stored;
-  std::vector<at::Tensor> pixels;
-};
-
-Result<ObservationImages> ReadImages(const VisionConfig& vision,
-                                     const std::vector<envs::Image>& images) {
-  ObservationImages out;
-  for (size_t i = 0; i < images.size(); ++i) {
-    const envs::Image& image = images[i];
-    const std::string what = "observation image " + std::to_string(i);
-    if (image.width <= 0 || image.height <= 0 || image.channels <= 0 || image.channels > 255 ||
-        image.pixels.size() !=
-            static_cast<size_t>(image.width) * image.height * image.channels) {
-      return Status::InvalidArgument(what + ": " + std::to_string(image.pixels.size()) +
-                                     " pixel bytes for " + std::to_string(image.width) + "x" +
-                                     std::to_string(image.height) + "x" +
-                                     std::to_string(image.channels));
-    }
-    try {
-      at::Tensor pixels =
-          at::from_blob(const_cast<char*>(image.pixels.data()),
-                        {image.height, image.width, image.channels}, at::kByte)
-              .to(at::kFloat)
-              .div_(255.0);
-      STRIDER_RETURN_IF_ERROR(model::ValidateImage(vision, pixels).WithContext(what));
-      out.patches.push_back(model::PatchCount(vision, pixels));
-      out.stored.push_back(schema::Image{0, static_cast<uint32_t>(image.width),
-                                         static_cast<uint32_t>(image.height),
-                                         static_cast<uint8_t>(image.channels), image.pixels});
-      out.pixels.push_back(std::move(pixels));
-    } catch (const c10::Error& error) {
-      return Status::InvalidArgument(what + ": " + error.what_without_backtrace());
-    }
-  }
-  return out;
-}
-
-// Transcript runs as pieces; each image run carries the next of `images`, in order.
-std::vector<PromptPiece> ToPieces(std::vector<transcript::Run> runs,
-                                  const std::vector<schema::Image>& images) {
-  std::vector<PromptPiece> pieces;
-  size_t image = 0;
-  for (transcript::Run& run : runs) {
-    PromptPiece piece;
-    piece.tokens = std::move(run.tokens);
-    piece.role = SchemaRole(run.role);
-    if (run.role == transcript::Role::kImage && image < images.size()) {
-      piece.image = images[image++];
-    }
-    pieces.push_back(std::move(piece));
-  }
-  return pieces;
-}
-
-// Adds pieces to a trajectory (each image just before its run); returns the tokens added.
-int64_t AddPieces(Segmenter& segmenter, const std::vector<PromptPiece>& pieces) {
-  int64_t added = 0;
-  for (const PromptPiece& piece : pieces) {
-    if (piece.image) (void)segmenter.AddImage(*piece.image);
-    (void)segmenter.AddContext(piece.tokens, piece.role);
-    added += static_cast<int64_t>(piece.tokens.size());
-  }
-  return added;
-}
-
-std::vector<int64_t> Concatenate(const std::vector<PromptPiece>& pieces) {
-  std::vector<int64_t> tokens;
-  for (const PromptPiece& piece : pieces) tokens.insert(tokens.end(), piece.tokens.begin(), piece.tokens.end());
-  return tokens;
-}
-
+// The decode loop and the episodes' state machine. Everything here runs on the thread that
+// calls Run; the environment calls, the weight subscriber and the sender have threads of their
+// own and meet the loop only through their classes' locked hand-offs.
 class ActorImpl final : public Actor {
  public:
   ActorImpl(ActorOptions options, ModelConfig config, std::shared_ptr<const Model> model,
@@ -244,7 +115,12 @@ class ActorImpl final : public Actor {
         config_(std::move(config)),
         model_(std::move(model)),
         engine_(std::move(engine)),
-        sender_(std::move(sender)) {
+        sender_(std::move(sender)),
+        weights_(WeightReceiverOptions{options_.weights_endpoint,
+                                       milliseconds(options_.weights_poll_ms),
+                                       options_.weights_auth, options_.policy_version},
+                 config_, [calls = &env_calls_] { calls->wake().Notify(); }),
+        reporter_(options_) {
     const bool moe = config_.feed_forward.routed_experts > 0 &&
                      config_.feed_forward.dense_layers < config_.layers;
     routing_layers_ = moe ? config_.layers - config_.feed_forward.dense_layers : 0;
@@ -259,44 +135,38 @@ class ActorImpl final : public Actor {
     }
   }
 
-  ~ActorImpl() override {
-    if (weights_thread_.joinable()) {
-      weights_thread_.request_stop();
-      weights_thread_.join();
-    }
-  }
-
-  void StartWeightSubscriber() {
-    if (options_.weights_endpoint.empty()) return;
-    weights_thread_ = std::jthread([this](std::stop_token stop) { WeightLoop(stop); });
-  }
+  ~ActorImpl() override { weights_.Stop(); }
 
   Status Run(std::stop_token stop) override;
-  ActorMetrics metrics() const override {
-    std::lock_guard<std::mutex> lock(metrics_mutex_);
-    return snapshot_;
-  }
+  ActorMetrics metrics() const override { return reporter_.snapshot(); }
 
  private:
-  void WeightLoop(std::stop_token stop);
+  // One engine step and its results. False when the engine failed as a whole: `failure` says
+  // why, and every episode has ended with it.
+  bool Step(Status* failure);
+  void FinishAll(const std::string& status, const std::string& message);
   void ApplyWeights();
   void AdvanceRound();
   void StartGroups();
-  void LaunchReset(Episode& episode);
-  void LaunchStep(Episode& episode, envs::Action action);
   void PollCalls();
   void OnResetsDone(Group& group);
   void PollGroups();
-  Status ProcessStep(const rollout::StepResult& step);
+  void StartMember(Episode& e, const Group& group, rollout::SequenceId sequence);
+  // Logs an error of an engine call whose sequence is known to be live, which only an engine
+  // bug could fail.
+  void CheckEngineCall(const Status& status, const char* what);
+  // Each sequence's tokens and routing into its episode; an episode they do not fit ends.
+  void ProcessStep(const rollout::StepResult& step);
   Status RouteContext(Episode& e, const rollout::CompactRouting& routing, int64_t tokens);
   void OnTurnEnd(Episode& episode);
   void OnStepResult(Episode& episode, Result<envs::StepResult> result);
   void FinishEpisode(int64_t index, const std::string& status, const std::string& message);
+  void Summarize(Episode& e, const std::string& status, const std::string& message);
+  void SendLast(Episode& e, const std::string& status, const std::string& message);
   void LogEnvironmentFailure(const Episode& e, const std::string& status,
                              const std::string& message);
   void PushReady(Episode& episode);
   void EndGroupIfEmpty(int64_t group);
-  void Report(bool final_report);
   void Snapshot();
   rollout::SamplingParams TurnSampling(const Episode& episode) const;
   int64_t EngineActive() const;
@@ -314,36 +184,24 @@ class ActorImpl final : public Actor {
   std::unordered_map<rollout::SequenceId, int64_t> by_sequence_;
   int64_t next_episode_ = 0;
   int64_t next_group_ = 0;
-  std::shared_ptr<Wake> wake_ = std::make_shared<Wake>();
-  std::shared_ptr<std::atomic<int64_t>> calls_running_ = std::make_shared<std::atomic<int64_t>>(0);
-  // Nanoseconds inside environment calls, added by the call threads.
-  std::shared_ptr<std::atomic<int64_t>> env_call_ns_ = std::make_shared<std::atomic<int64_t>>(0);
+  EnvCalls env_calls_;
   Clock::time_point env_log_window_{};
   int env_logged_ = 0;
   int64_t env_log_suppressed_ = 0;
 
-  // Weights: the subscriber thread leaves a loaded model here; the loop swaps it in.
-  std::jthread weights_thread_;
-  std::mutex weights_mutex_;
-  std::shared_ptr<const Model> pending_model_;
-  uint64_t pending_version_ = 0;
-  std::atomic<int64_t> weight_errors_{0};
+  // Declared after env_calls_, whose wake its thread notifies; stopped before either goes.
+  WeightReceiver weights_;
 
-  // Synchronous rounds (options_.weights_sync); main thread.
+  // Synchronous rounds (options_.weights_sync).
   int64_t round_groups_ = 0;          // groups per round
   int64_t round_groups_started_ = 0;  // in the current round
   uint64_t round_version_ = 0;        // the version every episode of the current round plays
   std::optional<Clock::time_point> waiting_since_;  // the round ended, no newer version yet
   double weights_waited_s_ = 0;                     // in earlier waits
 
-  ActorMetrics metrics_;  // main thread
-  mutable std::mutex metrics_mutex_;
-  ActorMetrics snapshot_;
+  ActorMetrics metrics_;
+  ActorReporter reporter_;
   Clock::time_point started_;
-  Clock::time_point next_report_;
-  Clock::time_point next_progress_;
-  std::ofstream metrics_file_;
-  bool terminal_ = false;
 };
 
 rollout::SamplingParams ActorImpl::TurnSampling(const Episode& episode) const {
@@ -355,71 +213,20 @@ rollout::SamplingParams ActorImpl::TurnSampling(const Episode& episode) const {
   return sampling;
 }
 
-void ActorImpl::WeightLoop(std::stop_token stop) {
-  transport::WeightSubscriberOptions subscriber_options;
-  subscriber_options.endpoint = options_.weights_endpoint;
-  subscriber_options.reply_timeout =
-      milliseconds(std::max<int64_t>(2000, options_.weights_poll_ms));
-  subscriber_options.auth = options_.weights_auth;
-  std::unique_ptr<transport::WeightSubscriber> subscriber;
-  uint64_t have = options_.policy_version;
-  while (!stop.stop_requested()) {
-    if (!subscriber) {
-      auto connected = transport::WeightSubscriber::Connect(subscriber_options);
-      if (connected.ok()) subscriber = std::move(*connected);
-    }
-    if (subscriber) {
-      Result<std::optional<transport::WeightUpdate>> update = subscriber->FetchNewer(have);
-      if (!update.ok()) {
-        if (update.status().code() != StatusCode::kUnavailable) {
-          ++weight_errors_;
-          spdlog::warn("weights: {}", update.status().ToString());
-        }
-      } else if (update->has_value()) {
-        // Loaded straight from the checked bytes: no file per update.
-        Result<std::unique_ptr<Model>> loaded = Model::LoadFromBytes(
-            config_, (*update)->bytes, "weights version " + std::to_string((*update)->version));
-        if (!loaded.ok()) {
-          ++weight_errors_;
-          spdlog::error("weights: version {} does not load into model '{}': {}", (*update)->version,
-                        config_.name, loaded.status().ToString());
-          have = (*update)->version;  // do not fetch the same bad bytes again and again
-        } else {
-          std::lock_guard<std::mutex> lock(weights_mutex_);
-          pending_model_ = std::shared_ptr<const Model>(std::move(*loaded));
-          pending_version_ = (*update)->version;
-          have = pending_version_;
-          spdlog::info("weights: version {} received ({} bytes)", have, (*update)->bytes.size());
-        }
-        wake_->Notify();  // an idle loop (a synchronous round waiting for it) takes it now
-      }
-    }
-    const auto until = Clock::now() + milliseconds(options_.weights_poll_ms);
-    while (!stop.stop_requested() && Clock::now() < until) {
-      std::this_thread::sleep_for(milliseconds(10));
-    }
-  }
-}
-
 void ActorImpl::ApplyWeights() {
-  std::shared_ptr<const Model> model;
-  uint64_t version = 0;
-  {
-    std::lock_guard<std::mutex> lock(weights_mutex_);
-    if (!pending_model_) return;
-    model = std::move(pending_model_);
-    version = pending_version_;
-  }
+  std::optional<WeightReceiver::Update> update = weights_.Take();
+  if (!update) return;
   // Between engine steps: every token reports the version that computed its distribution, and
   // segments carry those versions as policy runs, so no segment needs to end here.
-  Status swapped = engine_->SwapWeights(model, version);
+  Status swapped = engine_->SwapWeights(update->model, update->version);
   if (!swapped.ok()) {
     ++metrics_.errors["weights"];
-    spdlog::error("weights: version {} refused by the engine: {}", version, swapped.ToString());
+    spdlog::error("weights: version {} refused by the engine: {}", update->version,
+                  swapped.ToString());
     return;
   }
-  model_ = std::move(model);
-  metrics_.policy_version = version;
+  model_ = std::move(update->model);
+  metrics_.policy_version = update->version;
   ++metrics_.weight_updates;
 }
 
@@ -466,68 +273,13 @@ void ActorImpl::StartGroups() {
       episode->group = group.id;
       episode->member = member;
       episode->seed = group.seed;  // the same problem for the whole group
-      LaunchReset(*episode);
+      episode->call = env_calls_.Reset(episode->box, options_.env, episode->seed);
       group.members.push_back(episode->index);
       episodes_[episode->index] = std::move(episode);
       ++metrics_.episodes_started;
     }
     groups_[group.id] = std::move(group);
   }
-}
-
-void ActorImpl::LaunchReset(Episode& episode) {
-  auto call = std::make_shared<EnvCall>();
-  episode.call = call;
-  ++*calls_running_;
-  std::thread([call, box = episode.box, config = options_.env, seed = episode.seed, wake = wake_,
-               running = calls_running_, spent = env_call_ns_] {
-    std::optional<Result<envs::Observation>> result;
-    const auto start = Clock::now();
-    try {
-      Result<std::unique_ptr<envs::Environment>> made = envs::MakeEnvironment(config);
-      if (!made.ok()) {
-        result = made.status();
-      } else {
-        box->env = std::move(*made);
-        box->spec = box->env->Describe();
-        result = box->env->Reset(seed, {});
-      }
-    } catch (const std::exception& e) {
-      result = Status::Internal(std::string("environment threw: ") + e.what());
-    }
-    *spent += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-    {
-      std::lock_guard<std::mutex> lock(call->mutex);
-      call->reset = std::move(result);
-      call->done = true;
-    }
-    --*running;
-    wake->Notify();
-  }).detach();
-}
-
-void ActorImpl::LaunchStep(Episode& episode, envs::Action action) {
-  auto call = std::make_shared<EnvCall>();
-  episode.call = call;
-  ++*calls_running_;
-  std::thread([call, box = episode.box, action = std::move(action), wake = wake_,
-               running = calls_running_, spent = env_call_ns_] {
-    std::optional<Result<envs::StepResult>> result;
-    const auto start = Clock::now();
-    try {
-      result = box->env->Step(action);
-    } catch (const std::exception& e) {
-      result = Status::Internal(std::string("environment threw: ") + e.what());
-    }
-    *spent += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-    {
-      std::lock_guard<std::mutex> lock(call->mutex);
-      call->step = std::move(result);
-      call->done = true;
-    }
-    --*running;
-    wake->Notify();
-  }).detach();
 }
 
 void ActorImpl::PollCalls() {
@@ -552,13 +304,8 @@ void ActorImpl::PollCalls() {
     if (it == episodes_.end()) continue;
     Episode& episode = *it->second;
     std::shared_ptr<EnvCall> call = episode.call;
-    bool done = false;
-    {
-      std::lock_guard<std::mutex> lock(call->mutex);
-      done = call->done;
-    }
-    if (!done) {
-      if (now - call->started > limit) {
+    if (!call->done()) {
+      if (now - call->started() > limit) {
         const std::string what = episode.phase == Phase::kResetting ? "reset" : "step";
         const std::string message = "environment " + what + " did not return within " + limit_text;
         if (episode.phase == Phase::kResetting) {
@@ -576,7 +323,7 @@ void ActorImpl::PollCalls() {
     }
     episode.call.reset();
     if (episode.phase == Phase::kResetting) {
-      Result<envs::Observation> reset = std::move(*call->reset);
+      Result<envs::Observation> reset = call->TakeReset();
       if (!reset.ok()) {
         episode.reset_failed = true;
         episode.reset_timed_out = reset.status().code() == StatusCode::kDeadlineExceeded;
@@ -589,14 +336,13 @@ void ActorImpl::PollCalls() {
       }
       OnResetsDone(groups_[episode.group]);
     } else {
-      OnStepResult(episode, std::move(*call->step));
+      OnStepResult(episode, call->TakeStep());
     }
   }
 }
 
 // When every member of the group has answered its reset: build the prompt once, submit it.
 void ActorImpl::OnResetsDone(Group& group) {
-  std::vector<int64_t> waiting;
   for (int64_t index : group.members) {
     auto it = episodes_.find(index);
     if (it == episodes_.end()) continue;
@@ -682,7 +428,7 @@ void ActorImpl::PollGroups() {
     const rollout::SequenceId source = *group.source;
     group.source.reset();
     if (members.empty()) {
-      (void)engine_->Release(source);
+      CheckEngineCall(engine_->Release(source), "release a prompt");  // idle, checked above
       continue;
     }
     // Each member then samples with DeriveSeed(seed, i): the group shares the prompt's state
@@ -690,39 +436,13 @@ void ActorImpl::PollGroups() {
     rollout::SamplingParams sampling = TurnSampling(*episodes_[members[0]]);
     Result<std::vector<rollout::SequenceId>> forked =
         engine_->Fork(source, static_cast<int64_t>(members.size()), sampling);
-    (void)engine_->Release(source);
+    CheckEngineCall(engine_->Release(source), "release a prompt");  // idle, checked above
     if (!forked.ok()) {
       for (int64_t index : members) FinishEpisode(index, "engine", forked.status().ToString());
       continue;  // the group is gone now
     }
     for (size_t i = 0; i < members.size(); ++i) {
-      Episode& e = *episodes_[members[i]];
-      e.sequence = (*forked)[i];
-      by_sequence_[e.sequence.value()] = e.index;
-      SegmenterOptions segmenter_options;
-      segmenter_options.segment_tokens = options_.segment_tokens;
-      segmenter_options.env = options_.env.name;
-      segmenter_options.table = options_.table;
-      segmenter_options.routing_layers = routing_layers_;
-      segmenter_options.routing_top_k = routing_k_;
-      segmenter_options.route_context = true;
-      segmenter_options.group_id = group.group_id;
-      segmenter_options.group_index = static_cast<uint32_t>(e.member);
-      segmenter_options.group_size = static_cast<uint32_t>(options_.group_size);
-      segmenter_options.temperature = static_cast<float>(options_.sampling.temperature);
-      segmenter_options.top_p = static_cast<float>(options_.sampling.top_p);
-      segmenter_options.top_k = static_cast<uint32_t>(options_.sampling.top_k);
-      segmenter_options.policy_version = engine_->policy_version();  // the prompt's
-      e.segmenter = std::make_unique<Segmenter>(segmenter_options, NewTrajectoryId());
-      e.transcript = group.after_prompt;
-      metrics_.context_tokens += AddPieces(*e.segmenter, group.prompt);
-      Status routed = RouteContext(e, group.prompt_routing, group.prompt_routing.tokens);
-      if (!routed.ok()) {
-        FinishEpisode(e.index, "routing", routed.ToString());
-        continue;
-      }
-      e.phase = Phase::kGenerating;
-      PushReady(e);
+      StartMember(*episodes_[members[i]], group, (*forked)[i]);
     }
     // The members' segmenters and the engine's forked states hold the prompt now; the group's
     // pieces and routing (16 bytes per prompt token) would otherwise stay until its episodes end.
@@ -732,6 +452,45 @@ void ActorImpl::PollGroups() {
       still->second.prompt_routing = {};
     }
   }
+}
+
+// A member of a group whose prompt was forked: its trajectory starts with the prompt.
+void ActorImpl::StartMember(Episode& e, const Group& group, rollout::SequenceId sequence) {
+  e.sequence = sequence;
+  by_sequence_[sequence] = e.index;
+  SegmenterOptions segmenter_options;
+  segmenter_options.segment_tokens = options_.segment_tokens;
+  segmenter_options.env = options_.env.name;
+  segmenter_options.table = options_.table;
+  segmenter_options.routing_layers = routing_layers_;
+  segmenter_options.routing_top_k = routing_k_;
+  segmenter_options.route_context = true;
+  segmenter_options.group_id = group.group_id;
+  segmenter_options.group_index = static_cast<uint32_t>(e.member);
+  segmenter_options.group_size = static_cast<uint32_t>(options_.group_size);
+  segmenter_options.temperature = static_cast<float>(options_.sampling.temperature);
+  segmenter_options.top_p = static_cast<float>(options_.sampling.top_p);
+  segmenter_options.top_k = static_cast<uint32_t>(options_.sampling.top_k);
+  segmenter_options.policy_version = engine_->policy_version();  // the prompt's
+  e.segmenter = std::make_unique<Segmenter>(segmenter_options, NewTrajectoryId());
+  e.transcript = group.after_prompt;
+  Result<int64_t> added = AddPieces(*e.segmenter, group.prompt);
+  if (!added.ok()) {
+    FinishEpisode(e.index, "internal", added.status().ToString());
+    return;
+  }
+  metrics_.context_tokens += *added;
+  Status routed = RouteContext(e, group.prompt_routing, group.prompt_routing.tokens);
+  if (!routed.ok()) {
+    FinishEpisode(e.index, "routing", routed.ToString());
+    return;
+  }
+  e.phase = Phase::kGenerating;
+  PushReady(e);
+}
+
+void ActorImpl::CheckEngineCall(const Status& status, const char* what) {
+  if (!status.ok()) spdlog::error("rollout engine: cannot {}: {}", what, status.ToString());
 }
 
 // The first `tokens` positions of `routing` are context the episode's segmenter holds.
@@ -751,7 +510,7 @@ Status ActorImpl::RouteContext(Episode& e, const rollout::CompactRouting& routin
       std::span<const uint16_t>(routing.experts.data(), static_cast<size_t>(tokens) * per_token));
 }
 
-Status ActorImpl::ProcessStep(const rollout::StepResult& step) {
+void ActorImpl::ProcessStep(const rollout::StepResult& step) {
   const size_t per_token = static_cast<size_t>(routing_layers_ * routing_k_);
   for (const rollout::SequenceStep& s : step.sequences) {
     if (!s.sampled) {
@@ -819,7 +578,6 @@ Status ActorImpl::ProcessStep(const rollout::StepResult& step) {
     PushReady(e);
     if (s.finish != rollout::FinishReason::kNone) OnTurnEnd(e);
   }
-  return Status::Ok();
 }
 
 void ActorImpl::OnTurnEnd(Episode& e) {
@@ -846,13 +604,16 @@ void ActorImpl::OnTurnEnd(Episode& e) {
     ++metrics_.malformed_tool_calls;
   }
   e.phase = Phase::kStepping;
-  LaunchStep(e, std::move(action));
+  e.call = env_calls_.Step(e.box, std::move(action));
 }
 
 void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   const int64_t index = e.index;
   if (!result.ok()) {
-    (void)e.segmenter->EndStep(std::nullopt);
+    // The turn sampled at least one token after the last step ended, so the step can end here;
+    // were it refused, the episode ends below all the same.
+    Status ended = e.segmenter->EndStep(std::nullopt);
+    if (!ended.ok()) spdlog::debug("episode {}: {}", index, ended.ToString());
     const bool timed_out = result.status().code() == StatusCode::kDeadlineExceeded;
     FinishEpisode(index, timed_out ? "env_timeout" : "env_error", result.status().ToString());
     return;
@@ -862,7 +623,11 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   std::optional<float> reward;
   if (r.reward) reward = static_cast<float>(*r.reward);
   e.step_reward_sum += r.reward.value_or(0.0);
-  (void)e.segmenter->EndStep(reward, SchemaLabel(r.label));
+  Status ended = e.segmenter->EndStep(reward, SchemaLabel(r.label));
+  if (!ended.ok()) {
+    FinishEpisode(index, "internal", ended.ToString());
+    return;
+  }
   for (const auto& [key, value] : r.info) e.info[key] = value;
   // What the actor writes: a closing marker when the turn hit max_new_tokens, the observation
   // as one turn (its images, then its text), and (unless done) the header of the next model
@@ -879,7 +644,12 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   if (r.done) {
     // The final observation (a verdict) is context after the last action; no turn follows.
     e.outcome = static_cast<float>(r.outcome_reward.value_or(0.0));
-    metrics_.context_tokens += AddPieces(*e.segmenter, pieces);
+    Result<int64_t> added = AddPieces(*e.segmenter, pieces);
+    if (!added.ok()) {
+      FinishEpisode(index, "internal", added.status().ToString());
+      return;
+    }
+    metrics_.context_tokens += *added;
     FinishEpisode(index, "done", "");
     return;
   }
@@ -896,7 +666,12 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
                       std::to_string(options_.max_episode_tokens) + ")");
     return;
   }
-  metrics_.context_tokens += AddPieces(*e.segmenter, pieces);
+  Result<int64_t> added = AddPieces(*e.segmenter, pieces);
+  if (!added.ok()) {
+    FinishEpisode(index, "internal", added.status().ToString());
+    return;
+  }
+  metrics_.context_tokens += *added;
   e.turn_tokens.clear();
   rollout::Request request{tokens, TurnSampling(e), false};
   request.images = std::move(images->pixels);
@@ -958,7 +733,8 @@ void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
   if (it == episodes_.end()) return;
   Episode& e = *it->second;
   if (e.sequence) {
-    (void)engine_->Cancel(*e.sequence);
+    // Live until here: this is the one place an episode's sequence ends.
+    CheckEngineCall(engine_->Cancel(*e.sequence), "cancel an episode's sequence");
     by_sequence_.erase(*e.sequence);
   }
   if (status == "done") {
@@ -972,77 +748,83 @@ void ActorImpl::FinishEpisode(int64_t index, const std::string& status,
     }
   }
   if (options_.episode_sink) {
-    EpisodeSummary summary;
-    summary.index = e.index;
-    summary.group = e.group;
-    summary.member = e.member;
-    summary.seed = e.seed;
-    summary.status = status;
-    summary.error = message;
-    summary.outcome_reward = status == "done" ? e.outcome : 0.0;
-    summary.step_reward_sum = e.step_reward_sum;
-    summary.turns = e.turns;
-    summary.tokens = e.segmenter ? e.segmenter->length() : 0;
-    summary.generated_tokens = e.generated_tokens;
-    summary.action_digest = e.action_digest;
-    summary.tool_calls = e.tool_calls;
-    summary.malformed_tool_calls = e.malformed_tool_calls;
-    summary.policy_version = engine_->policy_version();
-    summary.exchange = std::move(e.exchange);
-    options_.episode_sink(summary);
+    Summarize(e, status, message);
   } else if (e.segmenter && e.segmenter->length() > 0) {
-    const Group& group = groups_[e.group];
-    std::vector<std::pair<std::string, std::string>> metadata = {
-        {"status", status},
-        {"actor", options_.actor_id},
-        {"episode", std::to_string(e.index)},
-        {"seed", std::to_string(e.seed)},
-        {"group", group.group_id.Hex()},
-        {"group_index", std::to_string(e.member)},
-        {"group_size", std::to_string(options_.group_size)},
-        {"turns", std::to_string(e.turns)},
-        {"tool_calls", std::to_string(e.tool_calls)},
-        {"malformed_tool_calls", std::to_string(e.malformed_tool_calls)},
-    };
-    // The behaviour log-probs are those of the sampling distribution; these say what it was
-    // (the engine also never samples the image-patch placeholder).
-    metadata.emplace_back("sampling.temperature", std::to_string(options_.sampling.temperature));
-    metadata.emplace_back("sampling.top_k", std::to_string(options_.sampling.top_k));
-    metadata.emplace_back("sampling.top_p", std::to_string(options_.sampling.top_p));
-    metadata.emplace_back("sampling.banned", std::to_string(token::kImagePatch));
-    if (!message.empty()) metadata.emplace_back("error", message);
-    for (const auto& [key, value] : e.info) metadata.emplace_back("info." + key, value);
-    // With the seed, the options replay the episode offline (reward/verifiers.h).
-    for (const auto& [key, value] : options_.env.options) {
-      metadata.emplace_back("env_option." + key, value);
-    }
-    Result<std::vector<schema::SegmentData>> last =
-        e.segmenter->Finish(e.outcome, EndReasonOf(status), std::move(metadata));
-    if (last.ok()) {
-      for (const schema::SegmentData& segment : *last) {
-        Status pushed = sender_->Push(segment);
-        if (pushed.ok()) {
-          ++metrics_.segments;
-        } else {
-          ++metrics_.errors["segment"];
-          spdlog::error("segment {} not sent: {}", segment.key().ToString(), pushed.ToString());
-        }
-      }
-    }
+    SendLast(e, status, message);
   }
   // Close the environment off the loop (a process may take a while to go), unless a call is
   // still running in it: then the box dies with that call.
-  if (!e.call && e.box && e.box->env) {
-    ++*calls_running_;
-    std::thread([box = e.box, running = calls_running_] {
-      box->env->Close();
-      --*running;
-    }).detach();
-  }
+  if (!e.call && e.box && e.box->env) env_calls_.Close(e.box);
   const int64_t group = e.group;
   episodes_.erase(it);
   ++metrics_.episodes_finished;
   EndGroupIfEmpty(group);
+}
+
+void ActorImpl::Summarize(Episode& e, const std::string& status, const std::string& message) {
+  EpisodeSummary summary;
+  summary.index = e.index;
+  summary.group = e.group;
+  summary.member = e.member;
+  summary.seed = e.seed;
+  summary.status = status;
+  summary.error = message;
+  summary.outcome_reward = status == "done" ? e.outcome : 0.0;
+  summary.step_reward_sum = e.step_reward_sum;
+  summary.turns = e.turns;
+  summary.tokens = e.segmenter ? e.segmenter->length() : 0;
+  summary.generated_tokens = e.generated_tokens;
+  summary.action_digest = e.action_digest;
+  summary.tool_calls = e.tool_calls;
+  summary.malformed_tool_calls = e.malformed_tool_calls;
+  summary.policy_version = engine_->policy_version();
+  summary.exchange = std::move(e.exchange);
+  options_.episode_sink(summary);
+}
+
+// The episode's last segments, with its metadata, to the sender.
+void ActorImpl::SendLast(Episode& e, const std::string& status, const std::string& message) {
+  const Group& group = groups_[e.group];
+  std::vector<std::pair<std::string, std::string>> metadata = {
+      {"status", status},
+      {"actor", options_.actor_id},
+      {"episode", std::to_string(e.index)},
+      {"seed", std::to_string(e.seed)},
+      {"group", group.group_id.Hex()},
+      {"group_index", std::to_string(e.member)},
+      {"group_size", std::to_string(options_.group_size)},
+      {"turns", std::to_string(e.turns)},
+      {"tool_calls", std::to_string(e.tool_calls)},
+      {"malformed_tool_calls", std::to_string(e.malformed_tool_calls)},
+  };
+  // The behaviour log-probs are those of the sampling distribution; these say what it was
+  // (the engine also never samples the image-patch placeholder).
+  metadata.emplace_back("sampling.temperature", std::to_string(options_.sampling.temperature));
+  metadata.emplace_back("sampling.top_k", std::to_string(options_.sampling.top_k));
+  metadata.emplace_back("sampling.top_p", std::to_string(options_.sampling.top_p));
+  metadata.emplace_back("sampling.banned", std::to_string(token::kImagePatch));
+  if (!message.empty()) metadata.emplace_back("error", message);
+  for (const auto& [key, value] : e.info) metadata.emplace_back("info." + key, value);
+  // With the seed, the options replay the episode offline (reward/verifiers.h).
+  for (const auto& [key, value] : options_.env.options) {
+    metadata.emplace_back("env_option." + key, value);
+  }
+  Result<std::vector<schema::SegmentData>> last =
+      e.segmenter->Finish(e.outcome, EndReasonOf(status), std::move(metadata));
+  if (!last.ok()) {
+    ++metrics_.errors["segment"];
+    spdlog::error("episode {}: last segments not cut: {}", e.index, last.status().ToString());
+    return;
+  }
+  for (const schema::SegmentData& segment : *last) {
+    Status pushed = sender_->Push(segment);
+    if (pushed.ok()) {
+      ++metrics_.segments;
+    } else {
+      ++metrics_.errors["segment"];
+      spdlog::error("segment {} not sent: {}", segment.key().ToString(), pushed.ToString());
+    }
+  }
 }
 
 void ActorImpl::EndGroupIfEmpty(int64_t id) {
@@ -1051,7 +833,10 @@ void ActorImpl::EndGroupIfEmpty(int64_t id) {
   for (int64_t index : it->second.members) {
     if (episodes_.count(index)) return;
   }
-  if (it->second.source) (void)engine_->Cancel(*it->second.source);
+  if (it->second.source) {
+    // A source is live until its group forks, which resets it.
+    CheckEngineCall(engine_->Cancel(*it->second.source), "cancel a prompt");
+  }
   groups_.erase(it);
 }
 
@@ -1066,8 +851,8 @@ void ActorImpl::Snapshot() {
   const SenderStats sent = sender_ ? sender_->stats() : SenderStats{};
   metrics_.elapsed_s = std::chrono::duration<double>(Clock::now() - started_).count();
   metrics_.live_episodes = static_cast<int64_t>(episodes_.size());
-  metrics_.env_calls_running = *calls_running_;
-  metrics_.env_call_seconds = static_cast<double>(env_call_ns_->load()) * 1e-9;
+  metrics_.env_calls_running = env_calls_.running();
+  metrics_.env_call_seconds = env_calls_.seconds();
   metrics_.engine_sequences = engine_->Stats().live_sequences;
   metrics_.send_queue_segments = sent.queued_segments;
   metrics_.send_queue_bytes = sent.queued_bytes;
@@ -1077,72 +862,50 @@ void ActorImpl::Snapshot() {
   metrics_.spill_files = sent.spill_files;
   metrics_.spill_bytes = sent.spill_bytes;
   metrics_.replay_connected = sent.connected;
-  if (weight_errors_ > 0) metrics_.errors["weights"] = weight_errors_;
+  if (const int64_t errors = weights_.errors(); errors > 0) metrics_.errors["weights"] = errors;
   metrics_.waiting_for_weights = waiting_since_.has_value();
   metrics_.weights_wait_s =
       weights_waited_s_ +
       (waiting_since_ ? std::chrono::duration<double>(Clock::now() - *waiting_since_).count() : 0);
-  std::lock_guard<std::mutex> lock(metrics_mutex_);
-  snapshot_ = metrics_;
+  reporter_.Publish(metrics_);
 }
 
-void ActorImpl::Report(bool final_report) {
-  const auto now = Clock::now();
-  if (terminal_ && (now >= next_progress_ || final_report)) {
-    next_progress_ = now + milliseconds(500);
-    int64_t errors = 0;
-    for (const auto& [kind, n] : metrics_.errors) errors += n;
-    const double elapsed = std::max(1e-9, metrics_.elapsed_s);
-    char round[96] = "";
-    if (metrics_.sync) {
-      std::snprintf(round, sizeof(round), "  round %lld%s (waited %.1f s)",
-                    static_cast<long long>(metrics_.round),
-                    metrics_.waiting_for_weights ? " waiting for weights" : "",
-                    metrics_.weights_wait_s);
-    }
-    std::fprintf(stderr,
-                 "\r[%s] episodes %lld%s  tokens/s %.0f  tool calls %lld  errors %lld  "
-                 "segments %lld (acked %llu, spilled %llu)  v%llu%s   %s",
-                 options_.actor_id.c_str(), static_cast<long long>(metrics_.episodes_finished),
-                 options_.episodes > 0 ? ("/" + std::to_string(options_.episodes)).c_str() : "",
-                 (metrics_.generated_tokens + metrics_.context_tokens) / elapsed,
-                 static_cast<long long>(metrics_.tool_calls), static_cast<long long>(errors),
-                 static_cast<long long>(metrics_.segments),
-                 static_cast<unsigned long long>(metrics_.acked_segments),
-                 static_cast<unsigned long long>(metrics_.spill_files),
-                 static_cast<unsigned long long>(metrics_.policy_version), round,
-                 final_report ? "\n" : "");
-    std::fflush(stderr);
+void ActorImpl::FinishAll(const std::string& status, const std::string& message) {
+  std::vector<int64_t> live;
+  for (const auto& [index, e] : episodes_) live.push_back(index);
+  for (int64_t index : live) FinishEpisode(index, status, message);
+}
+
+bool ActorImpl::Step(Status* failure) {
+  const auto step_start = Clock::now();
+  Result<rollout::StepResult> step = engine_->Step();
+  ++metrics_.engine_steps;
+  const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+  metrics_.engine_step_seconds += step_seconds;
+  if (!step.ok()) {
+    *failure = step.status().WithContext("rollout engine");
+    FinishAll("engine", failure->ToString());
+    return false;
   }
-  if (now < next_report_ && !final_report) return;
-  next_report_ = now + milliseconds(static_cast<int64_t>(options_.metrics_interval_s * 1000));
-  const std::string line = metrics_.ToJson();
-  if (metrics_file_.is_open()) {
-    metrics_file_ << line << "\n";
-    metrics_file_.flush();
-  }
-  if (!terminal_) spdlog::info("metrics {}", line);
+  metrics_.prefill_steps += step->prefill_tokens > 0 ? 1 : 0;
+  (step->prefill_tokens > 0 ? metrics_.prefill_step_seconds : metrics_.decode_step_seconds) +=
+      step_seconds;
+  metrics_.prefill_tokens += step->prefill_tokens;
+  metrics_.decode_tokens += step->decode_tokens;
+  ProcessStep(*step);
+  return true;
 }
 
 Status ActorImpl::Run(std::stop_token stop) {
   started_ = Clock::now();
-  next_report_ = started_ + milliseconds(static_cast<int64_t>(options_.metrics_interval_s * 1000));
-  terminal_ = options_.progress && ::isatty(STDERR_FILENO);
-  if (!options_.metrics_path.empty()) {
-    metrics_file_.open(options_.metrics_path, std::ios::app);
-    if (!metrics_file_) {
-      return Status::IoError("actor: cannot open the metrics file " + options_.metrics_path);
-    }
-  }
-  StartWeightSubscriber();
+  STRIDER_RETURN_IF_ERROR(reporter_.Start(started_));
+  weights_.Start();
   Status failure;
   bool stopped = false;
   while (true) {
     if (stop.stop_requested() && !stopped) {
       stopped = true;
-      std::vector<int64_t> live;
-      for (const auto& [index, e] : episodes_) live.push_back(index);
-      for (int64_t index : live) FinishEpisode(index, "stopped", "the actor was stopped");
+      FinishAll("stopped", "the actor was stopped");
     }
     if (!options_.weights_sync) {
       ApplyWeights();
@@ -1153,37 +916,17 @@ Status ActorImpl::Run(std::stop_token stop) {
     PollCalls();
     PollGroups();
     if (EngineActive() > 0) {
-      const auto step_start = Clock::now();
-      Result<rollout::StepResult> step = engine_->Step();
-      ++metrics_.engine_steps;
-      const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
-      metrics_.engine_step_seconds += step_seconds;
-      if (step.ok()) {
-        metrics_.prefill_steps += step->prefill_tokens > 0 ? 1 : 0;
-        (step->prefill_tokens > 0 ? metrics_.prefill_step_seconds
-                                  : metrics_.decode_step_seconds) += step_seconds;
-        metrics_.prefill_tokens += step->prefill_tokens;
-        metrics_.decode_tokens += step->decode_tokens;
-      }
-      if (!step.ok()) {
-        failure = step.status().WithContext("rollout engine");
-        std::vector<int64_t> live;
-        for (const auto& [index, e] : episodes_) live.push_back(index);
-        for (int64_t index : live) FinishEpisode(index, "engine", failure.ToString());
-        break;
-      }
-      Status processed = ProcessStep(*step);
-      if (!processed.ok()) return processed;
+      if (!Step(&failure)) break;
     } else if (episodes_.empty() &&
                (stopped || (options_.episodes > 0 && next_episode_ >= options_.episodes))) {
       break;
     } else {
       // Waiting for weights, the subscriber's Notify ends the wait as soon as they are loaded.
-      wake_->WaitFor(
+      env_calls_.wake().WaitFor(
           milliseconds((sender_ && sender_->Backlogged()) || waiting_since_ ? 50 : 2));
     }
     Snapshot();
-    Report(false);
+    reporter_.Report(metrics_, false);
   }
   // Every segment handed over: wait for the server, spill what it does not take in time.
   Status closed;
@@ -1192,15 +935,10 @@ Status ActorImpl::Run(std::stop_token stop) {
     if (!closed.ok()) spdlog::error("{}", closed.ToString());
   }
   // Environment threads still closing get a moment, so they do not outlive the process state.
-  const auto deadline = Clock::now() + milliseconds(2000);
-  while (*calls_running_ > 0 && Clock::now() < deadline)
-    std::this_thread::sleep_for(milliseconds(5));
-  if (weights_thread_.joinable()) {
-    weights_thread_.request_stop();
-    weights_thread_.join();
-  }
+  env_calls_.WaitIdle(milliseconds(2000));
+  weights_.Stop();
   Snapshot();
-  Report(true);
+  reporter_.Report(metrics_, true);
   if (!failure.ok()) return failure;
   return closed;
 }
