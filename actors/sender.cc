@@ -43,42 +43,47 @@ Sender::Sender(SenderOptions options, SpillDirectory spill)
 }
 
 Sender::~Sender() {
-  if (thread_.joinable()) (void)Close(milliseconds(0));
+  if (!thread_.joinable()) return;
+  // An owner that closed the sender has seen Close's error already; this is the path of one
+  // that returned early, whose segments the spill directory keeps where it can.
+  Status closed = Close(milliseconds(0));
+  if (!closed.ok()) spdlog::error("{}", closed.ToString());
 }
 
 Status Sender::Push(const schema::SegmentData& segment) {
   STRIDER_ASSIGN_OR_RETURN(std::string frame, schema::EncodeSegment(segment));
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (stop_) return Status::FailedPrecondition("sender: closed");
     queued_bytes_ += frame.size();
     queue_.push_back({segment.key(), std::move(frame)});
     stats_.queued_segments = queue_.size();
     stats_.queued_bytes = queued_bytes_;
   }
-  wake_.notify_one();
+  wake_.Signal();
   return Status::Ok();
 }
 
 bool Sender::Backlogged() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   return queued_bytes_ > options_.queue_max_bytes;
 }
 
 SenderStats Sender::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   return stats_;
 }
 
 Status Sender::Close(milliseconds timeout) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (!thread_.joinable()) return close_status_;
     stop_ = true;
     stop_deadline_ = Clock::now() + timeout;
   }
-  wake_.notify_one();
+  wake_.Signal();
   thread_.join();
+  MutexLock lock(&mutex_);
   return close_status_;
 }
 
@@ -102,7 +107,7 @@ bool Sender::TryConnect() {
     spdlog::error("sender: {}; segments wait in {} and the connection is retried",
                   last_refusal_, options_.spill_dir);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   if (!client.ok()) {
     stats_.connected = false;
     return false;
@@ -119,7 +124,7 @@ bool Sender::SendOne(const schema::SegmentKey& key, std::string bytes, bool from
   Status status = client_->SendFrame(key, std::move(bytes));
   if (status.ok()) {
     if (from_spill) {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       ++stats_.sent_from_spill;
     }
     return true;
@@ -128,7 +133,7 @@ bool Sender::SendOne(const schema::SegmentKey& key, std::string bytes, bool from
     // Over the server's message size: no retry can help. Counted and logged, never silent.
     spdlog::error("sender: segment {} refused: {}", key.ToString(), status.message());
     in_flight_.erase(key);
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     ++stats_.rejected;
     return true;
   }
@@ -153,10 +158,12 @@ void Sender::CollectAcks() {
     spdlog::error("replay server refused segment {}: {}: {}", error.key.ToString(), error.reason,
                   error.message);
     in_flight_.erase(error.key);
-    (void)spill_.Remove(error.key);
+    // Refused for good: a copy left in the spill directory would be sent again by the next run.
+    Status removed = spill_.Remove(error.key);
+    if (!removed.ok()) spdlog::warn("{}", removed.message());
     ++rejected;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   stats_.acked += acked.size();
   stats_.rejected += rejected;
   stats_.in_flight = in_flight_.size();
@@ -181,26 +188,35 @@ void Sender::DropConnection(const std::string& why) {
   in_flight_.clear();
   client_.reset();
   unreachable_ = true;
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (auto it = back_to_queue.rbegin(); it != back_to_queue.rend(); ++it) {
-    queued_bytes_ += it->bytes.size();
-    queue_.push_front(std::move(*it));
+  {
+    MutexLock lock(&mutex_);
+    for (auto it = back_to_queue.rbegin(); it != back_to_queue.rend(); ++it) {
+      queued_bytes_ += it->bytes.size();
+      queue_.push_front(std::move(*it));
+    }
+    stats_.spilled += spilled;
+    stats_.connected = false;
+    stats_.in_flight = 0;
+    UpdateQueueStats();
   }
-  stats_.spilled += spilled;
-  stats_.connected = false;
-  stats_.in_flight = 0;
-  stats_.queued_segments = queue_.size();
-  stats_.queued_bytes = queued_bytes_;
-  stats_.spill_files = spill_.segments().size();
-  stats_.spill_bytes = spill_.bytes();
-  lock.unlock();
   // The queue goes with the frames in flight: the server is unreachable, and a process killed
   // while the next connection attempt waits must not take the queue with it.
   SpillQueue();
 }
 
+void Sender::UpdateQueueStats() {
+  stats_.queued_segments = queue_.size();
+  stats_.queued_bytes = queued_bytes_;
+  stats_.spill_files = spill_.segments().size();
+  stats_.spill_bytes = spill_.bytes();
+}
+
 void Sender::SpillQueue() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
+  SpillQueueLocked();
+}
+
+void Sender::SpillQueueLocked() {
   while (!queue_.empty()) {
     Frame& front = queue_.front();
     Status put = spill_.Put(front.key, front.bytes);
@@ -212,10 +228,19 @@ void Sender::SpillQueue() {
     queue_.pop_front();
     ++stats_.spilled;
   }
-  stats_.queued_segments = queue_.size();
-  stats_.queued_bytes = queued_bytes_;
-  stats_.spill_files = spill_.segments().size();
-  stats_.spill_bytes = spill_.bytes();
+  UpdateQueueStats();
+}
+
+bool Sender::Finished(bool past_deadline) {
+  // Closing waits for spilled files too: they go out once the server answers, or stay on disk
+  // for the next run when the deadline passes first.
+  if (!stop_ || !((queue_.empty() && spill_.segments().empty()) || past_deadline)) return false;
+  if (!queue_.empty()) {
+    close_status_ = Status::ResourceExhausted(
+        "sender: " + std::to_string(queue_.size()) +
+        " segments were neither acknowledged nor spilled (spill directory full)");
+  }
+  return true;
 }
 
 void Sender::Loop() {
@@ -223,7 +248,7 @@ void Sender::Loop() {
     bool stopping = false;
     Clock::time_point deadline;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       stopping = stop_;
       deadline = stop_deadline_;
     }
@@ -239,18 +264,10 @@ void Sender::Loop() {
     if (!client_ || past_deadline) {
       if (client_) DropConnection("closing before every segment was acknowledged");
       SpillQueue();
-      std::unique_lock<std::mutex> lock(mutex_);
-      // Closing waits for spilled files too: they go out once the server answers, or stay on
-      // disk for the next run when the deadline passes first.
-      if (stopping && ((queue_.empty() && spill_.segments().empty()) || past_deadline)) {
-        if (!queue_.empty()) {
-          close_status_ = Status::ResourceExhausted(
-              "sender: " + std::to_string(queue_.size()) +
-              " segments were neither acknowledged nor spilled (spill directory full)");
-        }
-        return;
-      }
-      wake_.wait_for(lock, milliseconds(100));
+      MutexLock lock(&mutex_);
+      // `stopping` as read above: a Close since then is seen on the next pass.
+      if (stopping && Finished(past_deadline)) return;
+      wake_.WaitFor(&mutex_, milliseconds(100));
       continue;
     }
 
@@ -272,7 +289,7 @@ void Sender::Loop() {
     while (client_) {
       Frame frame;
       {
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(&mutex_);
         if (queue_.empty()) break;
         frame = std::move(queue_.front());
         queue_.pop_front();
@@ -288,8 +305,13 @@ void Sender::Loop() {
     if (!client_) continue;
     CollectAcks();
     if (!in_flight_.empty()) {
-      // Pumps acknowledgements; the client resends after a server restart by itself.
-      (void)client_->Flush(milliseconds(20));
+      // Pumps acknowledgements; the client resends after a server restart by itself. Within
+      // 20 ms the usual answer is Unavailable (acknowledgements still due); a connection that
+      // stays lost shows as no progress, which the check below acts on.
+      Status pumped = client_->Flush(milliseconds(20));
+      if (!pumped.ok() && pumped.code() != StatusCode::kUnavailable) {
+        spdlog::debug("sender: {}", pumped.ToString());
+      }
       CollectAcks();
       if (!in_flight_.empty() && Clock::now() - last_progress_ > options_.spill_after) {
         DropConnection("no acknowledgement for " + std::to_string(options_.spill_after.count()) +
@@ -297,9 +319,9 @@ void Sender::Loop() {
       }
       continue;
     }
-    std::unique_lock<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (stop_ && queue_.empty() && spill_.segments().empty()) return;
-    if (queue_.empty()) wake_.wait_for(lock, milliseconds(50));
+    if (queue_.empty()) wake_.WaitFor(&mutex_, milliseconds(50));
   }
 }
 

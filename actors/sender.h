@@ -16,18 +16,18 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 
 #include "actors/spill.h"
+#include "common/clock.h"
+#include "common/mutex.h"
 #include "common/schema/messages.h"
 #include "common/status.h"
 #include "replay/client.h"
@@ -66,13 +66,14 @@ class Sender {
 
   // Encodes (validating) and queues one segment. InvalidArgument for a segment that fails
   // validation: a bug of the caller, reported rather than sent.
-  Status Push(const schema::SegmentData& segment);
+  Status Push(const schema::SegmentData& segment) EXCLUDES(mutex_);
   // The queue is over its bound: start no new episodes.
-  bool Backlogged() const;
+  bool Backlogged() const EXCLUDES(mutex_);
   // Waits up to `timeout` for everything to be acknowledged, spills the rest, stops the thread.
   // Error when segments could be neither acknowledged nor spilled (they are reported by key).
-  Status Close(std::chrono::milliseconds timeout);
-  SenderStats stats() const;
+  // Called by one thread at a time (the actor's loop, then the destructor).
+  Status Close(std::chrono::milliseconds timeout) EXCLUDES(mutex_);
+  SenderStats stats() const EXCLUDES(mutex_);
 
  private:
   struct Frame {
@@ -80,35 +81,43 @@ class Sender {
     std::string bytes;
   };
   explicit Sender(SenderOptions options, SpillDirectory spill);
-  void Loop();
-  bool TryConnect();
+  void Loop() EXCLUDES(mutex_);
+  bool TryConnect() EXCLUDES(mutex_);
   // Sends one frame; false when the connection is lost (the frame stays in flight).
-  bool SendOne(const schema::SegmentKey& key, std::string bytes, bool from_spill);
-  void CollectAcks();
+  bool SendOne(const schema::SegmentKey& key, std::string bytes, bool from_spill)
+      EXCLUDES(mutex_);
+  void CollectAcks() EXCLUDES(mutex_);
   // Connection lost: in-flight frames from memory go to the spill directory (or back to the
   // front of the queue when it is full), the client is dropped.
-  void DropConnection(const std::string& why);
+  void DropConnection(const std::string& why) EXCLUDES(mutex_);
   // No connection: moves queued frames to the spill directory while it has room.
-  void SpillQueue();
+  void SpillQueue() EXCLUDES(mutex_);
+  void SpillQueueLocked() REQUIRES(mutex_);
+  // The queue's and the spill directory's sizes into stats_.
+  void UpdateQueueStats() REQUIRES(mutex_);
+  // Whether the loop is done: stopping, and nothing left to send or the deadline passed.
+  bool Finished(bool past_deadline) REQUIRES(mutex_);
 
-  SenderOptions options_;
-  mutable std::mutex mutex_;  // guards queue_, queued_bytes_, stop_, stats_
-  std::condition_variable wake_;
-  std::deque<Frame> queue_;
-  uint64_t queued_bytes_ = 0;
-  bool stop_ = false;
-  std::chrono::steady_clock::time_point stop_deadline_;
-  SenderStats stats_;
-  Status close_status_;
+  const SenderOptions options_;
+  mutable Mutex mutex_;
+  CondVar wake_;  // Push and Close wake the sender thread
+  std::deque<Frame> queue_ GUARDED_BY(mutex_);
+  uint64_t queued_bytes_ GUARDED_BY(mutex_) = 0;
+  bool stop_ GUARDED_BY(mutex_) = false;
+  Clock::time_point stop_deadline_ GUARDED_BY(mutex_);
+  SenderStats stats_ GUARDED_BY(mutex_);
+  Status close_status_ GUARDED_BY(mutex_);
 
-  // Sender thread only.
+  // Sender thread only (the spill directory is also read under mutex_ for stats_, from that
+  // thread).
   SpillDirectory spill_;
   std::unique_ptr<replay::ActorClient> client_;
   std::map<schema::SegmentKey, std::optional<std::string>> in_flight_;  // nullopt: from spill
-  std::chrono::steady_clock::time_point last_progress_;
-  std::chrono::steady_clock::time_point next_connect_;
+  Clock::time_point last_progress_;
+  Clock::time_point next_connect_;
   bool unreachable_ = false;  // a connection attempt failed or a connection was dropped
-  std::string last_refusal_;  // the server's refusal of our key, once logged (sender thread)
+  std::string last_refusal_;  // the server's refusal of our key, once logged
+  // Started by Start, joined by Close.
   std::thread thread_;
 };
 
