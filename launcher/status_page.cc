@@ -295,7 +295,7 @@ json FleetCurves::ToJson(size_t max_points) const {
 }
 
 void StatusBoard::Publish(std::string fleet_json, std::string metrics_text) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   fleet_json_ = std::move(fleet_json);
   metrics_text_ = std::move(metrics_text);
 }
@@ -305,17 +305,17 @@ http::Pages StatusBoard::Pages(std::shared_ptr<StatusBoard> board, int poll_ms) 
   pages["/"] = [board, poll_ms] {
     std::string fleet;
     {
-      std::lock_guard<std::mutex> lock(board->mutex_);
+      MutexLock lock(&board->mutex_);
       fleet = board->fleet_json_;
     }
     return http::Page{200, "text/html; charset=utf-8", StatusPageHtml(fleet, poll_ms)};
   };
   pages["/fleet.json"] = [board] {
-    std::lock_guard<std::mutex> lock(board->mutex_);
+    MutexLock lock(&board->mutex_);
     return http::Page{200, http::kJsonContentType, board->fleet_json_};
   };
   pages["/metrics"] = [board] {
-    std::lock_guard<std::mutex> lock(board->mutex_);
+    MutexLock lock(&board->mutex_);
     return http::Page{200, http::kPrometheusContentType, board->metrics_text_};
   };
   return pages;

@@ -14,11 +14,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/transport/http_status.h"
 
 namespace strider::launcher {
@@ -58,15 +58,15 @@ class FleetCurves {
 // (Pages), hence the mutex.
 class StatusBoard {
  public:
-  void Publish(std::string fleet_json, std::string metrics_text);
+  void Publish(std::string fleet_json, std::string metrics_text) EXCLUDES(mutex_);
   // "/" (the HTML page with the current fleet.json inline, polling it every `poll_ms`),
   // "/fleet.json" and "/metrics"; they keep the board alive.
   static http::Pages Pages(std::shared_ptr<StatusBoard> board, int poll_ms);
 
  private:
-  std::mutex mutex_;
-  std::string fleet_json_ = "{}";
-  std::string metrics_text_;
+  Mutex mutex_;
+  std::string fleet_json_ GUARDED_BY(mutex_) = "{}";
+  std::string metrics_text_ GUARDED_BY(mutex_);
 };
 
 // The HTML page: no external assets; an inline script draws `fleet_json` at once and then
