@@ -22,20 +22,18 @@ struct LaunchArgs {
 };
 
 // Every child's config through its own loader, so a broken one fails here, before anything
-// starts, naming the fleet key that points at it and its own file, line and key.
-Result<uint64_t> CheckChildConfigs(const launcher::FleetConfig& fleet) {
+// starts, naming the fleet key that points at it and its own file, line and key. `read_keys`
+// false leaves the actors' key files unread, for commands that read them when they run.
+Result<uint64_t> CheckChildConfigs(const launcher::FleetConfig& fleet, bool read_keys) {
   const auto in_fleet = [&](const std::string& key) { return fleet.origin + ": " + key; };
   Status replay = replay::LoadServerConfig(fleet.replay_config).status();
   if (!replay.ok()) return replay.WithContext(in_fleet("replay.config"));
   Status learner = CheckRlLearnerConfig(fleet.learner_config);
   if (!learner.ok()) return learner.WithContext(in_fleet("learner.config"));
-  // Across hosts each actor's key files are on its own host (as the replay server's and the
-  // learner's are, which their loaders leave unread too): the actor reads them when it starts.
-  const bool local = !fleet.hosts.has_value();
-  Result<uint64_t> seed = CheckActorConfig(fleet.actor_config, local);
+  Result<uint64_t> seed = CheckActorConfig(fleet.actor_config, read_keys);
   if (!seed.ok()) return seed.status().WithContext(in_fleet("actors.config"));
   if (fleet.evaluation) {
-    Result<uint64_t> eval = CheckActorConfig(fleet.evaluation->config, local);
+    Result<uint64_t> eval = CheckActorConfig(fleet.evaluation->config, read_keys);
     if (!eval.ok()) return eval.status().WithContext(in_fleet("evaluation.config"));
   }
   return *seed;
@@ -94,9 +92,15 @@ Status PrintCommands(const LaunchArgs& args) {
         "--print-commands prints a fresh fleet's commands; a rank or actor restarted by its "
         "scheduler continues from its own files (docs/fleet.md)");
   }
-  STRIDER_ASSIGN_OR_RETURN(launcher::FleetConfig fleet,
-                           launcher::LoadFleetForLaunch(args.fleet, args.run_dir, false));
-  STRIDER_ASSIGN_OR_RETURN(const uint64_t actor_seed, CheckChildConfigs(fleet));
+  // Printed commands read their files when they run, on their hosts (this one too for a fleet
+  // without hosts): the weights and the actors' key files need not exist yet. The replay
+  // server's and the learner's key files their loaders leave unread as well.
+  STRIDER_ASSIGN_OR_RETURN(
+      launcher::FleetConfig fleet,
+      launcher::LoadFleetForLaunch(args.fleet, args.run_dir, false,
+                                   launcher::FleetUse::kPrintCommands));
+  STRIDER_ASSIGN_OR_RETURN(const uint64_t actor_seed,
+                           CheckChildConfigs(fleet, /*read_keys=*/false));
   const std::vector<launcher::HostCommand> commands = launcher::HostCommands(fleet, actor_seed);
   const std::string out = args.json ? launcher::HostCommandsJsonLines(commands)
                                     : launcher::HostCommandsText(commands);
@@ -112,7 +116,9 @@ Status RunLaunch(const LaunchArgs& args) {
   STRIDER_ASSIGN_OR_RETURN(launcher::FleetConfig fleet,
                            launcher::LoadFleetForLaunch(args.fleet, args.run_dir, args.resume));
   launcher::LaunchOptions options;
-  STRIDER_ASSIGN_OR_RETURN(options.actor_base_seed, CheckChildConfigs(fleet));
+  // A fleet with hosts is refused by Launch below, its key files being on those hosts.
+  STRIDER_ASSIGN_OR_RETURN(options.actor_base_seed,
+                           CheckChildConfigs(fleet, /*read_keys=*/!fleet.hosts.has_value()));
   options.resume = args.resume;
   const std::string learner_config = fleet.learner_config;
   options.write_initial_weights = [learner_config](const std::string& out) {

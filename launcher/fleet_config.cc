@@ -227,7 +227,7 @@ void ReadHosts(ConfigReader& root, ConfigReader& replay, ConfigReader& learner,
 
 }  // namespace
 
-Result<FleetConfig> LoadFleetConfig(const std::string& path) {
+Result<FleetConfig> LoadFleetConfig(const std::string& path, FleetUse use) {
   STRIDER_ASSIGN_OR_RETURN(ConfigReader root, ConfigReader::FromFile(path));
   FleetConfig fleet;
   fleet.origin = path;
@@ -277,10 +277,15 @@ Result<FleetConfig> LoadFleetConfig(const std::string& path) {
   ReadHosts(root, replay, learner, actors, &fleet);
 
   // The children's configs are read here (their loaders check them before anything starts);
-  // weights are only read by the learner and actors, which on other hosts find them there.
+  // weights are only read by the learner and actors, which on other hosts find them there, and
+  // here only once launched.
   fleet.as_written.weights = fleet.weights;
   if (!fleet.weights.empty() && !fleet.hosts) {
-    ResolveExisting(root, "weights", path, &fleet.weights);
+    if (use == FleetUse::kLaunch) {
+      ResolveExisting(root, "weights", path, &fleet.weights);
+    } else {
+      fleet.weights = ResolveConfigPath(fleet.weights, path);
+    }
   }
 
   if (root.Has("evaluation")) {
@@ -339,10 +344,10 @@ Result<FleetConfig> LoadFleetConfig(const std::string& path) {
 }
 
 Result<FleetConfig> LoadFleetForLaunch(const std::string& fleet_path, const std::string& run_dir,
-                                       bool resume) {
+                                       bool resume, FleetUse use) {
   if (!resume) {
     if (fleet_path.empty()) return Status::InvalidArgument("a fleet file is required");
-    STRIDER_ASSIGN_OR_RETURN(FleetConfig fleet, LoadFleetConfig(fleet_path));
+    STRIDER_ASSIGN_OR_RETURN(FleetConfig fleet, LoadFleetConfig(fleet_path, use));
     if (!run_dir.empty()) fleet.run_dir = run_dir;
     return fleet;
   }
@@ -351,7 +356,7 @@ Result<FleetConfig> LoadFleetForLaunch(const std::string& fleet_path, const std:
     if (fleet_path.empty()) {
       return Status::InvalidArgument("--resume needs --run-dir or the fleet file of the run");
     }
-    STRIDER_ASSIGN_OR_RETURN(FleetConfig named, LoadFleetConfig(fleet_path));
+    STRIDER_ASSIGN_OR_RETURN(FleetConfig named, LoadFleetConfig(fleet_path, use));
     dir = named.run_dir;
   }
   const std::string recorded = (fs::path(dir) / "fleet.yaml").string();
@@ -361,7 +366,7 @@ Result<FleetConfig> LoadFleetForLaunch(const std::string& fleet_path, const std:
                             ": no fleet file recorded there; --resume continues a run "
                             "directory an earlier launch wrote");
   }
-  STRIDER_ASSIGN_OR_RETURN(FleetConfig fleet, LoadFleetConfig(recorded));
+  STRIDER_ASSIGN_OR_RETURN(FleetConfig fleet, LoadFleetConfig(recorded, use));
   fleet.run_dir = dir;
   return fleet;
 }

@@ -91,6 +91,7 @@ struct FleetConfig {
   std::string run_dir = "runs/fleet";
   std::string weights;        // starting safetensors for learner and actors; empty: their own
   std::string replay_config;  // every path resolved (ResolveConfigPath) and checked to exist
+                              // (the weights only as the FleetUse needs)
   std::string learner_config;
   std::string actor_config;
   int64_t actor_count = 1;
@@ -124,15 +125,25 @@ struct FleetConfig {
   } as_written;
 };
 
+// What a fleet is read for, which decides the files it needs.
+enum class FleetUse {
+  // Run here (Launch): the children's configs and, for a fleet without hosts, the starting
+  // weights must be on this machine.
+  kLaunch,
+  // Its commands printed (HostCommands): only the children's configs are read. The weights are
+  // read by the commands when they run, after whatever writes them (a warm start).
+  kPrintCommands,
+};
+
 // Reads a fleet file strictly: unknown keys, wrong types, missing files and impossible values are
 // InvalidArgument naming the file, line and key. Nothing is started.
-Result<FleetConfig> LoadFleetConfig(const std::string& path);
+Result<FleetConfig> LoadFleetConfig(const std::string& path, FleetUse use = FleetUse::kLaunch);
 
 // The fleet a launch runs: `fleet_path` (may be empty with `resume`), or with `resume` the copy
 // RUN_DIR/fleet.yaml an earlier launch recorded, where RUN_DIR is `run_dir` when given, else the
 // fleet file's. `run_dir`, when given, replaces the file's.
 Result<FleetConfig> LoadFleetForLaunch(const std::string& fleet_path, const std::string& run_dir,
-                                       bool resume);
+                                       bool resume, FleetUse use = FleetUse::kLaunch);
 
 // One command of a fleet, for the host it runs on.
 struct HostCommand {
