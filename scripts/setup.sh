@@ -15,6 +15,7 @@ packages=(
   clang python3-zmq python3-numpy python3-torch
   chromium zlib1g-dev   # tests/integration/report_browser_test.cc renders report.html headless
   python3-prometheus-client   # tests read the services' /metrics with its parser
+  libpcre2-dev libicu-dev   # common/tokenizer: split patterns (PCRE2 JIT), NFC (ICU)
 )
 missing=()
 for package in "${packages[@]}"; do
