@@ -295,8 +295,7 @@ int RunStepBench(const StepBenchOptions& o, const bench::Ceiling& ceiling,
   const ModelConfig config = bench::Unwrap(LoadModelConfig(ModelPath(o.model)), "model config");
   const std::string bench = "learner_" + config.name;
   const double peak = ceiling.value * 1e9;
-  TrainerOptions trainer_options;
-  trainer_options.seed = 1;
+  const TrainerOptions trainer_options = MakeTrainerOptions({.seed = 1}, {});
   std::unique_ptr<Trainer> trainer =
       bench::Unwrap(Trainer::Create(config, trainer_options), "trainer");
   // The reference policy is the initial one (configs/rl "reference: initial").
@@ -674,7 +673,7 @@ int RunLongChild(const std::string& model_name, int64_t length, int64_t chunk) {
   const ModelConfig config = bench::Unwrap(LoadModelConfig(ModelPath(model_name)), "model config");
   ConfigureRuntime(config.threads);
   const std::string bench = "learner_" + config.name;
-  TrainerOptions trainer_options;
+  const TrainerOptions trainer_options = MakeTrainerOptions({}, {});
   std::unique_ptr<Trainer> trainer =
       bench::Unwrap(Trainer::Create(config, trainer_options), "trainer");
   std::unique_ptr<Model> reference = bench::Unwrap(Model::Create(config, 1), "reference");
@@ -758,8 +757,8 @@ int RunStoredLong(const std::string& model_name, const std::string& store, int64
   inspector.reset();
   const int64_t segments = static_cast<int64_t>(group.members.back().size());
 
-  TrainerOptions trainer_options;
-  trainer_options.init_seed = 0;  // the actor's model_seed
+  // A fresh model from the actor's model_seed.
+  const TrainerOptions trainer_options = MakeTrainerOptions({}, {}, {.init_seed = 0});
   std::unique_ptr<Trainer> trainer =
       bench::Unwrap(Trainer::Create(config, trainer_options), "trainer");
   rl::StepSettings settings = BenchStepSettings(chunk);

@@ -37,11 +37,13 @@
 #include <memory>
 #include <string>
 
+#include "common/clock.h"
 #include "common/model/model.h"
 #include "common/status.h"
 #include "learner/checkpoint.h"
 #include "learner/optimizer.h"
 #include "learner/progress.h"
+#include "learner/trainer_config.h"
 
 namespace strider {
 
@@ -60,35 +62,33 @@ struct LearningRateSchedule {
   double At(int64_t step) const;  // the rate of step `step` (0-based)
 };
 
-struct TrainerOptions {
-  // Initialisation of a fresh model and the generator's seed.
-  uint64_t seed = 1;
-  // Without a checkpoint: start from these weights (a safetensors file, e.g. `strider model
-  // init`'s or a checkpoint's model.safetensors) instead of a fresh model, with a fresh
-  // optimiser and generator.
+// Where a Trainer's model starts when it has no checkpoint to resume, and which of its experts
+// it trains.
+struct TrainerStart {
+  // Start from these weights (a safetensors file, e.g. `strider model init`'s or a checkpoint's
+  // model.safetensors) instead of a fresh model, with a fresh optimiser and generator.
   std::string initial_weights;
-  // Without a checkpoint or initial weights: the seed of the fresh model's initialisation when
-  // it must differ from `seed` (an RL learner starts from the weights its actors were given by
-  // their model_seed). Negative: `seed`.
+  // Without initial weights: the seed of the fresh model's initialisation when it must differ
+  // from TrainerConfig::seed (an RL learner starts from the weights its actors were given by
+  // their model_seed). Negative: that seed.
   int64_t init_seed = -1;
-  AdamWOptions optimizer;  // clip_norm is the gradient clipping
-  LearningRateSchedule schedule;
-  // Learning-rate multiplier of every sparse layer's router weights (1: none).
-  double router_learning_rate_scale = 1.0;
-
-  // Routing balance (docs/model_math.md#quantile-balancing).
-  bool balance = true;  // update the router biases from the routing each step records
-  // Steps whose routing records the quantile update pools (this one and those before).
-  int64_t balance_window_steps = 1;
-  // The biases are fitted before each step's training pass (FitRoutingBalance) instead of
-  // after it: BalanceRouting then only measures.
-  bool balance_prepass = false;
-
   // Expert parallelism: this rank trains only its shard of every sparse layer's routed experts
   // (Model::ShardExperts). A checkpoint of a shard resumes as that shard.
   int64_t expert_rank = 0;
   int64_t expert_world_size = 1;
 };
+
+// Everything a Trainer is created with: the config's settings (trainer_config.h), where the
+// model starts, and the learning-rate schedule.
+struct TrainerOptions : TrainerConfig, TrainerStart {
+  LearningRateSchedule schedule;
+};
+
+// The one place TrainerOptions are put together (pretraining per stage, the RL learner, the
+// benchmarks): a run's config settings, the schedule of the run or stage, and where it starts.
+TrainerOptions MakeTrainerOptions(const TrainerConfig& config,
+                                  const LearningRateSchedule& schedule,
+                                  const TrainerStart& start = {});
 
 // What one optimiser step did.
 struct TrainerStep {
@@ -150,7 +150,7 @@ class Trainer {
   TrainerStep last_step_;
   double last_violation_ = -1;
   int64_t tokens_ = 0;
-  std::chrono::steady_clock::time_point started_;
+  Clock::time_point started_;
 };
 
 // The record restricted to positions whose token is not padding, as one row (1, N, .). Padding

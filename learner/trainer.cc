@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/kernels/routing.h"
+#include "common/model/torch_status.h"
 #include "common/tokenizer.h"
 #include "learner/learner.h"
 
@@ -57,6 +58,16 @@ double LearningRateSchedule::At(int64_t step) const {
          (min_ratio + (1 - min_ratio) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, progress))));
 }
 
+TrainerOptions MakeTrainerOptions(const TrainerConfig& config,
+                                  const LearningRateSchedule& schedule,
+                                  const TrainerStart& start) {
+  TrainerOptions options;
+  static_cast<TrainerConfig&>(options) = config;
+  static_cast<TrainerStart&>(options) = start;
+  options.schedule = schedule;
+  return options;
+}
+
 Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
@@ -100,7 +111,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
                                    " holds one rank's shard of the experts; resume it with the "
                                    "expert-parallel group that wrote it");
   }
-  try {
+  STRIDER_RETURN_IF_ERROR(model::Guarded("trainer", [&]() -> Status {
     trainer->model_->SetRequiresGrad(true);
     trainer->optimizer_ =
         std::make_unique<AdamW>(NamedTrainable(*trainer->model_), options.optimizer);
@@ -121,10 +132,9 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
       std::memcpy(saved.data_ptr(), state.rng_state.data(), state.rng_state.size());
       trainer->generator_.set_state(saved);
     }
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("trainer: ") + error.what_without_backtrace());
-  }
-  trainer->started_ = std::chrono::steady_clock::now();
+    return Status::Ok();
+  }));
+  trainer->started_ = Clock::now();
   return trainer;
 }
 
@@ -156,15 +166,13 @@ Status Trainer::FitRoutingBalance(const RoutingRecord& record, int64_t sweeps) {
 
 Result<double> Trainer::BalanceRouting(RoutingRecord record) {
   double violation = 0;
-  try {
+  STRIDER_RETURN_IF_ERROR(model::Guarded("routing balance", [&] {
     for (const RoutingRecord::Layer& layer : record.layers) {
       violation = std::max(
           violation, kernels::MaxViolation(layer.experts.reshape({-1, layer.experts.size(-1)}),
                                            model_->config().feed_forward.routed_experts));
     }
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("routing balance: ") + error.what_without_backtrace());
-  }
+  }));
   last_violation_ = violation;
   if (!options_.balance || options_.balance_prepass) return violation;
   balance_window_.push_back(std::move(record));
@@ -180,20 +188,15 @@ Result<double> Trainer::BalanceRouting(RoutingRecord record) {
 }
 
 Status Trainer::WriteCheckpoint(const std::string& directory, CheckpointState state) {
-  try {
-    state.rng_state = GeneratorState(generator_);
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("trainer: generator state: ") +
-                            error.what_without_backtrace());
-  }
+  STRIDER_RETURN_IF_ERROR(model::Guarded("trainer: generator state",
+                                         [&] { state.rng_state = GeneratorState(generator_); }));
   if (state.model.empty()) state.model = model_->config().name;
   return strider::WriteCheckpoint(directory, *model_, optimizer_.get(), state);
 }
 
 void Trainer::Report(Progress* progress, ProgressFields fields, int64_t tokens) {
   tokens_ += tokens;
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  const double seconds = std::chrono::duration<double>(Clock::now() - started_).count();
   fields.tokens_per_second = tokens_ / std::max(seconds, 1e-9);
   fields.learning_rate = last_step_.learning_rate;
   fields.gradient_norm = last_step_.gradient_norm;
@@ -203,7 +206,7 @@ void Trainer::Report(Progress* progress, ProgressFields fields, int64_t tokens) 
 
 Result<RoutingRecord> RealTokenRouting(const RoutingRecord& record, const at::Tensor& tokens) {
   RoutingRecord real;
-  try {
+  STRIDER_RETURN_IF_ERROR(model::Guarded("routing balance", [&] {
     at::Tensor keep = (tokens.reshape({-1}) != token::kPad).nonzero().reshape({-1});
     for (const RoutingRecord::Layer& layer : record.layers) {
       RoutingRecord::Layer entry;
@@ -215,9 +218,7 @@ Result<RoutingRecord> RealTokenRouting(const RoutingRecord& record, const at::Te
       }
       real.layers.push_back(std::move(entry));
     }
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("routing balance: ") + error.what_without_backtrace());
-  }
+  }));
   return real;
 }
 

@@ -17,6 +17,7 @@
 #include "learner/pretrain/data/generators.h"
 #include "learner/language_model_loss.h"
 #include "learner/learner.h"
+#include "learner/run_directory.h"
 #include "learner/pretrain/token_batch.h"
 #include "report/report.h"
 #include "common/tokenizer.h"
@@ -199,10 +200,6 @@ Status AppendLine(const std::string& path, const std::string& line) {
   return out ? Status::Ok() : Status::IoError("cannot append to " + path);
 }
 
-std::string FinalCheckpoint(const std::string& run_dir, const std::string& stage) {
-  return run_dir + "/checkpoints/" + stage + "/final";
-}
-
 }  // namespace
 
 Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const PretrainConfig& config,
@@ -261,28 +258,18 @@ Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const Pretrain
 Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
                                                  const PretrainOptions& options) {
   ConfigureRuntime(config.threads > 0 ? config.threads : config.model.threads);
-  std::error_code error;
-  fs::create_directories(options.run_dir, error);
-  if (error) return Status::IoError("cannot create run directory " + options.run_dir);
-  const std::string metrics_path = options.run_dir + "/metrics.jsonl";
+  STRIDER_ASSIGN_OR_RETURN(RunDirectory run,
+                           RunDirectory::Open(options.run_dir, "pretrain", options.bar));
+  Progress& progress = run.metrics();
   const std::string eval_path = options.run_dir + "/eval.jsonl";
-  STRIDER_ASSIGN_OR_RETURN(Progress progress, Progress::Open(metrics_path, options.bar));
 
   // Where to start: a fresh model, or a checkpoint.
   int64_t first_stage = 0;
   int64_t resume_step = 0, resume_position = 0, resume_stage_tokens = 0, total_tokens = 0;
   std::string start_checkpoint;
   if (!options.resume.empty()) {
-    STRIDER_ASSIGN_OR_RETURN(CheckpointState state, ReadCheckpointState(options.resume));
-    if (state.model != config.model.name) {
-      return Status::InvalidArgument("checkpoint " + options.resume + " holds model '" +
-                                     state.model + "', the config trains '" + config.model.name +
-                                     "'");
-    }
-    if (state.mode != "pretrain") {
-      return Status::InvalidArgument("checkpoint " + options.resume + " was written by mode '" +
-                                     state.mode + "', not pretrain");
-    }
+    STRIDER_ASSIGN_OR_RETURN(CheckpointState state,
+                             run.ReadResumeState(options.resume, config.model.name));
     const PretrainCheckpoint& at = state.pretrain;
     if (at.stage_index >= static_cast<int64_t>(config.stages.size()) ||
         config.stages[at.stage_index].name != at.stage) {
@@ -310,7 +297,9 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     // The stage starts from a checkpoint on disk (the previous stage's final one, or the resume
     // point), never from memory, so what a stage starts from is exactly what was saved.
     std::string from = start_checkpoint;
-    if (k > first_stage || (from.empty() && k > 0)) from = FinalCheckpoint(options.run_dir, config.stages[k - 1].name);
+    if (k > first_stage || (from.empty() && k > 0)) {
+      from = run.CheckpointPath(config.stages[k - 1].name + "/final");
+    }
     const bool mid_stage = k == first_stage && resume_step > 0;
     start_checkpoint.clear();
 
@@ -334,14 +323,14 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       return Status::Ok();
     };
     STRIDER_RETURN_IF_ERROR(open_part(PartOf(parts, step), mid_stage ? resume_position : 0));
-    TrainerOptions trainer_options;
-    trainer_options.seed = config.seed;
-    trainer_options.optimizer = config.optimizer;
-    trainer_options.schedule = StageSchedule(config, stage, steps);
-    trainer_options.router_learning_rate_scale = config.router_learning_rate_scale;
-    trainer_options.balance = config.balance;
-    trainer_options.balance_window_steps = config.balance_window_steps;
-    trainer_options.balance_prepass = config.balance_prepass;
+    const TrainerOptions trainer_options =
+        MakeTrainerOptions({.seed = config.seed,
+                            .optimizer = config.optimizer,
+                            .router_learning_rate_scale = config.router_learning_rate_scale,
+                            .balance = config.balance,
+                            .balance_window_steps = config.balance_window_steps,
+                            .balance_prepass = config.balance_prepass},
+                           StageSchedule(config, stage, steps));
     STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                              Trainer::Create(config.model, trainer_options, from));
     Model& model = trainer->model();
@@ -359,7 +348,6 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     int64_t tokens_this_run = 0;
     auto checkpoint = [&](const std::string& name, bool complete) {
       CheckpointState state;
-      state.mode = "pretrain";
       state.model = config.model.name;
       state.seed = config.seed;
       state.step = step;
@@ -370,8 +358,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       state.pretrain.stage_tokens = stage_tokens;
       // The position in the part `step` runs in: 0 when that part has not started yet.
       state.pretrain.data_position = PartOf(parts, step) == packer_part ? packer->position() : 0;
-      return trainer->WriteCheckpoint(options.run_dir + "/checkpoints/" + stage.name + "/" + name,
-                                      state);
+      return run.WriteCheckpoint(*trainer, stage.name + "/" + name, state);
     };
     for (; step < steps; ++step) {
       const size_t part = PartOf(parts, step);
