@@ -40,22 +40,23 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
   root.Optional("init", &config.init);
   root.Optional("init_seed", &config.init_seed);
   root.Check(config.init_seed >= 0, "init_seed", "must not be negative");
-  int64_t seed = 1;
+  int64_t seed = static_cast<int64_t>(config.trainer.seed);
   root.Optional("seed", &seed);
   root.Check(seed >= 0, "seed", "must not be negative");
-  config.seed = static_cast<uint64_t>(seed);
+  config.trainer.seed = static_cast<uint64_t>(seed);
   root.Optional("threads", &config.threads);
   root.Check(config.threads >= 0, "threads", "must not be negative");
   {
     ConfigReader optimizer = root.Section("optimizer");
-    ReadAdamWOptions(optimizer, &config.optimizer);
-    optimizer.Check(config.optimizer.learning_rate > 0, "learning_rate", "must be positive");
+    ReadAdamWOptions(optimizer, &config.trainer.optimizer);
+    optimizer.Check(config.trainer.optimizer.learning_rate > 0, "learning_rate",
+                    "must be positive");
   }
   {
     ConfigReader balance = root.Section("balance");
-    balance.Optional("enabled", &config.balance);
-    balance.Optional("router_learning_rate_scale", &config.router_learning_rate_scale);
-    balance.Check(config.router_learning_rate_scale >= 0, "router_learning_rate_scale",
+    balance.Optional("enabled", &config.trainer.balance);
+    balance.Optional("router_learning_rate_scale", &config.trainer.router_learning_rate_scale);
+    balance.Check(config.trainer.router_learning_rate_scale >= 0, "router_learning_rate_scale",
                   "must not be negative");
   }
   {
@@ -118,9 +119,12 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
     scoring.Check(!s.reference.empty(), "reference",
                   "must be initial, none or a safetensors file");
   }
+  // An error here is the document's too (config.h): root.Finish() below reports it first, with
+  // the unknown keys of every section checked.
+  Status objective_read;
   {
     ConfigReader objective = root.Section("objective");
-    (void)ReadObjectiveConfig(objective, &config.objective);
+    objective_read = ReadObjectiveConfig(objective, &config.objective);
   }
   {
     ConfigReader reward = root.Section("reward");
@@ -172,6 +176,7 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
                "is required with train.sync: the actors wait for published weights");
   }
   STRIDER_RETURN_IF_ERROR(root.Finish());
+  STRIDER_RETURN_IF_ERROR(objective_read);
   config.model_config_path = ResolveConfigPath(model_config, path);
   STRIDER_ASSIGN_OR_RETURN(config.model, LoadModelConfig(config.model_config_path));
   config.init = ResolveConfigPath(config.init, path);

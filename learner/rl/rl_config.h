@@ -9,8 +9,9 @@
 #include "common/model/config.h"
 #include "common/status.h"
 #include "common/transport/auth.h"
-#include "learner/optimizer.h"
 #include "learner/rl/objective_config.h"
+#include "learner/rl/scoring_options.h"
+#include "learner/trainer_config.h"
 #include "reward/shaping.h"
 
 namespace strider::rl {
@@ -58,9 +59,9 @@ struct RlTrainConfig {
   double min_learning_rate_ratio = 1.0;  // cosine decay to this ratio over the run (1: constant)
 };
 
-struct RlScoringConfig {
-  bool replay_routing = true;        // force each position's stored experts (routing replay)
-  double mismatch_threshold = 1e-4;  // max |learner - behaviour| on a single-version trajectory
+// `scoring:`: replay_routing and mismatch_threshold are the scoring pass's own options, read
+// into them; the learner sets the rest (chunk_tokens from train, values, rounds).
+struct RlScoringConfig : ScoringOptions {
   // The reference policy of the KL penalty and of implicit process rewards: "initial" (the
   // weights the run started from), a safetensors file, or "none".
   std::string reference = "initial";
@@ -91,11 +92,10 @@ struct RlLearnerConfig {
   // init_seed (the actors' model_seed, so both sides start from the same weights).
   std::string init;
   int64_t init_seed = 0;
-  uint64_t seed = 1;    // mini-batch order
   int64_t threads = 0;  // 0: the model config's
-  AdamWOptions optimizer;
-  bool balance = true;  // routing balance of the router biases from each update's routing
-  double router_learning_rate_scale = 1.0;
+  // `seed` (mini-batch order), `optimizer:`, and `balance:` (enabled: routing balance of the
+  // router biases from each update's routing; router_learning_rate_scale).
+  TrainerConfig trainer;
   RlReplayConfig replay;
   RlPublishConfig publish;
   RlTrainConfig train;

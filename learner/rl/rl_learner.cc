@@ -1,9 +1,7 @@
 #include "learner/rl/rl_learner.h"
 
 #include <ATen/ATen.h>
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,23 +11,22 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
+#include "common/durable_file.h"
 #include "common/model/model.h"
+#include "common/model/torch_status.h"
 #include "common/transport/weight_stream.h"
 #include "learner/checkpoint.h"
 #include "learner/distributed.h"
-#include "learner/learner.h"
-#include "learner/progress.h"
-#include "learner/rl/rl_step.h"
-#include "replay/client.h"
 #include "learner/prm/process_model.h"
+#include "replay/client.h"
 
 namespace strider::rl {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
@@ -59,19 +56,7 @@ Result<uint64_t> ReadPublishedVersion(const std::string& run_dir) {
 
 // Durable before the version is served, so no crash can make a later run reuse it.
 Status WritePublishedVersion(const std::string& run_dir, uint64_t version) {
-  const std::string path = PublishedVersionPath(run_dir);
-  const std::string tmp = path + ".tmp";
-  const std::string text = std::to_string(version) + "\n";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return Status::IoError("cannot write " + tmp);
-  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!written || !synced) return Status::IoError("cannot write " + tmp + " (disk full?)");
-  std::error_code error;
-  fs::rename(tmp, path, error);
-  if (error) return Status::IoError("cannot rename " + tmp + ": " + error.message());
-  return Status::Ok();
+  return WriteFileDurably(PublishedVersionPath(run_dir), std::to_string(version) + "\n");
 }
 
 Result<std::unique_ptr<Model>> LoadReference(const RlLearnerConfig& config) {
@@ -128,15 +113,13 @@ Result<RoutingRecord> GatherRouting(LearnerGroup& group, const Model& model,
 Result<std::vector<std::vector<int64_t>>> ExpertLoad(const RoutingRecord& record,
                                                      int64_t experts) {
   std::vector<std::vector<int64_t>> load;
-  try {
+  STRIDER_RETURN_IF_ERROR(model::Guarded("expert load", [&] {
     for (const RoutingRecord::Layer& layer : record.layers) {
       const at::Tensor counts =
           at::bincount(layer.experts.reshape({-1}).to(at::kLong), {}, experts).contiguous();
       load.emplace_back(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
     }
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("expert load: ") + error.what_without_backtrace());
-  }
+  }));
   return load;
 }
 
@@ -170,7 +153,8 @@ Result<std::unique_ptr<LearnerGroup>> JoinLearnerGroup(const RlLearnerConfig& co
       config.replay.table + "|" + config.replay.learner_id + "|" +
       std::to_string(config.train.ppo_epochs) + "|" + std::to_string(config.train.minibatches) +
       "|" + std::to_string(config.train.chunk_tokens) + "|" + config.train.backprop + "|" +
-      std::to_string(config.optimizer.learning_rate) + "|" + std::to_string(config.balance) +
+      std::to_string(config.trainer.optimizer.learning_rate) + "|" +
+      std::to_string(config.trainer.balance) +
       "|" + std::to_string(config.train.steps) + "|" + std::to_string(config.train.sync) + "|" +
       std::to_string(dist.expert_parallel);
   const int64_t fingerprint =
@@ -236,485 +220,595 @@ Result<std::unique_ptr<LearnerGroup>> JoinLearnerGroup(const RlLearnerConfig& co
 
 }  // namespace
 
-Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOptions& options) {
+struct RlLearner::PreparedStep {
+  PreparedBatch batch;  // this rank's; it trains on the trajectories not excluded
+  // The group's step in one set of figures: the batch is the union of the ranks' slices.
+  double reward_sum = 0;
+  double staleness_sum = 0;
+  int64_t successes = 0;
+  int64_t finished = 0;
+  double trajectories = 0;
+  int64_t kept_total = 0;
+  int64_t tokens = 0;
+  int64_t action_tokens = 0;
+};
+
+struct RlLearner::StepUpdate {
+  UpdateMetrics metrics;  // summed over the updates
+  TrainerStep last;
+  double violation = -1;
+  std::vector<std::vector<int64_t>> expert_load;  // (sparse layers, routed experts)
+  int64_t updates = 0;
+  LearnerGroupStats group_before;
+  double seconds = 0;
+};
+
+RlLearner::RlLearner(const RlLearnerConfig& config, const RlRunOptions& options)
+    : config_(config),
+      options_(options),
+      distributed_(config.distributed.world_size > 1),
+      expert_parallel_(distributed_ && config.distributed.expert_parallel),
+      started_(Clock::now()) {}
+
+RlLearner::~RlLearner() = default;
+
+Result<std::unique_ptr<RlLearner>> RlLearner::Create(const RlLearnerConfig& config,
+                                                     const RlRunOptions& options) {
   ConfigureRuntime(config.threads > 0 ? config.threads : config.model.threads);
-  const auto run_started = Clock::now();
-  const RlDistributedConfig& dist = config.distributed;
-  const bool distributed = dist.world_size > 1;
+  std::unique_ptr<RlLearner> learner(new RlLearner(config, options));
+  STRIDER_RETURN_IF_ERROR(learner->Open());
+  STRIDER_RETURN_IF_ERROR(learner->CreateTrainer());
+  STRIDER_RETURN_IF_ERROR(learner->JoinGroup());
+  STRIDER_RETURN_IF_ERROR(learner->ConfigureSteps());
+  STRIDER_RETURN_IF_ERROR(learner->StartPublishing());
+  STRIDER_RETURN_IF_ERROR(learner->ConnectReplay());
+  return learner;
+}
+
+Status RlLearner::Open() {
+  const RlDistributedConfig& dist = config_.distributed;
   // Rank 0 owns the run directory (published versions, the metrics the launcher reads); the
   // other ranks keep their metrics and checkpoints beside it.
-  const std::string run_dir =
-      distributed && dist.rank > 0 ? options.run_dir + "/rank-" + std::to_string(dist.rank)
-                                   : options.run_dir;
-  std::error_code error;
-  fs::create_directories(run_dir, error);
-  if (error) return Status::IoError("cannot create run directory " + run_dir);
-  STRIDER_ASSIGN_OR_RETURN(Progress progress,
-                           Progress::Open(run_dir + "/metrics.jsonl", /*bar=*/0));
+  const std::string run_dir = distributed_ && dist.rank > 0
+                                  ? options_.run_dir + "/rank-" + std::to_string(dist.rank)
+                                  : options_.run_dir;
+  STRIDER_ASSIGN_OR_RETURN(RunDirectory run, RunDirectory::Open(run_dir, "rl", /*display=*/0));
+  run_.emplace(std::move(run));
+  if (!options_.resume.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(start_, run_->ReadResumeState(options_.resume, config_.model.name));
+  }
+  return Status::Ok();
+}
 
-  // Where to start.
-  CheckpointState state;
-  if (!options.resume.empty()) {
-    STRIDER_ASSIGN_OR_RETURN(state, ReadCheckpointState(options.resume));
-    if (state.mode != "rl") {
-      return Status::InvalidArgument("checkpoint " + options.resume + " was written by mode '" +
-                                     state.mode + "', not rl");
+Status RlLearner::CreateTrainer() {
+  const RlDistributedConfig& dist = config_.distributed;
+  const int64_t updates_per_step = config_.train.ppo_epochs * config_.train.minibatches;
+  const LearningRateSchedule schedule = {
+      .peak = config_.trainer.optimizer.learning_rate,
+      .warmup_steps = config_.train.warmup_steps,
+      .total_steps = std::max<int64_t>(1, config_.train.steps * updates_per_step),
+      .min_ratio = config_.train.min_learning_rate_ratio};
+  TrainerStart start;
+  start.initial_weights = config_.init;
+  start.init_seed = config_.init_seed;
+  if (expert_parallel_) {
+    start.expert_rank = dist.rank;
+    start.expert_world_size = dist.world_size;
+  }
+  STRIDER_ASSIGN_OR_RETURN(
+      trainer_, Trainer::Create(config_.model, MakeTrainerOptions(config_.trainer, schedule, start),
+                                options_.resume));
+  STRIDER_ASSIGN_OR_RETURN(reference_, LoadReference(config_));
+  if (expert_parallel_ && reference_ != nullptr) {
+    STRIDER_RETURN_IF_ERROR(reference_->ShardExperts(dist.rank, dist.world_size));
+  }
+  return Status::Ok();
+}
+
+Status RlLearner::JoinGroup() {
+  if (distributed_) {
+    STRIDER_ASSIGN_OR_RETURN(group_, JoinLearnerGroup(config_, &start_, *trainer_));
+    for (const auto& [name, tensor] : trainer_->optimizer().parameters()) {
+      if (!(expert_parallel_ && IsRoutedExpertTensor(name))) reduced_.push_back(tensor);
     }
   }
-  const int64_t updates_per_step = config.train.ppo_epochs * config.train.minibatches;
-  TrainerOptions trainer_options;
-  trainer_options.seed = config.seed;
-  trainer_options.init_seed = config.init_seed;
-  trainer_options.initial_weights = config.init;
-  trainer_options.optimizer = config.optimizer;
-  trainer_options.schedule.peak = config.optimizer.learning_rate;
-  trainer_options.schedule.warmup_steps = config.train.warmup_steps;
-  trainer_options.schedule.total_steps = std::max<int64_t>(1, config.train.steps * updates_per_step);
-  trainer_options.schedule.min_ratio = config.train.min_learning_rate_ratio;
-  trainer_options.router_learning_rate_scale = config.router_learning_rate_scale;
-  trainer_options.balance = config.balance;
-  const bool expert_parallel = distributed && dist.expert_parallel;
-  if (expert_parallel) {
-    trainer_options.expert_rank = dist.rank;
-    trainer_options.expert_world_size = dist.world_size;
-  }
-  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                           Trainer::Create(config.model, trainer_options, options.resume));
-  Model& model = trainer->model();
-  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> reference, LoadReference(config));
-  if (expert_parallel && reference != nullptr) {
-    STRIDER_RETURN_IF_ERROR(reference->ShardExperts(dist.rank, dist.world_size));
-  }
-
-  std::unique_ptr<LearnerGroup> group;
-  std::unique_ptr<ChunkRounds> rounds;
-  // The parameters whose gradients the ranks sum: all but an expert-parallel rank's experts.
-  std::vector<at::Tensor> reduced;
-  if (distributed) {
-    STRIDER_ASSIGN_OR_RETURN(group, JoinLearnerGroup(config, &state, *trainer));
-    for (const auto& [name, tensor] : trainer->optimizer().parameters()) {
-      if (!(expert_parallel && IsRoutedExpertTensor(name))) reduced.push_back(tensor);
-    }
-  }
-  if (expert_parallel) {
-    rounds = group->ExpertRounds({&model, reference.get()});
+  if (expert_parallel_) {
+    rounds_ = group_->ExpertRounds({&trainer_->model(), reference_.get()});
     // Clipping's global norm adds every rank's experts.
-    trainer->optimizer().ShardNorm(IsRoutedExpertTensor, [&group](double own) -> Result<double> {
+    LearnerGroup* group = group_.get();
+    trainer_->optimizer().ShardNorm(IsRoutedExpertTensor, [group](double own) -> Result<double> {
       std::vector<double> sum = {own};
       STRIDER_RETURN_IF_ERROR(group->AllReduceSum(sum));
       return sum[0];
     });
   }
+  return Status::Ok();
+}
 
-  std::unique_ptr<reward::ProcessRewardModel> process_model;
-  if (config.reward.UsesProcessModel()) {
-    STRIDER_ASSIGN_OR_RETURN(process_model, reward::ProcessRewardModel::Load(config.process_model));
+Status RlLearner::ConfigureSteps() {
+  if (config_.reward.UsesProcessModel()) {
+    STRIDER_ASSIGN_OR_RETURN(process_model_,
+                             reward::ProcessRewardModel::Load(config_.process_model));
   }
-  StepSettings settings;
-  settings.process_model = process_model.get();
-  settings.scoring.replay_routing = config.scoring.replay_routing;
-  settings.scoring.mismatch_threshold = config.scoring.mismatch_threshold;
-  settings.scoring.rounds = rounds.get();
-  settings.objective = config.objective;
-  settings.reward = config.reward;
-  settings.chunk_tokens = config.train.chunk_tokens;
-  settings.truncated_backprop = config.train.backprop == "truncated";
+  settings_.process_model = process_model_.get();
+  settings_.scoring = config_.scoring;  // the scoring pass's options, without `reference`
+  settings_.scoring.rounds = rounds_.get();
+  settings_.objective = config_.objective;
+  settings_.reward = config_.reward;
+  settings_.chunk_tokens = config_.train.chunk_tokens;
+  settings_.truncated_backprop = config_.train.backprop == "truncated";
   // A fresh run starts from the weights its actors were given (version 0); a resumed one
   // publishes its own at once below, and until then they are no published version.
-  if (options.resume.empty()) settings.weights_version = state.policy_version;
+  if (options_.resume.empty()) settings_.weights_version = start_.policy_version;
+  return Status::Ok();
+}
 
+Status RlLearner::StartPublishing() {
+  const RlDistributedConfig& dist = config_.distributed;
   // Versions: above every one this run directory published, whatever the checkpoint says.
-  STRIDER_ASSIGN_OR_RETURN(const uint64_t published_before, ReadPublishedVersion(run_dir));
-  uint64_t version = std::max(state.policy_version, published_before);
-  RlRunSummary summary;
+  STRIDER_ASSIGN_OR_RETURN(const uint64_t published_before, ReadPublishedVersion(run_->path()));
+  version_ = std::max(start_.policy_version, published_before);
   const std::string publish_endpoint =
-      options.publish_endpoint.empty() ? config.publish.endpoint : options.publish_endpoint;
-  std::unique_ptr<transport::WeightPublisher> publisher;
-  double publish_seconds = 0;
-  double gather_seconds = 0;  // expert-parallel: gathering the experts for a publish
+      options_.publish_endpoint.empty() ? config_.publish.endpoint : options_.publish_endpoint;
   bool initial_publish = false;
-  auto publish = [&]() -> Status {
-    // Expert-parallel ranks gather the experts to rank 0, which publishes whole weights.
-    std::map<std::string, at::Tensor> whole_experts;
-    if (expert_parallel) {
-      const auto started = Clock::now();
-      for (const auto& [name, tensor] : model.tensors()) {
-        if (!IsRoutedExpertTensor(name)) continue;
-        STRIDER_ASSIGN_OR_RETURN(whole_experts[name], group->GatherTo(tensor, 0));
-      }
-      gather_seconds = Seconds(started);
-    }
-    if (publisher == nullptr) {
-      // The other ranks of a group count the versions rank 0 publishes, so their samples ask
-      // for the same version and their mismatch checks compare the same policy.
-      if (distributed && dist.rank > 0) {
-        ++version;
-        settings.weights_version = version;
-      }
-      return Status::Ok();
-    }
-    const auto started = Clock::now();
-    STRIDER_ASSIGN_OR_RETURN(std::string bytes, expert_parallel
-                                                    ? model.SaveWholeToBytes(whole_experts)
-                                                    : model.SaveToBytes());
-    STRIDER_RETURN_IF_ERROR(WritePublishedVersion(run_dir, version + 1));
-    ++version;
-    STRIDER_RETURN_IF_ERROR(publisher->Publish(version, std::move(bytes), config.model.name));
-    settings.weights_version = version;
-    publish_seconds = Seconds(started);
-    spdlog::info("learner: published version {} in {:.3f} s", version, publish_seconds);
-    return Status::Ok();
-  };
-  if (!publish_endpoint.empty() && (!distributed || dist.rank == 0)) {
+  if (!publish_endpoint.empty() && (!distributed_ || dist.rank == 0)) {
     transport::WeightPublisherOptions publisher_options;
     publisher_options.endpoint = publish_endpoint;
-    publisher_options.chunk_bytes = static_cast<uint32_t>(config.publish.chunk_bytes);
-    publisher_options.keep_versions = static_cast<int>(config.publish.keep_versions);
-    publisher_options.auth = config.publish.auth;
-    STRIDER_ASSIGN_OR_RETURN(publisher, transport::WeightPublisher::Start(publisher_options));
-    summary.publish_endpoint = publisher->endpoint();
+    publisher_options.chunk_bytes = static_cast<uint32_t>(config_.publish.chunk_bytes);
+    publisher_options.keep_versions = static_cast<int>(config_.publish.keep_versions);
+    publisher_options.auth = config_.publish.auth;
+    STRIDER_ASSIGN_OR_RETURN(publisher_, transport::WeightPublisher::Start(publisher_options));
+    summary_.publish_endpoint = publisher_->endpoint();
     // A resumed learner's weights are older than what the actors may hold: move them onto it
     // (expert-parallel ranks below, all together, as the experts are gathered).
-    initial_publish = !options.resume.empty() || published_before > state.policy_version;
-    if (initial_publish && !expert_parallel) STRIDER_RETURN_IF_ERROR(publish());
+    initial_publish = !options_.resume.empty() || published_before > start_.policy_version;
+    if (initial_publish && !expert_parallel_) STRIDER_RETURN_IF_ERROR(Publish());
   }
-  if (group != nullptr) {
+  if (group_ != nullptr) {
     // Rank 0's versions are the group's: it alone knows what its run directory published.
     STRIDER_ASSIGN_OR_RETURN(
         std::vector<std::vector<int64_t>> versions,
-        group->AllGather({static_cast<int64_t>(version),
-                          settings.weights_version ? static_cast<int64_t>(*settings.weights_version)
-                                                   : int64_t{-1},
-                          initial_publish ? 1 : 0}));
-    version = static_cast<uint64_t>(versions[0][0]);
+        group_->AllGather({static_cast<int64_t>(version_),
+                           settings_.weights_version
+                               ? static_cast<int64_t>(*settings_.weights_version)
+                               : int64_t{-1},
+                           initial_publish ? 1 : 0}));
+    version_ = static_cast<uint64_t>(versions[0][0]);
     if (versions[0][1] >= 0) {
-      settings.weights_version = static_cast<uint64_t>(versions[0][1]);
+      settings_.weights_version = static_cast<uint64_t>(versions[0][1]);
     } else {
-      settings.weights_version.reset();
+      settings_.weights_version.reset();
     }
-    if (expert_parallel && versions[0][2] != 0) STRIDER_RETURN_IF_ERROR(publish());
+    if (expert_parallel_ && versions[0][2] != 0) STRIDER_RETURN_IF_ERROR(Publish());
   }
+  return Status::Ok();
+}
 
+Status RlLearner::ConnectReplay() {
+  const RlDistributedConfig& dist = config_.distributed;
   replay::LearnerClientOptions client_options;
   client_options.endpoint =
-      options.replay_endpoint.empty() ? config.replay.endpoint : options.replay_endpoint;
-  client_options.learner_id = config.replay.learner_id;
-  client_options.table = config.replay.table;
-  client_options.auth = config.replay.auth;
+      options_.replay_endpoint.empty() ? config_.replay.endpoint : options_.replay_endpoint;
+  client_options.learner_id = config_.replay.learner_id;
+  client_options.table = config_.replay.table;
+  client_options.auth = config_.replay.auth;
   client_options.rank = static_cast<uint32_t>(dist.rank);
   client_options.world_size = static_cast<uint32_t>(dist.world_size);
-  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::LearnerClient> client,
-                           replay::LearnerClient::Connect(client_options));
+  replay_endpoint_ = client_options.endpoint;
+  STRIDER_ASSIGN_OR_RETURN(client_, replay::LearnerClient::Connect(client_options));
   spdlog::info("learner: mode rl, model {}, replay {} table '{}', weights {}, from step {}",
-               config.model.name, client_options.endpoint, config.replay.table,
-               summary.publish_endpoint.empty() ? "not published" : summary.publish_endpoint,
-               state.step);
-  if (options.on_ready) options.on_ready(summary.publish_endpoint);
+               config_.model.name, client_options.endpoint, config_.replay.table,
+               summary_.publish_endpoint.empty() ? "not published" : summary_.publish_endpoint,
+               start_.step);
+  if (options_.on_ready) options_.on_ready(summary_.publish_endpoint);
+  step_ = start_.step;
+  total_tokens_ = start_.total_tokens;
+  last_step_ = options_.max_steps >= 0
+                   ? std::min(config_.train.steps, step_ + options_.max_steps)
+                   : config_.train.steps;
+  return Status::Ok();
+}
 
-  int64_t step = state.step;
-  int64_t total_tokens = state.total_tokens;
-  const int64_t last_step =
-      options.max_steps >= 0 ? std::min(config.train.steps, step + options.max_steps)
-                             : config.train.steps;
-  std::vector<double> reward_means;
-  auto checkpoint = [&](const std::string& name) {
-    CheckpointState out;
-    out.mode = "rl";
-    out.model = config.model.name;
-    out.seed = config.seed;
-    out.step = step;
-    out.policy_version = version;
-    out.sample_step = step;
-    out.total_tokens = total_tokens;
-    out.sampler_cursor = config.replay.learner_id;
-    return trainer->WriteCheckpoint(run_dir + "/checkpoints/" + name, out);
-  };
+bool RlLearner::StopRequested() const {
+  return options_.stop != nullptr && options_.stop->load();
+}
 
-  auto stop_requested = [&] { return options.stop != nullptr && options.stop->load(); };
-  while (step < last_step) {
-    // A group stops together (below), at the step one of its ranks was asked to stop at.
-    if (stop_requested() && group == nullptr) break;
-    const auto step_started = Clock::now();
-    // 1. Sample, in short waits so a stop request is seen.
-    Result<replay::SampleBatch> batch = Status::ResourceExhausted("not sampled");
-    const auto deadline =
-        step_started + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(config.replay.sample_timeout_s));
-    while (!stop_requested()) {
-      batch = client->Sample(static_cast<uint64_t>(step + 1),
-                             static_cast<uint32_t>(config.replay.units_per_step), version,
-                             std::chrono::milliseconds(1000));
-      if (batch.ok()) break;
-      // Not ready yet, or the server busy or restarting: both pass, up to the step's deadline.
-      const StatusCode code = batch.status().code();
-      if (code != StatusCode::kResourceExhausted && code != StatusCode::kUnavailable) break;
-      if (Clock::now() >= deadline || (options.stop != nullptr && options.stop->load())) break;
-      if (code == StatusCode::kUnavailable) {
-        spdlog::warn("learner step {}: {}; retrying", step + 1, batch.status().ToString());
-      }
-    }
-    const bool stopping = !batch.ok() && stop_requested();
-    if (!batch.ok() && !stopping) {
-      return batch.status().WithContext("learner step " + std::to_string(step + 1) +
-                                        ": sampling from " + client_options.endpoint);
-    }
-    if (group != nullptr) {
-      // The ranks that sampled leave their draws unused: the server keeps each step's draw, so
-      // a resumed group trains on exactly these units.
-      std::vector<double> anyone_stopping = {stopping ? 1.0 : 0.0};
-      STRIDER_RETURN_IF_ERROR(group->AllReduceSum(anyone_stopping));
-      if (anyone_stopping[0] > 0) break;
-    } else if (stopping) {
-      break;
-    }
-    const double sample_seconds = Seconds(step_started);
-    const auto compute_started = Clock::now();
-    std::vector<schema::SegmentData> segments;
-    for (replay::SampledItem& item : batch->items) segments.push_back(std::move(item.segment));
-    std::vector<SampledGroup> groups = SplitBatch(std::move(segments));
-    OrderByProvenance(groups);
+Result<RlRunSummary> RlLearner::Run() {
+  while (!done()) {
+    STRIDER_ASSIGN_OR_RETURN(const bool stepped, Step());
+    if (!stepped) break;
+  }
+  STRIDER_RETURN_IF_ERROR(Checkpoint("final"));
+  return Summary();
+}
 
-    // 2-3. Score, shape, advantages.
-    STRIDER_ASSIGN_OR_RETURN(PreparedBatch prepared,
-                             PrepareBatch(model, reference.get(), groups, settings));
-    if (rounds != nullptr) STRIDER_RETURN_IF_ERROR(rounds->Drain());
-    std::vector<const TrainingTrajectory*> kept;
-    double reward_sum = 0, staleness_sum = 0;
-    int64_t successes = 0, finished = 0;
-    for (const TrainingTrajectory& t : prepared.trajectories) {
-      reward_sum += t.outcome;
-      staleness_sum += static_cast<double>(version - std::min(version, t.min_version));
-      if (t.finished) {
-        ++finished;
-        successes += t.outcome > 0;
-      }
-      if (t.excluded) {
-        spdlog::warn("learner step {}: trajectory {} excluded: {}", step + 1,
-                     t.prepared.joined.id.Hex(), t.excluded_reason);
-        ++summary.excluded_trajectories;
-        continue;
-      }
-      kept.push_back(&t);
-    }
-    // The group's step in one set of figures: the batch is the union of the ranks' slices.
-    std::vector<double> totals = {reward_sum,
-                                  staleness_sum,
-                                  static_cast<double>(successes),
-                                  static_cast<double>(finished),
-                                  static_cast<double>(prepared.trajectories.size()),
-                                  static_cast<double>(kept.size()),
-                                  static_cast<double>(prepared.tokens),
-                                  static_cast<double>(prepared.action_tokens)};
-    if (group != nullptr) STRIDER_RETURN_IF_ERROR(group->AllReduceSum(totals));
-    reward_sum = totals[0];
-    staleness_sum = totals[1];
-    successes = static_cast<int64_t>(totals[2]);
-    finished = static_cast<int64_t>(totals[3]);
-    const double trajectories = totals[4];
-    const int64_t kept_total = static_cast<int64_t>(totals[5]);
-    const int64_t batch_tokens = static_cast<int64_t>(totals[6]);
-    const int64_t batch_action_tokens = static_cast<int64_t>(totals[7]);
+Result<bool> RlLearner::Step() {
+  // A group stops together (Sample), at the step one of its ranks was asked to stop at.
+  if (StopRequested() && group_ == nullptr) return false;
+  const auto step_started = Clock::now();
+  // 1. Sample.
+  STRIDER_ASSIGN_OR_RETURN(std::optional<replay::SampleBatch> batch, Sample(step_started));
+  if (!batch.has_value()) return false;
+  const double sample_seconds = Seconds(step_started);
+  const auto compute_started = Clock::now();
+  // 2-3. Score, shape, advantages.
+  STRIDER_ASSIGN_OR_RETURN(const PreparedStep prepared, Prepare(std::move(*batch)));
+  // 4. Epochs and mini-batches.
+  STRIDER_ASSIGN_OR_RETURN(const StepUpdate update, Update(prepared));
+  ++step_;
+  total_tokens_ += prepared.tokens;
 
-    // 4. Epochs and mini-batches.
-    const auto update_started = Clock::now();
-    UpdateMetrics update;
-    TrainerStep last;
-    double violation = -1;
-    std::vector<std::vector<int64_t>> expert_load;  // (sparse layers, routed experts)
-    int64_t updates = 0;
-    const LearnerGroupStats group_before =
-        group != nullptr ? group->stats() : LearnerGroupStats{};
-    if (kept_total > 0) {
-      RoutingRecord routing;
-      // Every rank runs the same number of updates (collectives pair up), some of them perhaps
-      // on an empty share.
-      const int64_t minibatches =
-          group != nullptr
-              ? config.train.minibatches
-              : std::min<int64_t>(config.train.minibatches, static_cast<int64_t>(kept.size()));
-      for (int64_t epoch = 0; epoch < config.train.ppo_epochs; ++epoch) {
-        std::vector<const TrainingTrajectory*> order = kept;
-        if (kept.size() > 1) {
-          // randperm takes the generator's lock itself.
+  // 5. Publish.
+  publish_seconds_ = 0;
+  // Weights no update changed are the version already out: nothing new to publish, except in
+  // sync mode, where the actors wait for a new version before their next round.
+  if (step_ % config_.publish.every_steps == 0 &&
+      (!settings_.weights_version.has_value() || config_.train.sync)) {
+    STRIDER_RETURN_IF_ERROR(Publish());
+  }
+  const double compute_seconds = Seconds(compute_started);
+  const double step_seconds = Seconds(step_started);
+
+  // 6. Metrics and checkpoints.
+  const double reward_mean =
+      prepared.trajectories > 0 ? prepared.reward_sum / prepared.trajectories : 0;
+  reward_means_.push_back(reward_mean);
+  const std::string written = MetricsLine(prepared, update, sample_seconds, compute_seconds,
+                                          step_seconds, reward_mean);
+  run_->metrics().WriteLine(written);
+  if (options_.on_step) options_.on_step(written);
+  spdlog::info(
+      "learner step {}/{}: v{} reward {:.3f} success {:.2f} kept {}/{} mismatch {:.2e} "
+      "clip {:.3f} entropy {:.3f} {:.1f} s",
+      step_, config_.train.steps, version_, reward_mean,
+      prepared.finished > 0 ? static_cast<double>(prepared.successes) / prepared.finished : 0.0,
+      prepared.kept_total, static_cast<int64_t>(prepared.trajectories),
+      prepared.batch.mismatch_max, update.metrics.metrics.clip_fraction(),
+      update.metrics.metrics.entropy(), step_seconds);
+  if (config_.checkpoint_every_steps > 0 && step_ % config_.checkpoint_every_steps == 0 &&
+      step_ < last_step_) {
+    STRIDER_RETURN_IF_ERROR(Checkpoint("latest"));
+  }
+  return true;
+}
+
+// In short waits, so a stop request is seen. Empty: the step stops (this rank or another of its
+// group was asked to).
+Result<std::optional<replay::SampleBatch>> RlLearner::Sample(Clock::time_point step_started) {
+  Result<replay::SampleBatch> batch = Status::ResourceExhausted("not sampled");
+  const auto deadline =
+      step_started + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(config_.replay.sample_timeout_s));
+  while (!StopRequested()) {
+    batch = client_->Sample(static_cast<uint64_t>(step_ + 1),
+                            static_cast<uint32_t>(config_.replay.units_per_step), version_,
+                            std::chrono::milliseconds(1000));
+    if (batch.ok()) break;
+    // Not ready yet, or the server busy or restarting: both pass, up to the step's deadline.
+    const StatusCode code = batch.status().code();
+    if (code != StatusCode::kResourceExhausted && code != StatusCode::kUnavailable) break;
+    if (Clock::now() >= deadline || StopRequested()) break;
+    if (code == StatusCode::kUnavailable) {
+      spdlog::warn("learner step {}: {}; retrying", step_ + 1, batch.status().ToString());
+    }
+  }
+  const bool stopping = !batch.ok() && StopRequested();
+  if (!batch.ok() && !stopping) {
+    return batch.status().WithContext("learner step " + std::to_string(step_ + 1) +
+                                      ": sampling from " + replay_endpoint_);
+  }
+  if (group_ != nullptr) {
+    // The ranks that sampled leave their draws unused: the server keeps each step's draw, so
+    // a resumed group trains on exactly these units.
+    std::vector<double> anyone_stopping = {stopping ? 1.0 : 0.0};
+    STRIDER_RETURN_IF_ERROR(group_->AllReduceSum(anyone_stopping));
+    if (anyone_stopping[0] > 0) return std::optional<replay::SampleBatch>();
+  } else if (stopping) {
+    return std::optional<replay::SampleBatch>();
+  }
+  return std::optional<replay::SampleBatch>(std::move(*batch));
+}
+
+Result<RlLearner::PreparedStep> RlLearner::Prepare(replay::SampleBatch sampled) {
+  std::vector<schema::SegmentData> segments;
+  for (replay::SampledItem& item : sampled.items) segments.push_back(std::move(item.segment));
+  std::vector<SampledGroup> groups = SplitBatch(std::move(segments));
+  OrderByProvenance(groups);
+
+  PreparedStep out;
+  STRIDER_ASSIGN_OR_RETURN(out.batch, PrepareBatch(trainer_->model(), reference_.get(), groups,
+                                                   settings_));
+  if (rounds_ != nullptr) STRIDER_RETURN_IF_ERROR(rounds_->Drain());
+  double reward_sum = 0, staleness_sum = 0;
+  int64_t successes = 0, finished = 0, kept = 0;
+  for (const TrainingTrajectory& t : out.batch.trajectories) {
+    reward_sum += t.outcome;
+    staleness_sum += static_cast<double>(version_ - std::min(version_, t.min_version));
+    if (t.finished) {
+      ++finished;
+      successes += t.outcome > 0;
+    }
+    if (t.excluded) {
+      spdlog::warn("learner step {}: trajectory {} excluded: {}", step_ + 1,
+                   t.prepared.joined.id.Hex(), t.excluded_reason);
+      ++summary_.excluded_trajectories;
+      continue;
+    }
+    ++kept;
+  }
+  // The group's step in one set of figures: the batch is the union of the ranks' slices.
+  std::vector<double> totals = {reward_sum,
+                                staleness_sum,
+                                static_cast<double>(successes),
+                                static_cast<double>(finished),
+                                static_cast<double>(out.batch.trajectories.size()),
+                                static_cast<double>(kept),
+                                static_cast<double>(out.batch.tokens),
+                                static_cast<double>(out.batch.action_tokens)};
+  if (group_ != nullptr) STRIDER_RETURN_IF_ERROR(group_->AllReduceSum(totals));
+  out.reward_sum = totals[0];
+  out.staleness_sum = totals[1];
+  out.successes = static_cast<int64_t>(totals[2]);
+  out.finished = static_cast<int64_t>(totals[3]);
+  out.trajectories = totals[4];
+  out.kept_total = static_cast<int64_t>(totals[5]);
+  out.tokens = static_cast<int64_t>(totals[6]);
+  out.action_tokens = static_cast<int64_t>(totals[7]);
+  return out;
+}
+
+Result<RlLearner::StepUpdate> RlLearner::Update(const PreparedStep& prepared) {
+  const auto started = Clock::now();
+  StepUpdate update;
+  if (group_ != nullptr) update.group_before = group_->stats();
+  std::vector<const TrainingTrajectory*> kept;
+  for (const TrainingTrajectory& t : prepared.batch.trajectories) {
+    if (!t.excluded) kept.push_back(&t);
+  }
+  if (prepared.kept_total > 0) {
+    RoutingRecord routing;
+    // Every rank runs the same number of updates (collectives pair up), some of them perhaps
+    // on an empty share.
+    const int64_t minibatches =
+        group_ != nullptr
+            ? config_.train.minibatches
+            : std::min<int64_t>(config_.train.minibatches, static_cast<int64_t>(kept.size()));
+    for (int64_t epoch = 0; epoch < config_.train.ppo_epochs; ++epoch) {
+      std::vector<const TrainingTrajectory*> order = kept;
+      if (kept.size() > 1) {
+        // randperm takes the generator's lock itself.
+        STRIDER_RETURN_IF_ERROR(model::Guarded("mini-batch order", [&] {
           const at::Tensor perm = at::randperm(static_cast<int64_t>(kept.size()),
-                                               trainer->generator(),
+                                               trainer_->generator(),
                                                at::TensorOptions().dtype(at::kLong));
           const int64_t* p = perm.data_ptr<int64_t>();
           for (size_t i = 0; i < kept.size(); ++i) order[i] = kept[p[i]];
-        }
-        for (int64_t m = 0; m < minibatches; ++m) {
-          const size_t begin = order.size() * m / minibatches;
-          const size_t end = order.size() * (m + 1) / minibatches;
-          std::span<const TrainingTrajectory* const> part(order.data() + begin, end - begin);
-          trainer->ZeroGrad();
-          std::function<void(const at::Tensor&)> overlap;
-          if (group != nullptr) {
-            STRIDER_RETURN_IF_ERROR(group->PrepareGradients(reduced));
-            overlap = [&group](const at::Tensor& loss) { group->OverlapNextBackward(loss); };
-          }
-          // The loss is aggregated over the group's mini-batch: every rank weighs its share by
-          // the action-token counts of all of it (rank order).
-          std::vector<int64_t> all_counts;
-          size_t offset = 0;
-          if (group != nullptr) {
-            std::vector<int64_t> own;
-            for (const TrainingTrajectory* t : part) {
-              own.push_back(static_cast<int64_t>(t->prepared.positions.size()));
-            }
-            STRIDER_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> counts,
-                                     group->AllGather(own));
-            for (int r = 0; r < group->world_size(); ++r) {
-              if (r < group->rank()) offset += counts[r].size();
-              all_counts.insert(all_counts.end(), counts[r].begin(), counts[r].end());
-            }
-            if (all_counts.empty()) continue;  // an empty share on every rank
-          }
-          STRIDER_ASSIGN_OR_RETURN(
-              UpdateMetrics metrics,
-              AccumulateGradients(model, part, settings,
-                                  config.balance && epoch == 0 ? &routing : nullptr,
-                                  group != nullptr ? &all_counts : nullptr, offset,
-                                  overlap));
-          if (rounds != nullptr) STRIDER_RETURN_IF_ERROR(rounds->Drain());
-          if (group != nullptr) STRIDER_RETURN_IF_ERROR(group->AllReduceGradients(reduced));
-          STRIDER_ASSIGN_OR_RETURN(last, trainer->Step(trainer->optimizer().step()));
-          settings.weights_version.reset();
-          ++updates;
-          update.loss += metrics.loss;
-          update.policy_loss += metrics.policy_loss;
-          update.kl_loss += metrics.kl_loss;
-          update.entropy_loss += metrics.entropy_loss;
-          update.value_loss += metrics.value_loss;
-          update.metrics.Add(metrics.metrics);
-          update.tokens += metrics.tokens;
-        }
+        }));
       }
-      if (config.balance && group != nullptr) {
-        STRIDER_ASSIGN_OR_RETURN(RoutingRecord joined,
-                                 GatherRouting(*group, model, std::move(routing)));
-        STRIDER_ASSIGN_OR_RETURN(expert_load,
-                                 ExpertLoad(joined, model.config().feed_forward.routed_experts));
-        STRIDER_ASSIGN_OR_RETURN(violation, trainer->BalanceRouting(std::move(joined)));
-      } else if (config.balance && !routing.layers.empty()) {
-        STRIDER_ASSIGN_OR_RETURN(expert_load,
-                                 ExpertLoad(routing, model.config().feed_forward.routed_experts));
-        STRIDER_ASSIGN_OR_RETURN(violation, trainer->BalanceRouting(std::move(routing)));
+      for (int64_t m = 0; m < minibatches; ++m) {
+        const size_t begin = order.size() * m / minibatches;
+        const size_t end = order.size() * (m + 1) / minibatches;
+        std::span<const TrainingTrajectory* const> part(order.data() + begin, end - begin);
+        STRIDER_RETURN_IF_ERROR(UpdateMinibatch(part, epoch, &routing, &update).status());
       }
     }
-    const double update_seconds = Seconds(update_started);
-    ++step;
-    total_tokens += batch_tokens;
+    STRIDER_RETURN_IF_ERROR(Balance(std::move(routing), &update));
+  }
+  update.seconds = Seconds(started);
+  return update;
+}
 
-    // 5. Publish.
-    publish_seconds = 0;
-    // Weights no update changed are the version already out: nothing new to publish, except in
-    // sync mode, where the actors wait for a new version before their next round.
-    if (step % config.publish.every_steps == 0 &&
-        (!settings.weights_version.has_value() || config.train.sync)) {
-      STRIDER_RETURN_IF_ERROR(publish());
+Result<bool> RlLearner::UpdateMinibatch(std::span<const TrainingTrajectory* const> part,
+                                        int64_t epoch, RoutingRecord* routing,
+                                        StepUpdate* update) {
+  trainer_->ZeroGrad();
+  std::function<void(const at::Tensor&)> overlap;
+  if (group_ != nullptr) {
+    STRIDER_RETURN_IF_ERROR(group_->PrepareGradients(reduced_));
+    LearnerGroup* group = group_.get();
+    overlap = [group](const at::Tensor& loss) { group->OverlapNextBackward(loss); };
+  }
+  // The loss is aggregated over the group's mini-batch: every rank weighs its share by the
+  // action-token counts of all of it (rank order).
+  std::vector<int64_t> all_counts;
+  size_t offset = 0;
+  if (group_ != nullptr) {
+    std::vector<int64_t> own;
+    for (const TrainingTrajectory* t : part) {
+      own.push_back(static_cast<int64_t>(t->prepared.positions.size()));
     }
-    const double compute_seconds = Seconds(compute_started);
-    const double step_seconds = Seconds(step_started);
+    STRIDER_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> counts, group_->AllGather(own));
+    for (int r = 0; r < group_->world_size(); ++r) {
+      if (r < group_->rank()) offset += counts[r].size();
+      all_counts.insert(all_counts.end(), counts[r].begin(), counts[r].end());
+    }
+    if (all_counts.empty()) return false;  // an empty share on every rank
+  }
+  STRIDER_ASSIGN_OR_RETURN(
+      UpdateMetrics metrics,
+      AccumulateGradients(trainer_->model(), part, settings_,
+                          config_.trainer.balance && epoch == 0 ? routing : nullptr,
+                          group_ != nullptr ? &all_counts : nullptr, offset, overlap));
+  if (rounds_ != nullptr) STRIDER_RETURN_IF_ERROR(rounds_->Drain());
+  if (group_ != nullptr) STRIDER_RETURN_IF_ERROR(group_->AllReduceGradients(reduced_));
+  STRIDER_ASSIGN_OR_RETURN(update->last, trainer_->Step(trainer_->optimizer().step()));
+  settings_.weights_version.reset();
+  ++update->updates;
+  UpdateMetrics& sum = update->metrics;
+  sum.loss += metrics.loss;
+  sum.policy_loss += metrics.policy_loss;
+  sum.kl_loss += metrics.kl_loss;
+  sum.entropy_loss += metrics.entropy_loss;
+  sum.value_loss += metrics.value_loss;
+  sum.metrics.Add(metrics.metrics);
+  sum.tokens += metrics.tokens;
+  return true;
+}
 
-    // 6. Metrics and checkpoints.
-    const double reward_mean = trajectories > 0 ? reward_sum / trajectories : 0;
-    reward_means.push_back(reward_mean);
-    const double per_update = updates > 0 ? 1.0 / static_cast<double>(updates) : 0;
-    nlohmann::ordered_json line = {
-        {"time", UnixSeconds()},
-        {"role", "learner"},
-        {"step", step},
-        {"policy_version", version},
-        {"reward_mean", reward_mean},
-        {"success_rate", finished > 0 ? static_cast<double>(successes) / finished : 0.0},
-        {"trajectories", static_cast<int64_t>(trajectories)},
-        {"trained_trajectories", kept_total},
-        {"excluded_trajectories", static_cast<int64_t>(trajectories) - kept_total},
-        {"mismatch_excluded", prepared.mismatch_excluded},
-        {"filtered_groups", prepared.filtered_groups},
-        {"logprob_mismatch_max", prepared.mismatch_max},
-        {"logprob_mismatch_p99", prepared.mismatch_p99},
-        {"mismatch_measured", prepared.mismatch_measured},
-        {"loss", update.loss * per_update},
-        {"policy_loss", update.policy_loss * per_update},
-        {"kl", update.metrics.kl()},
-        {"approx_kl", update.metrics.approx_kl()},
-        {"clip_fraction", update.metrics.clip_fraction()},
-        {"importance_mean", update.metrics.importance_mean()},
-        {"entropy", update.metrics.entropy()},
-        {"value_loss", update.value_loss * per_update},
-        {"staleness_mean", trajectories > 0 ? staleness_sum / trajectories : 0.0},
-        {"max_violation", violation},
-        {"learning_rate", last.learning_rate},
-        {"gradient_norm", last.gradient_norm},
-        {"updates", updates},
-        {"tokens", batch_tokens},
-        {"action_tokens", batch_action_tokens},
-        {"tokens_per_second", batch_tokens / std::max(step_seconds, 1e-9)},
-        {"sample_seconds", sample_seconds},
-        {"score_seconds", prepared.score_seconds},
-        {"update_seconds", update_seconds},
-        {"publish_seconds", publish_seconds},
-        {"step_seconds", step_seconds},
-        {"busy_fraction", compute_seconds / std::max(step_seconds, 1e-9)},
-    };
-    if (group != nullptr) {
-      // Counts above are the group's; mismatch, loss and timing figures this rank's.
-      line["rank"] = group->rank();
-      line["world_size"] = group->world_size();
-      line["allreduce_seconds"] = group->stats().allreduce_seconds - group_before.allreduce_seconds;
-      line["allreduce_buckets"] = group->stats().buckets - group_before.buckets;
-      line["allreduce_buckets_during_backward"] =
-          group->stats().buckets_during_backward - group_before.buckets_during_backward;
-      if (expert_parallel) {
-        line["expert_parallel"] = group->world_size();
-        line["expert_rounds"] = group->stats().rounds - group_before.rounds;
-        line["expert_rounds_served"] = group->stats().rounds_served - group_before.rounds_served;
-        line["expert_gather_seconds"] = gather_seconds;
-      }
+// The routing balance of the step's first epoch: the expert load and MaxVio of its routing, and
+// the router biases' update (over the group's record when there is a group).
+Status RlLearner::Balance(RoutingRecord routing, StepUpdate* update) {
+  if (!config_.trainer.balance) return Status::Ok();
+  const int64_t experts = trainer_->model().config().feed_forward.routed_experts;
+  if (group_ != nullptr) {
+    STRIDER_ASSIGN_OR_RETURN(RoutingRecord joined,
+                             GatherRouting(*group_, trainer_->model(), std::move(routing)));
+    STRIDER_ASSIGN_OR_RETURN(update->expert_load, ExpertLoad(joined, experts));
+    STRIDER_ASSIGN_OR_RETURN(update->violation, trainer_->BalanceRouting(std::move(joined)));
+  } else if (!routing.layers.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(update->expert_load, ExpertLoad(routing, experts));
+    STRIDER_ASSIGN_OR_RETURN(update->violation, trainer_->BalanceRouting(std::move(routing)));
+  }
+  return Status::Ok();
+}
+
+Status RlLearner::Publish() {
+  // Expert-parallel ranks gather the experts to rank 0, which publishes whole weights.
+  const Model& model = trainer_->model();
+  std::map<std::string, at::Tensor> whole_experts;
+  if (expert_parallel_) {
+    const auto started = Clock::now();
+    for (const auto& [name, tensor] : model.tensors()) {
+      if (!IsRoutedExpertTensor(name)) continue;
+      STRIDER_ASSIGN_OR_RETURN(whole_experts[name], group_->GatherTo(tensor, 0));
     }
-    if (!std::isfinite(last.gradient_norm)) line["gradient_norm"] = nullptr;
-    // Nothing measured is not a measured zero.
-    if (prepared.mismatch_measured == 0) {
-      line["logprob_mismatch_max"] = nullptr;
-      line["logprob_mismatch_p99"] = nullptr;
+    gather_seconds_ = Seconds(started);
+  }
+  if (publisher_ == nullptr) {
+    // The other ranks of a group count the versions rank 0 publishes, so their samples ask
+    // for the same version and their mismatch checks compare the same policy.
+    if (distributed_ && config_.distributed.rank > 0) {
+      ++version_;
+      settings_.weights_version = version_;
     }
-    if (updates == 0) {
-      for (const char* key : {"loss", "policy_loss", "kl", "approx_kl", "clip_fraction",
-                              "importance_mean", "entropy", "value_loss", "learning_rate",
-                              "gradient_norm"}) {
-        line[key] = nullptr;
-      }
-    }
-    if (violation < 0) line["max_violation"] = nullptr;
-    line["expert_load"] = expert_load;
-    if (expert_load.empty()) line["expert_load"] = nullptr;
-    const std::string written = line.dump();
-    progress.WriteLine(written);
-    if (options.on_step) options.on_step(written);
-    spdlog::info(
-        "learner step {}/{}: v{} reward {:.3f} success {:.2f} kept {}/{} mismatch {:.2e} "
-        "clip {:.3f} entropy {:.3f} {:.1f} s",
-        step, config.train.steps, version, reward_mean,
-        finished > 0 ? static_cast<double>(successes) / finished : 0.0, kept_total,
-        static_cast<int64_t>(trajectories), prepared.mismatch_max, update.metrics.clip_fraction(),
-        update.metrics.entropy(), step_seconds);
-    if (config.checkpoint_every_steps > 0 && step % config.checkpoint_every_steps == 0 &&
-        step < last_step) {
-      STRIDER_RETURN_IF_ERROR(checkpoint("latest"));
+    return Status::Ok();
+  }
+  const auto started = Clock::now();
+  STRIDER_ASSIGN_OR_RETURN(std::string bytes, expert_parallel_
+                                                  ? model.SaveWholeToBytes(whole_experts)
+                                                  : model.SaveToBytes());
+  STRIDER_RETURN_IF_ERROR(WritePublishedVersion(run_->path(), version_ + 1));
+  ++version_;
+  STRIDER_RETURN_IF_ERROR(publisher_->Publish(version_, std::move(bytes), config_.model.name));
+  settings_.weights_version = version_;
+  publish_seconds_ = Seconds(started);
+  spdlog::info("learner: published version {} in {:.3f} s", version_, publish_seconds_);
+  return Status::Ok();
+}
+
+std::string RlLearner::MetricsLine(const PreparedStep& prepared, const StepUpdate& update,
+                                   double sample_seconds, double compute_seconds,
+                                   double step_seconds, double reward_mean) const {
+  const PreparedBatch& batch = prepared.batch;
+  const UpdateMetrics& sum = update.metrics;
+  const double trajectories = prepared.trajectories;
+  const double per_update = update.updates > 0 ? 1.0 / static_cast<double>(update.updates) : 0;
+  nlohmann::ordered_json line = {
+      {"time", UnixSeconds()},
+      {"role", "learner"},
+      {"step", step_},
+      {"policy_version", version_},
+      {"reward_mean", reward_mean},
+      {"success_rate", prepared.finished > 0
+                           ? static_cast<double>(prepared.successes) / prepared.finished
+                           : 0.0},
+      {"trajectories", static_cast<int64_t>(trajectories)},
+      {"trained_trajectories", prepared.kept_total},
+      {"excluded_trajectories", static_cast<int64_t>(trajectories) - prepared.kept_total},
+      {"mismatch_excluded", batch.mismatch_excluded},
+      {"filtered_groups", batch.filtered_groups},
+      {"logprob_mismatch_max", batch.mismatch_max},
+      {"logprob_mismatch_p99", batch.mismatch_p99},
+      {"mismatch_measured", batch.mismatch_measured},
+      {"loss", sum.loss * per_update},
+      {"policy_loss", sum.policy_loss * per_update},
+      {"kl", sum.metrics.kl()},
+      {"approx_kl", sum.metrics.approx_kl()},
+      {"clip_fraction", sum.metrics.clip_fraction()},
+      {"importance_mean", sum.metrics.importance_mean()},
+      {"entropy", sum.metrics.entropy()},
+      {"value_loss", sum.value_loss * per_update},
+      {"staleness_mean", trajectories > 0 ? prepared.staleness_sum / trajectories : 0.0},
+      {"max_violation", update.violation},
+      {"learning_rate", update.last.learning_rate},
+      {"gradient_norm", update.last.gradient_norm},
+      {"updates", update.updates},
+      {"tokens", prepared.tokens},
+      {"action_tokens", prepared.action_tokens},
+      {"tokens_per_second", prepared.tokens / std::max(step_seconds, 1e-9)},
+      {"sample_seconds", sample_seconds},
+      {"score_seconds", batch.score_seconds},
+      {"update_seconds", update.seconds},
+      {"publish_seconds", publish_seconds_},
+      {"step_seconds", step_seconds},
+      {"busy_fraction", compute_seconds / std::max(step_seconds, 1e-9)},
+  };
+  if (group_ != nullptr) {
+    // Counts above are the group's; mismatch, loss and timing figures this rank's.
+    const LearnerGroupStats& now = group_->stats();
+    const LearnerGroupStats& before = update.group_before;
+    line["rank"] = group_->rank();
+    line["world_size"] = group_->world_size();
+    line["allreduce_seconds"] = now.allreduce_seconds - before.allreduce_seconds;
+    line["allreduce_buckets"] = now.buckets - before.buckets;
+    line["allreduce_buckets_during_backward"] =
+        now.buckets_during_backward - before.buckets_during_backward;
+    if (expert_parallel_) {
+      line["expert_parallel"] = group_->world_size();
+      line["expert_rounds"] = now.rounds - before.rounds;
+      line["expert_rounds_served"] = now.rounds_served - before.rounds_served;
+      line["expert_gather_seconds"] = gather_seconds_;
     }
   }
-  STRIDER_RETURN_IF_ERROR(checkpoint("final"));
-  summary.total_steps = step;
-  summary.steps = static_cast<int64_t>(reward_means.size());
-  summary.policy_version = version;
-  const size_t tenth = std::max<size_t>(1, reward_means.size() / 10);
-  summary.first_reward_mean = Mean(reward_means, 0, std::min(tenth, reward_means.size()));
+  if (!std::isfinite(update.last.gradient_norm)) line["gradient_norm"] = nullptr;
+  // Nothing measured is not a measured zero.
+  if (batch.mismatch_measured == 0) {
+    line["logprob_mismatch_max"] = nullptr;
+    line["logprob_mismatch_p99"] = nullptr;
+  }
+  if (update.updates == 0) {
+    for (const char* key : {"loss", "policy_loss", "kl", "approx_kl", "clip_fraction",
+                            "importance_mean", "entropy", "value_loss", "learning_rate",
+                            "gradient_norm"}) {
+      line[key] = nullptr;
+    }
+  }
+  if (update.violation < 0) line["max_violation"] = nullptr;
+  line["expert_load"] = update.expert_load;
+  if (update.expert_load.empty()) line["expert_load"] = nullptr;
+  return line.dump();
+}
+
+Status RlLearner::Checkpoint(const std::string& name) {
+  CheckpointState state;
+  state.model = config_.model.name;
+  state.seed = config_.trainer.seed;
+  state.step = step_;
+  state.policy_version = version_;
+  state.sample_step = step_;
+  state.total_tokens = total_tokens_;
+  state.sampler_cursor = config_.replay.learner_id;
+  return run_->WriteCheckpoint(*trainer_, name, std::move(state));
+}
+
+RlRunSummary RlLearner::Summary() const {
+  RlRunSummary summary = summary_;
+  summary.total_steps = step_;
+  summary.steps = static_cast<int64_t>(reward_means_.size());
+  summary.policy_version = version_;
+  const size_t tenth = std::max<size_t>(1, reward_means_.size() / 10);
+  summary.first_reward_mean = Mean(reward_means_, 0, std::min(tenth, reward_means_.size()));
   summary.last_reward_mean =
-      Mean(reward_means, reward_means.size() - std::min(tenth, reward_means.size()),
-           reward_means.size());
-  summary.seconds = Seconds(run_started);
+      Mean(reward_means_, reward_means_.size() - std::min(tenth, reward_means_.size()),
+           reward_means_.size());
+  summary.seconds = Seconds(started_);
   return summary;
+}
+
+Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOptions& options) {
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<RlLearner> learner,
+                           RlLearner::Create(config, options));
+  return learner->Run();
 }
 
 }  // namespace strider::rl

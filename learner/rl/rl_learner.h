@@ -27,10 +27,29 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
+#include "learner/learner.h"
 #include "learner/rl/rl_config.h"
+#include "learner/rl/rl_step.h"
+#include "learner/run_directory.h"
+
+namespace strider {
+class LearnerGroup;  // learner/distributed.h
+}  // namespace strider
+namespace strider::replay {
+class LearnerClient;  // replay/client.h
+struct SampleBatch;
+}  // namespace strider::replay
+namespace strider::transport {
+class WeightPublisher;  // common/transport/weight_stream.h
+}  // namespace strider::transport
 
 namespace strider::rl {
 
@@ -60,6 +79,89 @@ struct RlRunSummary {
   std::string publish_endpoint;    // where the weights were served (a port 0 bind resolved)
 };
 
+// The learner service of one rank. Create opens the run directory, builds the Trainer and the
+// reference, joins the learner group, starts publishing (republishing a resumed run's weights)
+// and connects to replay, in that order; then on_ready is called. Each Step is steps 1-6 above.
+//
+// Threads: one; RlRunOptions::stop may be set from any thread (a signal handler).
+class RlLearner {
+ public:
+  static Result<std::unique_ptr<RlLearner>> Create(const RlLearnerConfig& config,
+                                                   const RlRunOptions& options);
+  ~RlLearner();
+
+  // Steps until train.steps (or options.max_steps of this invocation) or a stop request, then
+  // writes checkpoints/final.
+  Result<RlRunSummary> Run();
+  // One learner step. False when a stop request came before it trained anything: no step was
+  // taken (a group stops together, at the step one of its ranks was asked to stop at).
+  Result<bool> Step();
+  // Writes <run_dir>/checkpoints/<name>: the weights, optimiser and generator state, the step
+  // and the newest version published.
+  Status Checkpoint(const std::string& name);
+
+  int64_t step() const { return step_; }
+  bool done() const { return step_ >= last_step_; }
+
+ private:
+  // What a step's batch became before the update (steps 1-3), with the group's figures.
+  struct PreparedStep;
+  // What the update did (step 4).
+  struct StepUpdate;
+
+  RlLearner(const RlLearnerConfig& config, const RlRunOptions& options);
+
+  Status Open();
+  Status CreateTrainer();
+  Status JoinGroup();
+  Status ConfigureSteps();  // the step settings, the learned process reward model
+  Status StartPublishing();
+  Status ConnectReplay();
+
+  bool StopRequested() const;
+  Result<std::optional<replay::SampleBatch>> Sample(Clock::time_point step_started);
+  Result<PreparedStep> Prepare(replay::SampleBatch batch);
+  Result<StepUpdate> Update(const PreparedStep& prepared);
+  // One optimiser update on `part` of the epoch's order. False when the group's mini-batch is
+  // empty on every rank (nothing to update).
+  Result<bool> UpdateMinibatch(std::span<const TrainingTrajectory* const> part, int64_t epoch,
+                               RoutingRecord* routing, StepUpdate* update);
+  Status Balance(RoutingRecord routing, StepUpdate* update);
+  Status Publish();
+  std::string MetricsLine(const PreparedStep& prepared, const StepUpdate& update,
+                          double sample_seconds, double compute_seconds, double step_seconds,
+                          double reward_mean) const;
+  RlRunSummary Summary() const;
+
+  const RlLearnerConfig config_;
+  const RlRunOptions options_;
+  const bool distributed_;
+  const bool expert_parallel_;
+  const Clock::time_point started_;
+  std::optional<RunDirectory> run_;
+  CheckpointState start_;  // where the run starts: a fresh one, or the checkpoint resumed
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<Model> reference_;
+  std::unique_ptr<LearnerGroup> group_;
+  std::unique_ptr<ChunkRounds> rounds_;
+  // The parameters whose gradients the ranks sum: all but an expert-parallel rank's experts.
+  std::vector<at::Tensor> reduced_;
+  std::unique_ptr<reward::ProcessRewardModel> process_model_;
+  StepSettings settings_;
+  uint64_t version_ = 0;  // the newest version published (or, on ranks > 0, counted)
+  std::unique_ptr<transport::WeightPublisher> publisher_;
+  double publish_seconds_ = 0;
+  double gather_seconds_ = 0;  // expert-parallel: gathering the experts for a publish
+  std::unique_ptr<replay::LearnerClient> client_;
+  std::string replay_endpoint_;
+  int64_t step_ = 0;
+  int64_t total_tokens_ = 0;
+  int64_t last_step_ = 0;
+  std::vector<double> reward_means_;  // per step of this invocation
+  RlRunSummary summary_;
+};
+
+// Create, then Run.
 Result<RlRunSummary> RunRlLearner(const RlLearnerConfig& config, const RlRunOptions& options);
 
 }  // namespace strider::rl

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/clock.h"
+#include "common/model/torch_status.h"
 #include "learner/learner.h"
 #include "learner/rl/advantages.h"
 #include "learner/rl/losses.h"
@@ -321,7 +322,7 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
   for (size_t i = 0; i < trajectories.size(); ++i) {
     if (!trajectories[i]->prepared.positions.empty()) last = i;
   }
-  try {
+  STRIDER_RETURN_IF_ERROR(model::Guarded("update pass", [&]() -> Status {
     for (size_t i = 0; i < trajectories.size(); ++i) {
       const TrainingTrajectory& t = *trajectories[i];
       if (t.prepared.positions.empty()) continue;
@@ -411,9 +412,8 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
       result.chunk_activation_bytes =
           std::max(result.chunk_activation_bytes, pass_result.chunk_activation_bytes);
     }
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("update pass: ") + error.what_without_backtrace());
-  }
+    return Status::Ok();
+  }));
   return result;
 }
 

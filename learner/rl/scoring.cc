@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/model/sampling_distribution.h"
+#include "common/model/torch_status.h"
 #include "common/tokenizer.h"
 #include "learner/learner.h"
 
@@ -123,14 +124,12 @@ Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajector
     for (size_t i = 0; i < slots.size(); ++i) out.logprobs[slots[i]] = p[i];
     return at::Tensor();
   };
-  try {
-    STRIDER_ASSIGN_OR_RETURN(ChunkedPassResult ignored,
-                             RunChunkedPass(model, trajectory.input, pass, objective));
-    (void)ignored;
+  STRIDER_RETURN_IF_ERROR(model::Guarded("scoring", [&]() -> Status {
+    // Only the objective's log-probs and values are wanted, not the pass's own result.
+    STRIDER_RETURN_IF_ERROR(RunChunkedPass(model, trajectory.input, pass, objective).status());
     if (values) out.values = at::cat(value_chunks).contiguous();
-  } catch (const c10::Error& error) {
-    return Status::Internal(std::string("scoring: ") + error.what_without_backtrace());
-  }
+    return Status::Ok();
+  }));
   return out;
 }
 

@@ -27,26 +27,9 @@
 #include "common/schema/messages.h"
 #include "common/schema/trajectory.h"
 #include "common/status.h"
-
-namespace strider {
-class ChunkRounds;  // learner/learner.h
-}  // namespace strider
+#include "learner/rl/scoring_options.h"
 
 namespace strider::rl {
-
-struct ScoringOptions {
-  int64_t chunk_tokens = 512;  // positions per Model::Append; memory grows with it, not with L
-  // Force every position's stored experts. Needs segments whose routing covers every position
-  // (schema 1.2 coverage `all`); off, the learner routes by itself (an ablation, or a model
-  // without experts, where it has no effect).
-  bool replay_routing = true;
-  bool values = true;  // value-head estimates at step starts
-  // Largest |learner - behaviour| log-prob tolerated on a single-version trajectory. fp32 with
-  // routing replay stays below 1e-5; a support cut decided differently gives an infinite one.
-  double mismatch_threshold = 1e-4;
-  // Expert-parallel ranks: the passes' model calls are rounds of these (learner.h).
-  ChunkRounds* rounds = nullptr;
-};
 
 enum class MismatchVerdict {
   kNotMeasured,     // action tokens of several policy versions, or none at all
