@@ -1,5 +1,7 @@
 // Byte-level BPE: added tokens, normalisation, split patterns, then merges per pre-token word,
 // in the order and with the tie-breaking of Hugging Face tokenizers and tiktoken.
+#include "common/tokenizer/bpe.h"
+
 #include <unicode/uchar.h>
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
@@ -13,7 +15,6 @@
 #include <unordered_map>
 
 #include "common/mutex.h"
-#include "common/tokenizer/bpe.h"
 #include "common/tokenizer/regex.h"
 
 namespace strider::tokenizer::internal {
@@ -144,13 +145,14 @@ char32_t PreviousChar(std::string_view text, size_t end, size_t& start) {
 
 // Rust regex's \w (UTS #18 word characters), which tokenizers tests single_word tokens with.
 bool IsWordChar(char32_t c) {
-  if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                       c == '_';
+  if (c < 0x80)
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
   const auto u = static_cast<UChar32>(c);
   const int8_t type = u_charType(u);
   return u_hasBinaryProperty(u, UCHAR_ALPHABETIC) || u_hasBinaryProperty(u, UCHAR_JOIN_CONTROL) ||
-         type == U_NON_SPACING_MARK || type == U_ENCLOSING_MARK || type == U_COMBINING_SPACING_MARK ||
-         type == U_DECIMAL_DIGIT_NUMBER || type == U_CONNECTOR_PUNCTUATION;
+         type == U_NON_SPACING_MARK || type == U_ENCLOSING_MARK ||
+         type == U_COMBINING_SPACING_MARK || type == U_DECIMAL_DIGIT_NUMBER ||
+         type == U_CONNECTOR_PUNCTUATION;
 }
 
 bool IsAscii(std::string_view text) {
@@ -174,10 +176,10 @@ void NormalizeNfc(std::string_view text, std::string& out) {
   u_strFromUTF8(wide.data(), static_cast<int32_t>(wide.size()), &wide_length, text.data(),
                 static_cast<int32_t>(text.size()), &error);
   std::u16string normal(static_cast<size_t>(wide_length) * 3 + 16, u'\0');
-  int32_t normal_length =
-      U_SUCCESS(error) ? unorm2_normalize(nfc, wide.data(), wide_length, normal.data(),
-                                          static_cast<int32_t>(normal.size()), &error)
-                       : 0;
+  int32_t normal_length = U_SUCCESS(error)
+                              ? unorm2_normalize(nfc, wide.data(), wide_length, normal.data(),
+                                                 static_cast<int32_t>(normal.size()), &error)
+                              : 0;
   out.resize(static_cast<size_t>(normal_length) * 3 + 16);
   int32_t out_length = 0;
   if (U_SUCCESS(error)) {
@@ -214,7 +216,8 @@ class BpeTokenizer final : public Tokenizer {
       if (kind_[id] != Kind::kVocabulary) continue;
       const std::string& bytes = vocabulary_bytes_[id];
       vocabulary_.emplace(bytes, static_cast<int32_t>(id));
-      if (bytes.size() == 1) byte_id_[static_cast<unsigned char>(bytes[0])] = static_cast<int32_t>(id);
+      if (bytes.size() == 1)
+        byte_id_[static_cast<unsigned char>(bytes[0])] = static_cast<int32_t>(id);
     }
     for (const AddedToken& token : spec.added) {
       if (token.id < 0) return Status::InvalidArgument("added token with a negative id");
@@ -367,7 +370,8 @@ class BpeTokenizer final : public Tokenizer {
       }
       const AddedToken* hit = nullptr;
       for (const AddedToken& token : set.tokens) {
-        if (token.content[0] != text[i] || (token.special && scratch.options.split_special_tokens)) {
+        if (token.content[0] != text[i] ||
+            (token.special && scratch.options.split_special_tokens)) {
           continue;
         }
         if (text.compare(i, token.content.size(), token.content) == 0) {
@@ -556,7 +560,8 @@ class BpeTokenizer final : public Tokenizer {
     const size_t n = symbols.size();
     ranks.resize(n);
     merged.resize(n);
-    for (size_t i = 0; i + 1 < n; ++i) ranks[i] = pairs_.Find(symbols[i], symbols[i + 1], merged[i]);
+    for (size_t i = 0; i + 1 < n; ++i)
+      ranks[i] = pairs_.Find(symbols[i], symbols[i + 1], merged[i]);
     size_t count = n;
     while (count > 1) {
       size_t best = 0;
@@ -573,10 +578,13 @@ class BpeTokenizer final : public Tokenizer {
       ranks.erase(ranks.begin() + static_cast<std::ptrdiff_t>(best));
       merged.erase(merged.begin() + static_cast<std::ptrdiff_t>(best));
       --count;
-      if (best > 0) ranks[best - 1] = pairs_.Find(symbols[best - 1], symbols[best], merged[best - 1]);
-      if (best + 1 < count) ranks[best] = pairs_.Find(symbols[best], symbols[best + 1], merged[best]);
+      if (best > 0)
+        ranks[best - 1] = pairs_.Find(symbols[best - 1], symbols[best], merged[best - 1]);
+      if (best + 1 < count)
+        ranks[best] = pairs_.Find(symbols[best], symbols[best + 1], merged[best]);
     }
-    scratch.out.insert(scratch.out.end(), symbols.begin(), symbols.begin() + static_cast<std::ptrdiff_t>(count));
+    scratch.out.insert(scratch.out.end(), symbols.begin(),
+                       symbols.begin() + static_cast<std::ptrdiff_t>(count));
   }
 
   void MergeWithHeap(Scratch& scratch) const {
@@ -597,7 +605,9 @@ class BpeTokenizer final : public Tokenizer {
       heap.push_back({rank, pos, left, right, merged});
       std::push_heap(heap.begin(), heap.end(), std::greater<>());
     };
-    for (int32_t i = 0; i < n; ++i) nodes[static_cast<size_t>(i)] = {symbols[static_cast<size_t>(i)], i - 1, i + 1 < n ? i + 1 : -1};
+    for (int32_t i = 0; i < n; ++i)
+      nodes[static_cast<size_t>(i)] = {symbols[static_cast<size_t>(i)], i - 1,
+                                       i + 1 < n ? i + 1 : -1};
     for (int32_t i = 0; i + 1 < n; ++i) push(i);
     while (!heap.empty()) {
       std::pop_heap(heap.begin(), heap.end(), std::greater<>());
@@ -623,7 +633,7 @@ class BpeTokenizer final : public Tokenizer {
 
   std::vector<std::string> bytes_;  // id -> what it decodes to (an added token's text)
   std::vector<Kind> kind_;
-  std::vector<std::string> vocabulary_bytes_;                  // id -> the model's token
+  std::vector<std::string> vocabulary_bytes_;                 // id -> the model's token
   std::unordered_map<std::string_view, int32_t> vocabulary_;  // views into vocabulary_bytes_
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> added_ids_;
   std::array<int32_t, 256> byte_id_;

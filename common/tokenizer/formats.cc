@@ -1,9 +1,8 @@
 // The two file formats as a BpeSpec: Hugging Face's tokenizer.json (byte-level BPE) and
 // tiktoken rank files.
-#include <nlohmann/json.hpp>
-
 #include <array>
 #include <charconv>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
 
@@ -137,7 +136,8 @@ Status AddPreTokenizer(const json& node, bool first, BpeSpec& spec, bool& byte_l
                            SplitBehavior::kIsolated, false});
     return Status::Ok();
   }
-  return Status::Unimplemented("pre_tokenizer " + type + " (byte-level BPE files use "
+  return Status::Unimplemented("pre_tokenizer " + type +
+                               " (byte-level BPE files use "
                                "Sequence, Split, ByteLevel and Digits)");
 }
 
@@ -181,8 +181,10 @@ Result<BpeSpec> ParseTokenizerJsonImpl(const json& root) {
   std::unordered_map<std::string, int32_t> vocabulary;
   for (const auto& [text, id_json] : model.at("vocab").items()) {
     const int32_t id = id_json.get<int32_t>();
-    if (id < 0 || id > (1 << 24)) return Status::InvalidArgument("vocabulary id " + std::to_string(id));
-    if (static_cast<size_t>(id) >= spec.tokens.size()) spec.tokens.resize(static_cast<size_t>(id) + 1);
+    if (id < 0 || id > (1 << 24))
+      return Status::InvalidArgument("vocabulary id " + std::to_string(id));
+    if (static_cast<size_t>(id) >= spec.tokens.size())
+      spec.tokens.resize(static_cast<size_t>(id) + 1);
     STRIDER_ASSIGN_OR_RETURN(std::string bytes, TokenBytes(text));
     spec.tokens[static_cast<size_t>(id)] = std::move(bytes);
     vocabulary.emplace(text, id);
@@ -235,8 +237,9 @@ Result<BpeSpec> ParseTokenizerJsonImpl(const json& root) {
   const json pre = root.value("pre_tokenizer", json());
   if (!pre.is_null()) STRIDER_RETURN_IF_ERROR(AddPreTokenizer(pre, true, spec, byte_level));
   if (!byte_level) {
-    return Status::Unimplemented("a tokenizer.json without a ByteLevel pre-tokenizer (only "
-                                 "byte-level BPE is supported)");
+    return Status::Unimplemented(
+        "a tokenizer.json without a ByteLevel pre-tokenizer (only "
+        "byte-level BPE is supported)");
   }
   const json decoder = root.value("decoder", json());
   if (!decoder.is_null() && Get<std::string>(decoder, "type", "") != "ByteLevel") {
@@ -319,12 +322,14 @@ Result<BpeSpec> ParseTiktoken(std::string_view contents, const TokenizerOptions&
     if (!bytes.ok() || bytes->empty()) return bad("token is not base64");
     const std::string_view rank_text = line.substr(space + 1);
     int32_t rank = -1;
-    const auto [ptr, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
+    const auto [ptr, ec] =
+        std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
     if (ec != std::errc() || ptr != rank_text.data() + rank_text.size() || rank < 0 ||
         rank > (1 << 24)) {
       return bad("rank is not a number");
     }
-    if (static_cast<size_t>(rank) >= spec.tokens.size()) spec.tokens.resize(static_cast<size_t>(rank) + 1);
+    if (static_cast<size_t>(rank) >= spec.tokens.size())
+      spec.tokens.resize(static_cast<size_t>(rank) + 1);
     if (spec.tokens[static_cast<size_t>(rank)]) return bad("rank given twice");
     if (!ids.emplace(*bytes, rank).second) return bad("token given twice");
     spec.tokens[static_cast<size_t>(rank)] = std::move(*bytes);
@@ -340,8 +345,8 @@ Result<BpeSpec> ParseTiktoken(std::string_view contents, const TokenizerOptions&
       if (left == ids.end()) continue;
       auto right = ids.find(bytes.substr(k));
       if (right == ids.end()) continue;
-      spec.merges.push_back({left->second, right->second, static_cast<int32_t>(id),
-                             static_cast<uint32_t>(id)});
+      spec.merges.push_back(
+          {left->second, right->second, static_cast<int32_t>(id), static_cast<uint32_t>(id)});
     }
   }
   for (const auto& [text, id] : options.tiktoken_special_tokens) {

@@ -1,12 +1,13 @@
 // Split patterns through PCRE2, and the rewriting that makes PCRE2 read them as the reference
 // libraries do.
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include "common/tokenizer/regex.h"
+
 #include <pcre2.h>
 
 #include <string>
 
 #include "common/tokenizer/bpe.h"
-#include "common/tokenizer/regex.h"
 
 namespace strider::tokenizer::internal {
 namespace {
@@ -130,9 +131,8 @@ Result<std::string> TranslatePattern(std::string_view pattern) {
 Result<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern) {
   int error = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                    PCRE2_UTF | PCRE2_UCP, &error, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &error, &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
@@ -149,8 +149,8 @@ Result<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern) {
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
 Regex::Matcher::Matcher(const Regex& regex) : regex_(regex) {
-  match_data_ = pcre2_match_data_create_from_pattern(static_cast<pcre2_code*>(regex.code_),
-                                                     nullptr);
+  match_data_ =
+      pcre2_match_data_create_from_pattern(static_cast<pcre2_code*>(regex.code_), nullptr);
 }
 
 Regex::Matcher::~Matcher() {
@@ -159,18 +159,17 @@ Regex::Matcher::~Matcher() {
   pcre2_jit_stack_free(static_cast<pcre2_jit_stack*>(jit_stack_));
 }
 
-bool Regex::Matcher::Next(std::string_view subject, size_t offset, size_t& start,
-                          size_t& end) {
+bool Regex::Matcher::Next(std::string_view subject, size_t offset, size_t& start, size_t& end) {
   auto* code = static_cast<const pcre2_code*>(regex_.code_);
   auto* data = static_cast<pcre2_match_data*>(match_data_);
   const auto* text = reinterpret_cast<PCRE2_SPTR>(subject.data());
   while (offset < subject.size()) {
     auto* context = static_cast<pcre2_match_context*>(match_context_);
     // The subject was validated (or made valid) before splitting: no UTF check per match.
-    const int rc = regex_.jit_
-                       ? pcre2_jit_match(code, text, subject.size(), offset, 0, data, context)
-                       : pcre2_match(code, text, subject.size(), offset, PCRE2_NO_UTF_CHECK,
-                                     data, context);
+    const int rc =
+        regex_.jit_
+            ? pcre2_jit_match(code, text, subject.size(), offset, 0, data, context)
+            : pcre2_match(code, text, subject.size(), offset, PCRE2_NO_UTF_CHECK, data, context);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT && jit_stack_ == nullptr) {
       // Long runs (a megabyte of spaces against \s+(?!\S)) outgrow the default 32 KiB stack.
       jit_stack_ = pcre2_jit_stack_create(1 << 15, 1 << 28, nullptr);
@@ -188,7 +187,8 @@ bool Regex::Matcher::Next(std::string_view subject, size_t offset, size_t& start
     }
     // An empty match splits nothing: look again from the next character.
     offset = ovector[0] + 1;
-    while (offset < subject.size() && (static_cast<unsigned char>(subject[offset]) & 0xC0) == 0x80) {
+    while (offset < subject.size() &&
+           (static_cast<unsigned char>(subject[offset]) & 0xC0) == 0x80) {
       ++offset;
     }
   }

@@ -25,10 +25,14 @@ int SequenceLength(unsigned char lead) {
 void SecondByteRange(unsigned char lead, unsigned char& low, unsigned char& high) {
   low = 0x80;
   high = 0xBF;
-  if (lead == 0xE0) low = 0xA0;       // overlong
-  else if (lead == 0xED) high = 0x9F;  // surrogates
-  else if (lead == 0xF0) low = 0x90;   // overlong
-  else if (lead == 0xF4) high = 0x8F;  // past U+10FFFF
+  if (lead == 0xE0)
+    low = 0xA0;  // overlong
+  else if (lead == 0xED)
+    high = 0x9F;  // surrogates
+  else if (lead == 0xF0)
+    low = 0x90;  // overlong
+  else if (lead == 0xF4)
+    high = 0x8F;  // past U+10FFFF
 }
 
 }  // namespace
@@ -80,7 +84,13 @@ size_t AppendUtf8Replacing(std::string_view bytes, bool final, std::string& out)
 bool IsWhiteSpace(char32_t c) {
   if (c <= 0x20) return c == 0x20 || (c >= 0x09 && c <= 0x0D);
   switch (c) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
     case 0x3000:
       return true;
     default:

@@ -18,7 +18,8 @@ Outputs:
                     merges as "a b" strings
   bpe_nfc.json      the same vocabulary, Qwen-2 layout: NFC normaliser, Sequence[Split, ByteLevel]
   ranks.tiktoken    a second vocabulary (o200k-style pattern) as a tiktoken rank file
-  ranks_meta.json   its split pattern and special tokens
+  ranks_meta.json   its split pattern and special tokens, and Kimi K2's pattern (tiktoken_kimi:
+                    the same ranks split by it, over the cases in the first 128 KiB)
   mixed.txt         >= 1 MiB of test text in cases (English, code, CJK, emoji, numbers,
                     whitespace runs, long words, special tokens inline, decomposed accents)
   mixed.index       one line per case: byte offset, byte length, then the id count per reference
@@ -55,10 +56,22 @@ O200K_PATTERN = "|".join([
     r"\s+(?!\S)",
     r"\s+",
 ])
+# Kimi K2's tiktoken pattern: Han runs apart, and Rust-regex class intersections (&&).
+KIMI_PATTERN = "|".join([
+    r"[\p{Han}]+",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}",
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*",
+    r"\s*[\r\n]+",
+    r"\s+(?!\S)",
+    r"\s+",
+])
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TIKTOKEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|tool_call|>"]
 MIB = 1 << 20
 SUBSET = 256 << 10
+KIMI_SUBSET = 128 << 10
 
 
 def train(corpus, pattern, vocab_size):
@@ -263,16 +276,21 @@ def main():
             f.write(f"{base64.b64encode(token).decode()} {rank}\n")
     specials = {s: len(ranks) + i for i, s in enumerate(TIKTOKEN_SPECIALS)}
     with open(out("ranks_meta.json"), "w") as f:
-        json.dump({"pattern": O200K_PATTERN, "special_tokens": specials}, f, indent=1,
-                  ensure_ascii=False)
-    enc = tiktoken.Encoding("strider_test", pat_str=O200K_PATTERN,
-                            mergeable_ranks=tiktoken.load.load_tiktoken_bpe(out("ranks.tiktoken")),
+        json.dump({"pattern": O200K_PATTERN, "kimi_pattern": KIMI_PATTERN,
+                   "special_tokens": specials}, f, indent=1, ensure_ascii=False)
+    loaded_ranks = tiktoken.load.load_tiktoken_bpe(out("ranks.tiktoken"))
+    enc = tiktoken.Encoding("strider_test", pat_str=O200K_PATTERN, mergeable_ranks=loaded_ranks,
                             special_tokens=specials)
+    kimi = tiktoken.Encoding("strider_test_kimi", pat_str=KIMI_PATTERN,
+                             mergeable_ranks=loaded_ranks, special_tokens=specials)
 
     def references(text, names):
         ids = {name: hf[name].encode(text, add_special_tokens=False).ids
                for name in names if name in hf}
         ids["tiktoken"] = enc.encode(text, allowed_special="all")
+        if "tiktoken_kimi" in names:
+            ids["tiktoken_kimi"] = kimi.encode(text, allowed_special="all")
+            assert kimi.decode(ids["tiktoken_kimi"]) == text
         for name in hf:
             if name not in ids:
                 continue
@@ -280,15 +298,16 @@ def main():
         assert enc.decode(ids["tiktoken"]) == text
         return ids
 
-    names = ["bpe_llama3", "bpe_gpt2", "bpe_nfc", "tiktoken"]
+    names = ["bpe_llama3", "bpe_gpt2", "bpe_nfc", "tiktoken", "tiktoken_kimi"]
     rng = random.Random(44)
     for prefix, cases in [("mixed", make_cases(rng, corpus)), ("invalid", invalid_cases(rng))]:
         raw = [c.encode("utf-8") if isinstance(c, str) else c for c in cases]
         # The layouts that share bpe_llama3's vocabulary are checked on the first 256 KiB.
         expected, offset = [], 0
         for r in raw:
-            expected.append(references(r.decode("utf-8", "replace"),
-                                       names if offset < SUBSET else ["bpe_llama3", "tiktoken"]))
+            covered = (names if offset < KIMI_SUBSET else names[:4] if offset < SUBSET else
+                       ["bpe_llama3", "tiktoken"])
+            expected.append(references(r.decode("utf-8", "replace"), covered))
             offset += len(r)
         with open(out(prefix + (".txt" if prefix == "mixed" else ".bin")), "wb") as f:
             f.write(b"".join(raw))
