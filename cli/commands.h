@@ -26,6 +26,7 @@ void AddReportCommands(CLI::App& app, int& exit_code);
 void AddRewardCommands(CLI::App& app, int& exit_code);
 void AddLaunchCommands(CLI::App& app, int& exit_code);
 void AddKeysCommands(CLI::App& app, int& exit_code);
+void AddTokenizerCommands(CLI::App& app, int& exit_code);
 
 // Checks `strider launch` runs on the children's configs before it starts anything. They live
 // beside the commands that load those configs, whose loaders pull in LibTorch headers.

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   strider::cli::AddRewardCommands(app, exit_code);
   strider::cli::AddLaunchCommands(app, exit_code);
   strider::cli::AddKeysCommands(app, exit_code);
+  strider::cli::AddTokenizerCommands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& error) {
