@@ -196,7 +196,7 @@ void NormalizeNfc(std::string_view text, std::string& out) {
 
 class BpeTokenizer final : public Tokenizer {
  public:
-  BpeTokenizer(size_t cache_words) : cache_(cache_words) {}
+  explicit BpeTokenizer(size_t cache_words) : cache_(cache_words) {}
 
   Status Init(BpeSpec spec) {
     int32_t size = static_cast<int32_t>(spec.tokens.size());
