@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the whole test suite (every label: unit, integration, slow), then the
-# LibTorch-free tests again under AddressSanitizer + UBSan and ThreadSanitizer
-# (scripts/sanitize.sh, their own build trees).
-#   scripts/test.sh [ctest arguments...]     e.g. scripts/test.sh -L unit (no sanitizer pass then)
-# STRIDER_SANITIZERS=0 skips the sanitizer pass.
+# Sets up, builds and runs the whole test suite (every label: unit, integration, slow), then
+# builds the libraries with clang's thread-safety analysis as errors (scripts/thread_safety.sh),
+# then runs the LibTorch-free tests again under AddressSanitizer + UBSan and ThreadSanitizer
+# (scripts/sanitize.sh). Each of those passes has its own build tree.
+#   scripts/test.sh [ctest arguments...]     e.g. scripts/test.sh -L unit (no further pass then)
+# STRIDER_THREAD_SAFETY_CHECK=0 skips the thread-safety tree, STRIDER_SANITIZERS=0 the
+# sanitizer pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -13,8 +15,13 @@ echo "setup and build: $((built - start)) s"
 (cd build && ctest --output-on-failure --timeout 900 -j 2 "$@")
 tested=$(date +%s)
 echo "tests: $((tested - built)) s"
+if [ $# -eq 0 ] && [ "${STRIDER_THREAD_SAFETY_CHECK:-1}" != 0 ]; then
+  scripts/thread_safety.sh build-tsa
+  echo "thread safety: $(($(date +%s) - tested)) s"
+fi
+checked=$(date +%s)
 if [ $# -eq 0 ] && [ "${STRIDER_SANITIZERS:-1}" != 0 ]; then
   scripts/sanitize.sh all
-  echo "sanitizers: $(($(date +%s) - tested)) s"
+  echo "sanitizers: $(($(date +%s) - checked)) s"
 fi
 echo "total: $(($(date +%s) - start)) s"
