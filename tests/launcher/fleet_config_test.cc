@@ -1,10 +1,12 @@
-// The fleet file reader: defaults, what each rule requires, paths, and the recorded copy that
-// --resume reads.
+// The fleet file reader: what a minimal file runs, what each rule requires, paths, and the
+// recorded copy that --resume reads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "launcher/launcher.h"
 #include "tests/launcher/fleet_files.h"
@@ -15,19 +17,59 @@ namespace {
 
 using strider::testing::TempDir;
 
-TEST(FleetConfig, DefaultsFillWhatTheFileLeavesOut) {
+// The argument after `flag` in `argv` ("" when the flag is absent or last).
+std::string After(const std::vector<std::string>& argv, const std::string& flag) {
+  const auto at = std::find(argv.begin(), argv.end(), flag);
+  return at == argv.end() || at + 1 == argv.end() ? "" : *(at + 1);
+}
+
+bool Has(const std::vector<std::string>& argv, const std::string& flag) {
+  return std::find(argv.begin(), argv.end(), flag) != argv.end();
+}
+
+// What a fleet file that names only its three configs and a stop rule runs: one replay server,
+// one learner and one actor on this machine, their files under runs/fleet, each child with the
+// config the file names and nothing the file did not ask for.
+TEST(FleetConfig, AMinimalFileRunsOneOfEachRoleUnderRunsFleet) {
   TempDir dir;
   Result<FleetConfig> fleet = LoadFleetConfig(WriteFleet(dir, "stop: {wall_time_s: 60}\n"));
   ASSERT_TRUE(fleet.ok()) << fleet.status().ToString();
-  EXPECT_EQ(fleet->run_dir, "runs/fleet");
-  EXPECT_EQ(fleet->actor_count, 1);
-  EXPECT_FALSE(fleet->evaluation.has_value());
-  EXPECT_EQ(fleet->stop.wall_time_s, 60);
-  EXPECT_EQ(fleet->stop.learner_steps, 0);
-  EXPECT_EQ(fleet->stop.grace_s, 60);
-  EXPECT_EQ(fleet->restart.max_restarts, 5);
-  EXPECT_EQ(fleet->restart.backoff_s, (std::vector<int64_t>{1, 2, 4, 8, 16}));
-  EXPECT_EQ(fleet->learner_config, dir.Sub("learner.yaml"));
+  const std::vector<HostCommand> commands = HostCommands(*fleet, /*actor_base_seed=*/7);
+  ASSERT_EQ(commands.size(), 3u) << HostCommandsText(commands);
+  for (const HostCommand& command : commands) {
+    EXPECT_EQ(command.host, "127.0.0.1") << command.name;
+    EXPECT_FALSE(Has(command.argv, "--http")) << command.name << ": pages only with http: true";
+  }
+
+  const HostCommand& replay = commands[0];
+  EXPECT_EQ(replay.name, "replay");
+  EXPECT_EQ(After(replay.argv, "--db"), "runs/fleet/replay");
+  EXPECT_EQ(After(replay.argv, "--config"), dir.Sub("replay.yaml"));
+
+  const HostCommand& learner = commands[1];
+  EXPECT_EQ(learner.name, "learner");
+  EXPECT_EQ(After(learner.argv, "--run-dir"), "runs/fleet/learner");
+  EXPECT_EQ(After(learner.argv, "--config"), dir.Sub("learner.yaml"));
+  EXPECT_EQ(After(learner.argv, "--replay"), After(replay.argv, "--sample-bind"));
+  // A wall-time rule is the launcher's to enforce; the learner itself runs until stopped, one
+  // rank, from its own config's weights.
+  EXPECT_FALSE(Has(learner.argv, "--max-steps"));
+  EXPECT_FALSE(Has(learner.argv, "--rank"));
+  EXPECT_FALSE(Has(learner.argv, "--init"));
+
+  const HostCommand& actor = commands[2];
+  EXPECT_EQ(actor.name, "actor-0");
+  EXPECT_EQ(After(actor.argv, "--config"), dir.Sub("actor.yaml"));
+  EXPECT_EQ(After(actor.argv, "--seed"), "7");
+  EXPECT_EQ(After(actor.argv, "--spill-dir"), "runs/fleet/actors/actor-0/spill");
+  EXPECT_EQ(After(actor.argv, "--replay"), After(replay.argv, "--bind"));
+  EXPECT_EQ(After(actor.argv, "--weights-endpoint"), After(learner.argv, "--publish"));
+  EXPECT_FALSE(Has(actor.argv, "--weights"));
+
+  // A learner_steps rule, by contrast, reaches the learner as its own step limit.
+  Result<FleetConfig> stepped = LoadFleetConfig(WriteFleet(dir, "stop: {learner_steps: 3}\n"));
+  ASSERT_TRUE(stepped.ok()) << stepped.status().ToString();
+  EXPECT_EQ(After(HostCommands(*stepped, 0)[1].argv, "--max-steps"), "3");
 }
 
 TEST(FleetConfig, AnEvaluationSectionGetsItsDefaults) {
