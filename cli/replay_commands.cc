@@ -29,6 +29,7 @@ struct ServeArgs {
   std::string http;
   bool accept_loss = false;
   bool verify = false;
+  bool no_verify = false;
 };
 
 Status Serve(const ServeArgs& args) {
@@ -45,7 +46,11 @@ Status Serve(const ServeArgs& args) {
   if (!args.sample_bind.empty()) options.learner_endpoint = args.sample_bind;
   if (options.db_path.empty()) return Status::InvalidArgument("--db is required");
   options.accept_loss = options.accept_loss || args.accept_loss;
-  options.verify_on_start = options.verify_on_start || args.verify;
+  if (args.verify && args.no_verify) {
+    return Status::InvalidArgument("--verify and --no-verify: choose one");
+  }
+  if (args.verify) options.verify_on_start = replay::StartVerify::kAll;
+  if (args.no_verify) options.verify_on_start = replay::StartVerify::kNone;
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::ReplayServer> server,
                            replay::ReplayServer::Start(options));
   replay::ReplayServer* served = server.get();
@@ -251,7 +256,12 @@ void AddReplayCommands(CLI::App& app, int& exit_code) {
   serve->add_flag("--accept-loss", serve_args->accept_loss,
                   "Serve a store whose log lost acknowledged segments (the loss is recorded)");
   serve->add_flag("--verify", serve_args->verify,
-                  "Check every table file's checksums before serving (reads the whole store)");
+                  "Check every table file's checksums before serving (reads the whole store). "
+                  "By default only the files no earlier start checked are read, and a damaged "
+                  "one stops the start (config: server.verify_on_start: new|all|none)");
+  serve->add_flag("--no-verify", serve_args->no_verify,
+                  "Serve without checking any table file's checksums, even a store that failed "
+                  "its check (a damaged block is then found when it is read)");
   serve->add_option("--config", serve_args->config, "Server and table config (YAML)")
       ->check(CLI::ExistingFile);
   serve->add_option("--http", serve_args->http,

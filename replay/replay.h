@@ -65,6 +65,13 @@ struct TableConfig {
   RetentionOptions retention;
 };
 
+// Table files whose checksums a server checks at start (ServerOptions::verify_on_start).
+enum class StartVerify {
+  kNone,  // none: a damaged block is found when something reads it
+  kNew,   // those no earlier check read
+  kAll,   // every one: reads the whole store
+};
+
 struct ServerOptions {
   std::string db_path;
   // tcp://host:port (port 0: any free port) or ipc://path.
@@ -129,8 +136,13 @@ struct ServerOptions {
   // refused at start unless this is set; then the loss is recorded in the store and serving
   // goes on with what is left.
   bool accept_loss = false;
-  // Check every table file's block checksums before serving (reads the whole store once).
-  bool verify_on_start = false;
+  // Which table files have their block checksums checked before serving; a damaged one stops
+  // the start with Corruption naming it. The default reads a file at the first start after it
+  // was written and again only when it was written to since (the store directory's
+  // CHECKED_TABLES lists what was checked), so a start after a short run reads little. Damage
+  // that leaves a checked file's times alone (the medium's own decay) is found by kAll
+  // (`--verify`), `inspect verify`, or a read of the damaged block.
+  StartVerify verify_on_start = StartVerify::kNew;
   // Sample steps per learner whose answers are kept for replay after a learner restart.
   int64_t sample_log_steps = 1024;
   double stats_interval_s = 10;  // how often stats go to the log; 0: never

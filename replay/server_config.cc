@@ -130,6 +130,17 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
   options.max_store_bytes = static_cast<uint64_t>(std::max<int64_t>(max_store_bytes, 0));
   server.Optional("sample_log_steps", &options.sample_log_steps);
   server.Optional("stats_interval_s", &options.stats_interval_s);
+  std::string verify_on_start = "new";
+  server.Optional("verify_on_start", &verify_on_start);
+  if (verify_on_start == "all") {
+    options.verify_on_start = StartVerify::kAll;
+  } else if (verify_on_start == "none") {
+    options.verify_on_start = StartVerify::kNone;
+  } else if (verify_on_start == "new") {
+    options.verify_on_start = StartVerify::kNew;
+  } else {
+    server.Fail("verify_on_start", "'" + verify_on_start + "' is none of new, all, none");
+  }
   ConfigReader auth = server.Section("auth");
   options.auth = transport::ReadServerAuth(auth);
   auth.Optional("learner_keys", &options.learner_keys);

@@ -641,7 +641,8 @@ TEST(ReplayServer, ALogThatLostAcknowledgedSegmentsIsRefusedUntilAccepted) {
   }
 }
 
-// Flipped bytes inside a table file: a plain start does not read them; --verify does.
+// Flipped bytes inside a table file no start has checked yet: a default start reads the file and
+// refuses, naming it; --verify (every file) refuses too; --no-verify serves the store as it is.
 TEST(ReplayServer, VerifyOnStartFindsADamagedTableFile) {
   TempDir dir;
   StoreInTheLog(dir, 40);
@@ -665,13 +666,19 @@ TEST(ReplayServer, VerifyOnStartFindsADamagedTableFile) {
     file.seekp(static_cast<std::streamoff>(std::filesystem::file_size(largest) / 4));
     file.put(static_cast<char>(byte ^ 0x40));
   }
-  ASSERT_NE(StartServer(Options(dir)), nullptr) << "a plain start reads no table file";
-  ServerOptions verifying = Options(dir);
-  verifying.verify_on_start = true;
-  Result<std::unique_ptr<ReplayServer>> refused = ReplayServer::Start(verifying);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), StatusCode::kCorruption) << refused.status().ToString();
-  EXPECT_NE(refused.status().message().find("--verify"), std::string::npos);
+  for (StartVerify verify : {StartVerify::kNew, StartVerify::kAll}) {
+    ServerOptions verifying = Options(dir);
+    verifying.verify_on_start = verify;
+    Result<std::unique_ptr<ReplayServer>> refused = ReplayServer::Start(verifying);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kCorruption) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find(largest.string()), std::string::npos)
+        << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find("--no-verify"), std::string::npos);
+  }
+  ServerOptions unchecked = Options(dir);
+  unchecked.verify_on_start = StartVerify::kNone;
+  ASSERT_NE(StartServer(unchecked), nullptr) << "--no-verify reads no table file";
 }
 
 // A trajectory whose actor went silent before its last segment is closed as abandoned: never
