@@ -116,15 +116,20 @@ std::vector<ReadPlot> ReadPlots(const std::string& html) {
          it != std::sregex_iterator(); ++it) {
       const std::string tag = (*it)[2], attrs = (*it)[3], text = (*it)[4];
       if ((*it)[1] == "/") {
-        if (tag == "g") group.clear(), series.clear();
+        if (tag == "g") {
+          group.clear();
+          series.clear();
+        }
       } else if (tag == "title") {
         plot.title = text;
       } else if (tag == "g") {
         group = Attr(attrs, "class");
         series = group == "series" ? Attr(attrs, "data-name") : "";
       } else if (tag == "rect" && group == "axes") {
-        frame_x = Num(attrs, "x"), frame_y = Num(attrs, "y");
-        frame_w = Num(attrs, "width"), frame_h = Num(attrs, "height");
+        frame_x = Num(attrs, "x");
+        frame_y = Num(attrs, "y");
+        frame_w = Num(attrs, "width");
+        frame_h = Num(attrs, "height");
       } else if (tag == "line") {
         last_line = attrs;
       } else if (tag == "text" && group == "ticks" && !last_line.empty()) {
@@ -156,11 +161,16 @@ std::vector<ReadPlot> ReadPlots(const std::string& html) {
     plot.x = FitAxis(x_ticks, plot.title + " x axis");
     plot.y = FitAxis(y_ticks, plot.title + " y axis");
     for (auto& [name, points] : plot.series) {
-      for (auto& [x, y] : points) x = plot.x.Value(x), y = plot.y.Value(y);
+      for (auto& [x, y] : points) {
+        x = plot.x.Value(x);
+        y = plot.y.Value(y);
+      }
     }
     for (auto& [y, label] : plot.references) y = plot.y.Value(y);
-    plot.x_min = plot.x.Value(frame_x), plot.x_max = plot.x.Value(frame_x + frame_w);
-    plot.y_min = plot.y.Value(frame_y + frame_h), plot.y_max = plot.y.Value(frame_y);
+    plot.x_min = plot.x.Value(frame_x);
+    plot.x_max = plot.x.Value(frame_x + frame_w);
+    plot.y_min = plot.y.Value(frame_y + frame_h);
+    plot.y_max = plot.y.Value(frame_y);
     plots.push_back(std::move(plot));
   }
   return plots;
