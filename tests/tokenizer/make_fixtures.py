@@ -27,8 +27,9 @@ Outputs:
   mixed.<name>.ids.gz  expected ids, gzipped little-endian uint16, cases back to back; the
                     layouts other than bpe_llama3 and tiktoken cover the cases in the first
                     256 KiB ("-" in the index past them)
-  invalid.bin/.index/.<name>.ids  byte strings that are not valid UTF-8; their expected ids are
-                    the reference's on bytes.decode("utf-8", "replace")
+  invalid.bin/.index/.<name>.ids.gz  byte strings that are not valid UTF-8; their expected ids
+                    are the reference's on bytes.decode("utf-8", "replace")
+  exotic.txt/.index/.<name>.ids.gz  1,000 short strings of unusual characters
 """
 import argparse
 import base64
@@ -226,6 +227,23 @@ def invalid_cases(rng):
     return cases
 
 
+def exotic_cases(rng):
+    # Short strings over the characters where regex dialects and Unicode versions could part:
+    # every kind of white space, marks, digits of other scripts, case folding (İ, ſ, K), tags,
+    # private use, unassigned code points, specials and their halves. Not characters assigned
+    # after Unicode 14 (Debian's PCRE2 10.42): tiktoken's regex knows CJK Extension H (Unicode
+    # 15) as letters, PCRE2 as unassigned (docs/tokenizers.md).
+    alphabet = list("aAbBzZ 0123456789'\"!?.,;:-_/\\\t\n\r") + [
+        "'S", "'ll", "'RE", "\r\n", " \n", "  ", "\u00a0", "\u180e", "\u0085", "\u2028", "\u3000",
+        "\u200b", "\u200d", "\ufeff", "e\u0301", "\u0301", "\u0915\u094d", "\u0663", "\u00bd",
+        "\u2167", "好", "世界", "ｶ", "カ", "한", "😀", "👍🏽", "🇯🇵", "\U0001F9D1\u200d\U0001F4BB",
+        "\u0130", "\u017f", "\u212a", "ǅ", "ß", "Σ", "ς", "<|im_end|>", "<|endoftext|>",
+        "<|im_start|>", "<|tool_call|>", "<|", "|>", "𝔘", "𐍈", "\U000E0001", "\uE000",
+        "\U0010FFFD", "\u0378", "\u1E9E", "ꓐ"]
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+            for _ in range(1000)]
+
+
 def write_ids(path, seqs):
     with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
         for ids in seqs:
@@ -300,7 +318,8 @@ def main():
 
     names = ["bpe_llama3", "bpe_gpt2", "bpe_nfc", "tiktoken", "tiktoken_kimi"]
     rng = random.Random(44)
-    for prefix, cases in [("mixed", make_cases(rng, corpus)), ("invalid", invalid_cases(rng))]:
+    for prefix, cases in [("mixed", make_cases(rng, corpus)), ("invalid", invalid_cases(rng)),
+                          ("exotic", exotic_cases(rng))]:
         raw = [c.encode("utf-8") if isinstance(c, str) else c for c in cases]
         # The layouts that share bpe_llama3's vocabulary are checked on the first 256 KiB.
         expected, offset = [], 0
@@ -309,7 +328,7 @@ def main():
                        ["bpe_llama3", "tiktoken"])
             expected.append(references(r.decode("utf-8", "replace"), covered))
             offset += len(r)
-        with open(out(prefix + (".txt" if prefix == "mixed" else ".bin")), "wb") as f:
+        with open(out(prefix + (".bin" if prefix == "invalid" else ".txt")), "wb") as f:
             f.write(b"".join(raw))
         with open(out(prefix + ".index"), "w") as f:
             f.write("# offset length " + " ".join(names) + "\n")

@@ -1,6 +1,7 @@
 // common/tokenizer against ids the reference libraries produced (tests/tokenizer/
 // make_fixtures.py, tokenizers 0.23.3 and tiktoken 0.14.0): over 1 MiB of mixed text, input
-// that is not UTF-8, round trips of random text, and streaming decode with markers.
+// that is not UTF-8, unusual characters, round trips of random text, and streaming decode with
+// markers.
 #include "common/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -162,6 +163,25 @@ TEST_P(ReferenceTest, MixedTextGivesTheReferenceIds) {
   EXPECT_GE(checked_bytes, name == "tiktoken_kimi"                   ? 128u << 10
                            : name == "bpe_gpt2" || name == "bpe_nfc" ? 256u << 10
                                                                      : 1u << 20);
+}
+
+TEST_P(ReferenceTest, UnusualCharactersGiveTheReferenceIds) {
+  // White space of every kind (U+180E, NEL, ZWSP, BOM), marks, digits of other scripts, case
+  // folding, tags, private use, unassigned code points, halves of special tokens.
+  const size_t reference = GetParam();
+  std::unique_ptr<Tokenizer> tokenizer = LoadReference(kReferences[reference]);
+  ASSERT_NE(tokenizer, nullptr);
+  const std::vector<Case> cases = LoadCases("exotic", "exotic.txt");
+  ASSERT_GE(cases.size(), 1000u);
+  int failures = 0;
+  for (size_t i = 0; i < cases.size() && failures < 5; ++i) {
+    const std::vector<int32_t> got = tokenizer->Encode(cases[i].text);
+    if (got != *cases[i].expected[reference]) {
+      ++failures;
+      ADD_FAILURE() << kReferences[reference] << " case " << i << " "
+                    << FirstDifference(*tokenizer, got, *cases[i].expected[reference]);
+    }
+  }
 }
 
 TEST_P(ReferenceTest, InvalidUtf8IsReplacedMaximalSubpartByMaximalSubpart) {
