@@ -2,16 +2,23 @@
 // `strider actor` processes (tiny model, calculator) stream while, at seeded random moments, the
 // harness SIGKILLs and restarts the server or an actor, SIGSTOPs the server for longer than the
 // actors' timeouts, and (as root, on a small tmpfs) fills the replay disk and frees it again.
-// At the end it counts what was injected and what arrived, and checks that no acknowledged
-// segment was lost (the server's acknowledged marks against its counters), that `verify` passes,
-// that every trajectory is stored once and whole or closed as abandoned, and that the actors'
-// spill directories are empty. One JSON line on stdout sums it up.
+// Beside the actors, two clients of this process (plain ActorClients, as the actors' senders use)
+// stream through every fault and append the key of each segment the server acknowledged to them
+// to a file of their own, fsynced before they send more: a record of what the server promised,
+// kept outside the store. At the end it counts what was injected and what arrived, and checks
+// that every recorded key is in the store as `strider replay inspect DB export` reads it out (key
+// by key, the missing ones printed), that the server's own acknowledged marks agree, that
+// `verify` passes, that every trajectory is stored once and whole or closed as abandoned, and
+// that the actors' spill directories are empty. One JSON line on stdout sums it up.
 //
 // STRIDER_CHAOS_SEED (default 1) and STRIDER_CHAOS_SECONDS (default 40) choose the run;
 // scripts/chaos.sh runs a long one.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -20,13 +27,17 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "replay/client.h"
 #include "replay/inspect.h"
 #include "tests/integration/child_process.h"
 #include "tests/replay/small_disk.h"
+#include "tests/replay/test_segments.h"
 #include "tests/scratch_dir.h"
 
 namespace strider {
@@ -47,6 +58,91 @@ size_t FilesIn(const std::string& dir) {
     count += entry.is_regular_file() ? 1 : 0;
   }
   return count;
+}
+
+// One of this process's clients: streams 4-segment trajectories until `stop`, then finishes the
+// trajectory it is in and flushes. Each batch of keys the server acknowledged is appended to
+// `keys_path` and fsynced before the next send. A client that gives up (no progress for its
+// give_up_after) is replaced by a fresh one; what it held unacknowledged was never promised.
+struct StandIn {
+  uint64_t sent = 0;
+  uint64_t acked = 0;
+  uint64_t replaced = 0;
+  std::string failure;
+};
+
+void RunStandIn(int index, const std::string& endpoint, const std::string& keys_path,
+                const std::atomic<bool>& stop, StandIn* out) {
+  const int fd = ::open(keys_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    out->failure = keys_path + ": cannot open";
+    return;
+  }
+  const auto record = [&](replay::ActorClient& client) {
+    std::string lines;
+    for (const schema::SegmentKey& key : client.TakeAcked()) {
+      lines += key.ToString() + "\n";
+      ++out->acked;
+    }
+    for (size_t done = 0; done < lines.size();) {
+      const ssize_t n = ::write(fd, lines.data() + done, lines.size() - done);
+      if (n <= 0) {
+        out->failure = keys_path + ": write failed";
+        return false;
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (!lines.empty() && ::fsync(fd) != 0) {
+      out->failure = keys_path + ": fsync failed";
+      return false;
+    }
+    return true;
+  };
+  replay::ActorClientOptions options;
+  options.endpoint = endpoint;
+  options.client_id = "chaos-client-" + std::to_string(index);
+  std::unique_ptr<replay::ActorClient> client;
+  for (uint64_t trajectory = 0; !stop && out->failure.empty(); ++trajectory) {
+    const uint64_t seed = (static_cast<uint64_t>(index) + 1) * 1000000 + trajectory;
+    for (uint32_t segment = 0; segment < 4; ++segment) {
+      if (!client) {
+        Result<std::unique_ptr<replay::ActorClient>> connected =
+            replay::ActorClient::Connect(options);
+        if (!connected.ok()) {  // the server is down past give_up_after: a new trajectory
+          ++out->replaced;
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          break;
+        }
+        client = std::move(*connected);
+      }
+      const Status sent = client->Send(
+          strider::testing::MakeSegment(seed, segment, 256, 1, /*is_last=*/segment == 3));
+      if (!record(*client)) break;
+      if (!sent.ok()) {
+        ++out->replaced;
+        client.reset();
+        break;  // the trajectory stays open; the server closes it as abandoned
+      }
+      ++out->sent;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  if (client) {
+    const Status flushed = client->Flush(std::chrono::milliseconds(120000));
+    if (!flushed.ok() && out->failure.empty()) out->failure = flushed.ToString();
+    record(*client);
+  }
+  ::close(fd);
+}
+
+// The keys in one of RunStandIn's files.
+std::set<std::string> KeysIn(const std::string& path) {
+  std::set<std::string> keys;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) keys.insert(line);
+  }
+  return keys;
 }
 
 class Fleet {
@@ -118,6 +214,25 @@ TEST(Chaos, SeededFaultsLoseNoAcknowledgedSegment) {
   ASSERT_TRUE(fleet.StartServer());
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(fleet.StartActor(i));
 
+  std::atomic<bool> stop_clients{false};
+  StandIn stand_ins[2];
+  std::vector<std::thread> clients;
+  // A failed assertion returns early: the clients still stop and are joined.
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& threads;
+    ~Joiner() {
+      stop = true;
+      for (std::thread& thread : threads) {
+        if (thread.joinable()) thread.join();
+      }
+    }
+  } joiner{stop_clients, clients};
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back(RunStandIn, i, fleet.endpoint(), dir.Sub("acked" + std::to_string(i)),
+                         std::cref(stop_clients), &stand_ins[i]);
+  }
+
   std::mt19937_64 rng(seed);
   std::map<std::string, int> faults;
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
@@ -157,7 +272,11 @@ TEST(Chaos, SeededFaultsLoseNoAcknowledgedSegment) {
     }
   }
 
-  // A clean end: the actors flush (or spill) and exit, then the server.
+  // A clean end: this process's clients finish their trajectories and flush, the actors flush
+  // (or spill) and exit, then the server.
+  stop_clients = true;
+  for (std::thread& client : clients) client.join();
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(stand_ins[i].failure, "") << "client " << i;
   nlohmann::json acked = nlohmann::json::object();
   for (int i = 0; i < 2; ++i) {
     fleet.actor(i).Signal(SIGTERM);
@@ -196,6 +315,42 @@ TEST(Chaos, SeededFaultsLoseNoAcknowledgedSegment) {
     return stopped.is_object() ? stopped["stats"] : nlohmann::json::object();
   }();
 
+  // Every key the server acknowledged to this process's clients is in the store, as the CLI's
+  // export reads it out: a check against the clients' own record, not the store's counters.
+  std::set<std::string> promised;
+  for (int i = 0; i < 2; ++i) {
+    const std::set<std::string> keys = KeysIn(dir.Sub("acked" + std::to_string(i)));
+    promised.insert(keys.begin(), keys.end());
+  }
+  EXPECT_GT(promised.size(), 0u) << "the clients were acknowledged nothing";
+  const testing::RunResult exported =
+      testing::RunCommand({StriderBinary(), "replay", "inspect", fleet.db(), "export",
+                           "--format", "jsonl", "--out", dir.Sub("export.jsonl")});
+  ASSERT_EQ(exported.exit_code, 0) << "replay inspect export failed";
+  std::set<std::string> stored;
+  uint64_t exported_twice = 0;
+  {
+    std::ifstream in(dir.Sub("export.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json segment = nlohmann::json::parse(line, nullptr, false);
+      ASSERT_TRUE(segment.is_object() && segment.contains("trajectory_id") &&
+                  segment.contains("segment_index"))
+          << "not an export line: " << line.substr(0, 200);
+      const std::string key = segment["trajectory_id"].get<std::string>() + "/" +
+                              std::to_string(segment["segment_index"].get<uint64_t>());
+      exported_twice += stored.insert(key).second ? 0 : 1;
+    }
+  }
+  std::vector<std::string> missing;
+  for (const std::string& key : promised) {
+    if (stored.count(key) == 0) missing.push_back(key);
+  }
+  std::ostringstream listed;
+  for (size_t i = 0; i < missing.size() && i < 50; ++i) listed << "\n  " << missing[i];
+  EXPECT_TRUE(missing.empty()) << missing.size() << " of " << promised.size()
+                               << " acknowledged segments are not in the store:" << listed.str();
+  EXPECT_EQ(exported_twice, 0u) << "segments exported more than once";
+
   Result<std::unique_ptr<replay::Inspector>> inspector = replay::Inspector::Open(fleet.db());
   ASSERT_TRUE(inspector.ok()) << inspector.status().ToString();
   Result<replay::VerifyReport> report = (*inspector)->Verify();
@@ -227,6 +382,9 @@ TEST(Chaos, SeededFaultsLoseNoAcknowledgedSegment) {
                          {"small_disk", fleet.small_disk()},
                          {"faults", faults},
                          {"segments_stored", report->segments},
+                         {"client_segments_acknowledged", promised.size()},
+                         {"client_acknowledged_missing", missing.size()},
+                         {"client_replacements", stand_ins[0].replaced + stand_ins[1].replaced},
                          {"trajectories_complete", complete},
                          {"trajectories_abandoned", abandoned},
                          {"lost_acknowledged_segments", stats["lost_acknowledged_segments"]},
