@@ -65,6 +65,12 @@ COMPONENTS = sorted(DEPENDS_ON, key=len, reverse=True)
 FOLDERS = {c.split('/')[0] for c in DEPENDS_ON}
 
 
+def not_source(root, folder):
+    """Top-level folders that hold no project sources: docs, scripts, build trees (build-asan/)."""
+    return (folder in NOT_SOURCE or folder.startswith('.') or folder.startswith('build') or
+            os.path.exists(os.path.join(root, folder, 'CMakeCache.txt')))
+
+
 def component_of(path):
     for c in COMPONENTS:
         if path == c or path.startswith(c + '/'):
@@ -106,10 +112,8 @@ def check_table(errors):
 def check_includes(root, errors):
     files = 0
     for folder in sorted(os.listdir(root)):
-        if folder in NOT_SOURCE or folder.startswith('.'):
-            continue
         top = os.path.join(root, folder)
-        if not os.path.isdir(top):
+        if not os.path.isdir(top) or not_source(root, folder):
             continue
         for dirpath, dirnames, filenames in os.walk(top):
             dirnames.sort()
@@ -151,7 +155,7 @@ def check_links(root, errors):
     links = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel = os.path.relpath(dirpath, root).replace(os.sep, '/')
-        if rel.split('/')[0] in NOT_SOURCE or (rel != '.' and rel.startswith('.')):
+        if rel != '.' and not_source(root, rel.split('/')[0]):
             dirnames[:] = []
             continue
         if 'CMakeLists.txt' not in filenames:
