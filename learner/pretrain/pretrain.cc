@@ -399,6 +399,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       ProgressFields fields;
       fields.stage = stage.name;
       fields.step = step + 1;
+      fields.steps_total = steps;
       fields.tokens_done = stage_tokens;
       fields.tokens_total = budget;
       fields.loss = loss.loss;

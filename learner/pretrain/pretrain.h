@@ -31,7 +31,8 @@ struct PretrainOptions {
   int64_t max_steps_per_stage = -1;  // tests: stop each stage early (budget shrinks to match)
   int64_t stages = -1;            // run only the first n stages (-1: all)
   bool evaluate = true;
-  int bar = -1;                   // progress bar: -1 when stderr is a TTY, 0 off, 1 on
+  int bar = -1;                   // stderr progress (Progress::Display): -1 a bar on a TTY, lines
+                                  // every 10 s otherwise; 0 none; 1 bar; 2 lines
 };
 
 struct StageSummary {
