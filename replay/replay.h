@@ -105,8 +105,8 @@ struct ServerOptions {
   // Segments written per WriteBatch at most. Several writers' batches are merged by RocksDB into
   // one log write (group commit), so this bounds the work one writer does per round. 4 MiB
   // holds a batched frame from an actor (ActorClientOptions::batch_bytes) or four 1 MiB
-  // segments: with 1 MiB, each 1 MiB segment was a write of its own and ingest of 1 MiB
-  // segments ran at 0.71-0.76 of a raw put loop instead of 0.79-0.83.
+  // segments, so megabyte segments share writes instead of each making its own (the
+  // measurements: docs/results/replay.md).
   uint64_t write_batch_bytes = 4ull << 20;
   // Threads writing batches concurrently: RocksDB groups their writes and inserts them into the
   // memtable in parallel, like several threads calling Put.
@@ -156,8 +156,8 @@ Result<ServerOptions> ParseServerConfig(const std::string& yaml, const std::stri
 // Sets this process's allocator up for a server's traffic: megabyte segments and RocksDB
 // memtable blocks come from one heap and stay there when freed. glibc otherwise gives each
 // writer thread an arena of 64 MiB heaps and unmaps a heap once all of it is free, which a
-// flushed memtable of 1 MiB values does, so every memtable faulted its pages in again (126-176
-// page faults per MB ingested against 8). Process-wide: call once, before the server starts.
+// flushed memtable of 1 MiB values does, so every memtable would fault its pages in again
+// (docs/results/replay.md has the counts). Process-wide: call once, before the server starts.
 void ConfigureServerProcessMemory();
 
 class ReplayServer {
