@@ -18,6 +18,7 @@
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/model/torch_status.h"
+#include "common/random.h"
 #include "common/safetensors.h"
 #include "learner/learner.h"
 #include "learner/optimizer.h"
@@ -237,7 +238,7 @@ struct ProcessModelHead {
 // ---------------------------------------------------------------------------------------------
 
 bool HeldOut(const schema::TrajectoryId& id, uint64_t split_seed, double fraction) {
-  uint64_t h = 1469598103934665603ull ^ (split_seed * 0x9E3779B97F4A7C15ull);
+  uint64_t h = 1469598103934665603ull ^ (split_seed * kSplitMix64Increment);
   for (uint8_t byte : id.bytes) h = (h ^ byte) * 1099511628211ull;
   // A final mix so ids that differ in their last byte do not land side by side.
   h ^= h >> 33;

@@ -5,6 +5,7 @@
 #include <random>
 #include <string>
 
+#include "common/random.h"
 #include "common/schema/messages.h"
 #include "common/tokenizer.h"
 
@@ -12,7 +13,7 @@ namespace strider::testing {
 
 inline schema::TrajectoryId MakeTrajectoryId(uint64_t seed) {
   schema::TrajectoryId id;
-  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
+  std::mt19937_64 rng(seed * kSplitMix64Increment + 1);
   for (auto& b : id.bytes) b = static_cast<uint8_t>(rng());
   return id;
 }

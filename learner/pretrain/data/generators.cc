@@ -24,7 +24,7 @@ namespace {
 class Rng {
  public:
   Rng(uint64_t seed, int64_t index, uint64_t stream)
-      : state_(seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(index) + 1) * 0xD1B54A32D192ED03ull ^
+      : state_(seed * kSplitMix64Increment ^ (static_cast<uint64_t>(index) + 1) * 0xD1B54A32D192ED03ull ^
                stream * 0x8CB92BA72F3D8DD7ull) {
     Next();
   }
