@@ -10,6 +10,7 @@
 //   while (queue_.empty() && !stopped_) ready_.Wait(&mu_);
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -110,32 +111,47 @@ class CondVar {
   CondVar& operator=(const CondVar&) = delete;
 
   void Wait(Mutex* mu) REQUIRES(mu) {
-    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
-    cv_.wait(lock);
-    // The caller's lock (MutexLock, or Lock()) still owns the mutex and unlocks it.
-    lock.release();
+    Borrowed lock(mu);
+    cv_.wait(lock.get());
   }
 
-  // False when `timeout` passed without a wake-up.
+  // False when `timeout` passed without a wake-up. A timeout too long for the steady clock to
+  // add (nanoseconds::max() as "forever") waits until a wake-up: added as it is, it would
+  // overflow into a deadline already past.
   bool WaitFor(Mutex* mu, std::chrono::nanoseconds timeout) REQUIRES(mu) {
-    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
-    const std::cv_status status = cv_.wait_for(lock, timeout);
-    lock.release();
-    return status == std::cv_status::no_timeout;
+    const std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
+    return WaitUntil(mu, now + std::min(timeout, kFarAhead));
   }
 
   // False when `deadline` passed without a wake-up.
   bool WaitUntil(Mutex* mu, std::chrono::steady_clock::time_point deadline) REQUIRES(mu) {
-    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
-    const std::cv_status status = cv_.wait_until(lock, deadline);
-    lock.release();
-    return status == std::cv_status::no_timeout;
+    Borrowed lock(mu);
+    return cv_.wait_until(lock.get(), deadline) == std::cv_status::no_timeout;
   }
 
   void Signal() { cv_.notify_one(); }
   void SignalAll() { cv_.notify_all(); }
 
  private:
+  // Further ahead than any wait needs to end (a century), and near enough that the steady
+  // clock's time since boot plus this cannot overflow.
+  static constexpr std::chrono::nanoseconds kFarAhead = std::chrono::hours(24 * 365 * 100);
+
+  // The caller's mutex lent to std::condition_variable for one wait. The wait unlocks and
+  // relocks it, and holds it again when it returns or throws; ownership goes back to the caller's
+  // lock (MutexLock, or Lock()) on every exit, so the mutex is unlocked once, by the caller.
+  class Borrowed {
+   public:
+    explicit Borrowed(Mutex* mu) : lock_(mu->mu_, std::adopt_lock) {}
+    ~Borrowed() { lock_.release(); }
+    Borrowed(const Borrowed&) = delete;
+    Borrowed& operator=(const Borrowed&) = delete;
+    std::unique_lock<std::mutex>& get() { return lock_; }
+
+   private:
+    std::unique_lock<std::mutex> lock_;
+  };
+
   std::condition_variable cv_;
 };
 
