@@ -1,15 +1,16 @@
 // Success rises from the warm start: the README's main job as its commands run it. `strider
-// pretrain` of the shipped quickstart warm start, then `strider launch` of configs/quickstart.yaml
-// (a replay server, the RL learner and an actor on the calculator, evaluated greedily on held-out
-// problems as versions are published) with the launcher's stop rule set to the warm start's own
-// evaluated success plus a fixed margin. The run must reach it within the time the README gives
-// the RL part, and the evaluation that stopped it must be a later policy version's.
+// pretrain` of the shipped quickstart warm start with its stderr in a file (progress lines every
+// few seconds, as in a CI log), then `strider launch` of configs/quickstart.yaml as shipped (a
+// replay server, the RL learner and an actor on the calculator for a fixed number of learner
+// steps, evaluated greedily on held-out problems as versions are published). The final
+// evaluation must be at least the README's 20 points above the warm start's own.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,9 +31,22 @@ using strider::testing::StriderBinary;
 using strider::testing::TempDir;
 using strider::testing::WaitEvent;
 
-constexpr double kMargin = 0.10;       // of 200 held-out problems: 20 more solved
-constexpr int kRlSeconds = 180;        // the quickstart's RL budget (configs/quickstart.yaml)
-constexpr int kEvalEpisodes = 200;
+constexpr double kMargin = 0.20;    // the README's promise: 20 points above the start
+constexpr int kRlTimeoutS = 900;    // the RL part ends by learner steps; this only bounds a hang
+constexpr int kEvalEpisodes = 100;  // configs/quickstart.yaml's evaluation.episodes
+
+// Seconds in FormatDuration's forms ("1h02m", "3m05s", "12s"); -1 for anything else.
+double ParseDuration(const std::string& text) {
+  std::smatch m;
+  if (std::regex_match(text, m, std::regex(R"((\d+)h(\d+)m)"))) {
+    return 3600.0 * std::stoi(m[1]) + 60.0 * std::stoi(m[2]);
+  }
+  if (std::regex_match(text, m, std::regex(R"((\d+)m(\d+)s)"))) {
+    return 60.0 * std::stoi(m[1]) + std::stoi(m[2]);
+  }
+  if (std::regex_match(text, m, std::regex(R"((\d+)s)"))) return std::stoi(m[1]);
+  return -1;
+}
 
 TEST(QuickstartRun, EvaluatedSuccessRisesByAFixedMarginFromTheWarmStart) {
   // The shipped configs name their files relative to the repository root, where the README's
@@ -42,31 +56,49 @@ TEST(QuickstartRun, EvaluatedSuccessRisesByAFixedMarginFromTheWarmStart) {
   const std::string warm_dir = dir.Sub("warm");
   {
     ChildProcess pretrain;
-    ASSERT_TRUE(pretrain.Start({StriderBinary(), "pretrain", "--config",
-                                SourceDir() + "/configs/pretrain/calculator_quickstart.yaml",
-                                "--run-dir", warm_dir},
-                               dir.Sub("pretrain.log")));
+    ASSERT_TRUE(pretrain.Start(
+        {StriderBinary(), "pretrain", "--config",
+         SourceDir() + "/configs/pretrain/calculator_quickstart.yaml", "--run-dir", warm_dir},
+        dir.Sub("pretrain.log")));
     pretrain.ReadAll(milliseconds(1500 * 1000));
     ASSERT_EQ(pretrain.Wait(), 0) << ReadFile(dir.Sub("pretrain.log"));
   }
-  const std::string weights = warm_dir + "/checkpoints/calc/final/model.safetensors";
+  {
+    // Minutes of warm start in a file: a progress line every few seconds, never a long silence.
+    const std::string log = ReadFile(dir.Sub("pretrain.log"));
+    const std::regex progress_line(
+        R"(pretrain: stage \w+ \| step \d+/\d+ \| .* \| elapsed (\S+) \| .*)");
+    std::vector<double> elapsed;
+    std::istringstream lines(log);
+    for (std::string line; std::getline(lines, line);) {
+      std::smatch m;
+      if (std::regex_match(line, m, progress_line)) elapsed.push_back(ParseDuration(m[1]));
+    }
+    ASSERT_GE(elapsed.size(), 10u) << log;
+    double longest_gap = 0;
+    for (size_t i = 1; i < elapsed.size(); ++i) {
+      longest_gap = std::max(longest_gap, elapsed[i] - elapsed[i - 1]);
+    }
+    EXPECT_LE(longest_gap, 30) << log;
+  }
+  const std::string weights = warm_dir + "/checkpoints/guess/final/model.safetensors";
 
   // The start, as the launcher's first evaluation will see it (the same config, seed and
-  // problems): the stop rule is set above it.
+  // problems).
   const strider::testing::RunResult start = strider::testing::RunCommand(
-      {StriderBinary(), "eval", "--config", SourceDir() + "/configs/actor/calculator_quickstart.yaml",
-       "--weights", weights, "--episodes", std::to_string(kEvalEpisodes), "--json"});
+      {StriderBinary(), "eval", "--config",
+       SourceDir() + "/configs/actor/calculator_quickstart.yaml", "--weights", weights,
+       "--episodes", std::to_string(kEvalEpisodes), "--json"});
   ASSERT_EQ(start.exit_code, 0) << start.output;
   // `--json`: the one line on stdout is the result.
   const nlohmann::json start_eval = nlohmann::json::parse(start.output, nullptr, false);
   ASSERT_TRUE(start_eval.is_object() && start_eval.value("event", "") == "eval") << start.output;
   const double start_rate = start_eval["success_rate"].get<double>();
-  const double target = start_rate + kMargin;
-  std::cout << "warm start: " << start_rate << " of " << kEvalEpisodes
-            << " held-out problems; stop rule at " << target << std::endl;
-  ASSERT_LE(target, 0.95) << "the warm start leaves no room for the margin";
+  std::cout << "warm start: " << start_rate << " of " << kEvalEpisodes << " held-out problems"
+            << std::endl;
+  ASSERT_LE(start_rate + kMargin, 1.0) << "the warm start leaves no room for the margin";
 
-  // configs/quickstart.yaml with this test's run directory, weights and stop rule.
+  // configs/quickstart.yaml with this test's run directory and weights.
   const std::string fleet = ReadFile(SourceDir() + "/configs/quickstart.yaml");
   const std::string fleet_path = dir.Sub("fleet.yaml");
   {
@@ -74,9 +106,10 @@ TEST(QuickstartRun, EvaluatedSuccessRisesByAFixedMarginFromTheWarmStart) {
     std::istringstream lines(fleet);
     for (std::string line; std::getline(lines, line);) {
       if (line.rfind("weights:", 0) == 0) line = "weights: " + weights;
-      if (line.rfind("  episodes:", 0) == 0) line = "  episodes: " + std::to_string(kEvalEpisodes);
-      if (line.rfind("  wall_time_s:", 0) == 0) line = "  wall_time_s: " + std::to_string(kRlSeconds);
-      if (line.rfind("  success_rate:", 0) == 0) line = "  success_rate: " + std::to_string(target);
+      if (line.rfind("  episodes:", 0) == 0) {
+        EXPECT_EQ(line, "  episodes: " + std::to_string(kEvalEpisodes))
+            << "configs/quickstart.yaml";
+      }
       out << line << "\n";
     }
     std::ofstream(fleet_path) << out.str();
@@ -84,29 +117,25 @@ TEST(QuickstartRun, EvaluatedSuccessRisesByAFixedMarginFromTheWarmStart) {
   ChildProcess launcher;
   ASSERT_TRUE(launcher.Start({StriderBinary(), "launch", fleet_path, "--run-dir", dir.Sub("rl")},
                              dir.Sub("launch.log")));
-  const nlohmann::json finished = WaitEvent(launcher, "finished", (kRlSeconds + 300) * 1000);
+  const nlohmann::json finished = WaitEvent(launcher, "finished", kRlTimeoutS * 1000);
   EXPECT_EQ(launcher.Wait(), 0) << ReadFile(dir.Sub("launch.log"));
   ASSERT_TRUE(finished.is_object()) << ReadFile(dir.Sub("launch.log"));
 
   const std::vector<nlohmann::json> evals = ReadMetrics(dir.Sub("rl/eval.jsonl"));
   ASSERT_FALSE(evals.empty());
   std::ostringstream curve;
-  double best = 0;
-  int64_t best_version = 0;
   for (const nlohmann::json& e : evals) {
     curve << " v" << e["policy_version"] << " " << e["success_rate"];
-    if (e["success_rate"].get<double>() > best) {
-      best = e["success_rate"].get<double>();
-      best_version = e["policy_version"].get<int64_t>();
-    }
   }
   std::cout << "evaluations:" << curve.str() << "; finished: " << finished.dump() << std::endl;
   EXPECT_EQ(evals.front()["policy_version"], 0);
   EXPECT_DOUBLE_EQ(evals.front()["success_rate"].get<double>(), start_rate)
-      << "the launcher's start evaluation is not the one the stop rule was set from";
-  EXPECT_EQ(finished["reason"], "success_rate") << curve.str();
-  EXPECT_GE(best, target - 1e-9) << curve.str();
-  EXPECT_GT(best_version, 0);
+      << "the launcher's start evaluation is not the one the warm start was measured with";
+  EXPECT_EQ(finished["reason"], "learner_steps") << curve.str();
+  const nlohmann::json& last = evals.back();
+  ASSERT_TRUE(last.value("final", false)) << "no final evaluation:" << curve.str();
+  EXPECT_GT(last["policy_version"].get<int64_t>(), 0);
+  EXPECT_GE(last["success_rate"].get<double>(), start_rate + kMargin - 1e-9) << curve.str();
 }
 
 }  // namespace
