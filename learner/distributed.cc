@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <thread>
 #include <unordered_set>
 
@@ -168,15 +169,15 @@ struct GradientReduction {
   // Sends the complete buckets at the front of the order.
   void SendReady() REQUIRES(mu) {
     if (!failure.empty()) return;
-    try {
+    std::optional<std::string> thrown = model::ThrownMessage([&] {
+      mu.AssertHeld();  // the lambda runs here, under the caller's hold
       at::NoGradGuard no_grad;
       while (next < buckets.size() && waiting[next] == 0) {
         Send(next++);
         ++sent_during_backward;
       }
-    } catch (const std::exception& error) {
-      failure = error.what();
-    }
+    });
+    if (thrown.has_value()) failure = std::move(*thrown);
   }
 };
 
@@ -237,11 +238,9 @@ struct LearnerGroup::Impl {
   Status Wait(std::vector<c10::intrusive_ptr<c10d::Work>>& works, const std::string& what) {
     std::string failure;
     for (auto& work : works) {
-      try {
-        work->wait(timeout());
-      } catch (const std::exception& error) {
-        if (failure.empty()) failure = error.what();
-      }
+      std::optional<std::string> thrown =
+          model::ThrownMessage([&] { static_cast<void>(work->wait(timeout())); });
+      if (thrown.has_value() && failure.empty()) failure = std::move(*thrown);
     }
     if (failure.empty()) return Status::Ok();
     return Lost(what, failure);
@@ -257,24 +256,27 @@ struct LearnerGroup::Impl {
                                ") failed: " + detail;
     const std::string key = "alive/" + std::to_string(collectives) + "/";
     std::vector<int> missing;
-    try {
-      own_keys->set(key + std::to_string(options.rank), std::vector<uint8_t>{1});
-      const auto deadline =
-          Clock::now() + std::min<Clock::duration>(std::chrono::seconds(10), timeout());
-      while (true) {
-        missing.clear();
-        for (int r = 0; r < options.world_size; ++r) {
-          if (!own_keys->check({key + std::to_string(r)})) missing.push_back(r);
-        }
-        if (missing.empty() || Clock::now() >= deadline) break;
-        std::this_thread::sleep_for(milliseconds(100));
-      }
-    } catch (const std::exception&) {
-      return Status::Unavailable("learner rank 0, which hosts the rendezvous at " +
-                                 options.host + ":" + std::to_string(options.port) +
-                                 ", is gone (this is rank " + std::to_string(options.rank) +
-                                 " of " + std::to_string(options.world_size) + ") " + prefix);
-    }
+    // Any failure to reach the store means rank 0 is gone, whatever LibTorch says about it.
+    STRIDER_RETURN_IF_ERROR(model::GuardedWith(
+        [&] {
+          own_keys->set(key + std::to_string(options.rank), std::vector<uint8_t>{1});
+          const auto deadline =
+              Clock::now() + std::min<Clock::duration>(std::chrono::seconds(10), timeout());
+          while (true) {
+            missing.clear();
+            for (int r = 0; r < options.world_size; ++r) {
+              if (!own_keys->check({key + std::to_string(r)})) missing.push_back(r);
+            }
+            if (missing.empty() || Clock::now() >= deadline) break;
+            std::this_thread::sleep_for(milliseconds(100));
+          }
+        },
+        [&](std::string_view) {
+          return Status::Unavailable("learner rank 0, which hosts the rendezvous at " +
+                                     options.host + ":" + std::to_string(options.port) +
+                                     ", is gone (this is rank " + std::to_string(options.rank) +
+                                     " of " + std::to_string(options.world_size) + ") " + prefix);
+        }));
     if (missing.empty()) {
       return Status::Unavailable("learner rank " + std::to_string(options.rank) + ": " + prefix +
                                  " though every rank still answers at the rendezvous");
@@ -326,11 +328,9 @@ struct LearnerGroup::Impl {
   Status Run(const std::string& what, Body body) {
     ++collectives;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    try {
-      body(works);
-    } catch (const std::exception& error) {
-      return Lost(what, error.what());
-    }
+    STRIDER_RETURN_IF_ERROR(model::GuardedWith(
+        [&] { body(works); },
+        [&](std::string_view message) { return Lost(what, std::string(message)); }));
     return Wait(works, what);
   }
 };
@@ -442,47 +442,51 @@ Result<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const LearnerGroupOptio
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   const std::string where = options.host + ":" + std::to_string(options.port);
-  try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = options.port;
-    store_options.isServer = options.rank == 0;
-    store_options.numWorkers = static_cast<size_t>(options.world_size);
-    store_options.waitWorkers = true;
-    store_options.timeout = impl->timeout();
-    impl->store = c10::make_intrusive<c10d::TCPStore>(options.host, store_options);
-    impl->own_keys = c10::make_intrusive<c10d::PrefixStore>("strider", impl->store);
-  } catch (const std::exception& error) {
-    std::string detail = error.what();
-    detail.resize(std::min(detail.find('\n'), detail.size()));
-    return Status::Unavailable(
-        "learner rank " + std::to_string(options.rank) + " of " +
-        std::to_string(options.world_size) + ": rendezvous at " + where +
-        (options.rank == 0 ? " (this rank hosts it)" : "") + " failed within " +
-        std::to_string(options.timeout_s) + " s: " + detail);
-  }
-  try {
-    auto gloo = c10d::ProcessGroupGloo::Options::create(impl->timeout());
-    // Gloo listens on the address it is given; the peers connect to what it publishes.
-    if (!options.interface.empty()) {
-      gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
-    } else if (IsLoopback(options.host)) {
-      gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    } else {
-      gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    }
-    gloo->threads = 2;
-    impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, options.rank,
-                                                              options.world_size, gloo);
-    impl->gradient_group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        c10::make_intrusive<c10d::PrefixStore>("gradients", impl->store), options.rank,
-        options.world_size, gloo);
-  } catch (const std::exception& error) {
-    std::string detail = error.what();
-    detail.resize(std::min(detail.find('\n'), detail.size()));
-    return Status::Unavailable("learner rank " + std::to_string(options.rank) + " of " +
-                               std::to_string(options.world_size) +
-                               ": Gloo connections (rendezvous " + where + ") failed: " + detail);
-  }
+  // LibTorch's messages run on for lines of context; the first says what failed.
+  auto first_line = [](std::string_view message) { return message.substr(0, message.find('\n')); };
+  STRIDER_RETURN_IF_ERROR(model::GuardedWith(
+      [&] {
+        c10d::TCPStoreOptions store_options;
+        store_options.port = options.port;
+        store_options.isServer = options.rank == 0;
+        store_options.numWorkers = static_cast<size_t>(options.world_size);
+        store_options.waitWorkers = true;
+        store_options.timeout = impl->timeout();
+        impl->store = c10::make_intrusive<c10d::TCPStore>(options.host, store_options);
+        impl->own_keys = c10::make_intrusive<c10d::PrefixStore>("strider", impl->store);
+      },
+      [&](std::string_view message) {
+        return Status::Unavailable("learner rank " + std::to_string(options.rank) + " of " +
+                                   std::to_string(options.world_size) + ": rendezvous at " + where +
+                                   (options.rank == 0 ? " (this rank hosts it)" : "") +
+                                   " failed within " + std::to_string(options.timeout_s) +
+                                   " s: " + std::string(first_line(message)));
+      }));
+  STRIDER_RETURN_IF_ERROR(model::GuardedWith(
+      [&] {
+        auto gloo = c10d::ProcessGroupGloo::Options::create(impl->timeout());
+        // Gloo listens on the address it is given; the peers connect to what it publishes.
+        if (!options.interface.empty()) {
+          gloo->devices.push_back(
+              c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
+        } else if (IsLoopback(options.host)) {
+          gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        } else {
+          gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+        }
+        gloo->threads = 2;
+        impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, options.rank,
+                                                                  options.world_size, gloo);
+        impl->gradient_group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+            c10::make_intrusive<c10d::PrefixStore>("gradients", impl->store), options.rank,
+            options.world_size, gloo);
+      },
+      [&](std::string_view message) {
+        return Status::Unavailable("learner rank " + std::to_string(options.rank) + " of " +
+                                   std::to_string(options.world_size) +
+                                   ": Gloo connections (rendezvous " + where +
+                                   ") failed: " + std::string(first_line(message)));
+      }));
   spdlog::info("learner rank {} of {}: joined at {}", options.rank, options.world_size, where);
   return std::unique_ptr<LearnerGroup>(new LearnerGroup(std::move(impl)));
 }
@@ -589,13 +593,16 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
   r.armed = false;
   ++impl_->collectives;
   if (!r.failure.empty()) return impl_->Lost("gradient all-reduce", r.failure);
-  try {
-    at::NoGradGuard no_grad;
-    for (size_t b = r.next; b < r.buckets.size(); ++b) r.Send(b);
-    r.next = r.buckets.size();
-  } catch (const std::exception& error) {
-    return impl_->Lost("gradient all-reduce", error.what());
-  }
+  STRIDER_RETURN_IF_ERROR(model::GuardedWith(
+      [&] {
+        r.mu.AssertHeld();  // the lambda runs here, under `lock`
+        at::NoGradGuard no_grad;
+        for (size_t b = r.next; b < r.buckets.size(); ++b) r.Send(b);
+        r.next = r.buckets.size();
+      },
+      [&](std::string_view message) {
+        return impl_->Lost("gradient all-reduce", std::string(message));
+      }));
   STRIDER_RETURN_IF_ERROR(impl_->Wait(r.works, "gradient all-reduce"));
   r.works.clear();
   STRIDER_RETURN_IF_ERROR(model::Guarded("gradient all-reduce", [&] {

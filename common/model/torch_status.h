@@ -1,7 +1,9 @@
 // LibTorch reports failures (a shape mismatch, an allocation refused, a collective whose peer is
-// gone) by throwing c10::Error; Strider passes errors as values (common/status.h). Guarded is the
-// one place where code that calls LibTorch turns the first into the second, so no exception
-// leaves the model layer, the rollout engine or the learner: no other code catches c10::Error.
+// gone) by throwing: c10::Error from ATen, std::exception subclasses from parts of c10d and Gloo.
+// Strider passes errors as values (common/status.h). This header is the one place where code that
+// calls LibTorch turns the first into the second (Guarded, GuardedWith, ThrownMessage), so no
+// exception leaves the model layer, the rollout engine or the learner, and no other code catches
+// c10::Error or catches std::exception around a LibTorch call.
 // For LibTorch code only (model, kernels, rollout_engine, learner, and their tests and
 // benchmarks): code that does not link LibTorch has no exception to convert.
 #pragma once
@@ -9,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -81,6 +84,21 @@ GuardedResult<Function> Guarded(StatusCode code, std::string_view what, Function
 template <typename Function>
 GuardedResult<Function> Guarded(std::string_view what, Function&& function) {
   return Guarded(StatusCode::kInternal, what, std::forward<Function>(function));
+}
+
+// Runs `function`, which returns nothing, and returns the message of the exception it throws
+// (as GuardedWith gives it), or nothing when it returns. For callers that only record a failure
+// to report later, such as a gradient bucket sent from inside backward.
+template <typename Function>
+std::optional<std::string> ThrownMessage(Function&& function) {
+  static_assert(std::is_void_v<std::invoke_result_t<Function&>>,
+                "ThrownMessage drops a result; use Guarded for a function that returns one");
+  std::optional<std::string> message;
+  static_cast<void>(GuardedWith(std::forward<Function>(function), [&](std::string_view text) {
+    message.emplace(text);
+    return Status(StatusCode::kInternal, std::string(text));
+  }));
+  return message;
 }
 
 }  // namespace strider::model
