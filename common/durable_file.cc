@@ -110,7 +110,16 @@ Status WriteFileDurablyStreamed(const fs::path& path,
   const FileAppender append = [&](std::string_view bytes) {
     return WriteAll(fd, bytes, temporary);
   };
-  if (Status status = write(append); !status.ok()) return fail(status);
+  Status written;
+  try {
+    written = write(append);
+  } catch (...) {
+    // The writer's exception is its caller's to handle; the temporary is ours to remove.
+    closer.Close();
+    ::unlink(temporary.c_str());
+    throw;
+  }
+  if (!written.ok()) return fail(written);
   if (::fsync(fd) != 0) {
     return fail(Status::IoError(
         fmt::format("{}: fsync failed: {}", temporary.string(), ErrnoText(errno))));

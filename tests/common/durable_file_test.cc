@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,6 +102,19 @@ TEST_F(DurableFileTest, AFailedWriteLeavesTheOldFileAndNoTemporary) {
   EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status.ToString();
   EXPECT_NE(status.message().find(path), std::string::npos) << status.ToString();
   EXPECT_NE(status.message().find("tensor 'w'"), std::string::npos) << status.ToString();
+  EXPECT_EQ(Read(path), "old contents");
+  EXPECT_EQ(Entries(), std::vector<std::string>{"weights.bin"});
+}
+
+TEST_F(DurableFileTest, AThrowingWriterLeavesTheOldFileAndNoTemporary) {
+  const std::string path = Path("weights.bin");
+  ASSERT_TRUE(WriteFileDurably(path, "old contents").ok());
+  // The exception is the writer's to report: it passes through, and the temporary goes.
+  auto throws = [](const FileAppender& append) -> Status {
+    STRIDER_RETURN_IF_ERROR(append("half of the new"));
+    throw std::runtime_error("out of memory building the next tensor");
+  };
+  EXPECT_THROW(static_cast<void>(WriteFileDurablyStreamed(path, throws)), std::runtime_error);
   EXPECT_EQ(Read(path), "old contents");
   EXPECT_EQ(Entries(), std::vector<std::string>{"weights.bin"});
 }
