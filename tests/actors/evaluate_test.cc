@@ -17,6 +17,7 @@
 #include "common/model/model.h"
 #include "common/transport/curve.h"
 #include "common/transport/weight_stream.h"
+#include "tests/scratch_dir.h"
 
 namespace strider::actors {
 namespace {
@@ -177,9 +178,8 @@ TEST(ActorOptions, NeedExactlyOneOfReplayAndSink) {
 // A keyed weight publisher (CURVE) serves evaluation the keys of the actor config's
 // weight_stream.auth, and refuses an evaluation without them.
 TEST(Evaluate, AKeyedPublisherServesTheConfigsWeightStreamKeys) {
-  char pattern[] = "/tmp/strider-eval-keys-XXXXXX";
-  ASSERT_NE(::mkdtemp(pattern), nullptr);
-  const std::string dir = pattern;
+  const testing::TempDir keys;
+  const std::string& dir = keys.path();
   for (const char* name : {"learner", "actor"}) {
     auto pair = transport::GenerateCurveKeyPair();
     ASSERT_TRUE(pair.ok()) << pair.status().ToString();
@@ -217,7 +217,6 @@ TEST(Evaluate, AKeyedPublisherServesTheConfigsWeightStreamKeys) {
   ASSERT_TRUE(keyed.ok()) << keyed.status().ToString();
   EXPECT_EQ(keyed->policy_version, 3u);
   EXPECT_EQ(keyed->episodes, 2);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Evaluate, RefusesBadOptionsBeforeLoadingAnything) {

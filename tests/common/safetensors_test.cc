@@ -16,6 +16,8 @@
 #include <random>
 #include <sstream>
 
+#include "tests/scratch_dir.h"
+
 namespace strider {
 namespace {
 
@@ -91,16 +93,9 @@ const std::map<std::string, std::string> kMetadata = {{"format", "pt"}, {"note",
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::path(::testing::TempDir()) / "strider_safetensors_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << pattern;
-    dir_ = pattern;
-  }
-  void TearDown() override {
-    ::chmod(dir_.c_str(), 0755);
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
+  void SetUp() override { dir_ = scratch_.path(); }
+  // A test may leave the directory read-only; scratch_ removes it after this.
+  void TearDown() override { ::chmod(dir_.c_str(), 0755); }
 
   std::string Path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
 
@@ -129,6 +124,7 @@ class SafetensorsTest : public ::testing::Test {
     }
   }
 
+  testing::TempDir scratch_;
   std::string dir_;
 };
 

@@ -6,6 +6,7 @@
 
 #include "learner/pretrain/pretrain.h"
 #include "learner/pretrain/pretrain_config.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {
@@ -16,9 +17,8 @@ TEST(PretrainSlow, TinyFirstTwoStagesLossFalls) {
       LoadPretrainConfig(std::string(source ? source : ".") + "/configs/pretrain/tiny.yaml");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   config->eval_documents = 8;
-  const std::filesystem::path run =
-      std::filesystem::temp_directory_path() / ("strider_pretrain_slow_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(run);
+  const testing::TempDir scratch;
+  const std::filesystem::path run = scratch.Sub("run");
   PretrainOptions options;
   options.run_dir = run.string();
   options.stages = 2;
@@ -33,7 +33,6 @@ TEST(PretrainSlow, TinyFirstTwoStagesLossFalls) {
   EXPECT_LT(second.last_loss, first.first_loss - 0.5);
   EXPECT_TRUE(std::filesystem::exists(run / "checkpoints" / config->stages[1].name / "final"));
   EXPECT_TRUE(std::filesystem::exists(run / "eval.jsonl"));
-  std::filesystem::remove_all(run);
 }
 
 }  // namespace

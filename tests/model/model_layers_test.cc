@@ -36,6 +36,7 @@
 #include "common/model/vision.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {
@@ -1008,22 +1009,7 @@ TEST(ParameterAccounting, ReferenceMatchesThePublishedTotals) {
 // 8. Checkpoints
 // ------------------------------------------------------------------------------------------
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() /
-            ("strider_model_layers_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string File(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using testing::TempDir;
 
 // Writes the model's tensors with `skip` left out and `reshape` stored as its transpose.
 Status WriteAltered(const Model& model, const std::string& path, const std::string& skip,
@@ -1050,7 +1036,7 @@ TEST(Checkpoint, SaveLoadRoundTripAndRejectsBadFiles) {
   ASSERT_NE(model, nullptr);
   const ModelConfig& config = model->config();
   TempDir dir;
-  const std::string path = dir.File("tiny.safetensors");
+  const std::string path = dir.Sub("tiny.safetensors");
   ASSERT_TRUE(model->Save(path).ok());
   Result<std::unique_ptr<Model>> loaded = Model::Load(config, path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
@@ -1064,20 +1050,20 @@ TEST(Checkpoint, SaveLoadRoundTripAndRejectsBadFiles) {
         << model->tensors()[i].first;
   }
 
-  const std::string missing = dir.File("missing.safetensors");
+  const std::string missing = dir.Sub("missing.safetensors");
   ASSERT_TRUE(WriteAltered(*model, missing, "layers.2.incremental.key", "").ok());
   Result<std::unique_ptr<Model>> no_key = Model::Load(config, missing);
   ASSERT_FALSE(no_key.ok());
   ExpectInvalid(no_key.status(), "missing tensor 'layers.2.incremental.key'");
   ExpectInvalid(no_key.status(), missing);
 
-  const std::string shaped = dir.File("shape.safetensors");
+  const std::string shaped = dir.Sub("shape.safetensors");
   ASSERT_TRUE(WriteAltered(*model, shaped, "", "layers.1.experts.router").ok());
   Result<std::unique_ptr<Model>> bad_shape = Model::Load(config, shaped);
   ASSERT_FALSE(bad_shape.ok());
   ExpectInvalid(bad_shape.status(), "tensor 'layers.1.experts.router' has shape [64, 8]");
 
-  const std::string truncated = dir.File("truncated.safetensors");
+  const std::string truncated = dir.Sub("truncated.safetensors");
   std::filesystem::copy_file(path, truncated);
   std::filesystem::resize_file(truncated, std::filesystem::file_size(path) / 2);
   Result<std::unique_ptr<Model>> cut = Model::Load(config, truncated);
@@ -1097,7 +1083,7 @@ TEST(Checkpoint, BytesRoundTripEqualsTheFileRoundTripTensorForTensor) {
   ASSERT_NE(model, nullptr);
   const ModelConfig& config = model->config();
   TempDir dir;
-  const std::string path = dir.File("tiny.safetensors");
+  const std::string path = dir.Sub("tiny.safetensors");
   ASSERT_TRUE(model->Save(path).ok());
   Result<std::string> bytes = model->SaveToBytes();
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
@@ -1190,7 +1176,7 @@ TEST(ModelConfigLoading, LoadRejectsBadFilesNamingTheKeyAndFile) {
   };
   int index = 0;
   for (const Case& c : cases) {
-    const std::string path = dir.File("case" + std::to_string(index++) + ".yaml");
+    const std::string path = dir.Sub("case" + std::to_string(index++) + ".yaml");
     std::ofstream(path) << TinyWith(c.from, c.to);
     Result<ModelConfig> config = LoadModelConfig(path);
     ASSERT_FALSE(config.ok()) << "accepted: " << c.to;
@@ -1203,7 +1189,7 @@ TEST(ModelConfigLoading, LoadRejectsBadFilesNamingTheKeyAndFile) {
     }
   }
   // The unchanged file loads: the failures above come from the edits.
-  const std::string good = dir.File("good.yaml");
+  const std::string good = dir.Sub("good.yaml");
   std::ofstream(good) << ReadFile(SourcePath("configs/model/tiny.yaml"));
   EXPECT_TRUE(LoadModelConfig(good).ok());
 }

@@ -15,17 +15,15 @@
 #include <utility>
 #include <vector>
 
+#include "tests/scratch_dir.h"
+
 namespace strider {
 namespace {
 
 namespace fs = std::filesystem;
 
 std::string TempRun(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("strider_report_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
+  return testing::ScratchDir("strider_report_test_" + name);
 }
 
 void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "report/report.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {
@@ -16,11 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("strider_rl_report_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
+  return testing::ScratchDir("strider_rl_report_test_" + name);
 }
 
 void Write(const std::string& path, const std::string& text) {

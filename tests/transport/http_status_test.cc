@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/scratch_dir.h"
 #include "tests/transport/http_get.h"
 
 namespace strider::http {
@@ -22,10 +23,10 @@ using testing::ParsePrometheus;
 using testing::PortOf;
 using testing::RawHttp;
 
+// A path prefix in this program's scratch directory.
 std::string Scratch(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("strider_http_" + name + "_" + std::to_string(::getpid())))
-      .string();
+  static const std::string dir = testing::ScratchDir("strider_http_status_test");
+  return dir + "/" + name;
 }
 
 TEST(StatusServer, ServesItsPagesAndRefusesWhatItDoesNotServe) {
