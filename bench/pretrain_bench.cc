@@ -143,7 +143,7 @@ int Run(int argc, char** argv) {
   (*model)->SetRequiresGrad(true);
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const at::Tensor& t : (*model)->TrainableParameters()) named.emplace_back(std::to_string(named.size()), t);
-  AdamW optimizer(named, config->optimizer);
+  AdamW optimizer(named, config->trainer.optimizer);
   const double active = static_cast<double>(CountParameters(config->model).active);
   const ModelConfig& m = config->model;
   const double latent_layers = static_cast<double>(m.CountLayers('G'));
@@ -160,7 +160,7 @@ int Run(int argc, char** argv) {
         {data::Generate(data::GeneratorKind::kRetrieval, generator, 7, 1).tokens}, m);
     if (!batch.ok()) return 1;
     LossOptions options;
-    options.record_routing = config->balance;
+    options.record_routing = config->trainer.balance;
     optimizer.ZeroGrad();
     Result<LossResult> loss = LanguageModelLoss(**model, *batch, options);
     if (!loss.ok() || !optimizer.Step(1e-4).ok()) return 1;
@@ -180,7 +180,7 @@ int Run(int argc, char** argv) {
     options.path = stage.paths == "inference" ? TrainingPath::kInference : TrainingPath::kTraining;
     options.chunk_tokens = stage.chunk_tokens;
     options.truncated = stage.backprop == "truncated";
-    options.record_routing = config->balance;
+    options.record_routing = config->trainer.balance;
     ResetPeakResident();
     double seconds = 0;
     for (int64_t step = 0; step < steps; ++step) {
@@ -192,7 +192,7 @@ int Run(int argc, char** argv) {
         return 1;
       }
       if (!optimizer.Step(1e-4).ok()) return 1;
-      if (config->balance && !(*model)->UpdateRoutingBalance(loss->routing).ok()) return 1;
+      if (config->trainer.balance && !(*model)->UpdateRoutingBalance(loss->routing).ok()) return 1;
       seconds += Seconds(start);
     }
     const double memory = static_cast<double>(PeakResidentBytes() - baseline);

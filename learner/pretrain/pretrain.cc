@@ -90,7 +90,8 @@ size_t PartOf(const std::vector<StagePart>& parts, int64_t step) {
 LearningRateSchedule StageSchedule(const PretrainConfig& config, const PretrainStage& stage,
                                    int64_t steps) {
   LearningRateSchedule schedule;
-  schedule.peak = stage.learning_rate > 0 ? stage.learning_rate : config.optimizer.learning_rate;
+  schedule.peak =
+      stage.learning_rate > 0 ? stage.learning_rate : config.trainer.optimizer.learning_rate;
   schedule.warmup_steps = stage.warmup_steps >= 0 ? stage.warmup_steps : config.warmup_steps;
   schedule.total_steps = steps;
   schedule.min_ratio = config.min_learning_rate_ratio;
@@ -141,7 +142,7 @@ Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& con
         const int64_t tokens = std::max<int64_t>(
             static_cast<int64_t>(part.tokens * entry.weight / total_weight), part.context * 4);
         const uint64_t seed =
-            config.seed * 1000003ull + stage_index * 101 + e + (part.phase + 1) * 7919;
+            config.trainer.seed * 1000003ull + stage_index * 101 + e + (part.phase + 1) * 7919;
         data::GeneratorOptions generator = GeneratorOptionsFor(config, part.context);
         if (entry.max_tokens > 0) generator.length = entry.max_tokens;
         if (entry.min_tokens > 0) generator.min_length = entry.min_tokens;
@@ -206,7 +207,8 @@ Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const Pretrain
                                               int64_t context, int64_t documents) {
   data::GeneratorOptions generator = GeneratorOptionsFor(config, context);
   generator.min_length = 0;  // exactly `context` tokens
-  const uint64_t seed = config.seed * 1000003ull + 0x5EED0E7A1ull;  // disjoint from training
+  // Disjoint from training's seeds.
+  const uint64_t seed = config.trainer.seed * 1000003ull + 0x5EED0E7A1ull;
   RetrievalEvaluation result;
   result.context = context;
   double loss_sum = 0;
@@ -315,7 +317,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     auto open_part = [&](size_t p, int64_t skip_to) -> Status {
       STRIDER_ASSIGN_OR_RETURN(std::vector<data::DataSource> sources,
                                PrepareStageData(config, k, parts[p], options.run_dir));
-      const uint64_t seed = config.seed * 7919 + k + (parts[p].phase + 1) * 104729;
+      const uint64_t seed = config.trainer.seed * 7919 + k + (parts[p].phase + 1) * 104729;
       STRIDER_ASSIGN_OR_RETURN(
           packer, data::Packer::Create(std::move(sources), parts[p].context, seed));
       if (skip_to > 0) packer->SkipTo(skip_to);
@@ -324,13 +326,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     };
     STRIDER_RETURN_IF_ERROR(open_part(PartOf(parts, step), mid_stage ? resume_position : 0));
     const TrainerOptions trainer_options =
-        MakeTrainerOptions({.seed = config.seed,
-                            .optimizer = config.optimizer,
-                            .router_learning_rate_scale = config.router_learning_rate_scale,
-                            .balance = config.balance,
-                            .balance_window_steps = config.balance_window_steps,
-                            .balance_prepass = config.balance_prepass},
-                           StageSchedule(config, stage, steps));
+        MakeTrainerOptions(config.trainer, StageSchedule(config, stage, steps));
     STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                              Trainer::Create(config.model, trainer_options, from));
     Model& model = trainer->model();
@@ -339,7 +335,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
         stage.paths == "inference" ? TrainingPath::kInference : TrainingPath::kTraining;
     loss_options.chunk_tokens = stage.chunk_tokens;
     loss_options.truncated = stage.backprop == "truncated";
-    loss_options.record_routing = config.balance;
+    loss_options.record_routing = config.trainer.balance;
 
     StageSummary summary;
     summary.stage = stage.name;
@@ -349,7 +345,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     auto checkpoint = [&](const std::string& name, bool complete) {
       CheckpointState state;
       state.model = config.model.name;
-      state.seed = config.seed;
+      state.seed = config.trainer.seed;
       state.step = step;
       state.total_tokens = total_tokens;
       state.pretrain.stage = stage.name;
@@ -370,7 +366,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, MakeTokenBatch(sequences, config.model));
       WeightLoss(&batch, config.retrieval_answer_weight,
                  stage.action_weight > 0 ? stage.action_weight : config.tool_use_action_weight);
-      if (config.balance && config.balance_prepass) {
+      if (config.trainer.balance && config.trainer.balance_prepass) {
         LossOptions prepass = loss_options;
         prepass.backward = false;
         prepass.record_routing = true;
@@ -382,7 +378,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       trainer->ZeroGrad();
       STRIDER_ASSIGN_OR_RETURN(LossResult loss, LanguageModelLoss(model, batch, loss_options));
       STRIDER_RETURN_IF_ERROR(trainer->Step(step).status());
-      if (config.balance) {
+      if (config.trainer.balance) {
         // MaxVio of this step's own choices: made with the biases of the steps before, or with
         // those fitted to this batch by the prepass.
         STRIDER_ASSIGN_OR_RETURN(RoutingRecord real, RealTokenRouting(loss.routing, batch.tokens));

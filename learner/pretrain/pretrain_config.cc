@@ -4,6 +4,7 @@
 
 #include "common/config.h"
 #include "envs/registry.h"
+#include "learner/optimizer.h"
 #include "learner/pretrain/data/generators.h"
 
 namespace strider {
@@ -126,13 +127,14 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
               "names the model config");
   }
   root.Required("model_config", &model_config);
-  int64_t seed = 1;
+  TrainerConfig& trainer = config.trainer;
+  int64_t seed = static_cast<int64_t>(trainer.seed);
   root.Optional("seed", &seed);
-  config.seed = static_cast<uint64_t>(seed);
+  trainer.seed = static_cast<uint64_t>(seed);
   root.Optional("threads", &config.threads);
   {
     ConfigReader optimizer = root.Section("optimizer");
-    ReadAdamWOptions(optimizer, &config.optimizer);
+    ReadAdamWOptions(optimizer, &trainer.optimizer);
     optimizer.Optional("warmup_steps", &config.warmup_steps);
     optimizer.Optional("min_learning_rate_ratio", &config.min_learning_rate_ratio);
     optimizer.Check(config.warmup_steps >= 0, "warmup_steps", "must not be negative");
@@ -141,16 +143,16 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
   }
   {
     ConfigReader balance = root.Section("balance");
-    balance.Optional("enabled", &config.balance);
+    balance.Optional("enabled", &trainer.balance);
     balance.Optional("warmup_steps", &config.balance_warmup_steps);
     balance.Optional("max_violation", &config.max_violation);
-    balance.Optional("router_learning_rate_scale", &config.router_learning_rate_scale);
-    balance.Optional("window_steps", &config.balance_window_steps);
-    balance.Check(config.balance_window_steps >= 1, "window_steps", "must be at least 1");
-    balance.Optional("prepass", &config.balance_prepass);
+    balance.Optional("router_learning_rate_scale", &trainer.router_learning_rate_scale);
+    balance.Optional("window_steps", &trainer.balance_window_steps);
+    balance.Check(trainer.balance_window_steps >= 1, "window_steps", "must be at least 1");
+    balance.Optional("prepass", &trainer.balance_prepass);
     balance.Optional("prepass_sweeps", &config.balance_prepass_sweeps);
     balance.Check(config.balance_prepass_sweeps >= 1, "prepass_sweeps", "must be at least 1");
-    balance.Check(config.router_learning_rate_scale >= 0, "router_learning_rate_scale",
+    balance.Check(trainer.router_learning_rate_scale >= 0, "router_learning_rate_scale",
                   "must not be negative");
   }
   {

@@ -10,7 +10,7 @@
 #include "common/status.h"
 #include "envs/environment.h"
 #include "learner/pretrain/data/generators.h"
-#include "learner/optimizer.h"
+#include "learner/trainer_config.h"
 
 namespace strider {
 
@@ -71,32 +71,23 @@ struct PretrainConfig {
   std::string origin;             // the file it came from
   std::string model_config_path;  // resolved path of the model config
   ModelConfig model;
-  uint64_t seed = 1;
   int64_t threads = 0;            // 0: the model config's threads
-  AdamWOptions optimizer;
+  // `seed`, the `optimizer:` section's AdamW keys and the `balance:` section's router keys
+  // (enabled, router_learning_rate_scale, window_steps, prepass), with the trainer's defaults.
+  // A slower router (router_learning_rate_scale < 1) keeps the biases current: the bias computed
+  // on one step's batch is used on the next, after Adam has moved every router weight by about
+  // the learning rate, which shifts many near-tied tokens across experts at once. Pooling a few
+  // steps (window_steps) fits the biases to the mixture of document kinds rather than to one
+  // batch's mix. The prepass fits them to the step's own batch before training on it: a bias
+  // fitted to the previous batch is a step stale, and with learning rates that teach a tiny
+  // model in minutes that staleness alone overloads experts by 30-60% (MaxVio measured on fresh
+  // batches); it costs one more forward pass per step (about a third of a step).
+  TrainerConfig trainer;
   int64_t warmup_steps = 20;      // linear warm-up, then cosine decay per stage
   double min_learning_rate_ratio = 0.1;
-  // Quantile balancing of router biases, updated every step from the step's routing record.
-  bool balance = true;
   int64_t balance_warmup_steps = 20;  // MaxVio is checked against the bound after this
   double max_violation = 0.3;
-  // Learning-rate multiplier of the router weights. The bias computed on one step's batch is
-  // used on the next, after the optimiser has moved the routers: with Adam every router weight
-  // moves by about the learning rate each step, which shifts many near-tied tokens across
-  // experts at once. A slower router keeps the biases current.
-  double router_learning_rate_scale = 1.0;
-  // Steps whose real-token router scores the quantile update pools (this one and the ones
-  // before). One batch holds a few dozen documents, so its mix of document kinds (and the
-  // experts they prefer) varies from step to step; a bias fitted exactly to one batch carries
-  // that batch's mix into the next. Pooling a few steps fits the mixture instead.
-  int64_t balance_window_steps = 1;
-  // Fit the biases to the step's own batch before training on it: a forward pass without
-  // gradients records the router scores under the current weights, `prepass_sweeps` quantile
-  // updates run on them, then the training pass routes with the result. Every weight moves each
-  // step, so a bias fitted to the previous batch is a step stale; with learning rates that
-  // teach a tiny model in minutes that staleness alone overloads experts by 30-60% (MaxVio
-  // measured on fresh batches). Costs one more forward pass per step (about a third of a step).
-  bool balance_prepass = false;
+  // Quantile updates of the prepass (trainer.balance_prepass) on the step's router scores.
   int64_t balance_prepass_sweeps = 3;
   // Retrieval documents (generator and evaluation).
   int64_t retrieval_facts = 4;
