@@ -249,7 +249,7 @@ Result<std::vector<rl::SampledGroup>> PlayGroup(const Model& model, EpisodeSpec 
 // are not zero on trajectories without an outcome.
 rl::StepSettings BenchStepSettings(int64_t chunk_tokens) {
   rl::StepSettings settings;
-  settings.chunk_tokens = chunk_tokens;
+  settings.scoring.chunk_tokens = chunk_tokens;
   settings.truncated_backprop = true;
   settings.weights_version = 0;
   settings.objective.advantages.estimator = "process_gae";

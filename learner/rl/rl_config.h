@@ -46,7 +46,8 @@ struct RlTrainConfig {
   int64_t steps = 100;       // learner steps (each: one sampled batch, its epochs and updates)
   int64_t ppo_epochs = 1;    // passes over each sampled batch
   int64_t minibatches = 1;   // optimiser updates per epoch (the batch's trajectories split)
-  int64_t chunk_tokens = 512;  // positions per Model::Append in scoring and update passes
+  // Positions per Model::Append in the scoring and update passes.
+  int64_t chunk_tokens = ScoringOptions().chunk_tokens;
   // full: the update backpropagates through the state carried across chunks (exact gradient,
   // memory grows with the trajectory); truncated: backward per chunk, the state detached at
   // chunk boundaries (memory bounded by the chunk).

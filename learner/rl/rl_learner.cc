@@ -335,7 +335,7 @@ Status RlLearner::ConfigureSteps() {
   settings_.scoring.rounds = rounds_.get();
   settings_.objective = config_.objective;
   settings_.reward = config_.reward;
-  settings_.chunk_tokens = config_.train.chunk_tokens;
+  settings_.scoring.chunk_tokens = config_.train.chunk_tokens;
   settings_.truncated_backprop = config_.train.backprop == "truncated";
   // A fresh run starts from the weights its actors were given (version 0); a resumed one
   // publishes its own at once below, and until then they are no published version.

@@ -183,7 +183,6 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
   const bool wants_reference =
       reference != nullptr && (implicit || settings.objective.loss.kl_coef > 0);
   ScoringOptions scoring = settings.scoring;
-  scoring.chunk_tokens = settings.chunk_tokens;
   scoring.values = true;
   for (const SampledGroup& group : groups) {
     ++batch.groups;
@@ -344,7 +343,7 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
       const at::Tensor row_weight = at::full({1}, weights[i], at::kFloat);
       ChunkedPassOptions pass;
       pass.path = TrainingPath::kInference;
-      pass.chunk_tokens = settings.chunk_tokens;
+      pass.chunk_tokens = settings.scoring.chunk_tokens;
       pass.backward = true;
       pass.truncated = settings.truncated_backprop;
       // A chunk's logits at p - 1 score the action at p: the chunk [begin, begin + count) has a

@@ -55,10 +55,10 @@ std::vector<SampledGroup> SplitBatch(std::vector<schema::SegmentData> segments);
 void OrderByProvenance(std::vector<SampledGroup>& groups);
 
 struct StepSettings {
+  // The scoring passes' options; its chunk_tokens is the update pass's chunk length too.
   ScoringOptions scoring;
   ObjectiveConfig objective;
   reward::ShapingConfig reward;
-  int64_t chunk_tokens = 512;
   bool truncated_backprop = true;  // backward per chunk, the state detached between chunks
   // The policy version the model's weights are (the last one published, when no update came
   // after it); absent when they are no published version. The mismatch check compares two

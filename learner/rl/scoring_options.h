@@ -11,7 +11,9 @@ class ChunkRounds;  // learner/learner.h
 namespace strider::rl {
 
 struct ScoringOptions {
-  int64_t chunk_tokens = 512;  // positions per Model::Append; memory grows with it, not with L
+  // Positions per Model::Append; memory grows with it, not with L. The RL learner's update pass
+  // uses the same chunks (rl_step.h), and this is the default of its `train.chunk_tokens`.
+  int64_t chunk_tokens = 512;
   // Force every position's stored experts. Needs segments whose routing covers every position
   // (schema 1.2 coverage `all`); off, the learner routes by itself (an ablation, or a model
   // without experts, where it has no effect).

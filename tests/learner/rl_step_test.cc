@@ -46,7 +46,7 @@ std::unique_ptr<Model> TinyModel() {
 StepSettings Settings(int64_t chunk, bool truncated) {
   StepSettings settings;
   settings.scoring.replay_routing = false;  // the synthetic experts are not the model's
-  settings.chunk_tokens = chunk;
+  settings.scoring.chunk_tokens = chunk;
   settings.truncated_backprop = truncated;
   settings.objective.loss.value_coef = 0.5;
   return settings;
