@@ -108,8 +108,7 @@ void ReadReward(ConfigReader reward, RlLearnerConfig* config) {
                "directory of strider reward train-prm");
 }
 
-void ReadDistributed(ConfigReader distributed, const ModelConfig& model,
-                     RlDistributedConfig* d) {
+void ReadDistributed(ConfigReader distributed, RlDistributedConfig* d) {
   distributed.Optional("world_size", &d->world_size);
   distributed.Check(d->world_size >= 1 && d->world_size <= 65536, "world_size",
                     "must be in [1, 65536]");
@@ -123,10 +122,6 @@ void ReadDistributed(ConfigReader distributed, const ModelConfig& model,
   distributed.Optional("timeout_s", &d->timeout_s);
   distributed.Check(d->timeout_s > 0, "timeout_s", "must be positive");
   distributed.Optional("expert_parallel", &d->expert_parallel);
-  distributed.Check(!d->expert_parallel ||
-                        (d->world_size == 1 ||
-                         model.feed_forward.routed_experts % d->world_size == 0),
-                    "expert_parallel", "needs routed_experts divisible by world_size");
   distributed.Optional("bucket_mb", &d->bucket_mb);
   distributed.Check(d->bucket_mb > 0 && d->bucket_mb <= 4096, "bucket_mb",
                     "must be in (0, 4096]");
@@ -185,12 +180,21 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
     checkpoint.Optional("every_steps", &config.checkpoint_every_steps);
     checkpoint.Check(config.checkpoint_every_steps >= 0, "every_steps", "must not be negative");
   }
-  ReadDistributed(root.Section("distributed"), config.model, &config.distributed);
+  ReadDistributed(root.Section("distributed"), &config.distributed);
   CheckAcrossSections(root, config);
   STRIDER_RETURN_IF_ERROR(root.Finish());
   STRIDER_RETURN_IF_ERROR(objective_read);
   config.model_config_path = ResolveConfigPath(model_config, path);
   STRIDER_ASSIGN_OR_RETURN(config.model, LoadModelConfig(config.model_config_path));
+  // Checked against the model the file names, which is only known once it is loaded.
+  const int64_t experts = config.model.feed_forward.routed_experts;
+  const int64_t world = config.distributed.world_size;
+  if (config.distributed.expert_parallel && world > 1 && experts % world != 0) {
+    return Status::InvalidArgument(
+        path + ": distributed.expert_parallel: needs routed_experts (" + std::to_string(experts) +
+        " in " + config.model_config_path + ") divisible by world_size (" +
+        std::to_string(world) + ")");
+  }
   config.init = ResolveConfigPath(config.init, path);
   config.process_model = ResolveConfigPath(config.process_model, path);
   if (config.scoring.reference != "initial" && config.scoring.reference != "none") {
