@@ -181,6 +181,13 @@ Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLoss
         case KlEstimator::kK3:
           kl = at::exp(d) - d - 1;
           break;
+        case KlEstimator::kK3Plus: {
+          // k3's value, k2's gradient: k3 is the better reported estimate (unbiased, never
+          // negative), but its gradient is that of KL(pi_ref || pi).
+          const at::Tensor k2 = 0.5 * d * d;
+          kl = (at::exp(d) - d - 1).detach() + (k2 - k2.detach());
+          break;
+        }
       }
       const at::Tensor kl_loss = aggregate(kl);
       if (options.kl_coef > 0) loss = loss + options.kl_coef * kl_loss;

@@ -8,10 +8,11 @@
 namespace strider::rl {
 namespace {
 
-constexpr std::array<std::pair<const char*, KlEstimator>, 3> kKlEstimators = {{
+constexpr std::array<std::pair<const char*, KlEstimator>, 4> kKlEstimators = {{
     {"k1", KlEstimator::kK1},
     {"k2", KlEstimator::kK2},
     {"k3", KlEstimator::kK3},
+    {"k3+", KlEstimator::kK3Plus},
 }};
 
 constexpr std::array<std::pair<const char*, LossAggregation>, 4> kAggregations = {{

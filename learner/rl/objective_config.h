@@ -46,7 +46,15 @@ struct AdvantageOptions {
   double negative_weight = 1.0;
 };
 
-enum class KlEstimator { kK1, kK2, kK3 };
+// Per-token estimators of KL(pi || pi_ref) on tokens sampled from pi, with d = log pi_ref -
+// log pi. Their values and their gradients as a loss term are different things: only k2's
+// expected gradient is that of KL(pi || pi_ref) (docs/rl_objective.md has the numbers).
+enum class KlEstimator {
+  kK1,      // -d: unbiased value, expected gradient 0
+  kK2,      // d^2 / 2: biased value, the gradient of KL(pi || pi_ref)
+  kK3,      // e^d - d - 1: unbiased value, the gradient of KL(pi_ref || pi)
+  kK3Plus,  // k3's value with k2's gradient (veRL's "k3+"): the default
+};
 
 // How per-token terms become one number (the length-bias correction is the choice here).
 enum class LossAggregation {
@@ -77,7 +85,7 @@ struct PolicyLossOptions {
   double importance_cap = 2.0;
   // KL penalty to the reference policy, kl_coef * aggregated estimator; 0: off.
   double kl_coef = 0;
-  KlEstimator kl_estimator = KlEstimator::kK3;
+  KlEstimator kl_estimator = KlEstimator::kK3Plus;
   double entropy_coef = 0;  // subtracted times the aggregated entropy
   double value_coef = 0.5;  // value loss weight; 0: no value loss
   // Value clipping around the values the advantages were computed with; 0: unclipped.

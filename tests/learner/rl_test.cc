@@ -431,6 +431,93 @@ TEST(PolicyLoss, KlEstimatorsGradients) {
   EXPECT_NEAR(Backward(in, options).result.metrics.kl(), std::exp(-0.2) + 0.2 - 1, kTight);
 }
 
+// KL(pi || pi_ref) of softmax(logits) against a fixed reference, in float64.
+double TrueKl(const std::vector<double>& logits, const std::vector<double>& reference) {
+  double top = logits[0];
+  for (double l : logits) top = std::max(top, l);
+  double z = 0;
+  for (double l : logits) z += std::exp(l - top);
+  double kl = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double log_p = logits[i] - top - std::log(z);
+    kl += std::exp(log_p) * (log_p - std::log(reference[i]));
+  }
+  return kl;
+}
+
+// The expected gradient of the KL term with respect to the policy's logits: every token of the
+// vocabulary is a row weighted by its probability (the expectation over tokens sampled from pi,
+// exactly), the term's autograd gradient taken through log_softmax.
+std::vector<double> ExpectedKlGradient(KlEstimator estimator, const std::vector<double>& logits,
+                                       const std::vector<double>& reference) {
+  PolicyLossOptions options = PolicyOnly();
+  options.kl_coef = 1;
+  options.kl_estimator = estimator;
+  const int64_t v = static_cast<int64_t>(logits.size());
+  const at::Tensor theta = at::tensor(logits, at::kDouble).requires_grad_(true);
+  const at::Tensor log_p = at::log_softmax(theta, 0);
+  PolicyLossInputs in;
+  in.logprobs = log_p.unsqueeze(1);  // (V, 1): one row per token
+  in.behaviour_logprobs = log_p.detach().unsqueeze(1);
+  in.reference_logprobs = at::tensor(reference, at::kDouble).log().unsqueeze(1);
+  in.advantages = at::zeros({v, 1}, at::kDouble);
+  in.action_mask = at::ones({v, 1}, at::kDouble);
+  in.row_weight = log_p.detach().exp();
+  Result<PolicyLossResult> result = PolicyLoss(in, options);
+  EXPECT_TRUE(result.ok()) << result.status().ToString();
+  if (!result.ok()) return {};
+  result->loss.backward();
+  return ToVector(theta.grad());
+}
+
+TEST(PolicyLoss, KlGradientIsThatOfKlToTheReferenceForK2AndK3Plus) {
+  // The case: pi = (0.5, 0.5), pi_ref = (0.9, 0.1). Finite differences of the true
+  // KL(pi || pi_ref) give (-0.549, +0.549); k3's gradient is that of KL(pi_ref || pi) (-0.4,
+  // +0.4), and k1's is 0 in expectation.
+  const std::vector<double> reference = {0.9, 0.1};
+  for (const std::vector<double>& logits :
+       {std::vector<double>{0.0, 0.0}, std::vector<double>{0.3, -1.1}}) {
+    std::vector<double> finite(logits.size());
+    constexpr double kStep = 1e-6;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      std::vector<double> up = logits, down = logits;
+      up[i] += kStep;
+      down[i] -= kStep;
+      finite[i] = (TrueKl(up, reference) - TrueKl(down, reference)) / (2 * kStep);
+    }
+    for (KlEstimator estimator : {KlEstimator::kK2, KlEstimator::kK3Plus}) {
+      const std::vector<double> grad = ExpectedKlGradient(estimator, logits, reference);
+      ASSERT_EQ(grad.size(), finite.size());
+      for (size_t i = 0; i < grad.size(); ++i) {
+        EXPECT_NEAR(grad[i], finite[i], 1e-7) << KlEstimatorName(estimator) << " " << i;
+      }
+    }
+  }
+  const std::vector<double> equal = {0.0, 0.0};
+  EXPECT_NEAR(TrueKl({1e-6, 0}, reference) - TrueKl({-1e-6, 0}, reference), -0.549 * 2e-6,
+              0.001 * 2e-6);
+  const std::vector<double> k3 = ExpectedKlGradient(KlEstimator::kK3, equal, reference);
+  EXPECT_NEAR(k3[0], -0.4, 1e-12);
+  EXPECT_NEAR(k3[1], 0.4, 1e-12);
+  const std::vector<double> k1 = ExpectedKlGradient(KlEstimator::kK1, equal, reference);
+  EXPECT_NEAR(k1[0], 0.0, 1e-12);
+  EXPECT_NEAR(k1[1], 0.0, 1e-12);
+  // The default is the estimator with the right gradient, and k3+ reports k3's value.
+  EXPECT_EQ(PolicyLossOptions().kl_estimator, KlEstimator::kK3Plus);
+  PolicyLossOptions options = PolicyOnly();
+  options.kl_coef = 0.1;
+  PolicyLossInputs in;
+  in.logprobs = Row({-1});
+  in.behaviour_logprobs = Row({-1});
+  in.reference_logprobs = Row({-1.2});
+  in.advantages = Row({0});
+  in.action_mask = Row({1});
+  const Grad g = Backward(in, options);
+  EXPECT_NEAR(g.result.metrics.kl(), std::exp(-0.2) + 0.2 - 1, kTight);
+  EXPECT_NEAR(g.result.kl_loss, std::exp(-0.2) + 0.2 - 1, kTight);
+  EXPECT_NEAR(g.dlogp[0], 0.1 * 0.2, kTight);
+}
+
 TEST(PolicyLoss, LengthBiasDependsOnTheAggregation) {
   // Two sequences with 2 and 6 action tokens, ratio 1, every advantage 1: d/dlogp = -weight.
   PolicyLossInputs in;
@@ -501,6 +588,8 @@ TEST(PolicyLoss, GradientsMatchFiniteDifferencesInFloat64) {
   options.eps_low = 0.2;
   options.eps_high = 0.3;
   options.kl_coef = 0.05;
+  // An estimator whose gradient is its value's (k3+ follows k2's gradient by design).
+  options.kl_estimator = KlEstimator::kK3;
   options.entropy_coef = 0.01;
   options.value_coef = 0.5;
   options.value_clip = 0.3;
@@ -655,6 +744,9 @@ TEST(ObjectiveConfig, RefusesUnknownKeysAndBadValues) {
 
   status = ReadInline("objective:\n  policy:\n    kl_estimator: k4\n", &config);
   EXPECT_FALSE(status.ok());
+  status = ReadInline("objective:\n  policy:\n    kl_estimator: k3+\n", &config);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ(config.loss.kl_estimator, KlEstimator::kK3Plus);
   status = ReadInline("objective:\n  policy:\n    dual_clip: 0.5\n", &config);
   EXPECT_FALSE(status.ok());
 }
