@@ -108,6 +108,8 @@ Status ReadObjectiveConfig(ConfigReader& section, ObjectiveConfig* config) {
   policy.Check(p.kl_coef >= 0, "kl_coef", "must not be negative");
   ReadName(policy, "kl_estimator", kKlEstimators, "KL estimator", &p.kl_estimator);
   policy.Optional("entropy_coef", &p.entropy_coef);
+  policy.Check(p.entropy_coef >= 0, "entropy_coef",
+               "must not be negative (a bonus on the entropy; 0: off)");
 
   ConfigReader value = section.Section("value");
   value.Optional("coef", &p.value_coef);

@@ -86,7 +86,9 @@ struct PolicyLossOptions {
   // KL penalty to the reference policy, kl_coef * aggregated estimator; 0: off.
   double kl_coef = 0;
   KlEstimator kl_estimator = KlEstimator::kK3Plus;
-  double entropy_coef = 0;  // subtracted times the aggregated entropy
+  // Subtracted times the aggregated entropy. Not negative: the config reader refuses one, since
+  // the entropy joins the loss's graph only for a positive coefficient.
+  double entropy_coef = 0;
   double value_coef = 0.5;  // value loss weight; 0: no value loss
   // Value clipping around the values the advantages were computed with; 0: unclipped.
   double value_clip = 0;

@@ -749,6 +749,12 @@ TEST(ObjectiveConfig, RefusesUnknownKeysAndBadValues) {
   EXPECT_EQ(config.loss.kl_estimator, KlEstimator::kK3Plus);
   status = ReadInline("objective:\n  policy:\n    dual_clip: 0.5\n", &config);
   EXPECT_FALSE(status.ok());
+  // The entropy is in the loss's graph only for a positive coefficient: a negative one would
+  // change the reported loss and nothing else.
+  status = ReadInline("objective:\n  policy:\n    entropy_coef: -0.01\n", &config);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("objective.policy.entropy_coef"), std::string::npos)
+      << status.message();
 }
 
 }  // namespace
