@@ -22,11 +22,15 @@
 namespace strider::model {
 namespace guarded_internal {
 
+// std::remove_cvref_t is C++20; the fuzz build compiles LibTorch code as C++17 with clang.
+template <typename T>
+using Bare = std::remove_cv_t<std::remove_reference_t<T>>;
+
 // What a guarded call returns: a Status or Result<T> as the function does, Status for a function
 // returning nothing, and Result<T> for a function returning a plain T.
 template <typename T>
 struct Returned {
-  using type = Result<std::remove_cvref_t<T>>;
+  using type = Result<Bare<T>>;
 };
 template <>
 struct Returned<void> {
@@ -45,7 +49,8 @@ struct Returned<Result<T>> {
 
 template <typename Function>
 using GuardedResult =
-    typename guarded_internal::Returned<std::remove_cvref_t<std::invoke_result_t<Function&>>>::type;
+    typename guarded_internal::Returned<
+        guarded_internal::Bare<std::invoke_result_t<Function&>>>::type;
 
 // Runs `function` and returns what it returns, or the Status `on_error(message)` builds from the
 // message of the exception it throws (a c10::Error's without its C++ backtrace, which names
