@@ -72,11 +72,15 @@ Result<std::vector<double>> SequenceLossWeights(LossAggregation aggregation,
                                                 const std::vector<int64_t>& action_tokens,
                                                 double loss_constant) {
   int64_t total = 0;
+  int64_t with_actions = 0;
   for (int64_t n : action_tokens) {
     if (n < 0) return Status::InvalidArgument("negative action-token count");
     total += n;
+    if (n > 0) ++with_actions;
   }
-  const double sequences = static_cast<double>(action_tokens.size());
+  // A sequence without action tokens has no loss term: counting it would shrink every other
+  // sequence's weight (veRL's agg_loss leaves such sequences out of the mean too).
+  const double sequences = static_cast<double>(with_actions);
   std::vector<double> weights(action_tokens.size(), 0.0);
   for (size_t i = 0; i < action_tokens.size(); ++i) {
     switch (aggregation) {
@@ -84,7 +88,7 @@ Result<std::vector<double>> SequenceLossWeights(LossAggregation aggregation,
         weights[i] = total > 0 ? 1.0 / static_cast<double>(total) : 0.0;
         break;
       case LossAggregation::kSequenceMeanTokenSum:
-        weights[i] = 1.0 / sequences;
+        weights[i] = action_tokens[i] > 0 ? 1.0 / sequences : 0.0;
         break;
       case LossAggregation::kSequenceMeanTokenMean:
         weights[i] =

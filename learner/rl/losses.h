@@ -76,10 +76,11 @@ struct PolicyLossResult {
 };
 
 // Each sequence's weight w_i such that the aggregated loss is sum_i w_i sum_{t in i} l_t, from
-// the sequences' action-token counts n_i (S sequences):
+// the sequences' action-token counts n_i (S the sequences with n_i > 0; one without action
+// tokens has weight 0 and is not counted):
 //   token_mean                1 / sum_j n_j
 //   sequence_mean_token_sum   1 / S
-//   sequence_mean_token_mean  1 / (S n_i)      (0 for n_i = 0; longer sequences weigh less)
+//   sequence_mean_token_mean  1 / (S n_i)      (longer sequences weigh less)
 //   constant                  1 / loss_constant
 // InvalidArgument for a negative count, or constant without a positive loss_constant.
 Result<std::vector<double>> SequenceLossWeights(LossAggregation aggregation,

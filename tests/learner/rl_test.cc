@@ -550,6 +550,34 @@ TEST(PolicyLoss, LengthBiasDependsOnTheAggregation) {
   EXPECT_FALSE(SequenceLossWeights(LossAggregation::kConstant, {2}, 0).ok());
 }
 
+TEST(PolicyLoss, SequencesWithoutActionTokensAreNotCountedPerSequence) {
+  // Counts {2, 0, 6}: the middle sequence has no loss term, so S = 2, not 3.
+  Result<std::vector<double>> sum =
+      SequenceLossWeights(LossAggregation::kSequenceMeanTokenSum, {2, 0, 6}, 0);
+  ASSERT_TRUE(sum.ok());
+  EXPECT_DOUBLE_EQ((*sum)[0], 1.0 / 2);
+  EXPECT_DOUBLE_EQ((*sum)[1], 0.0);
+  EXPECT_DOUBLE_EQ((*sum)[2], 1.0 / 2);
+  Result<std::vector<double>> mean =
+      SequenceLossWeights(LossAggregation::kSequenceMeanTokenMean, {2, 0, 6}, 0);
+  ASSERT_TRUE(mean.ok());
+  EXPECT_DOUBLE_EQ((*mean)[0], 1.0 / 4);
+  EXPECT_DOUBLE_EQ((*mean)[1], 0.0);
+  EXPECT_DOUBLE_EQ((*mean)[2], 1.0 / 12);
+  // The same through PolicyLoss's own weights: a fully masked row changes nothing.
+  PolicyLossInputs in;
+  in.logprobs = at::full({2, 3}, -1.0, at::kDouble);
+  in.behaviour_logprobs = at::full({2, 3}, -1.0, at::kDouble);
+  in.advantages = at::ones({2, 3}, at::kDouble);
+  in.action_mask = at::ones({2, 3}, at::kDouble);
+  in.action_mask.index_put_({1}, 0);
+  PolicyLossOptions options = PolicyOnly();
+  options.aggregation = LossAggregation::kSequenceMeanTokenSum;
+  EXPECT_NEAR(Backward(in, options).dlogp[0], -1.0, kTight);
+  options.aggregation = LossAggregation::kSequenceMeanTokenMean;
+  EXPECT_NEAR(Backward(in, options).dlogp[0], -1.0 / 3, kTight);
+}
+
 TEST(PolicyLoss, ValueLossClippedAroundTheOldValues) {
   PolicyLossOptions options;
   options.value_coef = 0.5;
