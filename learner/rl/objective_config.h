@@ -28,9 +28,12 @@ struct AdvantageOptions {
   double epsilon = 1e-6;  // added to a standard deviation before dividing by it
 
   // Bias corrections.
-  // A trajectory truncated at max turns or length takes its value at the cut as the return
-  // beyond it, instead of the outcome it was scored with (usually a failure).
-  bool bootstrap_truncated = true;
+  // A trajectory cut by something outside the task (its token limit, a stopped actor) takes its
+  // value at the cut as the return beyond it, instead of the outcome it was scored with (usually
+  // a failure). The task's own turn limit is never bootstrapped: an episode that stalls until
+  // max_turns failed the task, and scoring it by its value reinforced stalling (docs/rl.md).
+  // Off by default: every shipped config turned it off.
+  bool bootstrap_truncated = false;
   // A trajectory given only up to a segment boundary (it goes on in segments not given) takes
   // its value at the boundary as the return beyond it, instead of zero.
   bool bootstrap_segment_cut = true;

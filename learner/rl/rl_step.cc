@@ -68,7 +68,13 @@ TrajectoryInput EstimatorInput(const TrainingTrajectory& t, const reward::Shaped
     input.steps.push_back(step);
   }
   input.outcome = shaped.outcome_term;
-  input.end = shaped.bootstrap ? TrajectoryEnd::kTruncated : TrajectoryEnd::kFinished;
+  // The task's own turn limit is part of the task: an episode that stalls until it ends there
+  // failed (its outcome term, 0 when none was paid), and is never bootstrapped from its value.
+  const bool turn_limit = joined.end_reason == schema::EndReason::kTruncatedTurns ||
+                          (joined.end_reason == schema::EndReason::kNone &&
+                           joined.status == "max_turns");
+  input.end = shaped.bootstrap && !turn_limit ? TrajectoryEnd::kTruncated
+                                              : TrajectoryEnd::kFinished;
   input.bootstrap_value = t.scores.final_value;
   return input;
 }

@@ -268,6 +268,33 @@ TEST(PrepareBatch, OtherWeightsAreExcludedOnlyWhenTheyClaimTheTrajectorysVersion
   EXPECT_GT(newer->action_tokens, 0);
 }
 
+TEST(PrepareBatch, TheTasksTurnLimitIsNeverBootstrapped) {
+  auto model = TinyModel();
+  ASSERT_NE(model, nullptr);
+  SampledGroup group;
+  for (uint64_t seed : {0, 1, 2}) group.members.push_back(Trajectory(seed, 1, 130));
+  // Member 1 stalled until the task's turn limit; member 2 was cut by its token limit.
+  group.members[1].back().end_reason = schema::EndReason::kTruncatedTurns;
+  group.members[2].back().end_reason = schema::EndReason::kTruncatedLength;
+  StepSettings settings = Settings(64, true);
+  settings.objective.advantages.estimator = "outcome_group";
+  settings.objective.advantages.bootstrap_truncated = true;
+  Result<PreparedBatch> batch = PrepareBatch(*model, nullptr, {group}, settings);
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  ASSERT_EQ(batch->trajectories.size(), 3u);
+  for (const TrainingTrajectory& t : batch->trajectories) {
+    ASSERT_FALSE(t.excluded) << t.excluded_reason;
+    ASSERT_FALSE(t.returns.empty());
+  }
+  // outcome_group's returns are the members' scores: the turn-limited member failed (no outcome
+  // paid), the length-cut one is scored by its value at the cut.
+  const TrainingTrajectory& turns = batch->trajectories[1];
+  const TrainingTrajectory& length = batch->trajectories[2];
+  ASSERT_NE(turns.scores.final_value, 0.0f);
+  EXPECT_EQ(turns.returns.front(), 0.0f);
+  EXPECT_FLOAT_EQ(length.returns.front(), length.scores.final_value);
+}
+
 TEST(PrepareBatch, SegmentsThatDoNotJoinAreAnError) {
   auto model = TinyModel();
   ASSERT_NE(model, nullptr);

@@ -71,6 +71,7 @@ TEST(ProcessGae, TruncatedTrajectoryBootstrapsFromTheValueUnlessSwitchedOff) {
   t.outcome = 0;  // scored as a failure
   t.bootstrap_value = 0.5;
   AdvantageOptions options = GaeOptions();
+  options.bootstrap_truncated = true;
   // Bootstrapped: delta_1 = 0.2 + 0.9 * 0.5 - 0.6 = 0.05; A_0 = 0.64 + 0.72 * 0.05 = 0.676.
   GroupAdvantages out = Compute({t}, options);
   EXPECT_NEAR(out.members[0].step_advantages[1], 0.05, kTight);
@@ -182,6 +183,7 @@ TEST(OutcomeGroup, NoSpreadOrNoPeerGivesZeroAdvantages) {
 
 TEST(OutcomeGroup, TruncatedMemberIsScoredByItsValueNotAsAFailure) {
   AdvantageOptions options;
+  options.bootstrap_truncated = true;
   std::vector<TrajectoryInput> members(3);
   for (TrajectoryInput& m : members) m.action = {1};
   members[0].outcome = 1;
@@ -198,6 +200,26 @@ TEST(OutcomeGroup, TruncatedMemberIsScoredByItsValueNotAsAFailure) {
   out = Compute(members, options);
   const double a = (1.0 / 3.0) / (std::sqrt(1.0 / 3.0) + options.epsilon);
   EXPECT_NEAR(out.members[1].advantages[0], -a, 1e-6);
+}
+
+TEST(OutcomeGroup, TruncationIsNotBootstrappedByDefault) {
+  // Scores (1, 0, 0) and a member cut with value 0.4 and no outcome: bootstrapped, the staller
+  // would get +0.106 while the wrong answers get -0.741. By default it is the failure it is.
+  AdvantageOptions options;
+  EXPECT_FALSE(options.bootstrap_truncated);
+  std::vector<TrajectoryInput> members(4);
+  for (TrajectoryInput& m : members) m.action = {1};
+  members[0].outcome = 1;
+  members[3].end = TrajectoryEnd::kTruncated;
+  members[3].bootstrap_value = 0.4;
+  GroupAdvantages out = Compute(members, options);
+  // Scores (1, 0, 0, 0): mean 0.25, sample std 0.5.
+  EXPECT_NEAR(out.members[3].advantages[0], -0.25 / (0.5 + options.epsilon), 1e-6);
+  EXPECT_NEAR(out.members[1].advantages[0], out.members[3].advantages[0], 1e-6);
+  options.bootstrap_truncated = true;
+  out = Compute(members, options);
+  EXPECT_NEAR(out.members[3].advantages[0], 0.106, 1e-3);
+  EXPECT_NEAR(out.members[1].advantages[0], -0.741, 1e-3);
 }
 
 TEST(OutcomeGroup, SegmentCutMemberIsScoredByItsValueAtTheBoundaryUnlessSwitchedOff) {
