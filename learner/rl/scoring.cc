@@ -103,8 +103,11 @@ struct ScoredPass {
   at::Tensor values;            // (L) when asked for
 };
 
+// `full` scores each token under the whole temperature-scaled distribution instead of the
+// actor's top-k/top-p truncation (ChunkActionLogProbs).
 Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajectory,
-                         bool replay, bool values, int64_t chunk_tokens, ChunkRounds* rounds) {
+                         bool replay, bool values, bool full, int64_t chunk_tokens,
+                         ChunkRounds* rounds) {
   ChunkedPassOptions pass;
   pass.rounds = rounds;
   pass.path = TrainingPath::kInference;
@@ -118,8 +121,10 @@ Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajector
   auto objective = [&](const ChunkView& chunk) -> Result<at::Tensor> {
     if (values) value_chunks.push_back(chunk.values[0].to(at::kFloat));
     std::vector<int64_t> slots;
-    const at::Tensor lp =
-        ChunkActionLogProbs(chunk.logits, chunk.begin, trajectory, &slots).to(at::kFloat).contiguous();
+    const at::Tensor lp = ChunkActionLogProbs(chunk.logits, chunk.begin, trajectory, &slots,
+                                              /*entropy=*/nullptr, full)
+                              .to(at::kFloat)
+                              .contiguous();
     const float* p = lp.data_ptr<float>();
     for (size_t i = 0; i < slots.size(); ++i) out.logprobs[slots[i]] = p[i];
     return at::Tensor();
@@ -245,9 +250,18 @@ Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData
   return prepared;
 }
 
+model::SamplingSettings FullDistribution(const model::SamplingSettings& settings) {
+  model::SamplingSettings full = settings;
+  full.top_k = 0;
+  full.top_p = 1.0;
+  // Greedy turns have no temperature to scale by: the reference is scored at 1.
+  if (!(full.temperature > 0)) full.temperature = 1.0;
+  return full;
+}
+
 at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
                                const PreparedTrajectory& trajectory, std::vector<int64_t>* slots,
-                               at::Tensor* entropy) {
+                               at::Tensor* entropy, bool full_distribution) {
   slots->clear();
   // The logits at position p predict the token at p + 1.
   const int64_t end = chunk_begin + logits.size(1);
@@ -277,12 +291,14 @@ at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
     const at::Tensor chosen =
         rows_logits.index_select(0, at::tensor(rows, at::kLong)).to(at::kDouble);
     const at::Tensor target = tokens.index_select(0, at::tensor(targets, at::kLong));
+    const model::SamplingSettings settings =
+        full_distribution ? FullDistribution(d.settings) : d.settings;
     if (entropy != nullptr) {
-      const at::Tensor all = model::SamplingLogProbs(chosen, d.settings);
+      const at::Tensor all = model::SamplingLogProbs(chosen, settings);
       parts.push_back(all.gather(1, target.unsqueeze(1)).squeeze(1));
       entropies.push_back(model::SamplingEntropy(all));
     } else {
-      parts.push_back(model::SampledTokenLogProbs(chosen, target, d.settings));
+      parts.push_back(model::SampledTokenLogProbs(chosen, target, settings));
     }
   }
   if (parts.empty()) {
@@ -303,13 +319,16 @@ Result<TrajectoryScores> ScorePrepared(const Model& model, const PreparedTraject
   scores.behaviour_logprobs = trajectory.behaviour_logprobs;
   scores.versions = trajectory.versions;
   STRIDER_ASSIGN_OR_RETURN(ScoredPass own, Score(model, trajectory, options.replay_routing,
-                                                 options.values, options.chunk_tokens,
-                                                 options.rounds));
+                                                 options.values, /*full=*/false,
+                                                 options.chunk_tokens, options.rounds));
   scores.logprobs = std::move(own.logprobs);
   if (reference != nullptr) {
+    // The reference is a distribution over the whole vocabulary, not the actor's sampler: under
+    // the actor's truncation a sampled token outside the reference's own nucleus scored -inf,
+    // and the KL with it (veRL and TRL score the reference untruncated too).
     STRIDER_ASSIGN_OR_RETURN(ScoredPass ref,
-                             Score(*reference, trajectory, false, false, options.chunk_tokens,
-                                   options.rounds));
+                             Score(*reference, trajectory, false, false, /*full=*/true,
+                                   options.chunk_tokens, options.rounds));
     scores.reference_logprobs = std::move(ref.logprobs);
   }
   if (options.values) {

@@ -82,9 +82,14 @@ Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData
 // sampling distributions, from the chunk's logits (1, count, V), in the logits' graph; and the
 // entropy of each of those distributions when `entropy` is not null. `slots` gets the index
 // (into trajectory.positions) of each entry. Computed in fp64, the sampler's precision.
+// `full_distribution` drops the top-k/top-p truncation and keeps the temperature (1 for a
+// greedy turn) and the never-sampled ids: the reference policy's view (FullDistribution).
 at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
                                const PreparedTrajectory& trajectory, std::vector<int64_t>* slots,
-                               at::Tensor* entropy = nullptr);
+                               at::Tensor* entropy = nullptr, bool full_distribution = false);
+
+// `settings` without its top-k and top-p truncation, at its temperature (1 when greedy).
+model::SamplingSettings FullDistribution(const model::SamplingSettings& settings);
 
 struct TrajectoryScores {
   schema::TrajectoryId id;
@@ -93,7 +98,10 @@ struct TrajectoryScores {
   std::vector<int64_t> positions;  // trajectory positions
   std::vector<float> logprobs;     // the learner's, under the stored sampling settings
   std::vector<float> behaviour_logprobs;
-  std::vector<float> reference_logprobs;  // when a reference model was given
+  // When a reference model was given: under the full temperature-scaled distribution, not the
+  // actor's top-k/top-p truncation (the learner's own log-probs keep it: they are compared with
+  // the behaviour policy's), so every sampled token has a finite reference log-prob.
+  std::vector<float> reference_logprobs;
   std::vector<uint64_t> versions;         // policy version each was sampled under
   // One entry per stored step when values were asked for: the value-head estimate at the
   // position the step's first action token was sampled from (what the policy saw before

@@ -295,6 +295,39 @@ TEST(PrepareBatch, TheTasksTurnLimitIsNeverBootstrapped) {
   EXPECT_FLOAT_EQ(length.returns.front(), length.scores.final_value);
 }
 
+TEST(ScoreTrajectory, TheReferenceIsScoredOnTheFullDistribution) {
+  auto model = TinyModel();
+  ASSERT_NE(model, nullptr);
+  // The same tokens sampled under a tight truncation (top_k 2, top_p 0.5) and untruncated, both
+  // at temperature 0.8: the stored tokens are mostly outside the truncated support.
+  std::vector<schema::SegmentData> truncated = Trajectory(0, 2, 130);
+  std::vector<schema::SegmentData> untruncated = truncated;
+  for (schema::SegmentData& s : truncated) {
+    s.temperature = 0.8f;
+    s.top_k = 2;
+    s.top_p = 0.5f;
+  }
+  for (schema::SegmentData& s : untruncated) s.temperature = 0.8f;
+  ScoringOptions options;
+  options.replay_routing = false;
+  options.values = false;
+  Result<TrajectoryScores> cut = ScoreTrajectory(*model, truncated, options, model.get());
+  Result<TrajectoryScores> full = ScoreTrajectory(*model, untruncated, options, nullptr);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  ASSERT_EQ(cut->reference_logprobs.size(), full->logprobs.size());
+  ASSERT_FALSE(full->logprobs.empty());
+  int64_t outside = 0;
+  for (size_t i = 0; i < full->logprobs.size(); ++i) {
+    // The policy's own log-probs keep the actor's truncation...
+    if (std::isinf(cut->logprobs[i])) ++outside;
+    // ...the reference's are the whole temperature-scaled distribution's.
+    ASSERT_TRUE(std::isfinite(cut->reference_logprobs[i])) << i;
+    EXPECT_NEAR(cut->reference_logprobs[i], full->logprobs[i], 1e-6) << i;
+  }
+  EXPECT_GT(outside, 0);
+}
+
 TEST(PrepareBatch, SegmentsThatDoNotJoinAreAnError) {
   auto model = TinyModel();
   ASSERT_NE(model, nullptr);
