@@ -62,6 +62,7 @@ void PolicyLossMetrics::Add(const PolicyLossMetrics& other) {
   clipped += other.clipped;
   approx_kl_sum += other.approx_kl_sum;
   kl_sum += other.kl_sum;
+  kl_tokens += other.kl_tokens;
   entropy_sum += other.entropy_sum;
   importance_sum += other.importance_sum;
   truncated += other.truncated;
@@ -197,6 +198,7 @@ Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLoss
       if (options.kl_coef > 0) loss = loss + options.kl_coef * kl_loss;
       at::NoGradGuard no_grad;
       metrics.kl_sum = MaskedSum(kl, keep);
+      metrics.kl_tokens = metrics.tokens;
       result.kl_loss = kl_loss.item<double>();
     }
 

@@ -50,6 +50,7 @@ struct PolicyLossMetrics {
   double clipped = 0;        // tokens whose loss is the clipped (or dual-clipped) term
   double approx_kl_sum = 0;  // k3 of the ratio against the anchor (proximal or behaviour)
   double kl_sum = 0;         // the configured estimator against the reference, when given
+  double kl_tokens = 0;      // action tokens with reference log-probs (0: KL not measured)
   double entropy_sum = 0;
   double importance_sum = 0;  // truncated importance weights (1 where none applies)
   double truncated = 0;       // tokens whose weight was capped
@@ -58,7 +59,7 @@ struct PolicyLossMetrics {
   void Add(const PolicyLossMetrics& other);
   double clip_fraction() const { return tokens > 0 ? clipped / tokens : 0; }
   double approx_kl() const { return tokens > 0 ? approx_kl_sum / tokens : 0; }
-  double kl() const { return tokens > 0 ? kl_sum / tokens : 0; }
+  double kl() const { return kl_tokens > 0 ? kl_sum / kl_tokens : 0; }
   double entropy() const { return tokens > 0 ? entropy_sum / tokens : 0; }
   double importance_mean() const { return tokens > 0 ? importance_sum / tokens : 0; }
   double truncated_fraction() const { return tokens > 0 ? truncated / tokens : 0; }

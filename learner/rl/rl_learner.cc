@@ -762,6 +762,7 @@ std::string RlLearner::MetricsLine(const PreparedStep& prepared, const StepUpdat
   }
   if (!std::isfinite(update.last.gradient_norm)) line["gradient_norm"] = nullptr;
   // Nothing measured is not a measured zero.
+  if (sum.metrics.kl_tokens == 0) line["kl"] = nullptr;  // the reference was not scored
   if (batch.mismatch_measured == 0) {
     line["logprob_mismatch_max"] = nullptr;
     line["logprob_mismatch_p99"] = nullptr;

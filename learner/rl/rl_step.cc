@@ -322,7 +322,6 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
   const bool values = loss_options.value_coef > 0;
   // Entropy is always measured (a metric); it is in the graph only when it has a weight.
   const bool entropy_bonus = loss_options.entropy_coef > 0;
-  const bool kl = loss_options.kl_coef > 0;
   size_t last = trajectories.size();  // the last trajectory with a loss
   for (size_t i = 0; i < trajectories.size(); ++i) {
     if (!trajectories[i]->prepared.positions.empty()) last = i;
@@ -344,8 +343,13 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
       const at::Tensor returns = at::tensor(t.returns, at::kFloat);
       const at::Tensor old_values =
           values ? at::tensor(t.scores.action_values, at::kFloat) : at::Tensor();
+      // Whenever the reference was scored (a KL penalty, implicit rewards) its log-probs go to
+      // the loss, which adds the KL only for kl_coef > 0 but measures it either way: with
+      // kl_coef 0 the metrics line reports how far the policy drifted instead of 0.
       const at::Tensor reference =
-          kl ? at::tensor(t.scores.reference_logprobs, at::kFloat) : at::Tensor();
+          t.scores.reference_logprobs.size() == t.prepared.positions.size()
+              ? at::tensor(t.scores.reference_logprobs, at::kFloat)
+              : at::Tensor();
       const at::Tensor row_weight = at::full({1}, weights[i], at::kFloat);
       ChunkedPassOptions pass;
       pass.path = TrainingPath::kInference;
@@ -382,7 +386,9 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
         in.logprobs = lp.to(at::kFloat).unsqueeze(0);
         in.behaviour_logprobs = behaviour.index_select(0, index).unsqueeze(0);
         in.proximal_logprobs = proximal.index_select(0, index).unsqueeze(0);
-        if (kl) in.reference_logprobs = reference.index_select(0, index).unsqueeze(0);
+        if (reference.defined()) {
+          in.reference_logprobs = reference.index_select(0, index).unsqueeze(0);
+        }
         in.advantages = advantages.index_select(0, index).unsqueeze(0);
         in.action_mask = at::ones_like(in.advantages);
         in.entropy = (entropy_bonus ? chunk_entropy : chunk_entropy.detach())

@@ -243,6 +243,30 @@ TEST_F(UpdatePass, ZeroAdvantagesGiveNoPolicyGradient) {
   EXPECT_EQ(Gradient(*model_).abs().max().item<double>(), 0.0);
 }
 
+TEST_F(UpdatePass, TheKlIsMeasuredWheneverTheReferenceWasScored) {
+  // A reference 0.3 nats below the policy on every action token, with kl_coef 0: the KL is
+  // reported (k3 of d = -0.3) and the loss is the same as without a reference.
+  std::vector<TrainingTrajectory> with_reference = batch_.trajectories;
+  for (TrainingTrajectory& t : with_reference) {
+    t.scores.reference_logprobs = t.scores.logprobs;
+    for (float& lp : t.scores.reference_logprobs) lp -= 0.3f;
+  }
+  std::vector<const TrainingTrajectory*> kept;
+  for (const TrainingTrajectory& t : with_reference) kept.push_back(&t);
+  StepSettings settings = Settings(64, true);
+  ASSERT_EQ(settings.objective.loss.kl_coef, 0);
+  ZeroGradients(*model_);
+  Result<UpdateMetrics> measured = AccumulateGradients(*model_, kept, settings);
+  ASSERT_TRUE(measured.ok()) << measured.status().ToString();
+  EXPECT_NEAR(measured->metrics.kl(), std::exp(-0.3) + 0.3 - 1, 1e-4);
+  ZeroGradients(*model_);
+  Result<UpdateMetrics> plain = AccumulateGradients(*model_, Kept(), settings);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->metrics.kl_tokens, 0.0);  // not measured: the metrics line reports null
+  EXPECT_EQ(measured->metrics.kl_tokens, measured->metrics.tokens);
+  EXPECT_NEAR(measured->loss, plain->loss, 1e-6);
+}
+
 TEST(PrepareBatch, OtherWeightsAreExcludedOnlyWhenTheyClaimTheTrajectorysVersion) {
   auto model = TinyModel();
   ASSERT_NE(model, nullptr);
