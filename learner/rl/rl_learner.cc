@@ -239,6 +239,9 @@ struct RlLearner::StepUpdate {
   double violation = -1;
   std::vector<std::vector<int64_t>> expert_load;  // (sparse layers, routed experts)
   int64_t updates = 0;
+  // Updates not applied (the parameters left as they were), and why the last one was not.
+  int64_t skipped = 0;
+  std::string skipped_reason;
   LearnerGroupStats group_before;
   double seconds = 0;
 };
@@ -630,8 +633,23 @@ Result<bool> RlLearner::UpdateMinibatch(std::span<const TrainingTrajectory* cons
                           config_.trainer.balance && epoch == 0 ? routing : nullptr,
                           group_ != nullptr ? &all_counts : nullptr, offset, overlap));
   if (rounds_ != nullptr) STRIDER_RETURN_IF_ERROR(rounds_->Drain());
-  if (group_ != nullptr) STRIDER_RETURN_IF_ERROR(group_->AllReduceGradients(reduced_));
+  bool loss_finite = std::isfinite(metrics.loss);
+  if (group_ != nullptr) {
+    STRIDER_RETURN_IF_ERROR(group_->AllReduceGradients(reduced_));
+    // The reduction may have sent this rank's gradients before AccumulateGradients poisoned
+    // them: the ranks agree on the loss instead, so none applies an update another skips.
+    STRIDER_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> finite,
+                             group_->AllGather({loss_finite ? 1 : 0}));
+    for (const std::vector<int64_t>& rank : finite) {
+      if (!rank.empty() && rank[0] == 0) loss_finite = false;
+    }
+    if (!loss_finite) PoisonGradients(trainer_->model());
+  }
   STRIDER_ASSIGN_OR_RETURN(update->last, trainer_->Step(trainer_->optimizer().step()));
+  if (!update->last.applied) {
+    ++update->skipped;
+    update->skipped_reason = loss_finite ? "non-finite gradient norm" : "non-finite loss";
+  }
   settings_.weights_version.reset();
   ++update->updates;
   UpdateMetrics& sum = update->metrics;
@@ -733,6 +751,8 @@ std::string RlLearner::MetricsLine(const PreparedStep& prepared, const StepUpdat
       {"learning_rate", update.last.learning_rate},
       {"gradient_norm", update.last.gradient_norm},
       {"updates", update.updates},
+      {"updates_skipped", update.skipped},
+      {"skipped_reason", update.skipped_reason},
       {"tokens", prepared.tokens},
       {"action_tokens", prepared.action_tokens},
       {"tokens_per_second", prepared.tokens / std::max(step_seconds, 1e-9)},
@@ -763,6 +783,7 @@ std::string RlLearner::MetricsLine(const PreparedStep& prepared, const StepUpdat
   if (!std::isfinite(update.last.gradient_norm)) line["gradient_norm"] = nullptr;
   // Nothing measured is not a measured zero.
   if (sum.metrics.kl_tokens == 0) line["kl"] = nullptr;  // the reference was not scored
+  if (update.skipped == 0) line["skipped_reason"] = nullptr;
   if (batch.mismatch_measured == 0) {
     line["logprob_mismatch_max"] = nullptr;
     line["logprob_mismatch_p99"] = nullptr;

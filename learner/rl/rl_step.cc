@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -423,9 +424,24 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
       result.chunk_activation_bytes =
           std::max(result.chunk_activation_bytes, pass_result.chunk_activation_bytes);
     }
+    if (!std::isfinite(result.loss)) PoisonGradients(model);
     return Status::Ok();
   }));
   return result;
+}
+
+void PoisonGradients(const Model& model) {
+  at::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : model.tensors()) {
+    if (!tensor.requires_grad()) continue;
+    at::Tensor& grad = const_cast<at::Tensor&>(tensor).mutable_grad();
+    if (grad.defined()) {
+      grad.fill_(std::numeric_limits<double>::quiet_NaN());
+    } else {
+      grad = at::full_like(tensor, std::numeric_limits<double>::quiet_NaN());
+    }
+    return;  // one non-finite entry makes the norm non-finite
+  }
 }
 
 }  // namespace strider::rl

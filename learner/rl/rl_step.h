@@ -124,6 +124,9 @@ struct UpdateMetrics {
 
 // Runs the update pass over `trajectories` (kept ones of a PreparedBatch), accumulating
 // gradients into the model's parameters; the caller zeroes them before and steps after.
+// A loss that is not finite is never applied, whatever made it (an estimator's infinite value
+// can come with a finite gradient): the gradients are poisoned (PoisonGradients), so the
+// optimiser step sees a non-finite norm and leaves the parameters as they were.
 // The loss is aggregated over the given trajectories as objective.loss.aggregation says.
 // With `routing` not null, the router's choices and scores of a strided sample of each
 // trajectory's positions (at most 16,384 of them) are appended to
@@ -139,5 +142,9 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
                                           const std::vector<int64_t>* all_counts = nullptr,
                                           size_t offset = 0,
                                           const std::function<void(const at::Tensor&)>& before_last_backward = {});
+
+// Makes the accumulated gradient's norm non-finite (one NaN), so the next optimiser step is
+// skipped: for an update that must not be applied.
+void PoisonGradients(const Model& model);
 
 }  // namespace strider::rl

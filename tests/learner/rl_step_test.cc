@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -265,6 +266,28 @@ TEST_F(UpdatePass, TheKlIsMeasuredWheneverTheReferenceWasScored) {
   EXPECT_EQ(plain->metrics.kl_tokens, 0.0);  // not measured: the metrics line reports null
   EXPECT_EQ(measured->metrics.kl_tokens, measured->metrics.tokens);
   EXPECT_NEAR(measured->loss, plain->loss, 1e-6);
+}
+
+TEST_F(UpdatePass, ANonFiniteLossIsNeverApplied) {
+  // A reference log-prob of -inf: k3's value is infinite while its gradient, 1 - e^d, is
+  // finite. The update must still not be applied: its gradient norm is made non-finite.
+  std::vector<TrainingTrajectory> broken = batch_.trajectories;
+  for (TrainingTrajectory& t : broken) t.scores.reference_logprobs = t.scores.logprobs;
+  broken[0].scores.reference_logprobs[0] = -std::numeric_limits<float>::infinity();
+  std::vector<const TrainingTrajectory*> kept;
+  for (const TrainingTrajectory& t : broken) kept.push_back(&t);
+  StepSettings settings = Settings(64, true);
+  settings.objective.loss.kl_coef = 0.1;
+  settings.objective.loss.kl_estimator = KlEstimator::kK3;
+  ZeroGradients(*model_);
+  Result<UpdateMetrics> update = AccumulateGradients(*model_, kept, settings);
+  ASSERT_TRUE(update.ok()) << update.status().ToString();
+  EXPECT_FALSE(std::isfinite(update->loss));
+  EXPECT_FALSE(std::isfinite(Gradient(*model_).norm().item<double>()));
+  // A finite loss keeps its finite gradient.
+  ZeroGradients(*model_);
+  ASSERT_TRUE(AccumulateGradients(*model_, Kept(), Settings(64, true)).ok());
+  EXPECT_TRUE(std::isfinite(Gradient(*model_).norm().item<double>()));
 }
 
 TEST(PrepareBatch, OtherWeightsAreExcludedOnlyWhenTheyClaimTheTrajectorysVersion) {
