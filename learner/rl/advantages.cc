@@ -164,14 +164,26 @@ Result<GroupAdvantages> StepEstimator(const GroupInput& group, const AdvantageOp
 struct Estimator {
   const char* name;
   Result<GroupAdvantages> (*compute)(const GroupInput&, const AdvantageOptions&);
+  // normalize_in_group standardises the group's step advantages (a group of one: the batch's).
+  bool normalises_steps;
 };
 
 // The one place estimators are listed: adding one is an entry here.
 constexpr Estimator kEstimators[] = {
-    {"process_gae", ProcessGae},
-    {"outcome_group", OutcomeGroup},
-    {"implicit_process", ImplicitProcess},
+    {"process_gae", ProcessGae, true},
+    {"outcome_group", OutcomeGroup, false},
+    {"implicit_process", ImplicitProcess, true},
 };
+
+void ScaleNegatives(GroupAdvantages& result, double negative_weight) {
+  if (negative_weight == 1.0) return;
+  // Per token only: step advantages and returns stay as estimated (value targets, metrics).
+  for (TrajectoryAdvantages& member : result.members) {
+    for (float& a : member.advantages) {
+      if (a < 0) a *= static_cast<float>(negative_weight);
+    }
+  }
+}
 
 }  // namespace
 
@@ -220,17 +232,44 @@ Result<GroupAdvantages> ComputeAdvantages(const GroupInput& group,
   for (const Estimator& estimator : kEstimators) {
     if (options.estimator != estimator.name) continue;
     Result<GroupAdvantages> result = estimator.compute(group, options);
-    if (result.ok() && options.negative_weight != 1.0) {
-      // Per token only: step advantages and returns stay as estimated (value targets, metrics).
-      for (TrajectoryAdvantages& member : result->members) {
-        for (float& a : member.advantages) {
-          if (a < 0) a *= static_cast<float>(options.negative_weight);
-        }
-      }
-    }
+    if (result.ok()) ScaleNegatives(*result, options.negative_weight);
     return result;
   }
   return Status::Internal("estimator '" + options.estimator + "' checked but not found");
+}
+
+Result<std::vector<GroupAdvantages>> ComputeBatchAdvantages(const std::vector<GroupInput>& groups,
+                                                            const AdvantageOptions& options) {
+  STRIDER_RETURN_IF_ERROR(CheckAdvantageEstimator(options.estimator));
+  bool normalises_steps = false;
+  for (const Estimator& estimator : kEstimators) {
+    if (options.estimator == estimator.name) normalises_steps = estimator.normalises_steps;
+  }
+  // A group of one standardised within itself pushes down any step below its own trajectory's
+  // mean (GAE advantages (0.8, 0.4) became (+0.707, -0.707)) and zeroes a one-step trajectory:
+  // groups of one are standardised together, over the batch, instead.
+  AdvantageOptions alone = options;
+  alone.normalize_in_group = false;
+  alone.negative_weight = 1.0;
+  std::vector<GroupAdvantages> out(groups.size());
+  std::vector<size_t> singles;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const bool single = normalises_steps && options.normalize_in_group &&
+                        groups[g].members.size() == 1;
+    STRIDER_ASSIGN_OR_RETURN(out[g], ComputeAdvantages(groups[g], single ? alone : options));
+    if (single) singles.push_back(g);
+  }
+  std::vector<double*> steps;
+  for (size_t g : singles) {
+    if (out[g].filtered) continue;
+    for (double& a : out[g].members[0].step_advantages) steps.push_back(&a);
+  }
+  Standardise(steps, /*divide_by_std=*/true, options.epsilon);
+  for (size_t g : singles) {
+    FillTokens(groups[g].members[0], out[g].members[0]);
+    ScaleNegatives(out[g], options.negative_weight);
+  }
+  return out;
 }
 
 std::vector<std::string> RegisteredAdvantageEstimators() {

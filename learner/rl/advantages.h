@@ -95,6 +95,14 @@ Result<GroupAdvantages> ImplicitProcess(const GroupInput& group, const Advantage
 // not registered.
 Result<GroupAdvantages> ComputeAdvantages(const GroupInput& group, const AdvantageOptions& options);
 std::vector<std::string> RegisteredAdvantageEstimators();
+
+// The advantages of a step's groups, each as ComputeAdvantages gives them, except that with
+// normalize_in_group on, the step estimators (process_gae, implicit_process) standardise the
+// groups of one member together, over the steps of all of the batch's groups of one, instead of
+// within a single trajectory (where GAE advantages (0.8, 0.4) became (+0.707, -0.707) and a
+// one-step trajectory always got 0). negative_weight applies after that normalisation.
+Result<std::vector<GroupAdvantages>> ComputeBatchAdvantages(const std::vector<GroupInput>& groups,
+                                                            const AdvantageOptions& options);
 // OK for a registered name, else NotFound listing the registered ones.
 Status CheckAdvantageEstimator(const std::string& name);
 

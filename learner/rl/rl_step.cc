@@ -191,6 +191,9 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
       reference != nullptr && (implicit || settings.objective.loss.kl_coef > 0);
   ScoringOptions scoring = settings.scoring;
   scoring.values = true;
+  // Per group with a member kept: the estimator's input and the members' batch indices.
+  std::vector<GroupInput> inputs;
+  std::vector<std::vector<size_t>> kept_of;
   for (const SampledGroup& group : groups) {
     ++batch.groups;
     const size_t first = batch.trajectories.size();
@@ -273,8 +276,15 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
           EstimatorInput(t, shaped[m - first], implicit_rewards[m - first], beta));
     }
     if (kept.empty()) continue;
-    STRIDER_ASSIGN_OR_RETURN(GroupAdvantages advantages,
-                             ComputeAdvantages(input, settings.objective.advantages));
+    inputs.push_back(std::move(input));
+    kept_of.push_back(std::move(kept));
+  }
+  // Over the whole batch at once: groups of one are normalised together (advantages.h).
+  STRIDER_ASSIGN_OR_RETURN(std::vector<GroupAdvantages> all_advantages,
+                           ComputeBatchAdvantages(inputs, settings.objective.advantages));
+  for (size_t g = 0; g < inputs.size(); ++g) {
+    const GroupAdvantages& advantages = all_advantages[g];
+    const std::vector<size_t>& kept = kept_of[g];
     if (advantages.filtered) ++batch.filtered_groups;
     for (size_t i = 0; i < kept.size(); ++i) {
       TrainingTrajectory& t = batch.trajectories[kept[i]];

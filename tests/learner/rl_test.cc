@@ -145,6 +145,38 @@ TEST(ProcessGae, NormalisesOverTheGroupsStepsAndKeepsReturnsUnnormalised) {
   EXPECT_NEAR(out.members[1].step_returns[0], 0.0, kTight);
 }
 
+TEST(ProcessGae, GroupsOfOneAreNormalisedOverTheBatch) {
+  // gamma = lambda = 1, values 0. Trajectory a: two steps, rewards 0.4 each: A = (0.8, 0.4).
+  // Normalised within itself it became (+0.707, -0.707), pushing down a step with a positive
+  // TD error. Groups of one are standardised together: with b (one step, A = -0.6) the steps
+  // {0.8, 0.4, -0.6} have mean 0.2 and sample std sqrt(0.52).
+  AdvantageOptions options;
+  options.estimator = "process_gae";
+  options.normalize_in_group = true;
+  TrajectoryInput a;
+  a.action = {1, 1};
+  a.steps = {{.begin = 0, .end = 1, .reward = 0.4}, {.begin = 1, .end = 2, .reward = 0.4}};
+  TrajectoryInput b;
+  b.action = {1};
+  b.steps = {{.begin = 0, .end = 1, .reward = -0.6}};
+  Result<std::vector<GroupAdvantages>> out =
+      ComputeBatchAdvantages({GroupInput{{a}}, GroupInput{{b}}}, options);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const double std = std::sqrt(0.52) + options.epsilon;
+  EXPECT_NEAR((*out)[0].members[0].step_advantages[0], 0.6 / std, kTight);
+  EXPECT_NEAR((*out)[0].members[0].step_advantages[1], 0.2 / std, kTight);
+  EXPECT_NEAR((*out)[1].members[0].step_advantages[0], -0.8 / std, kTight);
+  ExpectTokens((*out)[0].members[0].advantages, {0.6 / std, 0.2 / std});
+  EXPECT_NEAR((*out)[0].members[0].step_returns[0], 0.8, kTight);  // unnormalised
+  // Groups of two or more keep their own normalisation, and negative_weight applies after.
+  options.negative_weight = 0.5;
+  out = ComputeBatchAdvantages({GroupInput{{a}}, GroupInput{{b}}, GroupInput{{a, b}}}, options);
+  ASSERT_TRUE(out.ok());
+  EXPECT_NEAR((*out)[1].members[0].advantages[0], -0.5 * 0.8 / std, 1e-6);
+  const GroupAdvantages pair = Compute({a, b}, options);
+  EXPECT_EQ((*out)[2].members[1].advantages, pair.members[1].advantages);
+}
+
 TEST(OutcomeGroup, OutcomeMinusGroupMeanOverSampleStd) {
   AdvantageOptions options;  // outcome_group
   std::vector<TrajectoryInput> members(4);
