@@ -48,6 +48,10 @@ Status CheckInputs(const PolicyLossInputs& in, const PolicyLossOptions& options)
       (in.row_weight.dim() != 1 || in.row_weight.size(0) != like.size(0))) {
     return Status::InvalidArgument("row_weight must have one entry per row");
   }
+  if (in.sequence_log_ratio.defined() &&
+      (in.sequence_log_ratio.dim() != 1 || in.sequence_log_ratio.size(0) != like.size(0))) {
+    return Status::InvalidArgument("sequence_log_ratio must have one entry per row");
+  }
   return Status::Ok();
 }
 
@@ -67,6 +71,10 @@ void PolicyLossMetrics::Add(const PolicyLossMetrics& other) {
   importance_sum += other.importance_sum;
   truncated += other.truncated;
   value_clipped += other.value_clipped;
+  mismatch_tokens += other.mismatch_tokens;
+  mismatch_kl_sum += other.mismatch_kl_sum;
+  token_masked += other.token_masked;
+  sequence_masked += other.sequence_masked;
 }
 
 Result<std::vector<double>> SequenceLossWeights(LossAggregation aggregation,
@@ -157,13 +165,49 @@ Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLoss
       capped = raw.gt(options.importance_cap);
       importance = at::clamp_max(raw, options.importance_cap);
     }
-    const at::Tensor policy = aggregate(token_loss * importance);
+    // Mismatch masking and weighting, by the ratio of the proximal to the behaviour policy.
+    const at::Tensor mismatch_log_ratio = masked(anchor - behaviour);
+    at::Tensor token_out = at::zeros_like(keep);
+    at::Tensor sequence_out = at::zeros_like(keep);
+    if (has_proximal && options.token_mask) {
+      const at::Tensor r = at::exp(mismatch_log_ratio);
+      token_out = r.lt(options.token_mask_low)
+                      .logical_or(r.gt(options.token_mask_high))
+                      .logical_and(keep);
+    }
+    if (has_proximal && options.sequence_ratio != SequenceRatio::kOff) {
+      const at::Tensor log_g =
+          in.sequence_log_ratio.defined()
+              ? as(in.sequence_log_ratio)
+              : mismatch_log_ratio.sum(1) / keep.sum(1).clamp_min(1).to(logprobs.scalar_type());
+      const at::Tensor g = at::exp(log_g);
+      if (options.sequence_ratio == SequenceRatio::kMask) {
+        sequence_out = g.lt(options.sequence_ratio_low)
+                           .logical_or(g.gt(options.sequence_ratio_high))
+                           .unsqueeze(1)
+                           .logical_and(keep);
+      } else {
+        importance = importance * at::clamp_max(g, options.sequence_ratio_high).unsqueeze(1);
+      }
+    }
+    const at::Tensor trained = token_out.logical_or(sequence_out).logical_not();
+    // Masked tokens keep their place in the aggregation's weights: masking removes their
+    // signal, not their share of the batch.
+    const at::Tensor policy =
+        aggregate(at::where(trained, token_loss * importance, zeros));
     at::Tensor loss = policy;
 
     PolicyLossResult result;
     PolicyLossMetrics& metrics = result.metrics;
     {
       at::NoGradGuard no_grad;
+      if (has_proximal) {
+        metrics.mismatch_tokens = keep.sum().item<double>();
+        metrics.mismatch_kl_sum =
+            MaskedSum(at::exp(mismatch_log_ratio) - 1 - mismatch_log_ratio, keep);
+        metrics.token_masked = token_out.sum().item<double>();
+        metrics.sequence_masked = sequence_out.logical_and(token_out.logical_not()).sum().item<double>();
+      }
       metrics.tokens = keep.sum().item<double>();
       metrics.clipped = clip_active.logical_and(keep).sum().item<double>();
       metrics.approx_kl_sum = MaskedSum(ratio - 1 - log_ratio, keep);

@@ -41,6 +41,10 @@ struct PolicyLossInputs {
   // batch add up to the batch's loss. Absent: each row is one sequence and the weights come from
   // this call's rows.
   at::Tensor row_weight;
+  // (B) optional, with sequence_ratio on: each row's sequence's mean log-ratio of proximal to
+  // behaviour over all its action tokens (rows that are chunks of one sequence share it).
+  // Absent: each row is one sequence and the mean is over this call's row.
+  at::Tensor sequence_log_ratio;
 };
 
 // Sums and counts over action tokens, so the metrics of several chunks or mini-batches merge by
@@ -55,6 +59,13 @@ struct PolicyLossMetrics {
   double importance_sum = 0;  // truncated importance weights (1 where none applies)
   double truncated = 0;       // tokens whose weight was capped
   double value_clipped = 0;   // tokens whose value loss is the clipped term
+  // The mismatch between learner and behaviour, over tokens with proximal log-probs: k3 of
+  // KL(behaviour || proximal) (r - 1 - log r, r = pi_proximal / pi_behaviour, on tokens the
+  // behaviour policy sampled), and the tokens masked per token and per sequence.
+  double mismatch_tokens = 0;
+  double mismatch_kl_sum = 0;
+  double token_masked = 0;
+  double sequence_masked = 0;
 
   void Add(const PolicyLossMetrics& other);
   double clip_fraction() const { return tokens > 0 ? clipped / tokens : 0; }
@@ -64,6 +75,9 @@ struct PolicyLossMetrics {
   double importance_mean() const { return tokens > 0 ? importance_sum / tokens : 0; }
   double truncated_fraction() const { return tokens > 0 ? truncated / tokens : 0; }
   double value_clip_fraction() const { return tokens > 0 ? value_clipped / tokens : 0; }
+  double mismatch_kl() const { return mismatch_tokens > 0 ? mismatch_kl_sum / mismatch_tokens : 0; }
+  double token_masked_fraction() const { return tokens > 0 ? token_masked / tokens : 0; }
+  double sequence_masked_fraction() const { return tokens > 0 ? sequence_masked / tokens : 0; }
 };
 
 struct PolicyLossResult {

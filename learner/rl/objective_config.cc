@@ -15,6 +15,12 @@ constexpr std::array<std::pair<const char*, KlEstimator>, 4> kKlEstimators = {{
     {"k3+", KlEstimator::kK3Plus},
 }};
 
+constexpr std::array<std::pair<const char*, SequenceRatio>, 3> kSequenceRatios = {{
+    {"off", SequenceRatio::kOff},
+    {"mask", SequenceRatio::kMask},
+    {"weight", SequenceRatio::kWeight},
+}};
+
 constexpr std::array<std::pair<const char*, LossAggregation>, 4> kAggregations = {{
     {"token_mean", LossAggregation::kTokenMean},
     {"sequence_mean_token_sum", LossAggregation::kSequenceMeanTokenSum},
@@ -58,6 +64,11 @@ void ReadName(ConfigReader& reader, const std::string& key,
 }
 
 }  // namespace
+
+Result<SequenceRatio> ParseSequenceRatio(const std::string& name) {
+  return ParseName(kSequenceRatios, name, "sequence ratio mode");
+}
+std::string SequenceRatioName(SequenceRatio mode) { return NameOf(kSequenceRatios, mode); }
 
 Result<KlEstimator> ParseKlEstimator(const std::string& name) {
   return ParseName(kKlEstimators, name, "KL estimator");
@@ -104,6 +115,18 @@ Status ReadObjectiveConfig(ConfigReader& section, ObjectiveConfig* config) {
   policy.Optional("truncated_importance", &p.truncated_importance);
   policy.Optional("importance_cap", &p.importance_cap);
   policy.Check(p.importance_cap > 0, "importance_cap", "must be positive");
+  policy.Optional("token_mask", &p.token_mask);
+  policy.Optional("token_mask_low", &p.token_mask_low);
+  policy.Check(p.token_mask_low >= 0 && p.token_mask_low < 1, "token_mask_low",
+               "must be in [0, 1)");
+  policy.Optional("token_mask_high", &p.token_mask_high);
+  policy.Check(p.token_mask_high > 1, "token_mask_high", "must be above 1");
+  ReadName(policy, "sequence_ratio", kSequenceRatios, "sequence ratio mode", &p.sequence_ratio);
+  policy.Optional("sequence_ratio_low", &p.sequence_ratio_low);
+  policy.Check(p.sequence_ratio_low >= 0 && p.sequence_ratio_low < 1, "sequence_ratio_low",
+               "must be in [0, 1)");
+  policy.Optional("sequence_ratio_high", &p.sequence_ratio_high);
+  policy.Check(p.sequence_ratio_high > 1, "sequence_ratio_high", "must be above 1");
   policy.Optional("kl_coef", &p.kl_coef);
   policy.Check(p.kl_coef >= 0, "kl_coef", "must not be negative");
   ReadName(policy, "kl_estimator", kKlEstimators, "KL estimator", &p.kl_estimator);

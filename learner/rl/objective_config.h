@@ -52,6 +52,14 @@ struct AdvantageOptions {
 // Per-token estimators of KL(pi || pi_ref) on tokens sampled from pi, with d = log pi_ref -
 // log pi. Their values and their gradients as a loss term are different things: only k2's
 // expected gradient is that of KL(pi || pi_ref) (docs/rl_objective.md has the numbers).
+// Sequence-level handling of the proximal/behaviour mismatch (MIS), by the geometric mean g of a
+// sequence's ratios pi_proximal / pi_behaviour over its action tokens.
+enum class SequenceRatio {
+  kOff,
+  kMask,    // a sequence whose g leaves [sequence_ratio_low, sequence_ratio_high] has no loss
+  kWeight,  // every token's policy loss times min(g, sequence_ratio_high)
+};
+
 enum class KlEstimator {
   kK1,      // -d: unbiased value, expected gradient 0
   kK2,      // d^2 / 2: biased value, the gradient of KL(pi || pi_ref)
@@ -67,6 +75,8 @@ enum class LossAggregation {
   kConstant,               // sum over the batch's action tokens / loss_constant
 };
 
+Result<SequenceRatio> ParseSequenceRatio(const std::string& name);
+std::string SequenceRatioName(SequenceRatio mode);
 Result<KlEstimator> ParseKlEstimator(const std::string& name);
 std::string KlEstimatorName(KlEstimator estimator);
 Result<LossAggregation> ParseLossAggregation(const std::string& name);
@@ -86,6 +96,16 @@ struct PolicyLossOptions {
   // the learner's own proximal log-probs.
   bool truncated_importance = true;
   double importance_cap = 2.0;
+  // Masking against the mismatch between the learner and the engine that sampled (both need the
+  // proximal log-probs; the ratio is pi_proximal / pi_behaviour). Per token (IcePop): a token
+  // whose ratio leaves [token_mask_low, token_mask_high] has no policy loss.
+  bool token_mask = false;
+  double token_mask_low = 0.5;
+  double token_mask_high = 2.0;
+  // Per sequence (MIS), by the geometric mean of its ratios.
+  SequenceRatio sequence_ratio = SequenceRatio::kOff;
+  double sequence_ratio_low = 0.5;
+  double sequence_ratio_high = 2.0;
   // KL penalty to the reference policy, kl_coef * aggregated estimator; 0: off.
   double kl_coef = 0;
   KlEstimator kl_estimator = KlEstimator::kK3Plus;

@@ -744,6 +744,9 @@ std::string RlLearner::MetricsLine(const PreparedStep& prepared, const StepUpdat
       {"approx_kl", sum.metrics.approx_kl()},
       {"clip_fraction", sum.metrics.clip_fraction()},
       {"importance_mean", sum.metrics.importance_mean()},
+      {"mismatch_kl", sum.metrics.mismatch_kl()},
+      {"token_masked_fraction", sum.metrics.token_masked_fraction()},
+      {"sequence_masked_fraction", sum.metrics.sequence_masked_fraction()},
       {"entropy", sum.metrics.entropy()},
       {"value_loss", sum.value_loss * per_update},
       {"staleness_mean", trajectories > 0 ? prepared.staleness_sum / trajectories : 0.0},
@@ -790,8 +793,9 @@ std::string RlLearner::MetricsLine(const PreparedStep& prepared, const StepUpdat
   }
   if (update.updates == 0) {
     for (const char* key : {"loss", "policy_loss", "kl", "approx_kl", "clip_fraction",
-                            "importance_mean", "entropy", "value_loss", "learning_rate",
-                            "gradient_norm"}) {
+                            "importance_mean", "mismatch_kl", "token_masked_fraction",
+                            "sequence_masked_fraction", "entropy", "value_loss",
+                            "learning_rate", "gradient_norm"}) {
       line[key] = nullptr;
     }
   }

@@ -362,6 +362,15 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
               ? at::tensor(t.scores.reference_logprobs, at::kFloat)
               : at::Tensor();
       const at::Tensor row_weight = at::full({1}, weights[i], at::kFloat);
+      // The sequence-level mismatch ratio is the whole trajectory's, not a chunk's.
+      double log_ratio_sum = 0;
+      for (size_t k = 0; k < t.scores.logprobs.size(); ++k) {
+        log_ratio_sum += static_cast<double>(t.scores.logprobs[k]) -
+                         static_cast<double>(t.prepared.behaviour_logprobs[k]);
+      }
+      const at::Tensor sequence_log_ratio = at::full(
+          {1}, log_ratio_sum / static_cast<double>(std::max<size_t>(1, t.scores.logprobs.size())),
+          at::kFloat);
       ChunkedPassOptions pass;
       pass.path = TrainingPath::kInference;
       pass.chunk_tokens = settings.scoring.chunk_tokens;
@@ -413,6 +422,7 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
           in.returns = returns.index_select(0, index).unsqueeze(0);
         }
         in.row_weight = row_weight;
+        in.sequence_log_ratio = sequence_log_ratio;
         STRIDER_ASSIGN_OR_RETURN(PolicyLossResult loss, PolicyLoss(in, loss_options));
         result.loss += loss.loss.item<double>();
         result.policy_loss += loss.policy_loss;

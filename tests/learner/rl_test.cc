@@ -572,6 +572,64 @@ TEST(PolicyLoss, KlGradientIsThatOfKlToTheReferenceForK2AndK3Plus) {
   EXPECT_NEAR(g.dlogp[0], 0.1 * 0.2, kTight);
 }
 
+TEST(PolicyLoss, TokensWhoseMismatchRatioLeavesTheBandAreMasked) {
+  // Ratio 1 to the proximal policy everywhere; proximal/behaviour ratios e^-1 = 0.37 (below
+  // 0.5), e^0.5 = 1.65 (inside [0.5, 2]) and e^1 = 2.72 (above 2).
+  PolicyLossOptions options = PolicyOnly();
+  options.truncated_importance = false;
+  PolicyLossInputs in;
+  in.logprobs = Row({-1, -1, -1});
+  in.proximal_logprobs = Row({-1, -1, -1});
+  in.behaviour_logprobs = Row({0, -1.5, -2});
+  in.advantages = Row({1, 1, 1});
+  in.action_mask = Row({1, 1, 1});
+  Grad g = Backward(in, options);
+  EXPECT_NEAR(g.dlogp[0], -1.0 / 3, kTight);
+  EXPECT_DOUBLE_EQ(g.result.metrics.token_masked_fraction(), 0.0);
+  // k3 of KL(behaviour || proximal): mean of e^x - 1 - x over x = (-1, 0.5, 1).
+  double k3 = 0;
+  for (double x : {-1.0, 0.5, 1.0}) k3 += std::exp(x) - 1 - x;
+  EXPECT_NEAR(g.result.metrics.mismatch_kl(), k3 / 3, kTight);
+  options.token_mask = true;
+  g = Backward(in, options);
+  EXPECT_EQ(g.dlogp[0], 0.0);
+  EXPECT_NEAR(g.dlogp[1], -1.0 / 3, kTight);  // masked tokens keep their share of the mean
+  EXPECT_EQ(g.dlogp[2], 0.0);
+  EXPECT_NEAR(g.result.policy_loss, -1.0 / 3, kTight);
+  EXPECT_DOUBLE_EQ(g.result.metrics.token_masked_fraction(), 2.0 / 3);
+}
+
+TEST(PolicyLoss, SequencesAreMaskedOrWeightedByTheirGeometricMeanRatio) {
+  // Row 0: log-ratios (0.2, 0.4): g = e^0.3 = 1.35. Row 1: (1.0, 0.6): g = e^0.8 = 2.23.
+  PolicyLossOptions options = PolicyOnly();
+  options.truncated_importance = false;
+  options.aggregation = LossAggregation::kSequenceMeanTokenSum;
+  PolicyLossInputs in;
+  in.logprobs = at::full({2, 2}, -1.0, at::kDouble);
+  in.proximal_logprobs = at::full({2, 2}, -1.0, at::kDouble);
+  in.behaviour_logprobs = at::tensor({-1.2, -1.4, -2.0, -1.6}, at::kDouble).reshape({2, 2});
+  in.advantages = at::ones({2, 2}, at::kDouble);
+  in.action_mask = at::ones({2, 2}, at::kDouble);
+  options.sequence_ratio = SequenceRatio::kMask;
+  Grad g = Backward(in, options);
+  EXPECT_NEAR(g.dlogp[0], -0.5, kTight);
+  EXPECT_NEAR(g.dlogp[1], -0.5, kTight);
+  EXPECT_EQ(g.dlogp[2], 0.0);
+  EXPECT_EQ(g.dlogp[3], 0.0);
+  EXPECT_DOUBLE_EQ(g.result.metrics.sequence_masked_fraction(), 0.5);
+  options.sequence_ratio = SequenceRatio::kWeight;  // min(g, 2)
+  g = Backward(in, options);
+  EXPECT_NEAR(g.dlogp[0], -0.5 * std::exp(0.3), kTight);
+  EXPECT_NEAR(g.dlogp[3], -0.5 * 2.0, kTight);
+  EXPECT_DOUBLE_EQ(g.result.metrics.sequence_masked_fraction(), 0.0);
+  // A row that is a chunk of a longer sequence takes the sequence's ratio, given per row.
+  options.sequence_ratio = SequenceRatio::kMask;
+  in.sequence_log_ratio = at::tensor({0.9, 0.1}, at::kDouble);
+  g = Backward(in, options);
+  EXPECT_EQ(g.dlogp[0], 0.0);
+  EXPECT_NEAR(g.dlogp[2], -0.5, kTight);
+}
+
 TEST(PolicyLoss, LengthBiasDependsOnTheAggregation) {
   // Two sequences with 2 and 6 action tokens, ratio 1, every advantage 1: d/dlogp = -weight.
   PolicyLossInputs in;
@@ -826,6 +884,19 @@ TEST(ObjectiveConfig, RefusesUnknownKeysAndBadValues) {
 
   status = ReadInline("objective:\n  policy:\n    kl_estimator: k4\n", &config);
   EXPECT_FALSE(status.ok());
+  status = ReadInline("objective:\n  policy:\n    token_mask_high: 0.9\n", &config);
+  EXPECT_FALSE(status.ok());
+  status = ReadInline("objective:\n  policy:\n    sequence_ratio: geometric\n", &config);
+  EXPECT_FALSE(status.ok());
+  status = ReadInline(
+      "objective:\n  policy:\n    token_mask: true\n    token_mask_low: 0.2\n"
+      "    token_mask_high: 5\n    sequence_ratio: weight\n    sequence_ratio_high: 3\n",
+      &config);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_TRUE(config.loss.token_mask);
+  EXPECT_DOUBLE_EQ(config.loss.token_mask_high, 5);
+  EXPECT_EQ(config.loss.sequence_ratio, SequenceRatio::kWeight);
+  EXPECT_DOUBLE_EQ(config.loss.sequence_ratio_high, 3);
   status = ReadInline("objective:\n  policy:\n    kl_estimator: k3+\n", &config);
   EXPECT_TRUE(status.ok()) << status.ToString();
   EXPECT_EQ(config.loss.kl_estimator, KlEstimator::kK3Plus);
