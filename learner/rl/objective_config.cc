@@ -140,6 +140,13 @@ Status ReadObjectiveConfig(ConfigReader& section, ObjectiveConfig* config) {
   value.Optional("clip", &p.value_clip);
   value.Check(p.value_clip >= 0, "clip", "must not be negative (0: unclipped)");
 
+  // The bootstrap is the value head's estimate: a head without a loss is never trained, and
+  // implicit_process is documented as needing none.
+  advantages.Check(!a.bootstrap_truncated || (p.value_coef > 0 && a.estimator != "implicit_process"),
+                   "bootstrap_truncated",
+                   "reads the value head: needs objective.value.coef > 0 and an estimator "
+                   "other than implicit_process");
+
   ReadName(section, "aggregation", kAggregations, "loss aggregation", &p.aggregation);
   section.Optional("loss_constant", &p.loss_constant);
   section.Check(p.aggregation != LossAggregation::kConstant || p.loss_constant > 0, "loss_constant",

@@ -884,6 +884,20 @@ TEST(ObjectiveConfig, RefusesUnknownKeysAndBadValues) {
 
   status = ReadInline("objective:\n  policy:\n    kl_estimator: k4\n", &config);
   EXPECT_FALSE(status.ok());
+  // A bootstrap from a value head that is never trained (value.coef 0) or by an estimator
+  // that has none.
+  status = ReadInline(
+      "objective:\n  advantages:\n    bootstrap_truncated: true\n  value:\n    coef: 0\n",
+      &config);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("bootstrap_truncated"), std::string::npos) << status.message();
+  status = ReadInline(
+      "objective:\n  advantages:\n    estimator: implicit_process\n"
+      "    bootstrap_truncated: true\n",
+      &config);
+  EXPECT_FALSE(status.ok());
+  status = ReadInline("objective:\n  advantages:\n    bootstrap_truncated: true\n", &config);
+  EXPECT_TRUE(status.ok()) << status.ToString();
   status = ReadInline("objective:\n  policy:\n    token_mask_high: 0.9\n", &config);
   EXPECT_FALSE(status.ok());
   status = ReadInline("objective:\n  policy:\n    sequence_ratio: geometric\n", &config);
