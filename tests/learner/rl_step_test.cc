@@ -244,6 +244,35 @@ TEST_F(UpdatePass, ZeroAdvantagesGiveNoPolicyGradient) {
   EXPECT_EQ(Gradient(*model_).abs().max().item<double>(), 0.0);
 }
 
+TEST_F(UpdatePass, BehaviourProximalAndCurrentLogProbsEachGoWhereTheyBelong) {
+  // The stored behaviour log-probs 0.1 below the learner's proximal ones (an engine that put
+  // less mass on every sampled token); the current weights are the proximal ones. The ratio is
+  // current / proximal = 1 (no approx KL, nothing clipped) and the truncated weight proximal /
+  // behaviour = e^0.1 on every token: swapping behaviour and proximal, or inverting the
+  // weight, changes each of these.
+  std::vector<TrainingTrajectory> stale = batch_.trajectories;
+  for (TrainingTrajectory& t : stale) {
+    for (float& lp : t.prepared.behaviour_logprobs) lp -= 0.1f;
+  }
+  std::vector<const TrainingTrajectory*> kept;
+  for (const TrainingTrajectory& t : stale) kept.push_back(&t);
+  StepSettings settings = Settings(64, true);
+  settings.objective.loss.value_coef = 0;
+  ZeroGradients(*model_);
+  Result<UpdateMetrics> update = AccumulateGradients(*model_, kept, settings);
+  ASSERT_TRUE(update.ok()) << update.status().ToString();
+  const PolicyLossMetrics& m = update->metrics;
+  EXPECT_NEAR(m.approx_kl(), 0.0, 1e-9);
+  EXPECT_EQ(m.clipped, 0);
+  EXPECT_NEAR(m.importance_mean(), std::exp(0.1), 1e-5);
+  EXPECT_NEAR(m.mismatch_kl(), std::exp(0.1) - 1 - 0.1, 1e-5);
+  double sum = 0, count = 0;
+  for (const TrainingTrajectory& t : stale) {
+    for (float a : t.advantages) sum += a, ++count;
+  }
+  EXPECT_NEAR(update->policy_loss, -std::exp(0.1) * sum / count, 1e-5);
+}
+
 TEST_F(UpdatePass, TheKlIsMeasuredWheneverTheReferenceWasScored) {
   // A reference 0.3 nats below the policy on every action token, with kl_coef 0: the KL is
   // reported (k3 of d = -0.3) and the loss is the same as without a reference.
