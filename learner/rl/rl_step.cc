@@ -35,13 +35,15 @@ double Seconds(Clock::time_point since) {
 std::string IdString(const schema::TrajectoryId& id) { return std::string(id.View()); }
 
 // Implicit process rewards (log-ratio to the reference summed per step, beta 1) of a scored
-// trajectory.
+// trajectory. Both sides are full temperature-scaled distributions: the truncated policy's
+// log-prob is its full one minus the log of the kept mass, which would add a positive bias to
+// every token's reward.
 Result<std::vector<double>> ImplicitRewards(const PreparedTrajectory& prepared,
                                             const TrajectoryScores& scores) {
   const size_t length = prepared.joined.tokens.size();
   std::vector<float> policy(length, 0.0f), reference(length, 0.0f);
   for (size_t i = 0; i < scores.positions.size(); ++i) {
-    policy[scores.positions[i]] = scores.logprobs[i];
+    policy[scores.positions[i]] = scores.full_logprobs[i];
     reference[scores.positions[i]] = scores.reference_logprobs[i];
   }
   std::vector<uint64_t> ends;
@@ -191,6 +193,7 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
       reference != nullptr && (implicit || settings.objective.loss.kl_coef > 0);
   ScoringOptions scoring = settings.scoring;
   scoring.values = true;
+  scoring.full_logprobs = implicit;
   // Per group with a member kept: the estimator's input and the members' batch indices.
   std::vector<GroupInput> inputs;
   std::vector<std::vector<size_t>> kept_of;

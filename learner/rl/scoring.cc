@@ -100,6 +100,7 @@ Result<RoutingRecord> ReplayRecord(const std::vector<const schema::SegmentData*>
 
 struct ScoredPass {
   std::vector<float> logprobs;  // per action token
+  std::vector<float> full_logprobs;  // per action token, when asked for
   at::Tensor values;            // (L) when asked for
 };
 
@@ -107,7 +108,7 @@ struct ScoredPass {
 // actor's top-k/top-p truncation (ChunkActionLogProbs).
 Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajectory,
                          bool replay, bool values, bool full, int64_t chunk_tokens,
-                         ChunkRounds* rounds) {
+                         ChunkRounds* rounds, bool also_full = false) {
   ChunkedPassOptions pass;
   pass.rounds = rounds;
   pass.path = TrainingPath::kInference;
@@ -117,6 +118,7 @@ Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajector
   pass.replay_routing = replay && trajectory.replaying ? &trajectory.replay : nullptr;
   ScoredPass out;
   out.logprobs.assign(trajectory.positions.size(), 0.0f);
+  if (also_full) out.full_logprobs.assign(trajectory.positions.size(), 0.0f);
   std::vector<at::Tensor> value_chunks;
   auto objective = [&](const ChunkView& chunk) -> Result<at::Tensor> {
     if (values) value_chunks.push_back(chunk.values[0].to(at::kFloat));
@@ -127,6 +129,14 @@ Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajector
                               .contiguous();
     const float* p = lp.data_ptr<float>();
     for (size_t i = 0; i < slots.size(); ++i) out.logprobs[slots[i]] = p[i];
+    if (also_full) {
+      const at::Tensor full_lp = ChunkActionLogProbs(chunk.logits, chunk.begin, trajectory,
+                                                     &slots, /*entropy=*/nullptr, true)
+                                     .to(at::kFloat)
+                                     .contiguous();
+      const float* f = full_lp.data_ptr<float>();
+      for (size_t i = 0; i < slots.size(); ++i) out.full_logprobs[slots[i]] = f[i];
+    }
     return at::Tensor();
   };
   STRIDER_RETURN_IF_ERROR(model::Guarded("scoring", [&]() -> Status {
@@ -320,8 +330,10 @@ Result<TrajectoryScores> ScorePrepared(const Model& model, const PreparedTraject
   scores.versions = trajectory.versions;
   STRIDER_ASSIGN_OR_RETURN(ScoredPass own, Score(model, trajectory, options.replay_routing,
                                                  options.values, /*full=*/false,
-                                                 options.chunk_tokens, options.rounds));
+                                                 options.chunk_tokens, options.rounds,
+                                                 options.full_logprobs));
   scores.logprobs = std::move(own.logprobs);
+  scores.full_logprobs = std::move(own.full_logprobs);
   if (reference != nullptr) {
     // The reference is a distribution over the whole vocabulary, not the actor's sampler: under
     // the actor's truncation a sampled token outside the reference's own nucleus scored -inf,

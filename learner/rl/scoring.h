@@ -97,6 +97,9 @@ struct TrajectoryScores {
   // One entry per action token, in order. Token 0 has no prediction and is never an action.
   std::vector<int64_t> positions;  // trajectory positions
   std::vector<float> logprobs;     // the learner's, under the stored sampling settings
+  // The learner's under the full temperature-scaled distribution, as the reference's, when
+  // ScoringOptions::full_logprobs asked for them.
+  std::vector<float> full_logprobs;
   std::vector<float> behaviour_logprobs;
   // When a reference model was given: under the full temperature-scaled distribution, not the
   // actor's top-k/top-p truncation (the learner's own log-probs keep it: they are compared with

@@ -19,6 +19,9 @@ struct ScoringOptions {
   // without experts, where it has no effect).
   bool replay_routing = true;
   bool values = true;  // value-head estimates at step starts
+  // Also the learner's log-probs under the full temperature-scaled distribution (no top-k or
+  // top-p), the implicit rewards' policy side; set by the step, not read from a config.
+  bool full_logprobs = false;
   // Largest |learner - behaviour| log-prob tolerated on a single-version trajectory. fp32 with
   // routing replay stays below 1e-5; a support cut decided differently gives an infinite one.
   double mismatch_threshold = 1e-4;

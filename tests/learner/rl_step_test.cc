@@ -387,6 +387,7 @@ TEST(ScoreTrajectory, TheReferenceIsScoredOnTheFullDistribution) {
   ScoringOptions options;
   options.replay_routing = false;
   options.values = false;
+  options.full_logprobs = true;
   Result<TrajectoryScores> cut = ScoreTrajectory(*model, truncated, options, model.get());
   Result<TrajectoryScores> full = ScoreTrajectory(*model, untruncated, options, nullptr);
   ASSERT_TRUE(cut.ok()) << cut.status().ToString();
@@ -400,6 +401,8 @@ TEST(ScoreTrajectory, TheReferenceIsScoredOnTheFullDistribution) {
     // ...the reference's are the whole temperature-scaled distribution's.
     ASSERT_TRUE(std::isfinite(cut->reference_logprobs[i])) << i;
     EXPECT_NEAR(cut->reference_logprobs[i], full->logprobs[i], 1e-6) << i;
+    // The policy's full log-probs (the implicit rewards' side) are the same distribution's.
+    EXPECT_NEAR(cut->full_logprobs[i], full->logprobs[i], 1e-6) << i;
   }
   EXPECT_GT(outside, 0);
 }
