@@ -193,8 +193,7 @@ Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLoss
     const at::Tensor trained = token_out.logical_or(sequence_out).logical_not();
     // Masked tokens keep their place in the aggregation's weights: masking removes their
     // signal, not their share of the batch.
-    const at::Tensor policy =
-        aggregate(at::where(trained, token_loss * importance, zeros));
+    const at::Tensor policy = aggregate(at::where(trained, token_loss * importance, zeros));
     at::Tensor loss = policy;
 
     PolicyLossResult result;
@@ -206,7 +205,8 @@ Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLoss
         metrics.mismatch_kl_sum =
             MaskedSum(at::exp(mismatch_log_ratio) - 1 - mismatch_log_ratio, keep);
         metrics.token_masked = token_out.sum().item<double>();
-        metrics.sequence_masked = sequence_out.logical_and(token_out.logical_not()).sum().item<double>();
+        metrics.sequence_masked =
+            sequence_out.logical_and(token_out.logical_not()).sum().item<double>();
       }
       metrics.tokens = keep.sum().item<double>();
       metrics.clipped = clip_active.logical_and(keep).sum().item<double>();

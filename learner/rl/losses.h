@@ -75,7 +75,9 @@ struct PolicyLossMetrics {
   double importance_mean() const { return tokens > 0 ? importance_sum / tokens : 0; }
   double truncated_fraction() const { return tokens > 0 ? truncated / tokens : 0; }
   double value_clip_fraction() const { return tokens > 0 ? value_clipped / tokens : 0; }
-  double mismatch_kl() const { return mismatch_tokens > 0 ? mismatch_kl_sum / mismatch_tokens : 0; }
+  double mismatch_kl() const {
+    return mismatch_tokens > 0 ? mismatch_kl_sum / mismatch_tokens : 0;
+  }
   double token_masked_fraction() const { return tokens > 0 ? token_masked / tokens : 0; }
   double sequence_masked_fraction() const { return tokens > 0 ? sequence_masked / tokens : 0; }
 };

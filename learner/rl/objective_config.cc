@@ -142,10 +142,11 @@ Status ReadObjectiveConfig(ConfigReader& section, ObjectiveConfig* config) {
 
   // The bootstrap is the value head's estimate: a head without a loss is never trained, and
   // implicit_process is documented as needing none.
-  advantages.Check(!a.bootstrap_truncated || (p.value_coef > 0 && a.estimator != "implicit_process"),
-                   "bootstrap_truncated",
-                   "reads the value head: needs objective.value.coef > 0 and an estimator "
-                   "other than implicit_process");
+  advantages.Check(
+      !a.bootstrap_truncated || (p.value_coef > 0 && a.estimator != "implicit_process"),
+      "bootstrap_truncated",
+      "reads the value head: needs objective.value.coef > 0 and an estimator other than "
+      "implicit_process");
 
   ReadName(section, "aggregation", kAggregations, "loss aggregation", &p.aggregation);
   section.Optional("loss_constant", &p.loss_constant);
