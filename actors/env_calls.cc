@@ -53,22 +53,16 @@ void EnvCall::Answer(Result<envs::StepResult> step) {
 
 EnvCalls::EnvCalls() : shared_(std::make_shared<Shared>()) {}
 
-std::shared_ptr<EnvCall> EnvCalls::Reset(std::shared_ptr<EnvBox> box,
-                                         const envs::EnvironmentConfig& config, uint64_t seed) {
+// Runs `work` on a thread of its own, timed; an exception it throws becomes the call's error.
+template <typename Work>
+std::shared_ptr<EnvCall> EnvCalls::Start(Work work) {
   auto call = std::make_shared<EnvCall>();
   ++shared_->running;
-  std::thread([call, box = std::move(box), config, seed, shared = shared_] {
-    std::optional<Result<envs::Observation>> result;
+  std::thread([call, work = std::move(work), shared = shared_]() mutable {
+    std::optional<decltype(work())> result;
     const auto start = Clock::now();
     try {
-      Result<std::unique_ptr<envs::Environment>> made = envs::MakeEnvironment(config);
-      if (!made.ok()) {
-        result = made.status();
-      } else {
-        box->env = std::move(*made);
-        box->spec = box->env->Describe();
-        result = box->env->Reset(seed, {});
-      }
+      result = work();
     } catch (const std::exception& e) {
       result = Status::Internal(std::string("environment threw: ") + e.what());
     }
@@ -81,24 +75,21 @@ std::shared_ptr<EnvCall> EnvCalls::Reset(std::shared_ptr<EnvBox> box,
   return call;
 }
 
+std::shared_ptr<EnvCall> EnvCalls::Reset(std::shared_ptr<EnvBox> box,
+                                         const envs::EnvironmentConfig& config, uint64_t seed) {
+  return Start([box = std::move(box), config, seed]() -> Result<envs::Observation> {
+    Result<std::unique_ptr<envs::Environment>> made = envs::MakeEnvironment(config);
+    if (!made.ok()) return made.status();
+    box->env = std::move(*made);
+    box->spec = box->env->Describe();
+    return box->env->Reset(seed, {});
+  });
+}
+
 std::shared_ptr<EnvCall> EnvCalls::Step(std::shared_ptr<EnvBox> box, envs::Action action) {
-  auto call = std::make_shared<EnvCall>();
-  ++shared_->running;
-  std::thread([call, box = std::move(box), action = std::move(action), shared = shared_] {
-    std::optional<Result<envs::StepResult>> result;
-    const auto start = Clock::now();
-    try {
-      result = box->env->Step(action);
-    } catch (const std::exception& e) {
-      result = Status::Internal(std::string("environment threw: ") + e.what());
-    }
-    shared->spent_ns +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-    call->Answer(std::move(*result));
-    --shared->running;
-    shared->wake.Notify();
-  }).detach();
-  return call;
+  return Start([box = std::move(box), action = std::move(action)]() -> Result<envs::StepResult> {
+    return box->env->Step(action);
+  });
 }
 
 void EnvCalls::Close(std::shared_ptr<EnvBox> box) {

@@ -85,6 +85,9 @@ class EnvCalls {
   Wake& wake() { return shared_->wake; }
 
  private:
+  template <typename Work>
+  std::shared_ptr<EnvCall> Start(Work work);
+
   struct Shared {
     Wake wake;
     std::atomic<int64_t> running{0};
