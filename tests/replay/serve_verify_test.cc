@@ -14,6 +14,7 @@
 
 #include "replay/client.h"
 #include "tests/integration/child_process.h"
+#include "tests/replay/table_files.h"
 #include "tests/replay/test_segments.h"
 #include "tests/scratch_dir.h"
 
@@ -22,6 +23,8 @@ namespace {
 
 using std::chrono::milliseconds;
 using strider::testing::ChildProcess;
+using strider::testing::FlipByte;
+using strider::testing::LargestTableFile;
 using strider::testing::MakeSegment;
 using strider::testing::RunCommand;
 using strider::testing::StriderBinary;
@@ -92,25 +95,12 @@ TEST(ServeVerify, ATableFileDamagedAfterItsCheckIsRefusedAtStart) {
   ASSERT_EQ(serve.Stop(), 0);
 
   const std::string checked = ReadFile(dir.Sub("db/CHECKED_TABLES"));
-  std::filesystem::path largest;
-  for (const auto& entry : std::filesystem::directory_iterator(dir.Sub("db"))) {
-    if (entry.path().extension() == ".sst" &&
-        (largest.empty() || entry.file_size() > std::filesystem::file_size(largest))) {
-      largest = entry.path();
-    }
-  }
+  const std::filesystem::path largest = LargestTableFile(dir.Sub("db"));
   ASSERT_FALSE(largest.empty());
   ASSERT_NE(checked.find(largest.filename().string() + " "), std::string::npos)
       << "the second start checked " << largest << "; CHECKED_TABLES:\n" << checked;
   // One byte flipped in the file's data blocks, which a start opens nothing of.
-  {
-    const auto at = static_cast<std::streamoff>(std::filesystem::file_size(largest) / 3);
-    std::fstream file(largest, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(at);
-    const char byte = static_cast<char>(file.peek());
-    file.seekp(at);
-    file.put(static_cast<char>(byte ^ 0x10));
-  }
+  FlipByte(largest, static_cast<std::streamoff>(std::filesystem::file_size(largest) / 3), 0x10);
 
   // The default start reads the file again (it changed since its check) and refuses.
   EXPECT_FALSE(serve.Start({}, "refused.log").is_object());

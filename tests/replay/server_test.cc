@@ -22,6 +22,7 @@
 #include "replay/storage.h"
 #include "tests/replay/raw_frames.h"
 #include "tests/replay/small_disk.h"
+#include "tests/replay/table_files.h"
 #include "tests/replay/test_segments.h"
 #include "tests/scratch_dir.h"
 
@@ -29,6 +30,8 @@ namespace strider::replay {
 namespace {
 
 using std::chrono::milliseconds;
+using strider::testing::FlipByte;
+using strider::testing::LargestTableFile;
 using strider::testing::MakeSegment;
 using strider::testing::SmallDisk;
 using strider::testing::TempDir;
@@ -651,21 +654,9 @@ TEST(ReplayServer, VerifyOnStartFindsADamagedTableFile) {
     ASSERT_TRUE(store.ok());
     ASSERT_TRUE((*store)->db()->Flush(rocksdb::FlushOptions(), (*store)->segments()).ok());
   }
-  std::filesystem::path largest;
-  for (const auto& entry : std::filesystem::directory_iterator(dir.Sub("db"))) {
-    if (entry.path().extension() == ".sst" &&
-        (largest.empty() || entry.file_size() > std::filesystem::file_size(largest))) {
-      largest = entry.path();
-    }
-  }
+  const std::filesystem::path largest = LargestTableFile(dir.Sub("db"));
   ASSERT_FALSE(largest.empty());
-  {
-    std::fstream file(largest, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(static_cast<std::streamoff>(std::filesystem::file_size(largest) / 4));
-    const char byte = static_cast<char>(file.peek());
-    file.seekp(static_cast<std::streamoff>(std::filesystem::file_size(largest) / 4));
-    file.put(static_cast<char>(byte ^ 0x40));
-  }
+  FlipByte(largest, static_cast<std::streamoff>(std::filesystem::file_size(largest) / 4), 0x40);
   for (StartVerify verify : {StartVerify::kNew, StartVerify::kAll}) {
     ServerOptions verifying = Options(dir);
     verifying.verify_on_start = verify;
