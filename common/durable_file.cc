@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "common/file_closer.h"
+
 namespace strider {
 namespace {
 
@@ -23,26 +25,6 @@ std::string ErrnoText(int error) { return std::strerror(error); }
 fs::path DirectoryOf(const fs::path& path) {
   return path.has_parent_path() ? path.parent_path() : fs::path(".");
 }
-
-// Closes a descriptor on every return path; Close() reports the error, since close can be where
-// a failed write shows.
-class FileCloser {
- public:
-  explicit FileCloser(int fd) : fd_(fd) {}
-  FileCloser(const FileCloser&) = delete;
-  FileCloser& operator=(const FileCloser&) = delete;
-  ~FileCloser() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int Close() {
-    const int result = ::close(fd_);
-    fd_ = -1;
-    return result;
-  }
-
- private:
-  int fd_;
-};
 
 Status FsyncOpened(const fs::path& path, int flags, std::string_view what) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);

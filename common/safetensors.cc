@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/durable_file.h"
+#include "common/file_closer.h"
 
 namespace strider {
 namespace {
@@ -47,20 +48,6 @@ constexpr DType kAllDTypes[] = {DType::kF64, DType::kF32, DType::kF16, DType::kB
                                 DType::kU8,  DType::kBool};
 
 std::string ErrnoText(int error) { return std::strerror(error); }
-
-// Closes a file descriptor on every return path.
-class FileCloser {
- public:
-  explicit FileCloser(int fd) : fd_(fd) {}
-  FileCloser(const FileCloser&) = delete;
-  FileCloser& operator=(const FileCloser&) = delete;
-  ~FileCloser() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
- private:
-  int fd_;
-};
 
 // The number of elements of `shape`, or nullopt if a dimension is negative or the product (in
 // bytes, times `element_size`) does not fit in 64 bits.
