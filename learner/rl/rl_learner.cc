@@ -638,11 +638,9 @@ Result<bool> RlLearner::UpdateMinibatch(std::span<const TrainingTrajectory* cons
     STRIDER_RETURN_IF_ERROR(group_->AllReduceGradients(reduced_));
     // The reduction may have sent this rank's gradients before AccumulateGradients poisoned
     // them: the ranks agree on the loss instead, so none applies an update another skips.
-    STRIDER_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> finite,
-                             group_->AllGather({loss_finite ? 1 : 0}));
-    for (const std::vector<int64_t>& rank : finite) {
-      if (!rank.empty() && rank[0] == 0) loss_finite = false;
-    }
+    std::vector<double> non_finite = {loss_finite ? 0.0 : 1.0};
+    STRIDER_RETURN_IF_ERROR(group_->AllReduceSum(non_finite));
+    loss_finite = non_finite[0] == 0;
     if (!loss_finite) PoisonGradients(trainer_->model());
   }
   STRIDER_ASSIGN_OR_RETURN(update->last, trainer_->Step(trainer_->optimizer().step()));
