@@ -133,33 +133,40 @@ std::string FirstDifference(const Tokenizer& tokenizer, const std::vector<int32_
   return "at id " + std::to_string(i) + "\n got:  " + around(got) + "\n want: " + around(want);
 }
 
-class ReferenceTest : public ::testing::TestWithParam<size_t> {};
+// Each reference layout, loaded afresh for every test.
+class ReferenceTest : public ::testing::TestWithParam<size_t> {
+ protected:
+  void SetUp() override {
+    tokenizer_ = LoadReference(kReferences[reference_]);
+    ASSERT_NE(tokenizer_, nullptr);
+  }
+
+  const size_t reference_ = GetParam();
+  std::unique_ptr<Tokenizer> tokenizer_;
+};
 
 TEST_P(ReferenceTest, MixedTextGivesTheReferenceIds) {
-  const size_t reference = GetParam();
-  std::unique_ptr<Tokenizer> tokenizer = LoadReference(kReferences[reference]);
-  ASSERT_NE(tokenizer, nullptr);
   const std::vector<Case> cases = LoadCases("mixed", "mixed.txt");
   ASSERT_GT(cases.size(), 100u);
   size_t checked_bytes = 0;
   int failures = 0;
   for (size_t i = 0; i < cases.size() && failures < 5; ++i) {
-    if (!cases[i].expected[reference]) continue;
-    const std::vector<int32_t>& want = *cases[i].expected[reference];
-    const std::vector<int32_t> got = tokenizer->Encode(cases[i].text);
+    if (!cases[i].expected[reference_]) continue;
+    const std::vector<int32_t>& want = *cases[i].expected[reference_];
+    const std::vector<int32_t> got = tokenizer_->Encode(cases[i].text);
     if (got != want) {
       ++failures;
-      ADD_FAILURE() << kReferences[reference] << " case " << i << " "
-                    << FirstDifference(*tokenizer, got, want);
+      ADD_FAILURE() << kReferences[reference_] << " case " << i << " "
+                    << FirstDifference(*tokenizer_, got, want);
     }
-    if (kReferences[reference] != "bpe_nfc") {
-      EXPECT_EQ(tokenizer->Decode(want), cases[i].text) << "case " << i;
+    if (kReferences[reference_] != "bpe_nfc") {
+      EXPECT_EQ(tokenizer_->Decode(want), cases[i].text) << "case " << i;
     }
     checked_bytes += cases[i].text.size();
   }
   // bpe_llama3 and tiktoken cover all of it, the other layouts of their vocabularies the
   // first 256 KiB (tiktoken_kimi 128 KiB).
-  const std::string& name = kReferences[reference];
+  const std::string& name = kReferences[reference_];
   EXPECT_GE(checked_bytes, name == "tiktoken_kimi"                   ? 128u << 10
                            : name == "bpe_gpt2" || name == "bpe_nfc" ? 256u << 10
                                                                      : 1u << 20);
@@ -168,18 +175,15 @@ TEST_P(ReferenceTest, MixedTextGivesTheReferenceIds) {
 TEST_P(ReferenceTest, UnusualCharactersGiveTheReferenceIds) {
   // White space of every kind (U+180E, NEL, ZWSP, BOM), marks, digits of other scripts, case
   // folding, tags, private use, unassigned code points, halves of special tokens.
-  const size_t reference = GetParam();
-  std::unique_ptr<Tokenizer> tokenizer = LoadReference(kReferences[reference]);
-  ASSERT_NE(tokenizer, nullptr);
   const std::vector<Case> cases = LoadCases("exotic", "exotic.txt");
   ASSERT_GE(cases.size(), 1000u);
   int failures = 0;
   for (size_t i = 0; i < cases.size() && failures < 5; ++i) {
-    const std::vector<int32_t> got = tokenizer->Encode(cases[i].text);
-    if (got != *cases[i].expected[reference]) {
+    const std::vector<int32_t> got = tokenizer_->Encode(cases[i].text);
+    if (got != *cases[i].expected[reference_]) {
       ++failures;
-      ADD_FAILURE() << kReferences[reference] << " case " << i << " "
-                    << FirstDifference(*tokenizer, got, *cases[i].expected[reference]);
+      ADD_FAILURE() << kReferences[reference_] << " case " << i << " "
+                    << FirstDifference(*tokenizer_, got, *cases[i].expected[reference_]);
     }
   }
 }
@@ -187,32 +191,26 @@ TEST_P(ReferenceTest, UnusualCharactersGiveTheReferenceIds) {
 TEST_P(ReferenceTest, InvalidUtf8IsReplacedMaximalSubpartByMaximalSubpart) {
   // The rule: bytes that are not UTF-8 are tokenised as Python's
   // bytes.decode("utf-8", errors="replace") reads them, each maximal invalid subpart as U+FFFD.
-  const size_t reference = GetParam();
-  std::unique_ptr<Tokenizer> tokenizer = LoadReference(kReferences[reference]);
-  ASSERT_NE(tokenizer, nullptr);
   const std::vector<Case> cases = LoadCases("invalid", "invalid.bin");
   ASSERT_GT(cases.size(), 100u);
   size_t invalid = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     invalid += IsValidUtf8(cases[i].text) ? 0 : 1;
-    EXPECT_EQ(tokenizer->Encode(cases[i].text), *cases[i].expected[reference]) << "case " << i;
-    EXPECT_EQ(tokenizer->Encode(cases[i].text),
-              tokenizer->Encode(ReplaceInvalidUtf8(cases[i].text)));
+    EXPECT_EQ(tokenizer_->Encode(cases[i].text), *cases[i].expected[reference_]) << "case " << i;
+    EXPECT_EQ(tokenizer_->Encode(cases[i].text),
+              tokenizer_->Encode(ReplaceInvalidUtf8(cases[i].text)));
   }
   EXPECT_GT(invalid, 100u);
 }
 
 TEST_P(ReferenceTest, RandomValidUtf8RoundTrips) {
-  const size_t reference = GetParam();
-  std::unique_ptr<Tokenizer> tokenizer = LoadReference(kReferences[reference]);
-  ASSERT_NE(tokenizer, nullptr);
   std::mt19937_64 rng(44);
   const char32_t kRanges[][2] = {{0x20, 0x7E},       {0x09, 0x0D},        {0x4E00, 0x9FFF},
                                  {0x1F300, 0x1FAFF}, {0x80, 0x7FF},       {0x800, 0xD7FF},
                                  {0xE000, 0xFFFD},   {0x10000, 0x10FFFF}, {0x2000, 0x206F}};
   // NFC rewrites some characters by design: that layout gets the ranges NFC leaves alone
   // (ASCII, CJK ideographs, emoji), the others everything.
-  const size_t ranges = kReferences[reference] == "bpe_nfc" ? 4 : std::size(kRanges);
+  const size_t ranges = kReferences[reference_] == "bpe_nfc" ? 4 : std::size(kRanges);
   for (int trial = 0; trial < 2000; ++trial) {
     std::string text;
     const int length = static_cast<int>(rng() % 64);
@@ -236,21 +234,19 @@ TEST_P(ReferenceTest, RandomValidUtf8RoundTrips) {
       }
     }
     ASSERT_TRUE(IsValidUtf8(text));
-    const std::vector<int32_t> ids = tokenizer->Encode(text);
-    ASSERT_EQ(tokenizer->Decode(ids), text) << "trial " << trial;
-    ASSERT_EQ(tokenizer->DecodeBytes(ids), text) << "trial " << trial;
+    const std::vector<int32_t> ids = tokenizer_->Encode(text);
+    ASSERT_EQ(tokenizer_->Decode(ids), text) << "trial " << trial;
+    ASSERT_EQ(tokenizer_->DecodeBytes(ids), text) << "trial " << trial;
   }
 }
 
 TEST_P(ReferenceTest, ThreadsGetTheSameIdsAsOneThread) {
-  std::unique_ptr<Tokenizer> tokenizer = LoadReference(kReferences[GetParam()]);
-  ASSERT_NE(tokenizer, nullptr);
   const std::string text = ReadFile(DataPath("corpus_sample.txt"));
-  const std::vector<int32_t> want = tokenizer->Encode(text);
+  const std::vector<int32_t> want = tokenizer_->Encode(text);
   std::vector<std::vector<int32_t>> got(4);
   std::vector<std::thread> threads;
   for (size_t t = 0; t < got.size(); ++t) {
-    threads.emplace_back([&, t] { got[t] = tokenizer->Encode(text); });
+    threads.emplace_back([&, t] { got[t] = tokenizer_->Encode(text); });
   }
   for (std::thread& thread : threads) thread.join();
   for (const auto& ids : got) EXPECT_EQ(ids, want);
