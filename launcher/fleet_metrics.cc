@@ -16,6 +16,17 @@ json Optional(const std::optional<double>& value) { return value ? json(*value) 
 
 }  // namespace
 
+json ReplayFill(const json& stats) {
+  if (!stats.is_object() || !stats.contains("tables") || !stats["tables"].is_array()) {
+    return nullptr;
+  }
+  json fill = json::object();
+  for (const json& table : stats["tables"]) {
+    if (table.contains("name") && table.contains("fill")) fill[table["name"]] = table["fill"];
+  }
+  return fill;
+}
+
 std::vector<std::string> FileTail::NewLines() {
   std::vector<std::string> lines;
   std::ifstream in(path_, std::ios::binary);
@@ -75,13 +86,8 @@ std::vector<json> FleetMetrics::Read() {
   for (const std::string& line : replay_log_.NewLines()) {
     const size_t at = line.find(kStats);
     if (at == std::string::npos) continue;
-    const json stats = json::parse(line.substr(at + kStats.size()), nullptr, false);
-    if (!stats.is_object() || !stats.contains("tables") || !stats["tables"].is_array()) continue;
-    json fill = json::object();
-    for (const json& table : stats["tables"]) {
-      if (table.contains("name") && table.contains("fill")) fill[table["name"]] = table["fill"];
-    }
-    replay_fill_ = std::move(fill);
+    json fill = ReplayFill(json::parse(line.substr(at + kStats.size()), nullptr, false));
+    if (!fill.is_null()) replay_fill_ = std::move(fill);
   }
   for (size_t i = 0; i < actors_.size(); ++i) {
     for (const std::string& line : actors_[i].NewLines()) {

@@ -31,6 +31,10 @@ class FileTail {
   std::string partial_;
 };
 
+// Each table's fill from the replay server's stats (its "replay stats:" log lines and the
+// metrics of its /status): {"table": fill}, or null when `stats` holds no table list.
+nlohmann::json ReplayFill(const nlohmann::json& stats);
+
 class FleetMetrics {
  public:
   // Follows RUN_DIR/learner/metrics.jsonl from its start (a resumed run's rows count) and the

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <fstream>
 
+#include "launcher/fleet_metrics.h"
+
 namespace strider::launcher {
 namespace {
 
@@ -18,13 +20,9 @@ constexpr size_t kPagePoints = 1000;
 
 void FleetPage::AddTick(const json& line, const Child& replay) {
   json tick = line;
-  if (replay.last_status.is_object() && replay.last_status.contains("metrics") &&
-      replay.last_status["metrics"].value("tables", json()).is_array()) {
-    json fill = json::object();
-    for (const json& table : replay.last_status["metrics"]["tables"]) {
-      if (table.contains("name") && table.contains("fill")) fill[table["name"]] = table["fill"];
-    }
-    tick["replay_fill"] = std::move(fill);
+  if (replay.last_status.is_object() && replay.last_status.contains("metrics")) {
+    json fill = ReplayFill(replay.last_status["metrics"]);
+    if (!fill.is_null()) tick["replay_fill"] = std::move(fill);
   }
   curves_.AddTick(tick);
 }
