@@ -86,8 +86,9 @@ void WriteStore(const std::string& dir, size_t count) {
   server->reset();
   Result<std::unique_ptr<replay::Store>> store = replay::Store::Open(dir, replay::StoreOptions());
   if (!store.ok()) Fail(store.status());
-  for (auto* family : {(*store)->segments(), (*store)->trajectories(), (*store)->sequence(),
-                       (*store)->meta()}) {
+  const std::vector<rocksdb::ColumnFamilyHandle*> families = {
+      (*store)->segments(), (*store)->trajectories(), (*store)->sequence(), (*store)->meta()};
+  for (auto* family : families) {
     if (Status flushed = replay::FromRocks((*store)->db()->Flush(rocksdb::FlushOptions(), family),
                                            "flushing the store");
         !flushed.ok()) {
@@ -96,8 +97,7 @@ void WriteStore(const std::string& dir, size_t count) {
   }
   // Compacted down to settled levels, so that no start's compactions change the files the next
   // start sees.
-  for (auto* family : {(*store)->segments(), (*store)->trajectories(), (*store)->sequence(),
-                       (*store)->meta()}) {
+  for (auto* family : families) {
     if (Status compacted = replay::FromRocks(
             (*store)->db()->CompactRange(rocksdb::CompactRangeOptions(), family, nullptr, nullptr),
             "compacting the store");
@@ -196,19 +196,13 @@ int main(int argc, char** argv) {
                              "that wrote them)"},
            {"default_again", "default, every file checked at an earlier start"},
            {"verify_all", "serve --verify"}}) {
-    const double value = Median(times[variant]);
-    std::printf("{\"bench\":\"replay_start_bench\",\"metric\":%s,\"value\":%s,\"unit\":\"s\","
-                "\"store_bytes\":%llu,\"table_files\":%llu,\"baseline\":%s,\"ratio\":%s,"
-                "\"is\":%s,\"baseline_is\":%s}\n",
-                bench::JsonString("start_s_" + variant).c_str(), bench::JsonNumber(value).c_str(),
-                static_cast<unsigned long long>(store_bytes),
-                static_cast<unsigned long long>(table_files),
-                bench::JsonNumber(baseline).c_str(),
-                bench::JsonNumber(baseline > 0 ? value / baseline : 0).c_str(),
-                bench::JsonString(what).c_str(),
-                bench::JsonString("serve --no-verify, " + setting).c_str());
+    bench::PrintResult("replay_start_bench", "start_s_" + variant, Median(times[variant]), "s",
+                       baseline,
+                       {{"store_bytes", std::to_string(store_bytes)},
+                        {"table_files", std::to_string(table_files)},
+                        {"is", bench::JsonString(what)},
+                        {"baseline_is", bench::JsonString("serve --no-verify, " + setting)}});
   }
-  std::fflush(stdout);
   std::filesystem::remove_all(dir);
   return 0;
 }
