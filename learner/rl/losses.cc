@@ -158,21 +158,21 @@ Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLoss
       clip_active = clip_active.logical_or(negative.logical_and(token_loss.gt(bound)));
       token_loss = at::where(negative, at::minimum(token_loss, bound), token_loss);
     }
+    // The ratio of the proximal to the behaviour policy: the truncated importance weight, and
+    // what mismatch masking and weighting go by.
+    const at::Tensor mismatch_log_ratio = masked(anchor - behaviour);
+    const at::Tensor mismatch_ratio = at::exp(mismatch_log_ratio);
     at::Tensor importance = at::ones_like(zeros);
     at::Tensor capped = at::zeros_like(keep);
     if (options.truncated_importance && has_proximal) {
-      const at::Tensor raw = at::exp(masked(anchor - behaviour));
-      capped = raw.gt(options.importance_cap);
-      importance = at::clamp_max(raw, options.importance_cap);
+      capped = mismatch_ratio.gt(options.importance_cap);
+      importance = at::clamp_max(mismatch_ratio, options.importance_cap);
     }
-    // Mismatch masking and weighting, by the ratio of the proximal to the behaviour policy.
-    const at::Tensor mismatch_log_ratio = masked(anchor - behaviour);
     at::Tensor token_out = at::zeros_like(keep);
     at::Tensor sequence_out = at::zeros_like(keep);
     if (has_proximal && options.token_mask) {
-      const at::Tensor r = at::exp(mismatch_log_ratio);
-      token_out = r.lt(options.token_mask_low)
-                      .logical_or(r.gt(options.token_mask_high))
+      token_out = mismatch_ratio.lt(options.token_mask_low)
+                      .logical_or(mismatch_ratio.gt(options.token_mask_high))
                       .logical_and(keep);
     }
     if (has_proximal && options.sequence_ratio != SequenceRatio::kOff) {
@@ -200,15 +200,14 @@ Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLoss
     PolicyLossMetrics& metrics = result.metrics;
     {
       at::NoGradGuard no_grad;
+      metrics.tokens = keep.sum().item<double>();
       if (has_proximal) {
-        metrics.mismatch_tokens = keep.sum().item<double>();
-        metrics.mismatch_kl_sum =
-            MaskedSum(at::exp(mismatch_log_ratio) - 1 - mismatch_log_ratio, keep);
+        metrics.mismatch_tokens = metrics.tokens;
+        metrics.mismatch_kl_sum = MaskedSum(mismatch_ratio - 1 - mismatch_log_ratio, keep);
         metrics.token_masked = token_out.sum().item<double>();
         metrics.sequence_masked =
             sequence_out.logical_and(token_out.logical_not()).sum().item<double>();
       }
-      metrics.tokens = keep.sum().item<double>();
       metrics.clipped = clip_active.logical_and(keep).sum().item<double>();
       metrics.approx_kl_sum = MaskedSum(ratio - 1 - log_ratio, keep);
       metrics.importance_sum = MaskedSum(importance, keep);
