@@ -264,7 +264,6 @@ TEST(RunReport, PlotsLossPerStageAndAccuracyAgainstContext) {
   // Tables: the stage summary and every evaluation row.
   EXPECT_NE(html.find("<td>s256</td><td>3</td><td>768</td>"), std::string::npos);
   EXPECT_NE(html.find("<td>s1k</td><td>1024</td><td>1.2</td><td>1</td>"), std::string::npos);
-  fs::remove_all(run);
 }
 
 TEST(RunReport, EscapesNamesAndSaysWhenThereIsNoEvaluation) {
@@ -277,7 +276,6 @@ TEST(RunReport, EscapesNamesAndSaysWhenThereIsNoEvaluation) {
   EXPECT_NE(html.find("&lt;b&gt;&amp;x"), std::string::npos);
   EXPECT_NE(html.find("No evaluation yet"), std::string::npos);
   EXPECT_EQ(html.find("Routing balance"), std::string::npos);  // no MaxVio recorded
-  fs::remove_all(run);
 }
 
 TEST(RunReport, BadInputIsAnErrorNamingFileAndLine) {
@@ -301,7 +299,6 @@ TEST(RunReport, BadInputIsAnErrorNamingFileAndLine) {
             std::string::npos)
       << no_context.status().ToString();
   EXPECT_FALSE(fs::exists(run + "/report.html"));
-  fs::remove_all(run);
 }
 
 }  // namespace

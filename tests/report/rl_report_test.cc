@@ -217,7 +217,6 @@ TEST(RlReport, OverlaysTwoRunsLabelledByTheirEstimators) {
                       "<td>2</td><td>16</td><td>2</td><td>1</td><td>1</td><td>0</td><td>-</td>"
                       "</tr>"),
             std::string::npos);
-  fs::remove_all(root);
 }
 
 TEST(RlReport, RunsSharingAnEstimatorAreToldApartByDirectory) {
@@ -246,7 +245,6 @@ TEST(RlReport, RunsSharingAnEstimatorAreToldApartByDirectory) {
   const std::string same_kl = Svg(Read(*same), "KL to the reference policy");
   EXPECT_NE(Line(same_kl, "run [" + x + "]"), "") << same_kl;
   EXPECT_NE(Line(same_kl, "run [" + y + "]"), "");
-  fs::remove_all(root);
 }
 
 TEST(RlReport, AResumedRunContinuesItsWallTime) {
@@ -277,7 +275,6 @@ TEST(RlReport, AResumedRunContinuesItsWallTime) {
             "64,312 361.6,173 560,34");
   // The table's wall time is the whole run's.
   EXPECT_NE(html.find("<td>8</td>"), std::string::npos);
-  fs::remove_all(root);
 }
 
 TEST(RlReport, WithoutEvaluationOrLearnerConfigThePageSaysSo) {
@@ -296,7 +293,6 @@ TEST(RlReport, WithoutEvaluationOrLearnerConfigThePageSaysSo) {
   EXPECT_NE(Line(Svg(html, "Training reward (batch mean)"), "fresh_run"), "");
   // Plots of metrics nobody recorded are drawn empty, not dropped: their absence shows.
   EXPECT_EQ(DataPoints(Svg(html, "KL to the reference policy")), "0");
-  fs::remove_all(root);
 }
 
 TEST(RlReport, MalformedLinesAreErrorsNamingFileAndLine) {
@@ -332,7 +328,6 @@ TEST(RlReport, MalformedLinesAreErrorsNamingFileAndLine) {
             std::string::npos)
       << actor.status().ToString();
   EXPECT_FALSE(fs::exists(run + "/report.html"));
-  fs::remove_all(root);
 }
 
 TEST(RlReport, APretrainingRunIsNotAnRlRun) {
@@ -341,7 +336,6 @@ TEST(RlReport, APretrainingRunIsNotAnRlRun) {
   EXPECT_EQ(DetectRunKind(root), RunKind::kPretraining);
   Write(root + "/learner/metrics.jsonl", "{\"step\":1}\n");
   EXPECT_EQ(DetectRunKind(root), RunKind::kRl);
-  fs::remove_all(root);
 }
 
 }  // namespace
