@@ -21,6 +21,7 @@
 #include "learner/pretrain/pretrain_config.h"
 #include "learner/rl/rl_config.h"
 #include "replay/replay.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {
@@ -193,22 +194,18 @@ TEST(ConfigFiles, ExpertParallelIsCheckedAgainstTheNamedModel) {
   const char* source = std::getenv("STRIDER_SOURCE_DIR");
   ASSERT_NE(source, nullptr) << "run through ctest (STRIDER_SOURCE_DIR)";
   fs::current_path(source);
-  std::ifstream in("configs/rl/calculator_sync.yaml");
-  std::stringstream shipped;
-  shipped << in.rdbuf();
-  ASSERT_EQ(shipped.str().find("\ndistributed:"), std::string::npos);
-  const fs::path dir = fs::temp_directory_path() / ("strider-ep-" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  const std::string shipped = ReadFile("configs/rl/calculator_sync.yaml");
+  ASSERT_EQ(shipped.find("\ndistributed:"), std::string::npos);
+  const testing::TempDir dir;
   auto load = [&](int world) {
-    const fs::path path = dir / ("world" + std::to_string(world) + ".yaml");
-    std::ofstream(path) << shipped.str() << "\ndistributed:\n  world_size: " << world
+    const std::string path = dir.Sub("world" + std::to_string(world) + ".yaml");
+    std::ofstream(path) << shipped << "\ndistributed:\n  world_size: " << world
                         << "\n  expert_parallel: true\n";
-    return rl::LoadRlLearnerConfig(path.string());
+    return rl::LoadRlLearnerConfig(path);
   };
   // configs/model/calc.yaml has 8 routed experts.
   EXPECT_TRUE(load(4).ok()) << load(4).status().ToString();
   const Status three = load(3).status();
-  fs::remove_all(dir);
   ASSERT_FALSE(three.ok());
   EXPECT_NE(three.message().find("routed_experts (8"), std::string::npos) << three.ToString();
   EXPECT_NE(three.message().find("world_size (3)"), std::string::npos) << three.ToString();
