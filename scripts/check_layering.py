@@ -8,10 +8,9 @@ it depends on (DEPENDS_ON, followed transitively). A header named in DEPENDS_ON
 (`replay/inspect.h`) allows that one header of its folder and nothing else there. Every strider_*
 library in a target_link_libraries() of a strider_* library must hold a component in reach of
 the linking one (a library may hold several folders, as strider_learner holds the core and
-pretrain/). A source folder
-that is not in the table is an error too, so a new component has to be placed in the graph.
-Reads sources only (no build tree) and takes well under a second. Exit 1 with one line per
-violation, 0 when the tree follows the graph.
+pretrain/). A source folder that is not in the table is an error too, so a new component has to
+be placed in the graph. Reads sources only (no build tree) and takes well under a second. Exit 1
+with one line per violation, 0 when the tree follows the graph.
 """
 import os
 import re
