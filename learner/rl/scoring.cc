@@ -32,10 +32,11 @@ std::vector<const schema::SegmentData*> Ordered(std::span<const schema::SegmentD
 // (the wire's uint16 ids, a quarter of int64's bytes: at a million tokens and three sparse layers
 // of top-2 that is 12 MB held through the step instead of 48, and no whole-length staging copy);
 // the chunked pass widens one chunk's slice at a time. N is the trajectory's length, or less when
-// its last positions have no record: the actor records a position's experts when it feeds the
-// token through the model, and the token sampled last is never fed. Those positions predict
-// nothing the learner scores, so the passes stop before them; a position without a record
-// anywhere else is an error.
+// its last positions have no record: the actor records a position's experts when the engine
+// feeds the token through the model (every sampled token is fed in the step that samples it),
+// and context the actor stores after the last turn (a finished episode's verdict) is never fed.
+// Those positions predict nothing the learner scores, so the passes stop before them; a position
+// without a record anywhere else is an error.
 Result<RoutingRecord> ReplayRecord(const std::vector<const schema::SegmentData*>& ordered,
                                    int64_t length, int64_t* covered) {
   const schema::RoutingRecord& first = ordered.front()->routing;
@@ -239,6 +240,16 @@ Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData
             joined.id.Hex() + " has records for its first " + std::to_string(covered) +
             " positions only");
       }
+      // The value after the last step is the bootstrap at a truncation (ScorePrepared): it needs
+      // every token of that step fed, as replay would route them. Every action token carries its
+      // experts, so only a record cut inside a step's last tokens lands here.
+      if (!joined.steps.empty() && joined.steps.back().end > static_cast<uint64_t>(covered)) {
+        return Status::FailedPrecondition(
+            "scoring: routing replay needs experts for every position of the last step; " +
+            joined.id.Hex() + " has records for its first " + std::to_string(covered) +
+            " positions only, and its last step ends at " +
+            std::to_string(joined.steps.back().end));
+      }
       prepared.input.tokens = prepared.input.tokens.narrow(1, 0, covered).contiguous();
       // The images of the unfed tail (an observation's) go with it.
       size_t runs = 0;
@@ -353,7 +364,13 @@ Result<TrajectoryScores> ScorePrepared(const Model& model, const PreparedTraject
       scores.step_values.push_back(v[std::min(at, passed - 1)]);
     }
     for (int64_t position : trajectory.positions) scores.action_values.push_back(v[position - 1]);
-    scores.final_value = passed > 0 ? v[passed - 1] : 0.0f;
+    // The bootstrap V_{K+1} is the value of the state after the last step: every token through
+    // its end seen, the same position with routing replay or without. Tokens after it belong to
+    // no step (a turn a stopped actor left unanswered, an observation or verdict after the last
+    // turn) and are not part of that state; and a position inside the step would count the
+    // step's own reward again in what the bootstrap stands for.
+    const uint64_t after = joined.steps.empty() ? passed : joined.steps.back().end;
+    scores.final_value = after > 0 ? v[std::min(after, passed) - 1] : 0.0f;
   }
   const bool single_version =
       !scores.versions.empty() &&

@@ -51,9 +51,10 @@ struct MismatchStats {
 // the routing record that replays the stored experts.
 struct PreparedTrajectory {
   schema::StoredTrajectory joined;
-  // Tokens (1, N) and the images. N is the trajectory's length, or one less under routing
-  // replay when the actor never fed the last token (so it has no experts recorded): its logits
-  // would predict nothing.
+  // Tokens (1, N) and the images. N is the trajectory's length, or less under routing replay
+  // when its last positions are context the actor never fed (so no experts were recorded), such
+  // as a finished episode's verdict: their logits would predict nothing, and every step ends
+  // before them.
   ModelInput input;
   RoutingRecord replay;   // (1, L, k) int16 per sparse layer when `replaying`
   bool replaying = false;
@@ -111,8 +112,9 @@ struct TrajectoryScores {
   // acting). A step without action tokens takes the value at its last position.
   std::vector<float> step_values;
   // When values were asked for: per action token, the value at the position it was sampled
-  // from (what the policy saw before acting); and the value after the last token (the
-  // bootstrap at a truncation).
+  // from (what the policy saw before acting); and the value of the state after the last step,
+  // at its last token (the bootstrap at a truncation), whether routing is replayed or not.
+  // Without steps, the value after the last token passed.
   std::vector<float> action_values;
   float final_value = 0;
   MismatchStats mismatch;

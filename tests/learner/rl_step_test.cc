@@ -371,6 +371,131 @@ TEST(PrepareBatch, TheTasksTurnLimitIsNeverBootstrapped) {
   EXPECT_FLOAT_EQ(length.returns.front(), length.scores.final_value);
 }
 
+// A routing record of every position (coverage all) in the model's shape: experts routing
+// replay can force, though not the ones the model would choose.
+void RouteEveryPosition(schema::SegmentData& s, const ModelConfig& config) {
+  int64_t layers = 0;
+  for (int64_t layer = 0; layer < config.layers; ++layer) layers += config.IsMoeLayer(layer);
+  const int64_t k = config.feed_forward.experts_per_token;
+  const int64_t experts = config.feed_forward.routed_experts;
+  s.routing.layers = static_cast<uint16_t>(layers);
+  s.routing.top_k = static_cast<uint16_t>(k);
+  s.routing.coverage = schema::RoutingCoverage::kAll;
+  s.routing.mask.clear();
+  s.routing.experts.clear();
+  s.routing.context_experts.clear();
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    const int64_t position = static_cast<int64_t>(s.token_begin + i);
+    std::vector<uint16_t>& to =
+        schema::IsAction(s.roles[i]) ? s.routing.experts : s.routing.context_experts;
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      for (int64_t j = 0; j < k; ++j) {
+        to.push_back(static_cast<uint16_t>((position * 3 + layer + j) % experts));
+      }
+    }
+  }
+}
+
+// The value head at every position of the joined trajectory, from one Model::Forward over all of
+// it (the training path, not the scoring pass's chunks), with the stored experts forced or not.
+std::vector<double> ForwardValues(const Model& model, const std::vector<schema::SegmentData>& t,
+                                  bool replay) {
+  std::vector<int64_t> tokens;
+  std::vector<std::vector<int64_t>> rows;  // per layer, (position, j) flattened
+  const int64_t layers = t.front().routing.layers, k = t.front().routing.top_k;
+  rows.resize(layers);
+  for (const schema::SegmentData& s : t) {
+    tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
+    const std::vector<uint16_t> experts = schema::ExpertsByPosition(s, nullptr);
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      for (int64_t layer = 0; layer < layers; ++layer) {
+        for (int64_t j = 0; j < k; ++j) rows[layer].push_back(experts[(i * layers + layer) * k + j]);
+      }
+    }
+  }
+  const int64_t length = static_cast<int64_t>(tokens.size());
+  at::NoGradGuard no_grad;
+  ModelInput input;
+  input.tokens = at::tensor(tokens, at::kLong).view({1, length});
+  RoutingRecord record;
+  for (const std::vector<int64_t>& layer : rows) {
+    record.layers.push_back({at::tensor(layer, at::kLong).view({1, length, k}), at::Tensor()});
+  }
+  ForwardOptions options;
+  options.compute_values = true;
+  if (replay) options.replay_routing = &record;
+  Result<ForwardOutput> out = model.Forward(input, options);
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  if (!out.ok()) return {};
+  const at::Tensor values = out->values[0].to(at::kDouble).contiguous();
+  return std::vector<double>(values.data_ptr<double>(), values.data_ptr<double>() + length);
+}
+
+// Scoring and the estimator together, against a value function computed outside the scoring
+// pass: process GAE bootstraps a trajectory its token limit cut from the value of the state after
+// its last step (read at the step's last token), with routing replay and without. The trajectory
+// ends in two tool-call tokens of a turn no step closed: the value after them (where both modes
+// read it before) is another state, and would move every step's advantage and return.
+TEST(PrepareBatch, TheBootstrapIsTheValueAfterTheLastStepWithOrWithoutReplay) {
+  auto model = TinyModel();
+  ASSERT_NE(model, nullptr);
+  // Steps end at 128 and 258 (test_segments.h); positions 258 and 259 are tool-call tokens.
+  SampledGroup group;
+  group.members.push_back(Trajectory(0, 2, 130));
+  std::vector<schema::SegmentData>& t = group.members[0];
+  t.back().end_reason = schema::EndReason::kTruncatedLength;
+  for (schema::SegmentData& s : t) RouteEveryPosition(s, model->config());
+  StepSettings settings = Settings(64, true);
+  settings.objective.advantages.estimator = "process_gae";
+  settings.objective.advantages.gamma = 0.9;
+  settings.objective.advantages.lambda = 0.8;
+  settings.objective.advantages.normalize_in_group = false;
+  settings.objective.advantages.bootstrap_truncated = true;
+  settings.reward.step_weight = 0;  // rewards 0: the returns are the values' alone
+  for (bool replay : {false, true}) {
+    SCOPED_TRACE(replay ? "routing replay" : "own routing");
+    settings.scoring.replay_routing = replay;
+    Result<PreparedBatch> batch = PrepareBatch(*model, nullptr, {group}, settings);
+    ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+    const TrainingTrajectory& scored = batch->trajectories.at(0);
+    ASSERT_FALSE(scored.excluded) << scored.excluded_reason;
+    EXPECT_EQ(scored.prepared.replaying, replay);
+    const schema::StoredTrajectory& joined = scored.prepared.joined;
+    ASSERT_EQ(joined.steps.size(), 2u);
+    ASSERT_EQ(joined.steps.back().end, 258u);
+    ASSERT_EQ(joined.tokens.size(), 260u);
+    ASSERT_TRUE(schema::IsAction(joined.roles[259]));
+
+    const std::vector<double> v = ForwardValues(*model, t, replay);
+    ASSERT_EQ(v.size(), 260u);
+    // The state after the last step, and the one after the unclosed turn, differ.
+    ASSERT_GT(std::abs(v[257] - v[259]), 1e-3);
+    EXPECT_NEAR(scored.scores.final_value, v[257], 1e-4);
+    // V_k at the position step k's first action was sampled from.
+    std::vector<double> step_value;
+    for (const schema::StoredStep& step : joined.steps) {
+      uint64_t first = step.begin;
+      while (!schema::IsAction(joined.roles[first])) ++first;
+      step_value.push_back(v[first - 1]);
+    }
+    const double gamma = 0.9, lambda = 0.8;
+    const double delta1 = gamma * v[257] - step_value[1];
+    const double delta0 = gamma * step_value[1] - step_value[0];
+    const std::vector<double> advantage = {delta0 + gamma * lambda * delta1, delta1};
+    ASSERT_EQ(scored.advantages.size(), scored.prepared.positions.size());
+    for (size_t i = 0; i < scored.prepared.positions.size(); ++i) {
+      const uint64_t p = static_cast<uint64_t>(scored.prepared.positions[i]);
+      const size_t k = p < joined.steps[0].end ? 0 : 1;
+      if (p >= joined.steps[1].end) {  // no step: no advantage
+        EXPECT_EQ(scored.advantages[i], 0.0f) << p;
+        continue;
+      }
+      EXPECT_NEAR(scored.advantages[i], advantage[k], 1e-4) << p;
+      EXPECT_NEAR(scored.returns[i], advantage[k] + step_value[k], 1e-4) << p;
+    }
+  }
+}
+
 TEST(ScoreTrajectory, TheReferenceIsScoredOnTheFullDistribution) {
   auto model = TinyModel();
   ASSERT_NE(model, nullptr);
