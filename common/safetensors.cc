@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -141,13 +142,7 @@ std::optional<uint64_t> NonNegativeInteger(const Json& value, uint64_t max) {
   return std::nullopt;
 }
 
-struct EntryInfo {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0;
-  uint64_t end = 0;
-};
+using EntryInfo = SafetensorsEntry;
 
 // Validates one tensor entry of the header on its own (everything except its relation to the
 // other entries). `data_size` is the size of the data section after the header.
@@ -486,7 +481,8 @@ Result<SafetensorsContents> DecodeSafetensors(std::string_view bytes, const std:
 }
 
 Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+                        const std::map<std::string, std::string>& metadata,
+                        const std::function<void(const TensorView&)>& written) {
   std::vector<const TensorView*> order;
   STRIDER_ASSIGN_OR_RETURN(std::string prefix, EncodeHeader(path, tensors, metadata, &order));
   return WriteFileDurablyStreamed(path, [&](const FileAppender& append) -> Status {
@@ -495,12 +491,16 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& 
       STRIDER_RETURN_IF_ERROR(
           append(std::string_view(static_cast<const char*>(view->data), view->byte_size))
               .WithContext(fmt::format("tensor '{}'", view->name)));
+      if (written) written(*view);
     }
     return Status::Ok();
   });
 }
 
-Result<SafetensorsContents> ReadSafetensors(const std::string& path) {
+namespace {
+
+// Opens `path` for reading and checks it is a regular file; the size goes to `size`.
+Result<int> OpenForReading(const std::string& path, uint64_t* size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int error = errno;
@@ -508,15 +508,21 @@ Result<SafetensorsContents> ReadSafetensors(const std::string& path) {
     if (error == ENOENT) return Status::NotFound(std::move(message));
     return Status::IoError(std::move(message));
   }
-  FileCloser closer(fd);
   struct stat info;
   if (::fstat(fd, &info) != 0) {
-    return Status::IoError(fmt::format("{}: fstat failed: {}", path, ErrnoText(errno)));
+    int error = errno;
+    ::close(fd);
+    return Status::IoError(fmt::format("{}: fstat failed: {}", path, ErrnoText(error)));
   }
   if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
     return Status::InvalidArgument(fmt::format("{}: not a regular file", path));
   }
-  const uint64_t file_size = static_cast<uint64_t>(info.st_size);
+  *size = static_cast<uint64_t>(info.st_size);
+  return fd;
+}
+
+Result<SafetensorsHeader> ReadHeaderFrom(int fd, uint64_t file_size, const std::string& path) {
   if (file_size < 8) {
     return Status::Corruption(fmt::format(
         "{}: file is {} bytes, shorter than the 8-byte header length", path, file_size));
@@ -524,26 +530,304 @@ Result<SafetensorsContents> ReadSafetensors(const std::string& path) {
   uint8_t length_bytes[8];
   STRIDER_RETURN_IF_ERROR(ReadAt(fd, 0, length_bytes, 8, path));
   STRIDER_ASSIGN_OR_RETURN(uint64_t header_size, HeaderLength(length_bytes, file_size, path));
-  const uint64_t data_start = 8 + header_size;
-  const uint64_t data_size = file_size - data_start;
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-
+  SafetensorsHeader header;
+  header.file_size = file_size;
+  header.data_start = 8 + header_size;
   std::string header_text(header_size, '\0');
   STRIDER_RETURN_IF_ERROR(ReadAt(fd, 8, header_text.data(), header_size, path));
   SafetensorsContents contents;
-  STRIDER_ASSIGN_OR_RETURN(std::vector<EntryInfo> entries,
-                           ParseLayout(header_text, data_size, path, &contents));
-  for (EntryInfo& entry : entries) {
+  STRIDER_ASSIGN_OR_RETURN(header.entries,
+                           ParseLayout(header_text, file_size - header.data_start, path,
+                                       &contents));
+  header.metadata = std::move(contents.metadata);
+  return header;
+}
+
+}  // namespace
+
+Result<SafetensorsContents> ReadSafetensors(const std::string& path) {
+  uint64_t file_size = 0;
+  STRIDER_ASSIGN_OR_RETURN(int fd, OpenForReading(path, &file_size));
+  FileCloser closer(fd);
+  STRIDER_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadHeaderFrom(fd, file_size, path));
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  SafetensorsContents contents;
+  contents.metadata = std::move(header.metadata);
+  for (EntryInfo& entry : header.entries) {
     LoadedTensor tensor;
     tensor.dtype = entry.dtype;
     tensor.shape = std::move(entry.shape);
     tensor.bytes.resize(entry.end - entry.begin);
-    STRIDER_RETURN_IF_ERROR(
-        ReadAt(fd, data_start + entry.begin, tensor.bytes.data(), tensor.bytes.size(), path)
-            .WithContext(fmt::format("tensor '{}'", entry.name)));
+    STRIDER_RETURN_IF_ERROR(ReadAt(fd, header.data_start + entry.begin, tensor.bytes.data(),
+                                   tensor.bytes.size(), path)
+                                .WithContext(fmt::format("tensor '{}'", entry.name)));
     contents.tensors.emplace(std::move(entry.name), std::move(tensor));
   }
   return contents;
+}
+
+uint64_t SafetensorsEntry::Elements() const {
+  uint64_t count = 1;
+  for (int64_t dim : shape) count *= static_cast<uint64_t>(dim);
+  return count;
+}
+
+const SafetensorsEntry* SafetensorsHeader::Find(std::string_view name) const {
+  for (const SafetensorsEntry& entry : entries) {
+    if (entry.name == name) return &entry;
+  }
+  return nullptr;
+}
+
+Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
+  uint64_t file_size = 0;
+  STRIDER_ASSIGN_OR_RETURN(int fd, OpenForReading(path, &file_size));
+  FileCloser closer(fd);
+  return ReadHeaderFrom(fd, file_size, path);
+}
+
+Result<std::unique_ptr<MappedSafetensors>> MappedSafetensors::Open(const std::string& path) {
+  uint64_t file_size = 0;
+  STRIDER_ASSIGN_OR_RETURN(int fd, OpenForReading(path, &file_size));
+  FileCloser closer(fd);
+  STRIDER_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadHeaderFrom(fd, file_size, path));
+  // The header check above proved every range lies inside these file_size bytes; a file that
+  // shrinks while mapped would fault on access, which no check here can prevent, so the export
+  // path reads shards nobody else writes.
+  void* base = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (base == MAP_FAILED) {
+    return Status::IoError(fmt::format("{}: mmap of {} bytes failed: {}", path, file_size,
+                                       ErrnoText(errno)));
+  }
+  ::madvise(base, file_size, MADV_SEQUENTIAL);
+  return std::unique_ptr<MappedSafetensors>(new MappedSafetensors(
+      path, std::move(header), static_cast<const uint8_t*>(base), file_size));
+}
+
+MappedSafetensors::~MappedSafetensors() {
+  if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), size_);
+}
+
+std::string_view MappedSafetensors::Bytes(const SafetensorsEntry& entry) const {
+  return std::string_view(reinterpret_cast<const char*>(base_ + header_.data_start + entry.begin),
+                          entry.end - entry.begin);
+}
+
+TensorView MappedSafetensors::View(const SafetensorsEntry& entry) const {
+  TensorView view;
+  view.name = entry.name;
+  view.dtype = entry.dtype;
+  view.shape = entry.shape;
+  view.data = base_ + header_.data_start + entry.begin;
+  view.byte_size = entry.end - entry.begin;
+  return view;
+}
+
+void MappedSafetensors::Release(const SafetensorsEntry& entry) const {
+  // madvise works on whole pages: only the pages entirely inside the tensor go. The partial
+  // pages at its ends may hold a neighbour's bytes still to be read, so they stay (two pages
+  // per tensor at most).
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = header_.data_start + entry.begin;
+  const uint64_t end = header_.data_start + entry.end;
+  const uint64_t first = (begin + page - 1) / page * page;
+  const uint64_t last = end / page * page;
+  if (last > first) {
+    ::madvise(const_cast<uint8_t*>(base_) + first, last - first, MADV_DONTNEED);
+  }
+}
+
+namespace {
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exponent = 127 - 15 + 1;
+      while ((mantissa & 0x400) == 0) {
+        mantissa <<= 1;
+        --exponent;
+      }
+      mantissa &= 0x3ff;
+      bits = sign | (exponent << 23) | (mantissa << 13);
+    }
+  } else if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+template <typename Target>
+Status ConvertTo(DType from, const void* source, size_t count, Target* target) {
+  auto each = [&](auto read) {
+    for (size_t i = 0; i < count; ++i) target[i] = static_cast<Target>(read(i));
+  };
+  // Sources may sit at any offset of a mapped file: read them through memcpy.
+  auto load = [source](size_t i, auto zero) {
+    decltype(zero) value;
+    std::memcpy(&value, static_cast<const uint8_t*>(source) + i * sizeof(value), sizeof(value));
+    return value;
+  };
+  switch (from) {
+    case DType::kF64: each([&](size_t i) { return load(i, double{}); }); break;
+    case DType::kF32: each([&](size_t i) { return load(i, float{}); }); break;
+    case DType::kF16: each([&](size_t i) { return HalfToFloat(load(i, uint16_t{})); }); break;
+    case DType::kBF16: each([&](size_t i) { return BFloat16ToFloat(load(i, uint16_t{})); }); break;
+    case DType::kI64: each([&](size_t i) { return load(i, int64_t{}); }); break;
+    case DType::kI32: each([&](size_t i) { return load(i, int32_t{}); }); break;
+    case DType::kI16: each([&](size_t i) { return load(i, int16_t{}); }); break;
+    case DType::kI8: each([&](size_t i) { return load(i, int8_t{}); }); break;
+    case DType::kU8: each([&](size_t i) { return load(i, uint8_t{}); }); break;
+    case DType::kBool:
+      return Status::InvalidArgument("cannot convert BOOL elements to floating point");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ConvertElements(DType from, const void* source, size_t count, DType to, void* target) {
+  if (to == DType::kF32) return ConvertTo(from, source, count, static_cast<float*>(target));
+  if (to == DType::kF64) return ConvertTo(from, source, count, static_cast<double*>(target));
+  return Status::InvalidArgument(
+      fmt::format("cannot convert to {}: the targets are F32 and F64", DTypeName(to)));
+}
+
+std::vector<std::string> SafetensorsIndex::Shards() const {
+  std::set<std::string> files;
+  for (const auto& [name, file] : weight_map) files.insert(file);
+  return {files.begin(), files.end()};
+}
+
+Result<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path) {
+  std::string text;
+  {
+    uint64_t size = 0;
+    STRIDER_ASSIGN_OR_RETURN(int fd, OpenForReading(path, &size));
+    FileCloser closer(fd);
+    if (size > kMaxHeaderBytes) {
+      return Status::Corruption(fmt::format("{}: {} bytes, over the limit of {} for an index",
+                                            path, size, kMaxHeaderBytes));
+    }
+    text.resize(size);
+    STRIDER_RETURN_IF_ERROR(ReadAt(fd, 0, text.data(), size, path));
+  }
+  STRIDER_ASSIGN_OR_RETURN(Json json, ParseHeaderJson(text, path));
+  if (!json.is_object() || !json.contains("weight_map") || !json["weight_map"].is_object()) {
+    return Status::Corruption(
+        fmt::format("{}: expected an object with a \"weight_map\" object", path));
+  }
+  SafetensorsIndex index;
+  for (const auto& [name, file] : json["weight_map"].items()) {
+    if (!file.is_string()) {
+      return Status::Corruption(fmt::format("{}: weight_map entry '{}' is a JSON {}, expected "
+                                            "a file name", path, name, file.type_name()));
+    }
+    const std::string shard = file.get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..") {
+      return Status::Corruption(fmt::format(
+          "{}: weight_map entry '{}' names '{}', not a file beside the index", path, name, shard));
+    }
+    index.weight_map.emplace(name, shard);
+  }
+  if (json.contains("metadata")) {
+    const Json& metadata = json["metadata"];
+    if (!metadata.is_object()) {
+      return Status::Corruption(fmt::format("{}: metadata is a JSON {}, expected an object", path,
+                                            metadata.type_name()));
+    }
+    for (const char* key : {"total_size", "total_parameters"}) {
+      if (!metadata.contains(key)) continue;
+      // Some writers store the number as a string; both spell the same count.
+      const Json& value = metadata[key];
+      std::optional<uint64_t> number;
+      if (value.is_string()) {
+        const std::string digits = value.get<std::string>();
+        if (!digits.empty() && digits.size() < 20 &&
+            digits.find_first_not_of("0123456789") == std::string::npos) {
+          number = std::stoull(digits);
+        }
+      } else {
+        number = NonNegativeInteger(value, std::numeric_limits<uint64_t>::max());
+      }
+      if (!number) {
+        return Status::Corruption(fmt::format("{}: metadata.{} is {}, expected a non-negative "
+                                              "integer", path, key, value.dump()));
+      }
+      (std::string_view(key) == "total_size" ? index.total_size : index.total_parameters) =
+          number;
+    }
+  }
+  return index;
+}
+
+Status WriteSafetensorsIndex(const std::string& path, const SafetensorsIndex& index) {
+  nlohmann::ordered_json json;
+  json["metadata"] = nlohmann::ordered_json::object();
+  if (index.total_parameters) json["metadata"]["total_parameters"] = *index.total_parameters;
+  if (index.total_size) json["metadata"]["total_size"] = *index.total_size;
+  json["weight_map"] = nlohmann::ordered_json::object();
+  for (const auto& [name, file] : index.weight_map) json["weight_map"][name] = file;
+  return WriteFileDurably(path, json.dump(2) + "\n");
+}
+
+Result<SafetensorsIndex> WriteShardedSafetensors(const std::string& directory,
+                                                 const std::vector<TensorView>& tensors,
+                                                 uint64_t max_shard_bytes,
+                                                 const std::map<std::string, std::string>&
+                                                     metadata) {
+  std::vector<std::vector<TensorView>> shards(1);
+  uint64_t in_shard = 0;
+  uint64_t total_size = 0;
+  uint64_t total_parameters = 0;
+  std::set<std::string_view> names;
+  for (const TensorView& view : tensors) {
+    if (!names.insert(view.name).second) {
+      return Status::InvalidArgument(
+          fmt::format("{}: tensor '{}': duplicate tensor name", directory, view.name));
+    }
+    if (!shards.back().empty() && in_shard + view.byte_size > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(view);
+    in_shard += view.byte_size;
+    total_size += view.byte_size;
+    std::optional<uint64_t> elements = ByteSizeOf(view.shape, 1);
+    if (elements) total_parameters += *elements;
+  }
+  SafetensorsIndex index;
+  index.total_size = total_size;
+  index.total_parameters = total_parameters;
+  const size_t n = shards.size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string file =
+        n == 1 ? std::string("model.safetensors")
+               : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
+    STRIDER_RETURN_IF_ERROR(WriteSafetensors(directory + "/" + file, shards[i], metadata));
+    for (const TensorView& view : shards[i]) index.weight_map[view.name] = file;
+  }
+  if (n > 1) {
+    STRIDER_RETURN_IF_ERROR(
+        WriteSafetensorsIndex(directory + "/" + kSafetensorsIndexName, index));
+  }
+  return index;
 }
 
 }  // namespace strider
