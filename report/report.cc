@@ -426,13 +426,18 @@ Result<std::string> WriteRunReport(const std::string& run_dir) {
   }
   if (!evals.empty()) {
     html << "<h2>Evaluations</h2>\n<table>\n<tr><th>after stage</th><th>context</th>"
-            "<th>loss</th><th>retrieval accuracy</th><th>answer token accuracy</th>"
-            "<th>queries</th></tr>\n";
+            "<th>loss</th><th>retrieval accuracy</th><th>95% interval</th>"
+            "<th>answer token accuracy</th><th>queries</th></tr>\n";
     for (const nlohmann::json& e : evals) {
+      // Rows written before the interval was recorded leave its cell empty.
+      const double low = NumberField(e, "ci_low"), high = NumberField(e, "ci_high");
+      const std::string interval = std::isfinite(low) && std::isfinite(high)
+                                       ? "[" + Number(low) + ", " + Number(high) + "]"
+                                       : std::string();
       html << "<tr><td>" << Escape(StringField(e, "stage")) << "</td><td>"
            << Number(NumberField(e, "context"), 10) << "</td><td>" << Number(NumberField(e, "loss"))
-           << "</td><td>" << Number(NumberField(e, "retrieval_accuracy")) << "</td><td>"
-           << Number(NumberField(e, "answer_token_accuracy")) << "</td><td>"
+           << "</td><td>" << Number(NumberField(e, "retrieval_accuracy")) << "</td><td>" << interval
+           << "</td><td>" << Number(NumberField(e, "answer_token_accuracy")) << "</td><td>"
            << Number(NumberField(e, "queries"), 10) << "</td></tr>\n";
     }
     html << "</table>\n";

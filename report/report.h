@@ -8,7 +8,7 @@
 //   metrics.jsonl   per-step lines {stage, step, loss, max_violation?, ...} and one
 //                   {"event": "stage_end", ...} line per stage (learner/progress.h, pretrain.cc)
 //   eval.jsonl      one line per (stage, evaluated context): {stage, context, loss,
-//                   retrieval_accuracy, ...}
+//                   retrieval_accuracy, ci_low?, ci_high?, ...}
 // Output: RUN_DIR/report.html with
 //   - loss per stage over steps (one line per stage, steps counted across the run),
 //   - retrieval accuracy against context length (one line per evaluated stage, log2 x axis),

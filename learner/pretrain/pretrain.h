@@ -54,6 +54,12 @@ struct RetrievalEvaluation {
   double retrieval_accuracy = 0;    // share of queries whose answer tokens are all predicted
   double answer_token_accuracy = 0;
   int64_t queries = 0;
+  int64_t correct = 0;              // queries answered exactly
+  // 95% Wilson score interval of retrieval_accuracy, the queries taken as independent draws:
+  // each fact's key, value and place are drawn on their own, though the facts of one document
+  // share its filler.
+  double ci_low = 0;
+  double ci_high = 1;
 };
 
 // Retrieval accuracy and loss on `documents` generated documents of exactly `context` tokens

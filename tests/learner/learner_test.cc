@@ -901,6 +901,9 @@ TEST(Pretrain, NextStageStartsFromThePreviousStagesCheckpoint) {
   while (std::getline(eval, line)) {
     ++lines;
     EXPECT_NE(line.find("\"retrieval_accuracy\""), std::string::npos);
+    for (const char* key : {"\"correct\"", "\"ci_low\"", "\"ci_high\""}) {
+      EXPECT_NE(line.find(key), std::string::npos) << key << " missing: " << line;
+    }
   }
   EXPECT_EQ(lines, 3);
 }

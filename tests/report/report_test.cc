@@ -203,7 +203,7 @@ TEST(RunReport, PlotsLossPerStageAndAccuracyAgainstContext) {
         "{\"stage\":\"s1k\",\"context\":256,\"loss\":1.9,\"retrieval_accuracy\":0.5,"
         "\"answer_token_accuracy\":0.7,\"queries\":64}\n"
         "{\"stage\":\"s1k\",\"context\":1024,\"loss\":1.2,\"retrieval_accuracy\":1.0,"
-        "\"answer_token_accuracy\":1.0,\"queries\":64}\n");
+        "\"ci_low\":0.94,\"ci_high\":1.0,\"answer_token_accuracy\":1.0,\"queries\":64}\n");
   Result<std::string> path = WriteRunReport(run);
   ASSERT_TRUE(path.ok()) << path.status().ToString();
   EXPECT_EQ(*path, run + "/report.html");
@@ -263,7 +263,12 @@ TEST(RunReport, PlotsLossPerStageAndAccuracyAgainstContext) {
 
   // Tables: the stage summary and every evaluation row.
   EXPECT_NE(html.find("<td>s256</td><td>3</td><td>768</td>"), std::string::npos);
-  EXPECT_NE(html.find("<td>s1k</td><td>1024</td><td>1.2</td><td>1</td>"), std::string::npos);
+  // The 95% interval where the row has one, an empty cell in rows written before it was kept.
+  EXPECT_NE(html.find("<td>s1k</td><td>1024</td><td>1.2</td><td>1</td><td>[0.94, 1]</td>"
+                      "<td>1</td>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<td>s256</td><td>256</td><td>2.1</td><td>0.25</td><td></td><td>0.5</td>"),
+            std::string::npos);
 }
 
 TEST(RunReport, EscapesNamesAndSaysWhenThereIsNoEvaluation) {
