@@ -23,6 +23,50 @@ function(strider_add_test)
     LABELS "${ARG_LABELS}"
     TIMEOUT ${ARG_TIMEOUT}
     ENVIRONMENT "${STRIDER_TEST_ENVIRONMENT}")
+  if("unit" IN_LIST ARG_LABELS)
+    set_property(GLOBAL APPEND PROPERTY STRIDER_UNIT_TESTS ${ARG_NAME})
+  endif()
+endfunction()
+
+# strider_unit_tests: every binary labelled unit (and what those need, such as the strider
+# binary for the launcher's tests), so a tree can build exactly what `ctest -L unit` runs (the
+# CUDA LibTorch tree, scripts/thread_safety.sh). Call once, after the last add_subdirectory.
+function(strider_add_unit_tests_target)
+  get_property(tests GLOBAL PROPERTY STRIDER_UNIT_TESTS)
+  add_custom_target(strider_unit_tests)
+  if(tests)
+    add_dependencies(strider_unit_tests ${tests})
+  endif()
+endfunction()
+
+# Gives every target with CUDA sources STRIDER_CUDA_ARCHITECTURES unless it names its own.
+# LibTorch 2.x's CMake package turns CMAKE_CUDA_ARCHITECTURES off for the whole project (it
+# computes its own flags from TORCH_CUDA_ARCH_LIST, for its own sources only), which would leave
+# nvcc's default architecture, not Hopper, on ours. Call once, after the last add_subdirectory.
+function(strider_set_cuda_architectures)
+  if(NOT CMAKE_CUDA_COMPILER)
+    return()
+  endif()
+  set(directories ${PROJECT_SOURCE_DIR})
+  while(directories)
+    list(POP_FRONT directories directory)
+    get_property(children DIRECTORY ${directory} PROPERTY SUBDIRECTORIES)
+    list(APPEND directories ${children})
+    get_property(targets DIRECTORY ${directory} PROPERTY BUILDSYSTEM_TARGETS)
+    foreach(target ${targets})
+      get_target_property(type ${target} TYPE)
+      if(type STREQUAL "INTERFACE_LIBRARY" OR type STREQUAL "UTILITY")
+        continue()
+      endif()
+      get_target_property(sources ${target} SOURCES)
+      list(FILTER sources INCLUDE REGEX "\\.cu$")
+      get_target_property(architectures ${target} CUDA_ARCHITECTURES)
+      if(sources AND NOT architectures)
+        set_target_properties(${target} PROPERTIES
+          CUDA_ARCHITECTURES "${STRIDER_CUDA_ARCHITECTURES}")
+      endif()
+    endforeach()
+  endwhile()
 endfunction()
 
 # strider_add_subdirectories(dir ...): add_subdirectory for folders the build requires. A missing

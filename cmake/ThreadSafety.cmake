@@ -1,17 +1,19 @@
 # STRIDER_THREAD_SAFETY=ON makes a check tree: clang compiles the libraries with its
 # thread-safety analysis as errors, so an access to a GUARDED_BY member without its mutex, or a
 # call to a REQUIRES function without the lock, stops the build (common/thread_annotations.h).
-# scripts/thread_safety.sh configures and builds it (target strider_libraries); the default
-# gcc tree compiles the same annotations as no-ops. Nothing in this tree is run, so it builds
-# without optimisation or debug info, which would only cost time here.
+# scripts/thread_safety.sh configures and builds it against the CUDA LibTorch 2.11 (targets
+# strider_libraries and strider_unit_tests) and runs the unit tests there; the default gcc tree
+# compiles the same annotations as no-ops. It builds without optimisation or debug info: the
+# tree exists to compile, and its unit tests spend their time in LibTorch's own optimised code.
 option(STRIDER_THREAD_SAFETY
-  "Check locking with clang's -Wthread-safety, as errors (libraries only)" OFF)
+  "Check locking with clang's -Wthread-safety, as errors (a check tree)" OFF)
 if(STRIDER_THREAD_SAFETY)
   if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
     message(FATAL_ERROR "STRIDER_THREAD_SAFETY needs clang: configure with CC=clang CXX=clang++")
   endif()
-  add_compile_options(-Wthread-safety -Werror=thread-safety -O0 -g0)
-  message(STATUS "Strider: thread-safety analysis as errors (a check tree: libraries only)")
+  # C++ only: nvcc compiles this tree's .cu files and knows none of these flags.
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety;-Werror=thread-safety;-O0;-g0>")
+  message(STATUS "Strider: thread-safety analysis as errors (a check tree)")
   # LibTorch's target exists only after find_package(Torch), further down.
   cmake_language(DEFER CALL strider_thread_safety_torch_headers)
 endif()
