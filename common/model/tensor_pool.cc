@@ -2,6 +2,7 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <sys/mman.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -37,9 +38,17 @@ void* HeapAllocate(size_t bytes) {
   return data;
 }
 
+// LibTorch 2.x made c10::Allocator::allocate non-const and added copy_data; the pool builds
+// against Debian's 1.13 and the CUDA build's 2.11.
+#if TORCH_VERSION_MAJOR >= 2
+#define STRIDER_ALLOCATE_CONST
+#else
+#define STRIDER_ALLOCATE_CONST const
+#endif
+
 class TensorPool final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) STRIDER_ALLOCATE_CONST override {
     // Small buffers are freed straight to malloc, without the pool's lock.
     if (bytes < kPooledBytes) {
       void* data = HeapAllocate(bytes);
@@ -52,6 +61,13 @@ class TensorPool final : public c10::Allocator {
   // The context is the data pointer, as with LibTorch's own CPU allocator, so raw_allocate
   // works too; Delete tells the pool's buffers from malloc's.
   c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
+
+#if TORCH_VERSION_MAJOR >= 2
+  // Plain host memory either way, pooled or from malloc.
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
 
   TensorPoolStats Stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -171,7 +187,7 @@ class TensorPool final : public c10::Allocator {
     }
   }
 
-  // Mutable: c10::Allocator::allocate is const.
+  // Mutable: c10::Allocator::allocate is const in LibTorch 1.x.
   mutable std::mutex mutex_;
   struct Block {
     size_t size;     // its class
@@ -182,6 +198,7 @@ class TensorPool final : public c10::Allocator {
   mutable uint64_t tick_ = 0;
   mutable TensorPoolStats stats_;
 };
+#undef STRIDER_ALLOCATE_CONST
 
 std::once_flag installed;
 bool in_use = false;
