@@ -1,6 +1,7 @@
 #include "bench/ceiling.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

@@ -18,6 +18,7 @@
 //   model_bench [--quick] [--only train|decode|cache|attention] [--config PATH] [--threads N]
 //               [--mha-budget-gib G] [--max-context N] [--hybrid-max-context N]
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <chrono>

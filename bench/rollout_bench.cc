@@ -27,6 +27,7 @@
 //                 [--batch B]
 //   (--batch B: decode at that batch size only, with as many steps again, for profiling)
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

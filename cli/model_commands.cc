@@ -1,6 +1,7 @@
 // `strider model info|init|eval|check`: the model's accounting, initialisation, log-probs and the
 // two-path contract check (docs/design.md#command-line).
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>

@@ -20,6 +20,7 @@
 #include "common/kernels/gated_delta_rule.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 

@@ -3,6 +3,7 @@
 // products so the BLAS does the inner products. Keys and values are shared by the heads, so a
 // tile's query rows are (tokens x heads) and one key row serves all of them.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>

@@ -4,6 +4,7 @@
 #include "common/model/latent_attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,7 @@
 #include "common/model/sparse_experts.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 

@@ -1,6 +1,7 @@
 #include "common/model/two_path_check.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 namespace strider {
 

@@ -1,6 +1,7 @@
 #include "learner/rl/rl_step.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <chrono>

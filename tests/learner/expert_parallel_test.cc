@@ -3,6 +3,7 @@
 // layer's outputs and every gradient equal the unsharded layer's over the same tokens (fp64,
 // so the comparison is to rounding, not to a loose tolerance).
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 

@@ -2,6 +2,7 @@
 // killed part-way), chunked training through the inference path against the training path, and
 // pretraining stage transitions and resume.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>

@@ -3,6 +3,7 @@
 // whole trajectory, truncation cutting exactly the cross-chunk gradient, and exclusion by the
 // mismatch check only where the weights are the trajectory's version.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -3,6 +3,7 @@
 // absorbed form (the inference path, and the blockwise kernel under autograd) against the explicit
 // form over the same cache. fp32; `slow` because the prefill alone is 2 x 10^9 query-key pairs.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -3,6 +3,7 @@
 #include "common/kernels/matmul.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 

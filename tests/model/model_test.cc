@@ -2,6 +2,7 @@
 // docs/model_math.md#whole-model-invariants), the inference state's error handling, and quantile
 // balancing through the model.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 

@@ -2,6 +2,7 @@
 #include "common/kernels/situ.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
