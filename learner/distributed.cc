@@ -1,6 +1,7 @@
 #include "learner/distributed.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -8,6 +9,10 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include "common/clock.h"
 #include "common/model/expert_parallel.h"
@@ -18,6 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -27,6 +33,14 @@ namespace strider {
 namespace {
 
 using std::chrono::milliseconds;
+
+// What Gloo's and NCCL's process groups have in common: c10d's ProcessGroup in LibTorch 1.x,
+// its Backend since 2.0.
+#if TORCH_VERSION_MAJOR >= 2
+using Collectives = c10d::Backend;
+#else
+using Collectives = c10d::ProcessGroup;
+#endif
 
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
@@ -104,7 +118,10 @@ void Unflatten(const Bucket& bucket, const std::vector<at::Tensor>& tensors) {
 // The post hooks run on autograd's threads (the one calling backward for CPU tensors, a
 // device's own for others), so what they touch is guarded by `mu`.
 struct GradientReduction {
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;  // the gradient group, apart from the rest
+  // The gradient groups, apart from the rest: Gloo for CPU buckets, NCCL (when the group has
+  // one) for CUDA buckets.
+  c10::intrusive_ptr<Collectives> gloo;
+  c10::intrusive_ptr<Collectives> nccl;
   std::vector<at::Tensor> parameters;
   std::vector<Bucket> buckets;
   std::vector<at::Tensor> views;      // per parameter: its gradient's storage in a bucket
@@ -153,7 +170,8 @@ struct GradientReduction {
     for (size_t i : buckets[b].members) own.push_back(touched[i] != 0 ? 1.0 : 0.0);
     buckets[b].flags.copy_(at::tensor(own, at::kDouble));
     std::vector<at::Tensor> one{buckets[b].flat};
-    works.push_back(group->allreduce(one));
+    Collectives& group = buckets[b].flat.is_cuda() && nccl ? *nccl : *gloo;
+    works.push_back(group.allreduce(one));
   }
 
   // The post hook of parameter i's grad accumulator.
@@ -183,12 +201,12 @@ struct GradientReduction {
 
 }  // namespace
 
-// All-to-all of routed rows over the group's Gloo process group; a failure names the lost
-// rank like every other collective, thrown because it runs inside LibTorch's forward and
-// backward.
-class GlooExpertExchange : public model::ExpertExchange {
+// All-to-all of routed rows over the group's NCCL process group for CUDA rows, its Gloo one
+// otherwise; a failure names the lost rank like every other collective, thrown because it runs
+// inside LibTorch's forward and backward.
+class GroupExpertExchange : public model::ExpertExchange {
  public:
-  explicit GlooExpertExchange(LearnerGroup::Impl* impl) : impl_(impl) {}
+  explicit GroupExpertExchange(LearnerGroup::Impl* impl) : impl_(impl) {}
   int rank() const override;
   int world_size() const override;
   at::Tensor AllToAll(const at::Tensor& rows, const std::vector<int64_t>& send_counts,
@@ -202,11 +220,16 @@ struct LearnerGroup::Impl {
   LearnerGroupOptions options;
   c10::intrusive_ptr<c10d::Store> store;        // the rendezvous (rank 0 hosts it)
   c10::intrusive_ptr<c10d::Store> own_keys;     // this class's keys, apart from Gloo's
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  c10::intrusive_ptr<Collectives> group;
   // Gradient buckets go over a group of their own: sent from inside backward, they would
   // otherwise interleave with the expert all-to-alls that backward issues, in an order that
   // could differ between ranks.
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gradient_group;
+  c10::intrusive_ptr<Collectives> gradient_group;
+  // With cuda_device set (the CUDA LibTorch build): NCCL groups for CUDA tensors, the data
+  // collectives' and the gradients', kept apart for the same reason. Gloo's stay for the
+  // control collectives on CPU tensors (counts, flags, round agreement).
+  c10::intrusive_ptr<Collectives> nccl;
+  c10::intrusive_ptr<Collectives> nccl_gradients;
   int64_t collectives = 0;  // the same count on every rank: names a failed collective
   LearnerGroupStats stats;
 
@@ -220,7 +243,12 @@ struct LearnerGroup::Impl {
     std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   };
   std::unique_ptr<Gradients> gradients;
-  GlooExpertExchange exchange{this};
+  GroupExpertExchange exchange{this};
+
+  // The group a collective over `tensor` goes through.
+  Collectives& For(const at::Tensor& tensor) {
+    return tensor.is_cuda() && nccl ? *nccl : *group;
+  }
 
   bool Owns(const std::vector<at::Tensor>& parameters) const {
     if (gradients == nullptr || gradients->owners.size() != parameters.size()) return false;
@@ -317,7 +345,7 @@ struct LearnerGroup::Impl {
       for (int r = 0; r < world; ++r) gathered[0].push_back(at::empty_like(padded));
     }));
     STRIDER_RETURN_IF_ERROR(Run("all-gather", [&](auto& works) {
-      works.push_back(group->allgather(gathered, own));
+      works.push_back(For(own[0]).allgather(gathered, own));
     }));
     std::vector<at::Tensor> parts;
     for (int r = 0; r < world; ++r) parts.push_back(gathered[0][r].narrow(dim, 0, sizes[r]));
@@ -335,10 +363,10 @@ struct LearnerGroup::Impl {
   }
 };
 
-int GlooExpertExchange::rank() const { return impl_->options.rank; }
-int GlooExpertExchange::world_size() const { return impl_->options.world_size; }
+int GroupExpertExchange::rank() const { return impl_->options.rank; }
+int GroupExpertExchange::world_size() const { return impl_->options.world_size; }
 
-at::Tensor GlooExpertExchange::AllToAll(const at::Tensor& rows,
+at::Tensor GroupExpertExchange::AllToAll(const at::Tensor& rows,
                                         const std::vector<int64_t>& send_counts,
                                         const std::vector<int64_t>& recv_counts) {
   int64_t total = 0;
@@ -350,7 +378,7 @@ at::Tensor GlooExpertExchange::AllToAll(const at::Tensor& rows,
   std::vector<int64_t> out_counts = recv_counts;
   std::vector<int64_t> in_counts = send_counts;
   const Status status = impl_->Run("expert all-to-all", [&](auto& works) {
-    works.push_back(impl_->group->alltoall_base(output, input, out_counts, in_counts));
+    works.push_back(impl_->For(input).alltoall_base(output, input, out_counts, in_counts));
   });
   TORCH_CHECK(status.ok(), status.message());
   return output;
@@ -434,10 +462,71 @@ int LearnerGroup::rank() const { return impl_->options.rank; }
 int LearnerGroup::world_size() const { return impl_->options.world_size; }
 const LearnerGroupStats& LearnerGroup::stats() const { return impl_->stats; }
 
+std::vector<std::pair<std::string, std::string>> NcclEnvironment() {
+  return {{"TORCH_NCCL_BLOCKING_WAIT", "1"},
+          {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"},
+          {"TORCH_NCCL_ENABLE_MONITORING", "0"},
+          {"TORCH_NCCL_DUMP_ON_TIMEOUT", "0"}};
+}
+
+std::vector<std::string> ApplyNcclEnvironment() {
+  std::vector<std::string> set;
+  for (const auto& [name, value] : NcclEnvironment()) {
+    if (std::getenv(name.c_str()) != nullptr) continue;
+    setenv(name.c_str(), value.c_str(), /*overwrite=*/0);
+    set.push_back(name);
+  }
+  return set;
+}
+
+#ifdef USE_C10D_NCCL
+Result<c10::intrusive_ptr<c10d::ProcessGroupNCCL::Options>> NcclOptions(
+    const LearnerGroupOptions& options, const std::string& name) {
+  if (options.cuda_device < 0) {
+    return Status::InvalidArgument("NCCL options for '" + name + "': no CUDA device (cuda_device " +
+                                   std::to_string(options.cuda_device) + ")");
+  }
+  if (!(options.timeout_s > 0)) {
+    return Status::InvalidArgument("NCCL options for '" + name + "': timeout_s " +
+                                   std::to_string(options.timeout_s) + " is not positive");
+  }
+  auto nccl = c10d::ProcessGroupNCCL::Options::create(/*is_high_priority_stream=*/false);
+  nccl->timeout = milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  nccl->group_name = "strider/" + name;
+  nccl->group_desc = "learner " + name;
+  for (int r = 0; r < options.world_size; ++r) {
+    nccl->global_ranks_in_group.push_back(static_cast<uint64_t>(r));
+  }
+  return nccl;
+}
+#endif
+
 Result<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const LearnerGroupOptions& options) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
     return Status::InvalidArgument("learner group: rank " + std::to_string(options.rank) +
                                    " is not in [0, " + std::to_string(options.world_size) + ")");
+  }
+  const std::string who =
+      "learner rank " + std::to_string(options.rank) + " of " + std::to_string(options.world_size);
+  if (options.cuda_device >= 0) {
+#ifdef USE_C10D_NCCL
+    // Before the rendezvous, so a rank on a missing device fails alone and at once.
+    const int devices = c10::cuda::device_count();
+    if (options.cuda_device >= devices) {
+      return Status::InvalidArgument(who + ": device cuda:" + std::to_string(options.cuda_device) +
+                                     " asked for, but this machine has " +
+                                     std::to_string(devices) + " CUDA devices");
+    }
+    // The NCCL communicators bind to the current device when they are created.
+    STRIDER_RETURN_IF_ERROR(model::Guarded("setting the CUDA device", [&] {
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(options.cuda_device));
+    }));
+#else
+    return Status::InvalidArgument(
+        who + ": device cuda:" + std::to_string(options.cuda_device) +
+        " asked for, but this build's LibTorch has no CUDA or NCCL (build with "
+        "STRIDER_TORCH=cuda scripts/setup.sh, docs/cuda.md)");
+#endif
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -487,7 +576,35 @@ Result<std::unique_ptr<LearnerGroup>> LearnerGroup::Join(const LearnerGroupOptio
                                    ": Gloo connections (rendezvous " + where +
                                    ") failed: " + std::string(first_line(message)));
       }));
-  spdlog::info("learner rank {} of {}: joined at {}", options.rank, options.world_size, where);
+#ifdef USE_C10D_NCCL
+  if (options.cuda_device >= 0) {
+    const std::vector<std::string> set = ApplyNcclEnvironment();
+    for (const std::string& name : set) {
+      spdlog::info("learner rank {}: {}={} for NCCL", options.rank, name, std::getenv(name.c_str()));
+    }
+    STRIDER_ASSIGN_OR_RETURN(auto experts, NcclOptions(options, "experts"));
+    STRIDER_ASSIGN_OR_RETURN(auto gradients, NcclOptions(options, "gradients"));
+    // The communicators themselves are made at each group's first collective, over the store.
+    STRIDER_RETURN_IF_ERROR(model::GuardedWith(
+        [&] {
+          impl->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+              c10::make_intrusive<c10d::PrefixStore>("nccl/experts", impl->store), options.rank,
+              options.world_size, experts);
+          impl->nccl_gradients = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+              c10::make_intrusive<c10d::PrefixStore>("nccl/gradients", impl->store),
+              options.rank, options.world_size, gradients);
+        },
+        [&](std::string_view message) {
+          return Status::Unavailable(who + ": NCCL process groups on cuda:" +
+                                     std::to_string(options.cuda_device) +
+                                     " failed: " + std::string(first_line(message)));
+        }));
+  }
+#endif
+  spdlog::info("learner rank {} of {}: joined at {}{}", options.rank, options.world_size, where,
+               options.cuda_device >= 0
+                   ? " (NCCL on cuda:" + std::to_string(options.cuda_device) + ")"
+                   : std::string());
   return std::unique_ptr<LearnerGroup>(new LearnerGroup(std::move(impl)));
 }
 
@@ -498,7 +615,8 @@ Status LearnerGroup::PrepareGradients(const std::vector<at::Tensor>& parameters)
       impl_->gradients.reset();
       auto g = std::make_unique<Impl::Gradients>();
       auto r = std::make_shared<GradientReduction>();
-      r->group = impl_->gradient_group;
+      r->gloo = impl_->gradient_group;
+      r->nccl = impl_->nccl_gradients;
       r->parameters = parameters;
       const size_t n = parameters.size();
       const std::vector<at::Tensor> reversed(parameters.rbegin(), parameters.rend());
@@ -609,7 +727,8 @@ Status LearnerGroup::AllReduceGradients(const std::vector<at::Tensor>& parameter
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> present;
     for (const Bucket& bucket : r.buckets) {
-      present.push_back(bucket.flags.to(at::kFloat).contiguous());
+      // To the host: a device-to-host copy of one value per parameter, once per update.
+      present.push_back(bucket.flags.to(at::kCPU, at::kFloat).contiguous());
     }
     for (size_t i = 0; i < parameters.size(); ++i) {
       at::Tensor parameter = parameters[i];
@@ -655,7 +774,7 @@ Status LearnerGroup::Broadcast(const std::vector<at::Tensor>& tensors, int root)
     options.rootRank = root;
     for (Bucket& bucket : buckets) {
       std::vector<at::Tensor> one{bucket.flat};
-      works.push_back(impl_->group->broadcast(one, options));
+      works.push_back(impl_->For(bucket.flat).broadcast(one, options));
     }
   }));
   return model::Guarded("broadcast", [&] {
@@ -682,7 +801,7 @@ Result<at::Tensor> LearnerGroup::GatherTo(const at::Tensor& tensor, int root) {
   STRIDER_RETURN_IF_ERROR(impl_->Run("gather", [&](auto& works) {
     c10d::GatherOptions options;
     options.rootRank = root;
-    works.push_back(impl_->group->gather(parts, own, options));
+    works.push_back(impl_->For(own[0]).gather(parts, own, options));
   }));
   if (!here) return at::Tensor();
   return model::Guarded("gather", [&] { return at::cat(parts[0], 0); });

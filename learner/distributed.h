@@ -1,8 +1,10 @@
 // Data-parallel learner ranks on PyTorch's c10d: a TCPStore rendezvous hosted by rank 0 and a
-// Gloo process group over TCP (CPU tensors). A group of `world_size` learner processes with one
-// config trains as one learner with the whole batch: each rank computes gradients on its share
-// of the step's units, the gradients are summed across ranks (AllReduceGradients), and every
-// rank applies the same optimiser step to the same weights.
+// Gloo process group over TCP. With the learner's tensors on a GPU (cuda_device, in the CUDA
+// LibTorch build), the gradient all-reduce and the expert all-to-all go over NCCL instead, and
+// Gloo keeps the control collectives on CPU tensors. A group of `world_size` learner processes
+// with one config trains as one learner with the whole batch: each rank computes gradients on
+// its share of the step's units, the gradients are summed across ranks (AllReduceGradients),
+// and every rank applies the same optimiser step to the same weights.
 //
 // A collective that fails (a rank's process died, its host went away) or waits longer than the
 // timeout (a rank hung) returns an error naming the ranks that no longer answer: the survivors
@@ -14,12 +16,19 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
+
+// USE_C10D_NCCL: LibTorch with c10d's NCCL process group (the CUDA build; Debian's has none).
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 namespace strider {
 
@@ -37,7 +46,35 @@ struct LearnerGroupOptions {
   std::string interface;  // Gloo's network interface; empty: see ResolveDevice in the .cc
   double timeout_s = 120;
   int64_t bucket_bytes = int64_t{25} << 20;
+  // The GPU this rank's tensors live on, or -1 for CPU tensors. One rank per GPU: NCCL refuses
+  // two ranks on one device, so a node runs at most as many learner ranks as it has GPUs, rank
+  // r on its node taking device r (docs/cuda.md).
+  int cuda_device = -1;
 };
+
+// The environment LibTorch's NCCL process group reads when it is created, as this group wants
+// it: a collective that fails or outlasts the timeout throws in the rank that waits for it,
+// so that it names the lost rank like a Gloo failure, instead of the process being killed.
+//   TORCH_NCCL_BLOCKING_WAIT=1         wait() blocks, and throws on a timeout or an NCCL error
+//   TORCH_NCCL_ASYNC_ERROR_HANDLING=2  the watchdog aborts a failed communicator (CleanUpOnly)
+//                                      but does not kill the process (LibTorch 2.x's default
+//                                      3, SkipCleanUp, does)
+//   TORCH_NCCL_ENABLE_MONITORING=0     no heartbeat monitor that aborts the process when the
+//                                      watchdog is stuck in a call to a hung peer
+//   TORCH_NCCL_DUMP_ON_TIMEOUT=0       no flight-recorder dumps on a timeout
+// A variable already set in the environment is left as the operator set it.
+std::vector<std::pair<std::string, std::string>> NcclEnvironment();
+// Sets NcclEnvironment()'s variables that are not set yet; returns the names it set.
+std::vector<std::string> ApplyNcclEnvironment();
+
+#ifdef USE_C10D_NCCL
+// Options of one of the group's NCCL process groups (`name`: "gradients" or "experts"): every
+// collective's timeout is options.timeout_s, as for Gloo; normal-priority streams, so that the
+// communication does not preempt the backward kernels it overlaps. InvalidArgument for a
+// negative device or a timeout that is not positive.
+Result<c10::intrusive_ptr<c10d::ProcessGroupNCCL::Options>> NcclOptions(
+    const LearnerGroupOptions& options, const std::string& name);
+#endif
 
 struct LearnerGroupStats {
   int64_t allreduces = 0;         // gradient all-reduces (one per optimiser update)
@@ -51,13 +88,15 @@ struct LearnerGroupStats {
   int64_t rounds_served = 0;  // of them, rounds this rank served without a call of its own
 };
 
-class GlooExpertExchange;
+class GroupExpertExchange;
 class GroupRounds;
 
 class LearnerGroup {
  public:
   // Blocks until all world_size ranks have joined (or timeout_s passed: an error naming the
-  // rendezvous and how many ranks came).
+  // rendezvous and how many ranks came). With cuda_device set, makes that device current
+  // before the NCCL groups exist (their communicators bind to it); InvalidArgument, naming the
+  // device, when this LibTorch has no NCCL or the device is not there.
   static Result<std::unique_ptr<LearnerGroup>> Join(const LearnerGroupOptions& options);
   ~LearnerGroup();
 
@@ -105,7 +144,7 @@ class LearnerGroup {
   const LearnerGroupStats& stats() const;
 
  private:
-  friend class GlooExpertExchange;
+  friend class GroupExpertExchange;
   friend class GroupRounds;
   struct Impl;
   explicit LearnerGroup(std::unique_ptr<Impl> impl);
