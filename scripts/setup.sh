@@ -83,7 +83,10 @@ fetch_cuda_torch() {
   unpack_start=$(date +%s)
   rm -rf "$torch_prefix"
   mkdir -p "$torch_prefix"
-  unzip -q "${wheel[0]}" 'torch/include/*' 'torch/lib/*' 'torch/share/cmake/*' -d "$torch_prefix"
+  # Without the wheel's fmt 12 headers: they would shadow Debian's fmt 9, which Debian's spdlog
+  # is built against, in every file that includes both. LibTorch's own headers compile with 9.
+  unzip -q "${wheel[0]}" 'torch/include/*' 'torch/lib/*' 'torch/share/cmake/*' \
+    -x 'torch/include/fmt/*' -d "$torch_prefix"
   unzip -q "$wheels"/nvidia_cusparselt_cu13-0.8.0-*.whl 'nvidia/cusparselt/lib/*' -d "$torch_prefix"
   unzip -q "$wheels"/nvidia_nvshmem_cu13-3.4.5-*.whl 'nvidia/nvshmem/lib/libnvshmem_host.so*' \
     -d "$torch_prefix"
