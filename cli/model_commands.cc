@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/hf_commands.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
@@ -98,17 +99,29 @@ Result<std::vector<int64_t>> ParseTokenIds(const std::string& text) {
 void AddModelCommands(CLI::App& app, int& exit_code) {
   CLI::App* model = app.add_subcommand("model", "Model accounting, initialisation and checks");
   model->require_subcommand(1);
+  AddHfModelCommands(model, exit_code);
 
   // model info
   auto info_config = std::make_shared<std::string>();
   auto info_degree = std::make_shared<int64_t>(0);
   CLI::App* info = model->add_subcommand(
       "info", "Parameter counts and cache sizes, computed from the config without allocating");
-  info->add_option("--config", *info_config, "Model config YAML")->required();
+  auto info_hf = std::make_shared<std::string>();
+  auto* info_config_option = info->add_option("--config", *info_config, "Model config YAML");
+  info->add_option("--from-hf", *info_hf,
+                   "Hugging Face checkpoint directory: config.json and the index suffice")
+      ->excludes(info_config_option);
   info->add_option("--expert-parallel", *info_degree,
                    "Also the per-rank parameters and memory with the routed experts split over "
                    "N ranks (N divides routed_experts)");
-  info->callback([info_config, info_degree, &exit_code] {
+  info->callback([info_config, info_hf, info_degree, &exit_code] {
+    if (!info_hf->empty() || info_config->empty()) {
+      Status status = info_hf->empty()
+                          ? Status::InvalidArgument("model info: give --config or --from-hf")
+                          : PrintHfModelInfo(*info_hf, *info_degree);
+      if (!status.ok()) exit_code = ReportError(status);
+      return;
+    }
     Result<ModelConfig> config = LoadModelConfig(*info_config);
     if (!config.ok()) {
       exit_code = ReportError(config.status());

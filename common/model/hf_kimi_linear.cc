@@ -1,0 +1,392 @@
+#include "common/model/hf_kimi_linear.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
+
+namespace strider {
+namespace {
+
+using Json = nlohmann::json;
+using C = KimiLinearConfig;
+using Shape = std::vector<int64_t>;
+
+int64_t Projection(const C& c) { return c.kda_heads * c.kda_head_dim; }
+int64_t MlaQuery(const C& c) {
+  return c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim);
+}
+
+// Why rows do not map yet: each names the configuration option the model lacks.
+constexpr std::string_view kKdaGate =
+    "KDA decay gate: Kimi computes g = -exp(A_log) softplus(f_b(f_a(x)) + dt_bias), Strider "
+    "g = g_min sigmoid(exp(A) (W_up W_down x + b)); the shapes of f_a/f_b and dt_bias match "
+    "decay_down/decay_up/decay_bias but the function does not";
+constexpr std::string_view kKdaOutputGate =
+    "KDA output gate: Kimi's is low rank (g_b_proj g_a_proj), Strider's full rank (gate)";
+constexpr std::string_view kMlaQuery =
+    "MLA query: q_lora_rank is null, a full-rank q_proj; Strider's latent attention always "
+    "compresses the query (query_down, query_norm, query_up)";
+constexpr std::string_view kSiluMlp =
+    "feed-forward activation: Kimi Linear's hidden_act is silu (SwiGLU), Strider's SiTU-GLU";
+constexpr std::string_view kRoutedExperts =
+    "routed experts: Kimi's work at full width (w1, w3, w2 per expert), Strider's in a shared "
+    "latent space (latent_down, routed_*, latent_up)";
+
+const std::vector<KimiTensorRule>& Table() {
+  static const auto* table = new std::vector<KimiTensorRule>{
+      {KimiPart::kModel, "model.embed_tokens.weight", "embedding", true, "embeddings",
+       [](const C& c) { return Shape{c.vocab_size, c.hidden_size}; }, ""},
+      {KimiPart::kLayer, "model.layers.{L}.input_layernorm.weight", "layers.{L}.attention_norm",
+       true, "norms", [](const C& c) { return Shape{c.hidden_size}; }, ""},
+      // KDA (Kimi Delta Attention) layers.
+      {KimiPart::kKda, "model.layers.{L}.self_attn.q_proj.weight", "layers.{L}.incremental.query",
+       true, "kda_attention", [](const C& c) { return Shape{Projection(c), c.hidden_size}; }, ""},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.k_proj.weight", "layers.{L}.incremental.key",
+       true, "kda_attention", [](const C& c) { return Shape{Projection(c), c.hidden_size}; }, ""},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.v_proj.weight", "layers.{L}.incremental.value",
+       true, "kda_attention", [](const C& c) { return Shape{Projection(c), c.hidden_size}; }, ""},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.q_conv1d.weight",
+       "layers.{L}.incremental.query_conv", true, "kda_attention",
+       [](const C& c) { return Shape{Projection(c), 1, c.kda_conv_width}; },
+       "[P, 1, w] reshaped to [P, w]"},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.k_conv1d.weight",
+       "layers.{L}.incremental.key_conv", true, "kda_attention",
+       [](const C& c) { return Shape{Projection(c), 1, c.kda_conv_width}; },
+       "[P, 1, w] reshaped to [P, w]"},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.v_conv1d.weight",
+       "layers.{L}.incremental.value_conv", true, "kda_attention",
+       [](const C& c) { return Shape{Projection(c), 1, c.kda_conv_width}; },
+       "[P, 1, w] reshaped to [P, w]"},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.A_log", "layers.{L}.incremental.decay_log_scale",
+       false, "kda_attention", [](const C& c) { return Shape{1, 1, c.kda_heads, 1}; }, kKdaGate},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.f_a_proj.weight",
+       "layers.{L}.incremental.decay_down", false, "kda_attention",
+       [](const C& c) { return Shape{c.kda_head_dim, c.hidden_size}; }, kKdaGate},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.f_b_proj.weight",
+       "layers.{L}.incremental.decay_up", false, "kda_attention",
+       [](const C& c) { return Shape{Projection(c), c.kda_head_dim}; }, kKdaGate},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.dt_bias", "layers.{L}.incremental.decay_bias",
+       false, "kda_attention", [](const C& c) { return Shape{Projection(c)}; }, kKdaGate},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.b_proj.weight", "layers.{L}.incremental.beta",
+       true, "kda_attention", [](const C& c) { return Shape{c.kda_heads, c.hidden_size}; }, ""},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.g_a_proj.weight", "", false, "kda_attention",
+       [](const C& c) { return Shape{c.kda_head_dim, c.hidden_size}; }, kKdaOutputGate},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.g_b_proj.weight", "", false, "kda_attention",
+       [](const C& c) { return Shape{Projection(c), c.kda_head_dim}; }, kKdaOutputGate},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.o_norm.weight",
+       "layers.{L}.incremental.output_norm", true, "kda_attention",
+       [](const C& c) { return Shape{c.kda_head_dim}; }, ""},
+      {KimiPart::kKda, "model.layers.{L}.self_attn.o_proj.weight", "layers.{L}.incremental.output",
+       true, "kda_attention", [](const C& c) { return Shape{c.hidden_size, Projection(c)}; }, ""},
+      // MLA layers: no rotary embedding (mla_use_nope), as Strider's latent layers.
+      {KimiPart::kMlaFullQuery, "model.layers.{L}.self_attn.q_proj.weight", "", false,
+       "mla_attention", [](const C& c) { return Shape{MlaQuery(c), c.hidden_size}; }, kMlaQuery},
+      {KimiPart::kMlaLowRankQuery, "model.layers.{L}.self_attn.q_a_proj.weight",
+       "layers.{L}.latent.query_down", true, "mla_attention",
+       [](const C& c) { return Shape{c.q_lora_rank, c.hidden_size}; }, ""},
+      {KimiPart::kMlaLowRankQuery, "model.layers.{L}.self_attn.q_a_layernorm.weight",
+       "layers.{L}.latent.query_norm", true, "mla_attention",
+       [](const C& c) { return Shape{c.q_lora_rank}; }, ""},
+      {KimiPart::kMlaLowRankQuery, "model.layers.{L}.self_attn.q_b_proj.weight",
+       "layers.{L}.latent.query_up", true, "mla_attention",
+       [](const C& c) { return Shape{MlaQuery(c), c.q_lora_rank}; }, ""},
+      {KimiPart::kMla, "model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight",
+       "layers.{L}.latent.kv_down", true, "mla_attention",
+       [](const C& c) { return Shape{c.kv_lora_rank + c.qk_rope_head_dim, c.hidden_size}; }, ""},
+      {KimiPart::kMla, "model.layers.{L}.self_attn.kv_a_layernorm.weight",
+       "layers.{L}.latent.kv_norm", true, "mla_attention",
+       [](const C& c) { return Shape{c.kv_lora_rank}; }, ""},
+      {KimiPart::kMla, "model.layers.{L}.self_attn.kv_b_proj.weight", "layers.{L}.latent.kv_up",
+       true, "mla_attention",
+       [](const C& c) {
+         return Shape{c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank};
+       },
+       ""},
+      {KimiPart::kMla, "model.layers.{L}.self_attn.o_proj.weight", "layers.{L}.latent.output",
+       true, "mla_attention",
+       [](const C& c) { return Shape{c.hidden_size, c.num_attention_heads * c.v_head_dim}; }, ""},
+      {KimiPart::kLayer, "model.layers.{L}.post_attention_layernorm.weight",
+       "layers.{L}.feed_forward_norm", true, "norms",
+       [](const C& c) { return Shape{c.hidden_size}; }, ""},
+      // Dense MLP layers.
+      {KimiPart::kDenseMlp, "model.layers.{L}.mlp.gate_proj.weight", "layers.{L}.dense.gate", false,
+       "dense_mlp", [](const C& c) { return Shape{c.intermediate_size, c.hidden_size}; },
+       kSiluMlp},
+      {KimiPart::kDenseMlp, "model.layers.{L}.mlp.up_proj.weight", "layers.{L}.dense.up", false,
+       "dense_mlp", [](const C& c) { return Shape{c.intermediate_size, c.hidden_size}; },
+       kSiluMlp},
+      {KimiPart::kDenseMlp, "model.layers.{L}.mlp.down_proj.weight", "layers.{L}.dense.down", false,
+       "dense_mlp", [](const C& c) { return Shape{c.hidden_size, c.intermediate_size}; },
+       kSiluMlp},
+      // MoE layers: sigmoid router with a selection-only bias, as Strider's.
+      {KimiPart::kMoe, "model.layers.{L}.block_sparse_moe.gate.weight", "layers.{L}.experts.router",
+       true, "router", [](const C& c) { return Shape{c.num_experts, c.hidden_size}; }, ""},
+      {KimiPart::kMoe, "model.layers.{L}.block_sparse_moe.gate.e_score_correction_bias",
+       "layers.{L}.experts.router_bias", true, "router",
+       [](const C& c) { return Shape{c.num_experts}; }, ""},
+      {KimiPart::kRoutedExpert, "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight", "",
+       false, "routed_experts",
+       [](const C& c) { return Shape{c.moe_intermediate_size, c.hidden_size}; }, kRoutedExperts},
+      {KimiPart::kRoutedExpert, "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight", "",
+       false, "routed_experts",
+       [](const C& c) { return Shape{c.hidden_size, c.moe_intermediate_size}; }, kRoutedExperts},
+      {KimiPart::kRoutedExpert, "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight", "",
+       false, "routed_experts",
+       [](const C& c) { return Shape{c.moe_intermediate_size, c.hidden_size}; }, kRoutedExperts},
+      {KimiPart::kSharedExpert, "model.layers.{L}.block_sparse_moe.shared_experts.gate_proj.weight",
+       "layers.{L}.experts.shared_gate", false, "shared_experts",
+       [](const C& c) {
+         return Shape{c.num_shared_experts * c.moe_intermediate_size, c.hidden_size};
+       },
+       kSiluMlp},
+      {KimiPart::kSharedExpert, "model.layers.{L}.block_sparse_moe.shared_experts.up_proj.weight",
+       "layers.{L}.experts.shared_up", false, "shared_experts",
+       [](const C& c) {
+         return Shape{c.num_shared_experts * c.moe_intermediate_size, c.hidden_size};
+       },
+       kSiluMlp},
+      {KimiPart::kSharedExpert, "model.layers.{L}.block_sparse_moe.shared_experts.down_proj.weight",
+       "layers.{L}.experts.shared_down", false, "shared_experts",
+       [](const C& c) {
+         return Shape{c.hidden_size, c.num_shared_experts * c.moe_intermediate_size};
+       },
+       kSiluMlp},
+      {KimiPart::kModel, "model.norm.weight", "final_norm", true, "norms",
+       [](const C& c) { return Shape{c.hidden_size}; }, ""},
+      {KimiPart::kModel, "lm_head.weight", "output", true, "lm_head",
+       [](const C& c) { return Shape{c.vocab_size, c.hidden_size}; },
+       "absent where tie_word_embeddings is true"},
+  };
+  return *table;
+}
+
+std::string Substitute(std::string_view pattern, int64_t layer, int64_t expert) {
+  std::string out(pattern);
+  for (const auto& [key, value] : {std::pair<std::string, int64_t>{"{L}", layer}, {"{E}", expert}}) {
+    for (size_t at = out.find(key); at != std::string::npos; at = out.find(key)) {
+      out.replace(at, key.size(), std::to_string(value));
+    }
+  }
+  return out;
+}
+
+// Field readers: each error names the field and the file.
+Result<int64_t> Integer(const Json& json, const char* key, const std::string& origin,
+                        std::optional<int64_t> fallback = std::nullopt) {
+  if (!json.contains(key) || json[key].is_null()) {
+    if (fallback) return *fallback;
+    return Status::InvalidArgument(fmt::format("{}: missing field '{}'", origin, key));
+  }
+  const Json& value = json[key];
+  if (!value.is_number_integer() || value.get<int64_t>() < 0) {
+    return Status::InvalidArgument(fmt::format("{}: field '{}' is {}, expected a non-negative "
+                                               "integer", origin, key, value.dump()));
+  }
+  return value.get<int64_t>();
+}
+
+Result<std::vector<int64_t>> LayerList(const Json& json, const char* key,
+                                       const std::string& origin) {
+  if (!json.contains(key) || !json[key].is_array()) {
+    return Status::InvalidArgument(fmt::format(
+        "{}: linear_attn_config.{} is missing or not a list of layer numbers", origin, key));
+  }
+  std::vector<int64_t> layers;
+  for (const Json& value : json[key]) {
+    if (!value.is_number_integer()) {
+      return Status::InvalidArgument(fmt::format("{}: linear_attn_config.{} holds {}, expected "
+                                                 "1-based layer numbers", origin, key,
+                                                 value.dump()));
+    }
+    layers.push_back(value.get<int64_t>());
+  }
+  return layers;
+}
+
+}  // namespace
+
+int64_t KimiLinearConfig::CountKdaLayers() const {
+  return std::count(kda.begin(), kda.end(), true);
+}
+
+int64_t KimiLinearConfig::CountMoeLayers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < num_hidden_layers; ++i) n += IsMoeLayer(i) ? 1 : 0;
+  return n;
+}
+
+size_t KimiLinearConfig::DtypeBytes() const {
+  if (dtype == "float32") return 4;
+  if (dtype == "float64") return 8;
+  return 2;
+}
+
+Result<KimiLinearConfig> ParseKimiLinearConfig(std::string_view json_text,
+                                               const std::string& origin) {
+  Json json;
+  try {
+    json = Json::parse(json_text.begin(), json_text.end());
+  } catch (const Json::exception& error) {
+    return Status::InvalidArgument(fmt::format("{}: not valid JSON: {}", origin, error.what()));
+  }
+  if (!json.is_object()) {
+    return Status::InvalidArgument(fmt::format("{}: expected a JSON object", origin));
+  }
+  const std::string model_type =
+      json.contains("model_type") && json["model_type"].is_string()
+          ? json["model_type"].get<std::string>()
+          : std::string("(none)");
+  if (model_type != "kimi_linear") {
+    return Status::Unimplemented(fmt::format(
+        "{}: model_type '{}' is not supported (supported: kimi_linear)", origin, model_type));
+  }
+  KimiLinearConfig c;
+  STRIDER_ASSIGN_OR_RETURN(c.vocab_size, Integer(json, "vocab_size", origin));
+  STRIDER_ASSIGN_OR_RETURN(c.hidden_size, Integer(json, "hidden_size", origin));
+  STRIDER_ASSIGN_OR_RETURN(c.num_hidden_layers, Integer(json, "num_hidden_layers", origin));
+  STRIDER_ASSIGN_OR_RETURN(c.intermediate_size, Integer(json, "intermediate_size", origin));
+  STRIDER_ASSIGN_OR_RETURN(c.num_experts, Integer(json, "num_experts", origin, 0));
+  if (c.num_experts > 0) {
+    STRIDER_ASSIGN_OR_RETURN(c.moe_intermediate_size,
+                             Integer(json, "moe_intermediate_size", origin));
+    STRIDER_ASSIGN_OR_RETURN(c.num_experts_per_token,
+                             Integer(json, "num_experts_per_token", origin));
+    STRIDER_ASSIGN_OR_RETURN(c.num_shared_experts, Integer(json, "num_shared_experts", origin, 0));
+    STRIDER_ASSIGN_OR_RETURN(c.first_k_dense_replace,
+                             Integer(json, "first_k_dense_replace", origin, 0));
+    STRIDER_ASSIGN_OR_RETURN(c.moe_layer_freq, Integer(json, "moe_layer_freq", origin, 1));
+  }
+  STRIDER_ASSIGN_OR_RETURN(c.num_attention_heads, Integer(json, "num_attention_heads", origin));
+  STRIDER_ASSIGN_OR_RETURN(c.qk_nope_head_dim, Integer(json, "qk_nope_head_dim", origin));
+  STRIDER_ASSIGN_OR_RETURN(c.qk_rope_head_dim, Integer(json, "qk_rope_head_dim", origin));
+  STRIDER_ASSIGN_OR_RETURN(c.v_head_dim, Integer(json, "v_head_dim", origin));
+  STRIDER_ASSIGN_OR_RETURN(c.kv_lora_rank, Integer(json, "kv_lora_rank", origin));
+  STRIDER_ASSIGN_OR_RETURN(c.q_lora_rank, Integer(json, "q_lora_rank", origin, 0));
+  if (json.contains("tie_word_embeddings")) {
+    if (!json["tie_word_embeddings"].is_boolean()) {
+      return Status::InvalidArgument(
+          fmt::format("{}: field 'tie_word_embeddings' is not true or false", origin));
+    }
+    c.tie_word_embeddings = json["tie_word_embeddings"].get<bool>();
+  }
+  if (json.contains("rms_norm_eps") && json["rms_norm_eps"].is_number()) {
+    c.rms_norm_eps = json["rms_norm_eps"].get<double>();
+  }
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (json.contains(key) && json[key].is_string()) {
+      c.dtype = json[key].get<std::string>();
+      break;
+    }
+  }
+  if (!json.contains("linear_attn_config") || !json["linear_attn_config"].is_object()) {
+    return Status::InvalidArgument(
+        fmt::format("{}: missing field 'linear_attn_config' (the KDA layers)", origin));
+  }
+  const Json& linear = json["linear_attn_config"];
+  const std::string linear_origin = origin + ": linear_attn_config";
+  STRIDER_ASSIGN_OR_RETURN(c.kda_heads, Integer(linear, "num_heads", linear_origin));
+  STRIDER_ASSIGN_OR_RETURN(c.kda_head_dim, Integer(linear, "head_dim", linear_origin));
+  STRIDER_ASSIGN_OR_RETURN(c.kda_conv_width,
+                           Integer(linear, "short_conv_kernel_size", linear_origin));
+  STRIDER_ASSIGN_OR_RETURN(std::vector<int64_t> kda_layers,
+                           LayerList(linear, "kda_layers", origin));
+  STRIDER_ASSIGN_OR_RETURN(std::vector<int64_t> full_layers,
+                           LayerList(linear, "full_attn_layers", origin));
+  // Every layer in exactly one list, numbered 1..num_hidden_layers.
+  std::vector<int> seen(c.num_hidden_layers, 0);
+  c.kda.assign(c.num_hidden_layers, false);
+  for (const auto* list : {&kda_layers, &full_layers}) {
+    for (int64_t layer : *list) {
+      if (layer < 1 || layer > c.num_hidden_layers) {
+        return Status::InvalidArgument(fmt::format(
+            "{}: linear_attn_config names layer {}, outside 1..{} (the lists are 1-based)",
+            origin, layer, c.num_hidden_layers));
+      }
+      ++seen[layer - 1];
+      if (list == &kda_layers) c.kda[layer - 1] = true;
+    }
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (seen[i] != 1) {
+      return Status::InvalidArgument(fmt::format(
+          "{}: layer {} (1-based) appears {} times in linear_attn_config's kda_layers and "
+          "full_attn_layers, expected once",
+          origin, i + 1, seen[i]));
+    }
+  }
+  return c;
+}
+
+const std::vector<KimiTensorRule>& KimiLinearTensorTable() { return Table(); }
+
+const std::vector<StriderOnlyParameter>& StriderParametersWithoutKimiCounterpart() {
+  static const auto* list = new std::vector<StriderOnlyParameter>{
+      {"residual_queries", "attention residuals: Kimi Linear has plain residual connections"},
+      {"layers.{L}.incremental.gate", kKdaOutputGate},
+      {"layers.{L}.latent.gate",
+       "MLA output gate: Kimi Linear has none (mla_use_output_gate is a Kimi K3 field)"},
+      {"layers.{L}.latent.query_down, query_norm, query_up", kMlaQuery},
+      {"layers.{L}.experts.latent_down, latent_norm, latent_up", kRoutedExperts},
+      {"layers.{L}.experts.routed_gate, routed_up, routed_down", kRoutedExperts},
+      {"vision.*", "native vision input: Kimi Linear is text only (vision.enabled: false)"},
+      {"value_head.*", "the learner's value head: not part of a published checkpoint"},
+  };
+  return *list;
+}
+
+int64_t KimiTensor::Count() const {
+  int64_t n = 1;
+  for (int64_t dim : shape) n *= dim;
+  return n;
+}
+
+std::vector<KimiTensor> KimiLinearTensors(const KimiLinearConfig& c) {
+  std::vector<KimiTensor> out;
+  auto add = [&](const KimiTensorRule& rule, int64_t layer, int64_t expert) {
+    KimiTensor t;
+    t.hf_name = Substitute(rule.hf, layer, expert);
+    if (!rule.strider.empty()) t.strider_name = Substitute(rule.strider, layer, expert);
+    t.shape = rule.shape(c);
+    t.rule = &rule;
+    out.push_back(std::move(t));
+  };
+  const auto& table = Table();
+  for (const KimiTensorRule& rule : table) {
+    if (rule.part != KimiPart::kModel || rule.hf != "model.embed_tokens.weight") continue;
+    add(rule, 0, 0);
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const bool moe = c.IsMoeLayer(i);
+    for (const KimiTensorRule& rule : table) {
+      bool applies = false;
+      switch (rule.part) {
+        case KimiPart::kModel: break;
+        case KimiPart::kLayer: applies = true; break;
+        case KimiPart::kKda: applies = c.kda[i]; break;
+        case KimiPart::kMla: applies = !c.kda[i]; break;
+        case KimiPart::kMlaFullQuery: applies = !c.kda[i] && c.q_lora_rank == 0; break;
+        case KimiPart::kMlaLowRankQuery: applies = !c.kda[i] && c.q_lora_rank > 0; break;
+        case KimiPart::kDenseMlp: applies = !moe; break;
+        case KimiPart::kMoe: applies = moe; break;
+        case KimiPart::kSharedExpert: applies = moe && c.num_shared_experts > 0; break;
+        case KimiPart::kRoutedExpert:
+          if (moe) {
+            for (int64_t e = 0; e < c.num_experts; ++e) add(rule, i, e);
+          }
+          break;
+      }
+      if (applies) add(rule, i, 0);
+    }
+  }
+  for (const KimiTensorRule& rule : table) {
+    if (rule.part != KimiPart::kModel || rule.hf == "model.embed_tokens.weight") continue;
+    if (rule.hf == "lm_head.weight" && c.tie_word_embeddings) continue;
+    add(rule, 0, 0);
+  }
+  return out;
+}
+
+}  // namespace strider
