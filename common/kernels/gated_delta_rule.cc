@@ -4,9 +4,9 @@
 //   - Batch and heads are flattened into one batch dimension BH so every product is a plain
 //     bmm; nothing here depends on B and H separately.
 //   - The recurrent form has two loops over the same equations: a fused in-place one when no
-//     gradient is needed (decode: one copy of the state per call, one parallel loop over batch
-//     and heads, no temporary beyond one Dv row per thread) and an out-of-place one that
-//     autograd can differentiate.
+//     gradient is needed on the CPU (decode: one copy of the state per call, one parallel loop
+//     over batch and heads, no temporary beyond one Dv row per thread) and an out-of-place one
+//     of ATen products that autograd can differentiate and that runs on any device.
 //   - The chunkwise form never exponentiates a positive number. Within a chunk the cumulative
 //     log-decay G is non-increasing, so exp(G_r - G_s) <= 1 for s <= r. The chunk is cut into
 //     sub-blocks of kSubBlock positions: pairs (r, s) in the same sub-block use the explicit
@@ -220,7 +220,9 @@ GatedDeltaRuleOutput GatedDeltaRuleRecurrent(const at::Tensor& query, const at::
   auto q = query.reshape({bh, d.t, d.dk});                                // (BH, T, Dk)
   auto k = key.reshape({bh, d.t, d.dk});                                  // (BH, T, Dk)
   auto v = value.reshape({bh, d.t, d.dv});                                // (BH, T, Dv)
-  if (!NeedsGradient({&query, &key, &value, &log_decay, &beta, &initial_state})) {
+  // The fused loop reads host memory; off the CPU the ATen loop below runs where the tensors are.
+  if (query.device().is_cpu() &&
+      !NeedsGradient({&query, &key, &value, &log_decay, &beta, &initial_state})) {
     auto state = at::empty({bh, d.dk, d.dv}, initial_state.options());   // (BH, Dk, Dv)
     state.view({d.b, d.h, d.dk, d.dv}).copy_(initial_state);
     auto output = at::empty({bh, d.t, d.dv}, value.options());           // (BH, T, Dv)

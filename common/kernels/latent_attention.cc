@@ -232,7 +232,8 @@ struct TileState {
 
 // Matrix-product tiles for many new tokens per row; same arguments as LoopKernel. The float32
 // prefill runs the fused kernel instead where the CPU has AVX2 (latent_attention_prefill.h);
-// this is the float64 path and the fallback.
+// this is the float64 path, the fallback, and every form off the CPU (ATen ops only, so it runs
+// where the tensors are).
 at::Tensor TileKernel(const at::Tensor& query, const LatentAttentionPages& pages,
                       const at::Tensor& new_latent, const at::Tensor& new_rope_key) {
   const int64_t batch = query.size(0);
@@ -276,9 +277,12 @@ at::Tensor TileKernel(const at::Tensor& query, const LatentAttentionPages& pages
         at::Tensor scores = at::mm(q_latent.narrow(0, row, seeing), latent.t());
         scores.addmm_(q_rope.narrow(0, row, seeing), new_rope_key[b].narrow(0, k0, keys).t());
         if (k0 + keys - 1 > first) {
-          at::Tensor key_position = at::arange(k0, k0 + keys, at::kLong);
-          at::Tensor token_position =
-              at::arange(first, t0 + count, at::kLong).repeat_interleave(heads);
+          const at::TensorOptions positions = scores.options().dtype(at::kLong);
+          at::Tensor key_position = at::arange(k0, k0 + keys, positions);
+          at::Tensor token_position = at::arange(first, t0 + count, positions)
+                                          .unsqueeze(1)
+                                          .expand({t0 + count - first, heads})
+                                          .reshape({-1});
           scores.masked_fill_(key_position.unsqueeze(0) > token_position.unsqueeze(1),
                               -std::numeric_limits<double>::infinity());
         }
@@ -339,6 +343,8 @@ at::Tensor LatentAttentionOverPages(const at::Tensor& query, const LatentAttenti
 at::Tensor LatentAttentionDecode(const at::Tensor& query, const LatentAttentionPages& pages,
                                  const at::Tensor& new_latent, const at::Tensor& new_rope_key) {
   CheckArguments(query, pages, new_latent, new_rope_key);
+  // The loop kernel reads the rows through host pointers.
+  if (!query.device().is_cpu()) return TileKernel(query, pages, new_latent, new_rope_key);
   return query.scalar_type() == at::kDouble
              ? LoopKernel<double>(query, pages, new_latent, new_rope_key)
              : LoopKernel<float>(query, pages, new_latent, new_rope_key);
@@ -349,8 +355,9 @@ at::Tensor LatentAttentionPrefill(const at::Tensor& query, const LatentAttention
   CheckArguments(query, pages, new_latent, new_rope_key);
   const int64_t latent_rank = new_latent.size(2);
   // float32 on a CPU with AVX2: the fused kernel (latent_attention_prefill.h); otherwise (float64,
-  // or no AVX2) tiles of ATen products.
-  if (query.scalar_type() != at::kFloat || !internal::CanRunFusedPrefill(latent_rank)) {
+  // no AVX2, or another device) tiles of ATen products.
+  if (query.scalar_type() != at::kFloat || !query.device().is_cpu() ||
+      !internal::CanRunFusedPrefill(latent_rank)) {
     return TileKernel(query, pages, new_latent, new_rope_key);
   }
   std::vector<std::vector<internal::KeyPageView>> views(pages.size());
@@ -403,8 +410,9 @@ at::Tensor LatentAttentionReference(const at::Tensor& query, const LatentAttenti
     const int64_t past = keys.size(0) - tokens;
     at::Tensor scores = at::einsum("thw,sw->ths", {query[b], keys});  // (T, H, S)
     // Key s is in token t's future when s > past + t.
-    at::Tensor future = at::arange(past + tokens, at::kLong).unsqueeze(0) >
-                        (at::arange(tokens, at::kLong) + past).unsqueeze(1);  // (T, S)
+    const at::TensorOptions positions = scores.options().dtype(at::kLong);
+    at::Tensor future = at::arange(past + tokens, positions).unsqueeze(0) >
+                        (at::arange(tokens, positions) + past).unsqueeze(1);  // (T, S)
     scores.masked_fill_(future.unsqueeze(1), -std::numeric_limits<double>::infinity());
     rows.push_back(
         at::einsum("ths,sc->thc", {at::softmax(scores, -1), keys.narrow(1, 0, latent_rank)}));

@@ -23,13 +23,18 @@ constexpr int64_t kQueryRows = 1024;
 constexpr int64_t kKeys = 1024;
 
 // Causal visibility inside a tile: query row r (token first_token + r / heads) sees key k0 + j
-// when k0 + j <= past + token. Undefined when the whole tile is visible.
+// when k0 + j <= past + token. Undefined when the whole tile is visible. Made on the scores'
+// device.
 at::Tensor FutureMask(int64_t first_token, int64_t tokens, int64_t heads, int64_t past,
-                      int64_t k0, int64_t keys) {
+                      int64_t k0, int64_t keys, const at::Device& device) {
   if (k0 + keys - 1 <= past + first_token) return at::Tensor();
-  at::Tensor key = at::arange(k0, k0 + keys, at::kLong);
-  at::Tensor limit = (at::arange(first_token, first_token + tokens, at::kLong) + past)
-                         .repeat_interleave(heads);
+  const at::TensorOptions options = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor key = at::arange(k0, k0 + keys, options);
+  // Each token's limit once per head (expanded: repeat_interleave reads its repeats on the host).
+  at::Tensor limit = (at::arange(first_token, first_token + tokens, options) + past)
+                         .unsqueeze(1)
+                         .expand({tokens, heads})
+                         .reshape({-1});
   return key.unsqueeze(0) > limit.unsqueeze(1);  // (rows, keys)
 }
 
@@ -99,7 +104,7 @@ std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& query, const KeySour
         const int64_t n = std::min(kKeys, visible - k0);
         at::Tensor block = keys.Block(b, k0, n);
         at::Tensor scores = at::mm(q_tile, block.t());
-        at::Tensor future = FutureMask(t0, count, s.heads, s.past, k0, n);
+        at::Tensor future = FutureMask(t0, count, s.heads, s.past, k0, n, scores.device());
         if (future.defined()) scores.masked_fill_(future, -inf);
         at::Tensor top = at::maximum(max, std::get<0>(scores.max(1)));
         at::Tensor correction = at::exp(max - top);
@@ -185,7 +190,7 @@ class BlockwiseFunction : public torch::autograd::Function<BlockwiseFunction> {
           at::Tensor k = keys.Block(b, k0, n);
           at::Tensor v = k.narrow(1, 0, latent_rank);
           at::Tensor scores = at::mm(q_tile, k.t());
-          at::Tensor future = FutureMask(t0, count, s.heads, s.past, k0, n);
+          at::Tensor future = FutureMask(t0, count, s.heads, s.past, k0, n, scores.device());
           if (future.defined()) scores.masked_fill_(future, -inf);
           at::Tensor p = scores.sub_(lse_tile).exp_();  // (rows, n), in place
           at::Tensor d_scores = at::mm(d_o_tile, v.t());  // dP = dO V^T

@@ -18,6 +18,17 @@ std::vector<char> ModelConfig::LayerKinds() const {
   return kinds;
 }
 
+bool ValidDeviceName(const std::string& name) {
+  if (name == "cpu" || name == "cuda") return true;
+  const std::string prefix = "cuda:";
+  if (name.size() <= prefix.size() || name.size() > prefix.size() + 4 ||
+      name.compare(0, prefix.size(), prefix) != 0) {
+    return false;
+  }
+  return std::all_of(name.begin() + prefix.size(), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 int64_t ModelConfig::CountLayers(char kind) const {
   const std::vector<char> kinds = LayerKinds();
   return std::count(kinds.begin(), kinds.end(), kind);
@@ -38,6 +49,7 @@ void ReadModel(ConfigReader& model, ModelConfig* config) {
   model.Optional("norm_epsilon", &config->norm_epsilon);
   model.Optional("cache_dtype", &config->cache_dtype);
   model.Optional("threads", &config->threads);
+  model.Optional("device", &config->device);
 
   ConfigReader incremental = model.Section("incremental_attention");
   auto& inc = config->incremental;
@@ -127,6 +139,9 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& origin) {
   STRIDER_RETURN_IF_ERROR(finite_positive(c.init_std, "init_std"));
   STRIDER_RETURN_IF_ERROR(finite_positive(c.norm_epsilon, "norm_epsilon"));
   if (c.threads < 0) return bad("threads", "must be 0 (all cores) or positive");
+  if (!ValidDeviceName(c.device)) {
+    return bad("device", "must be cpu, cuda or cuda:N, got '" + c.device + "'");
+  }
 
   const auto& inc = c.incremental;
   if (c.CountLayers('I') > 0) {

@@ -76,6 +76,10 @@ struct ModelConfig {
   double norm_epsilon = 1e-6;
   std::string cache_dtype = "float32";   // latent cache storage: float32 | bfloat16
   int64_t threads = 0;             // intra-op threads; 0 = all cores
+  // Where the weights live and the model computes: cpu, cuda or cuda:N (ValidDeviceName). A
+  // command's --device and the device: key of an actor, learner or pretraining config override
+  // it; whether the device exists is checked when a model is made (model.h, ResolveDevice).
+  std::string device = "cpu";
 
   IncrementalAttentionConfig incremental;
   LatentAttentionConfig latent;
@@ -90,6 +94,10 @@ struct ModelConfig {
 };
 
 Status ValidateModelConfig(const ModelConfig& config, const std::string& origin);
+
+// Whether `name` spells a device the model can be placed on: "cpu", "cuda" or "cuda:N" with N a
+// device index. Spelling only: whether that device is present is a LibTorch question.
+bool ValidDeviceName(const std::string& name);
 
 // Reads the `model:` section of a YAML file (other top-level sections are left to their
 // owners; see LoadModelConfigFromReader).

@@ -46,8 +46,10 @@ IncrementalAttentionState IncrementalAttentionState::Zeros(const IncrementalAtte
 at::Tensor DecayGate(const at::Tensor& z, const at::Tensor& decay_log_scale, int64_t heads,
                      double min_log_decay) {
   const int64_t key_dim = z.size(-1) / heads;
-  // exp(A_h) broadcast over the head's Dk channels.
-  at::Tensor scale = at::exp(decay_log_scale).repeat_interleave(key_dim);  // (H*Dk)
+  // exp(A_h) broadcast over the head's Dk channels. Expanded, not repeat_interleave'd: that
+  // sizes its output from a tensor of repeats, read on the host (a sync per layer on a GPU).
+  at::Tensor scale =
+      at::exp(decay_log_scale).unsqueeze(-1).expand({heads, key_dim}).reshape({-1});  // (H*Dk)
   return min_log_decay * at::sigmoid(scale * z);
 }
 

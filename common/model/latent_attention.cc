@@ -82,7 +82,8 @@ at::Tensor FutureMask(int64_t queries, int64_t keys, const at::Device& device) {
   return key_position.unsqueeze(0) > query_position.unsqueeze(1);  // (T, S)
 }
 
-// Row b's past as pages: the given pages, or views of the padded tensors up to lengths[b].
+// Row b's past as pages: the given pages, or views of the padded tensors up to lengths[b]. Reads
+// the lengths on the host: for the CPU only (Attend keeps a device's padded past on the device).
 std::vector<std::vector<LatentAttentionPage>> PastPages(const at::Tensor& past_latent,
                                                         const at::Tensor& past_rope_key,
                                                         const at::Tensor& past_lengths,
@@ -127,7 +128,7 @@ void PadPages(const std::vector<std::vector<LatentAttentionPage>>& pages, at::Te
       at_position += n;
     }
   }
-  *lengths = at::tensor(length, at::kLong);
+  *lengths = at::tensor(length, at::kLong).to(sample->latent.device());
 }
 
 // Shared by the cache form and the ragged form. The past is `past` (padded or paged; lengths
@@ -167,8 +168,13 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
                        (x.requires_grad() || w.query_down.requires_grad() ||
                         w.kv_up.requires_grad() ||
                         (past.latent.defined() && past.latent.requires_grad()));
+  // Off the CPU a padded past with per-row lengths stays one tensor: cutting it into pages would
+  // read the lengths on the host every layer; the masked forms below keep it on the device.
+  const bool padded_ragged = past.pages.empty() && past.lengths.defined() &&
+                             past.latent.defined() && past.latent.size(1) > 0;
   at::Tensor head_output;  // (B, T, H, Dv)
-  if (form == LatentAttentionForm::kAbsorbed && !records) {
+  if (form == LatentAttentionForm::kAbsorbed && !records &&
+      (x.device().is_cpu() || !padded_ragged)) {
     // Blockwise over the past where it lives; nothing of the past's size is allocated.
     const at::ScalarType compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     std::vector<std::vector<LatentAttentionPage>> pages =
@@ -241,7 +247,8 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
               : kernels::LatentAttentionBlockwise(scaled_query, all_latent, all_rope_key);
       head_output = at::einsum("bthc,hvc->bthv", {latent_output, value_up});
     } else {
-      // Ragged rows while autograd records (not a training path today): materialised scores.
+      // Ragged rows while autograd records (not a training path today), or a padded ragged past
+      // off the CPU: materialised scores, masked on the device.
       at::Tensor absorbed_query = at::einsum("bthn,hnc->bhtc", {query_nope, key_up});
       at::Tensor scores =
           at::matmul(absorbed_query, all_latent.unsqueeze(1).transpose(-1, -2));

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/cuda.h>
 
 #include <cstring>
 #include <optional>
@@ -82,6 +83,24 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
+
+Result<c10::Device> ResolveDevice(const std::string& name) {
+  if (!ValidDeviceName(name)) {
+    return Status::InvalidArgument("device '" + name + "' is not cpu, cuda or cuda:N");
+  }
+  if (name == "cpu") return c10::Device(c10::kCPU);
+  if (!torch::cuda::is_available()) {
+    return Status::InvalidArgument("device " + name +
+                                   ": this build of LibTorch has no CUDA or no GPU is visible");
+  }
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  const int64_t index = name == "cuda" ? 0 : std::stoll(name.substr(5));
+  if (index >= count) {
+    return Status::InvalidArgument("device " + name + ": only " + std::to_string(count) +
+                                   " CUDA device(s) are visible");
+  }
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
 
 RoutingRecord RoutingRecord::Concatenate(const std::vector<RoutingRecord>& parts) {
   RoutingRecord joined;
@@ -163,8 +182,11 @@ Model::~Model() = default;
 
 at::ScalarType Model::dtype() const { return layers_->embedding.scalar_type(); }
 
+c10::Device Model::device() const { return layers_->embedding.device(); }
+
 Result<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, uint64_t seed) {
   STRIDER_RETURN_IF_ERROR(ValidateModelConfig(config, "model config"));
+  STRIDER_ASSIGN_OR_RETURN(const c10::Device device, ResolveDevice(config.device));
   std::unique_ptr<Model> model(new Model(config));
   Status status = Guarded("initialising model weights", [&] {
     at::Generator generator = at::detail::createCPUGenerator(seed);
@@ -186,7 +208,7 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, uint64_t
           tensor.uniform_(-8.5, -1.7, generator);
           break;
       }
-      model->tensors_.emplace_back(spec.name, tensor);
+      model->tensors_.emplace_back(spec.name, tensor.to(device));
       model->trainable_.push_back(spec.trainable);
     }
     model->Bind();
@@ -197,6 +219,7 @@ Result<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, uint64_t
 
 Result<std::unique_ptr<Model>> Model::Load(const ModelConfig& config, const std::string& path) {
   STRIDER_RETURN_IF_ERROR(ValidateModelConfig(config, "model config"));
+  STRIDER_RETURN_IF_ERROR(ResolveDevice(config.device).status());
   STRIDER_ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(path));
   return FromContents(config, contents, path);
 }
@@ -205,6 +228,7 @@ Result<std::unique_ptr<Model>> Model::LoadFromBytes(const ModelConfig& config,
                                                     std::string_view bytes,
                                                     const std::string& name) {
   STRIDER_RETURN_IF_ERROR(ValidateModelConfig(config, "model config"));
+  STRIDER_RETURN_IF_ERROR(ResolveDevice(config.device).status());
   STRIDER_ASSIGN_OR_RETURN(SafetensorsContents contents, DecodeSafetensors(bytes, name));
   return FromContents(config, contents, name);
 }
@@ -212,6 +236,7 @@ Result<std::unique_ptr<Model>> Model::LoadFromBytes(const ModelConfig& config,
 Result<std::unique_ptr<Model>> Model::FromContents(const ModelConfig& config,
                                                    const SafetensorsContents& contents,
                                                    const std::string& path) {
+  STRIDER_ASSIGN_OR_RETURN(const c10::Device device, ResolveDevice(config.device));
   std::unique_ptr<Model> model(new Model(config));
   std::vector<ParameterSpec> specs = ModelParameterSpecs(config);
   // An expert-parallel rank's checkpoint holds its shard of the routed experts.
@@ -264,9 +289,13 @@ Result<std::unique_ptr<Model>> Model::FromContents(const ModelConfig& config,
                                      " but earlier tensors are " + stored_dtype +
                                      ": a checkpoint holds F64 weights throughout or none");
     }
-    at::Tensor tensor = at::empty(spec.shape, type);
-    std::memcpy(tensor.data_ptr(), loaded.bytes.data(), loaded.bytes.size());
-    model->tensors_.emplace_back(spec.name, tensor.to(compute));
+    at::Tensor placed;
+    STRIDER_RETURN_IF_ERROR(Guarded("placing weights on " + device.str(), [&] {
+      at::Tensor tensor = at::empty(spec.shape, type);
+      std::memcpy(tensor.data_ptr(), loaded.bytes.data(), loaded.bytes.size());
+      placed = tensor.to(device, compute);
+    }));
+    model->tensors_.emplace_back(spec.name, placed);
     model->trainable_.push_back(spec.trainable);
   }
   if (contents.tensors.size() != specs.size()) {
@@ -355,14 +384,14 @@ void Model::ServeExperts(model::ExpertExchange& exchange, bool backward) const {
   TORCH_CHECK(sharded_, "serving experts: this model holds every expert");
   at::AutoGradMode grad_mode(backward);
   const FeedForwardConfig& c = config_.feed_forward;
-  const at::TensorOptions options = at::TensorOptions().dtype(dtype());
+  const at::TensorOptions options = at::TensorOptions().dtype(dtype()).device(device());
   at::Tensor total;
   for (const Layers::Layer& layer : layers_->layers) {
     if (!layer.sparse) continue;
     // No rows of its own: the layer only computes what the other ranks send. The empty latent
     // requires a gradient so that backward runs the reverse exchanges too.
     const at::Tensor latent = at::zeros({0, c.latent_width}, options).requires_grad_(backward);
-    const at::Tensor experts = at::zeros({0, c.experts_per_token}, at::kLong);
+    const at::Tensor experts = at::zeros({0, c.experts_per_token}, options.dtype(at::kLong));
     const at::Tensor weights = at::zeros({0, c.experts_per_token}, options);
     const at::Tensor out =
         model::RoutedExpertsParallel(layer.experts, c, latent, experts, weights, exchange);
@@ -502,7 +531,8 @@ Status Model::CheckInput(const ModelInput& input) const {
 ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
                          const ForwardOptions& options, RaggedBatch* ragged) const {
   const Layers& w = *layers_;
-  const at::Tensor& tokens = input.tokens;
+  // Callers build token ids on the host; the weights say where they are needed.
+  const at::Tensor tokens = input.tokens.to(device());
   const int64_t batch = tokens.size(0);
   const int64_t length = tokens.size(1);
   const double epsilon = config_.norm_epsilon;
@@ -510,14 +540,15 @@ ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
   at::Tensor x = at::embedding(w.embedding, tokens);  // (B, T, d)
   if (!input.images.empty()) {
     // Patch vectors replace the placeholder positions, image by image in stream order.
-    at::Tensor is_patch = (tokens == token::kImagePatch).cpu();
+    at::Tensor is_patch = tokens == token::kImagePatch;
     std::vector<int64_t> next_position(batch, 0);
     std::vector<at::Tensor> rows, columns, vectors;
     for (const ImageInput& image : input.images) {
-      at::Tensor embedded = model::EmbedImagePatches(w.vision, config_.vision, image.pixels);
+      at::Tensor embedded =
+          model::EmbedImagePatches(w.vision, config_.vision, image.pixels.to(device()));
       const int64_t count = embedded.size(0);
       at::Tensor positions = at::nonzero(is_patch[image.sequence]).reshape({-1});
-      rows.push_back(at::full({count}, image.sequence, at::kLong));
+      rows.push_back(at::full({count}, image.sequence, tokens.options()));
       columns.push_back(positions.narrow(0, next_position[image.sequence], count));
       next_position[image.sequence] += count;
       vectors.push_back(embedded);
@@ -543,7 +574,7 @@ ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
                                                      normed, layer_state, epsilon);
     } else if (ragged != nullptr) {
       model::LatentAttentionPast past = ragged->load_past(i);
-      if (!past.lengths.defined()) past.lengths = ragged->past_lengths;
+      if (!past.lengths.defined()) past.lengths = ragged->past_lengths.to(tokens.device());
       attention = model::LatentAttentionForwardRagged(
           layer.latent, config_.latent, normed, past, epsilon,
           options.explicit_latent_attention ? model::LatentAttentionForm::kExplicit
@@ -617,7 +648,7 @@ Result<InferenceState> Model::NewState(int64_t batch_size) const {
   InferenceState state;
   state.batch_size_ = batch_size;
   STRIDER_RETURN_IF_ERROR(Guarded("allocating inference state", [&] {
-    const at::TensorOptions options = at::TensorOptions().dtype(dtype());
+    const at::TensorOptions options = at::TensorOptions().dtype(dtype()).device(device());
     const at::ScalarType cache_type =
         dtype() == at::kDouble ? at::kDouble
                                : (config_.cache_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat);
@@ -722,7 +753,8 @@ at::Tensor NextTokenLogProbs(const at::Tensor& logits, const at::Tensor& tokens)
   const int64_t length = logits.size(1);
   const at::ScalarType type = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor log_probs = at::log_softmax(logits.narrow(1, 0, length - 1).to(type), -1);
-  return log_probs.gather(-1, tokens.narrow(1, 1, length - 1).unsqueeze(-1)).squeeze(-1);
+  const at::Tensor targets = tokens.narrow(1, 1, length - 1).to(log_probs.device());
+  return log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1);
 }
 
 void ConfigureThreads(int64_t threads) {

@@ -43,6 +43,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <functional>
@@ -160,21 +161,30 @@ struct RaggedBatch {
   std::vector<Layer> layers;  // one per model layer
 };
 
+// The device `name` names (ValidDeviceName: cpu, cuda, cuda:N), or InvalidArgument naming it
+// when this process cannot compute there: a LibTorch built without CUDA, no GPU, or an index
+// past the GPUs present. `cuda` is the current CUDA device.
+Result<c10::Device> ResolveDevice(const std::string& name);
+
 class Model {
  public:
-  // Random initialisation from the parameter table, deterministic in `seed`.
+  // Random initialisation from the parameter table, deterministic in `seed`: drawn on the CPU
+  // and placed on config.device tensor by tensor, so one seed gives the same weights on every
+  // device.
   static Result<std::unique_ptr<Model>> Create(const ModelConfig& config, uint64_t seed);
   // Weights from a safetensors file written by Save; every tensor must be present with the
   // config's shape and nothing else may be there. Float32 and float64 checkpoints load as
   // stored (dtype() says which); float16 and bfloat16 ones are widened to float32, the
   // narrowest dtype the model computes in. A checkpoint mixing float64 with other dtypes, or
-  // holding integer tensors, is refused (InvalidArgument).
+  // holding integer tensors, is refused (InvalidArgument). Each tensor passes through host
+  // memory to config.device alone, so the device never holds more than the weights.
   static Result<std::unique_ptr<Model>> Load(const ModelConfig& config, const std::string& path);
   // Load from the bytes of a safetensors file held in memory (a published weight update), with
   // the same checks; `name` stands for the file in errors. The bytes are copied.
   static Result<std::unique_ptr<Model>> LoadFromBytes(const ModelConfig& config,
                                                       std::string_view bytes,
                                                       const std::string& name = "weights");
+  // Save, SaveToBytes and SaveWholeToBytes copy the weights to host memory first.
   Status Save(const std::string& path) const;
   // Exactly the bytes Save writes, without a file (what a WeightPublisher publishes).
   Result<std::string> SaveToBytes() const;
@@ -184,6 +194,8 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   at::ScalarType dtype() const;
+  // Where the weights live: inputs are moved there, outputs and states are made there.
+  c10::Device device() const;
 
   // Every tensor with its name, in parameter-table order; the tensors share storage with the
   // model (in-place updates by an optimiser are seen by the next forward).
@@ -247,7 +259,8 @@ class Model {
   bool sharded_ = false;
 };
 
-// log p(tokens[t+1] | ..t) from logits (B, T, V) and tokens (B, T): (B, T-1), in fp32 or fp64.
+// log p(tokens[t+1] | ..t) from logits (B, T, V) and tokens (B, T): (B, T-1), in fp32 or fp64,
+// on the logits' device (tokens may be on the host).
 at::Tensor NextTokenLogProbs(const at::Tensor& logits, const at::Tensor& tokens);
 
 // Sets LibTorch's intra-op threads (0 = all cores). Debian's LibTorch defaults to one thread on

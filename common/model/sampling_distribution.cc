@@ -61,6 +61,44 @@ bool KeepRow(const double* x, int64_t vocabulary, const SamplingSettings& s,
 
 }  // namespace
 
+namespace internal {
+
+at::Tensor SupportByTensorOps(const at::Tensor& x, const SamplingSettings& s) {
+  const int64_t vocabulary = x.size(1);
+  at::Tensor candidate = x > kMinusInfinity;  // NaN fails the comparison and is never kept
+  if (!s.never_sampled.empty()) {
+    candidate.index_fill_(1, at::tensor(s.never_sampled, at::kLong).to(x.device()), false);
+  }
+  const at::Tensor count = candidate.sum(1, /*keepdim=*/true);  // (R, 1)
+  // One bool for the whole batch: the host must know whether to fail.
+  TORCH_CHECK((count > 0).all().item<bool>(),
+              "sampling: a row has no token with a finite logit to sample");
+  const bool greedy = s.temperature == 0;
+  const int64_t top_k = greedy ? 1 : s.top_k;
+  if (top_k <= 0 && s.top_p >= 1) return candidate;
+  // Ranked by logit, descending, ties to the lower id (a stable sort keeps id order among equal
+  // values), the tokens that cannot be kept last: the loop's order.
+  const auto [sorted, order] = at::sort(x.masked_fill(candidate.logical_not(), kMinusInfinity),
+                                        /*stable=*/true, /*dim=*/1, /*descending=*/true);
+  const at::Tensor rank = at::arange(vocabulary, x.options().dtype(at::kLong)).unsqueeze(0);
+  at::Tensor keep = rank < count;  // (R, V) in rank order
+  if (top_k > 0) keep = keep & (rank < top_k);
+  if (!greedy && s.top_p < 1) {
+    // The first tokens whose mass reaches top_p: a token is kept when the mass ranked before it
+    // (within the top-k cut) is below top_p.
+    const at::Tensor weight =
+        ((sorted - sorted.narrow(1, 0, 1)) / s.temperature).exp().masked_fill(
+            keep.logical_not(), 0.0);
+    const at::Tensor mass = (weight / weight.sum(1, /*keepdim=*/true)).cumsum(1);
+    const at::Tensor before =
+        at::cat({at::zeros({x.size(0), 1}, mass.options()), mass.narrow(1, 0, vocabulary - 1)}, 1);
+    keep = keep & (before < s.top_p);
+  }
+  return at::zeros_like(candidate).scatter_(1, order, keep);
+}
+
+}  // namespace internal
+
 SamplingSettings RolloutSamplingSettings(double temperature, int64_t top_k, double top_p) {
   SamplingSettings settings;
   settings.temperature = temperature;
@@ -107,6 +145,8 @@ at::Tensor SamplingSupport(const at::Tensor& logits, const SamplingSettings& s) 
   at::NoGradGuard no_grad;
   // fp64, so the cuts are decided on values as exact as the logits allow.
   const at::Tensor x = logits.detach().to(at::kDouble).contiguous().reshape({-1, vocabulary});
+  // Off the CPU the same cuts as tensor operations where the logits are.
+  if (!x.device().is_cpu()) return internal::SupportByTensorOps(x, s).view(logits.sizes());
   at::Tensor kept = at::zeros(x.sizes(), x.options().dtype(at::kBool));
   std::vector<char> banned(vocabulary, 0);
   for (int64_t id : s.never_sampled) banned[id] = 1;

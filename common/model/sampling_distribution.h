@@ -79,4 +79,11 @@ at::Tensor SampledTokenLogProbs(const at::Tensor& logits, const at::Tensor& toke
 // (SamplingLogProbs' output); differentiable, with no NaN from the -inf entries.
 at::Tensor SamplingEntropy(const at::Tensor& log_probs);
 
+namespace internal {
+// SamplingSupport's cuts as tensor operations on x's device, for (R, V) fp64 logits: what every
+// device but the CPU runs (the CPU's row loops are faster there). Exposed so that tests compare
+// the two on the CPU.
+at::Tensor SupportByTensorOps(const at::Tensor& x, const SamplingSettings& settings);
+}  // namespace internal
+
 }  // namespace strider::model

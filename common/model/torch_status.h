@@ -6,6 +6,8 @@
 // c10::Error or catches std::exception around a LibTorch call.
 // For LibTorch code only (model, kernels, rollout_engine, learner, and their tests and
 // benchmarks): code that does not link LibTorch has no exception to convert.
+// Running out of memory (c10::OutOfMemoryError, or a CUDA call failing for memory) becomes
+// ResourceExhausted naming the setting to lower: the one an OutOfMemoryAdvice in scope names.
 #pragma once
 
 #include <c10/util/Exception.h>
@@ -20,7 +22,50 @@
 #include "common/status.h"
 
 namespace strider::model {
+
+// Names, for one scope on one thread, the setting that bounds the memory of the work inside it
+// ("engine.max_batch_tokens of the actor config"): an out-of-memory error raised there tells the
+// user what to lower. Scopes nest; the innermost wins.
+class OutOfMemoryAdvice {
+ public:
+  explicit OutOfMemoryAdvice(std::string setting)
+      : setting_(std::move(setting)), previous_(current_) {
+    current_ = &setting_;
+  }
+  ~OutOfMemoryAdvice() { current_ = previous_; }
+  OutOfMemoryAdvice(const OutOfMemoryAdvice&) = delete;
+  OutOfMemoryAdvice& operator=(const OutOfMemoryAdvice&) = delete;
+
+  // The innermost scope's setting, or a generic one outside every scope.
+  static std::string Setting() {
+    return current_ != nullptr ? *current_ : std::string("the batch size or sequence length");
+  }
+
+ private:
+  std::string setting_;
+  const std::string* previous_;
+  static inline thread_local const std::string* current_ = nullptr;
+};
+
 namespace guarded_internal {
+
+// CUDA reports memory running out through the caching allocator (c10::OutOfMemoryError) but
+// also through library calls checked as plain c10::Error (cuBLAS workspaces, raw cudaMalloc).
+inline bool IsOutOfMemory(std::string_view message) {
+  return message.find("CUDA out of memory") != std::string_view::npos ||
+         message.find("CUDA error: out of memory") != std::string_view::npos ||
+         message.find("CUBLAS_STATUS_ALLOC_FAILED") != std::string_view::npos;
+}
+
+// The message of an out-of-memory error: what ran out and what to lower, then LibTorch's text.
+inline std::string OutOfMemoryText(std::string_view message) {
+  std::string text = "out of memory; lower ";
+  text += OutOfMemoryAdvice::Setting();
+  text += " (";
+  text += message;
+  text += ")";
+  return text;
+}
 
 // std::remove_cvref_t is C++20; the fuzz build compiles LibTorch code as C++17 with clang.
 template <typename T>
@@ -65,8 +110,16 @@ GuardedResult<Function> GuardedWith(Function&& function, OnError&& on_error) {
     } else {
       return function();
     }
+  } catch (const c10::OutOfMemoryError& error) {
+    const Status status(on_error(guarded_internal::OutOfMemoryText(error.what_without_backtrace())));
+    return Status(StatusCode::kResourceExhausted, status.message());
   } catch (const c10::Error& error) {
-    return Status(on_error(std::string_view(error.what_without_backtrace())));
+    const std::string_view message = error.what_without_backtrace();
+    if (guarded_internal::IsOutOfMemory(message)) {
+      const Status status(on_error(guarded_internal::OutOfMemoryText(message)));
+      return Status(StatusCode::kResourceExhausted, status.message());
+    }
+    return Status(on_error(message));
   } catch (const std::exception& error) {
     return Status(on_error(std::string_view(error.what())));
   }
