@@ -214,6 +214,9 @@ Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLoss
       metrics.importance_sum = MaskedSum(importance, keep);
       metrics.truncated = capped.logical_and(keep).sum().item<double>();
       result.policy_loss = policy.item<double>();
+      result.importance = importance.detach();
+      result.trained = trained.logical_and(keep);
+      result.token_weight = token_weight.detach();
     }
 
     if (in.reference_logprobs.defined()) {

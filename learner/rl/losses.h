@@ -90,6 +90,13 @@ struct PolicyLossResult {
   double entropy = 0;
   double value_loss = 0;
   PolicyLossMetrics metrics;
+  // Per token (B, T), detached, for inspection (the step dump): the weight the token's policy
+  // term was multiplied by (truncated importance and MIS weighting; 1 where none applies),
+  // whether it was trained (1) or masked by IcePop or MIS (0), and its aggregation weight (its
+  // row's weight; 0 off the action mask).
+  at::Tensor importance;
+  at::Tensor trained;
+  at::Tensor token_weight;
 };
 
 // Each sequence's weight w_i such that the aggregated loss is sum_i w_i sum_{t in i} l_t, from
