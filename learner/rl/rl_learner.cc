@@ -21,6 +21,7 @@
 #include "learner/checkpoint.h"
 #include "learner/distributed.h"
 #include "learner/prm/process_model.h"
+#include "learner/rl/step_dump.h"
 #include "replay/client.h"
 
 namespace strider::rl {
@@ -280,6 +281,13 @@ Status RlLearner::Open() {
   if (!options_.resume.empty()) {
     STRIDER_ASSIGN_OR_RETURN(start_, run_->ReadResumeState(options_.resume, config_.model.name));
   }
+  for (int64_t dump : options_.dump_steps) {
+    if (dump <= start_.step) {
+      return Status::InvalidArgument("--dump-step " + std::to_string(dump) + ": the run resumes " +
+                                     "after step " + std::to_string(start_.step) +
+                                     ", so that step will not run again");
+    }
+  }
   return Status::Ok();
 }
 
@@ -436,8 +444,14 @@ Result<bool> RlLearner::Step() {
   const auto compute_started = Clock::now();
   // 2-3. Score, shape, advantages.
   STRIDER_ASSIGN_OR_RETURN(const PreparedStep prepared, Prepare(std::move(*batch)));
-  // 4. Epochs and mini-batches.
-  STRIDER_ASSIGN_OR_RETURN(const StepUpdate update, Update(prepared));
+  // 4. Epochs and mini-batches; on a dumped step, recording what the loss saw.
+  StepRecorder recorder;
+  const bool dumping = std::binary_search(options_.dump_steps.begin(), options_.dump_steps.end(),
+                                          step_ + 1);
+  settings_.recorder = dumping ? &recorder : nullptr;
+  Result<StepUpdate> updated = Update(prepared);
+  settings_.recorder = nullptr;
+  STRIDER_ASSIGN_OR_RETURN(const StepUpdate update, std::move(updated));
   ++step_;
   total_tokens_ += prepared.tokens;
 
@@ -459,6 +473,11 @@ Result<bool> RlLearner::Step() {
   const std::string written = MetricsLine(prepared, update, sample_seconds, compute_seconds,
                                           step_seconds, reward_mean);
   run_->metrics().WriteLine(written);
+  if (dumping) {
+    STRIDER_RETURN_IF_ERROR(WriteStepDump(
+        StepDumpPath(options_.dump_dir, step_, group_ != nullptr ? group_->rank() : -1), step_,
+        prepared.batch, recorder, settings_.objective.loss, written));
+  }
   if (options_.on_step) options_.on_step(written);
   spdlog::info(
       "learner step {}/{}: v{} reward {:.3f} success {:.2f} kept {}/{} mismatch {:.2e} "
@@ -627,6 +646,7 @@ Result<bool> RlLearner::UpdateMinibatch(std::span<const TrainingTrajectory* cons
     }
     if (all_counts.empty()) return false;  // an empty share on every rank
   }
+  if (settings_.recorder != nullptr) settings_.recorder->BeginUpdate(epoch, update->updates);
   STRIDER_ASSIGN_OR_RETURN(
       UpdateMetrics metrics,
       AccumulateGradients(trainer_->model(), part, settings_,

@@ -66,6 +66,9 @@ struct RlRunOptions {
   std::function<void(const std::string& publish_endpoint)> on_ready;
   // Called after every step with the line it wrote to metrics.jsonl (a JSON object).
   std::function<void(const std::string& step_json)> on_step;
+  // Learner steps (from 1, sorted) whose step dump (step_dump.h) is written into dump_dir.
+  std::vector<int64_t> dump_steps;
+  std::string dump_dir;
 };
 
 struct RlRunSummary {

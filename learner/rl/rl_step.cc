@@ -18,6 +18,7 @@
 #include "learner/learner.h"
 #include "learner/rl/advantages.h"
 #include "learner/rl/losses.h"
+#include "learner/rl/step_dump.h"
 #include "reward/implicit.h"
 #include "learner/prm/process_model.h"
 #include "reward/trajectory.h"
@@ -205,6 +206,7 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
     std::vector<std::vector<double>> implicit_rewards;
     for (const std::vector<schema::SegmentData>& segments : group.members) {
       TrainingTrajectory t;
+      t.group_id = group.group_id;
       STRIDER_ASSIGN_OR_RETURN(t.prepared, PrepareTrajectory(segments, scoring.replay_routing,
                                                              model.config().vocabulary));
       const auto started = Clock::now();
@@ -428,6 +430,7 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
         in.row_weight = row_weight;
         in.sequence_log_ratio = sequence_log_ratio;
         STRIDER_ASSIGN_OR_RETURN(PolicyLossResult loss, PolicyLoss(in, loss_options));
+        if (settings.recorder != nullptr) settings.recorder->Record(t, slots, in, loss);
         result.loss += loss.loss.item<double>();
         result.policy_loss += loss.policy_loss;
         result.kl_loss += loss.kl_loss;

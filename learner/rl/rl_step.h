@@ -36,6 +36,8 @@ class ProcessRewardModel;
 
 namespace strider::rl {
 
+class StepRecorder;  // learner/rl/step_dump.h
+
 // A group's trajectories, each as all of its segments in order.
 struct SampledGroup {
   schema::TrajectoryId group_id;  // the trajectory's own id for an ungrouped one
@@ -69,10 +71,14 @@ struct StepSettings {
   // is not 0: step k's learned reward is 2 P(step k correct) - 1, so a step it judges wrong
   // costs what a step it judges right earns. Borrowed.
   const reward::ProcessRewardModel* process_model = nullptr;
+  // On a step that is dumped (step_dump.h): the update pass hands it what each chunk's loss saw.
+  // Borrowed.
+  StepRecorder* recorder = nullptr;
 };
 
 // A trajectory of the batch as the update sees it.
 struct TrainingTrajectory {
+  schema::TrajectoryId group_id;  // its SampledGroup's
   PreparedTrajectory prepared;
   TrajectoryScores scores;
   // Per action token (in prepared.positions order).
