@@ -1,0 +1,325 @@
+// Kimi Linear checkpoints in the Hugging Face layout (common/model/hf_checkpoint.h): figures of
+// the published Kimi-Linear-48B-A3B config, export of a generated sharded checkpoint, and the
+// refusals.
+#include "common/model/hf_checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tests/scratch_dir.h"
+
+namespace strider {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::string FixtureDir() {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  return std::string(source ? source : ".") + "/tests/model/fixtures/kimi_linear_48b_a3b";
+}
+
+// Expected figures from scripts/kimi_linear_figures.py on the fixture, run once:
+//   scripts/kimi_linear_figures.py tests/model/fixtures/kimi_linear_48b_a3b/config.json
+// (a tensor list written from vLLM's kimi_linear model, sharing nothing with the C++ table).
+TEST(HfCheckpointTest, PublishedKimiLinear48bFigures) {
+  Result<KimiLinearConfig> config =
+      ParseKimiLinearConfig(ReadText(FixtureDir() + "/config.json"), "config.json");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->num_hidden_layers, 27);
+  EXPECT_EQ(config->CountKdaLayers(), 20);
+  EXPECT_EQ(config->CountMoeLayers(), 26);
+  EXPECT_FALSE(config->kda[3]);  // layer 4 (1-based) is MLA
+  EXPECT_TRUE(config->kda[0]);
+
+  const HfParameterFigures f = KimiLinearFigures(*config);
+  EXPECT_EQ(f.tensors, 20493);
+  EXPECT_EQ(f.total, 49122681728.0);
+  EXPECT_EQ(f.active, 3484459904.0);
+  EXPECT_EQ(f.active_without_embeddings, 3484459904.0 - 377487360.0);
+  const std::map<std::string, double> expected = {
+      {"embeddings", 377487360},   {"norms", 126720},
+      {"kda_attention", 790285440}, {"dense_mlp", 63700992},
+      {"router", 15342080},        {"routed_experts", 47110422528},
+      {"shared_experts", 184025088}, {"mla_attention", 203804160},
+      {"lm_head", 377487360}};
+  EXPECT_EQ(f.total_by_component, expected);
+  EXPECT_EQ(f.active_by_component.at("routed_experts"), 47110422528.0 * 8 / 256);
+  EXPECT_NE(f.active_formula.find("49122681728 - 47110422528 * (1 - 8/256)"), std::string::npos)
+      << f.active_formula;
+
+  Result<HfExpertParallelFootprint> ep = KimiLinearFootprint(*config, 32);
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  EXPECT_EQ(ep->experts_per_rank, 8);
+  EXPECT_EQ(ep->replicated_parameters, 49122681728.0 - 47110422528.0);
+  EXPECT_EQ(ep->parameters_per_rank, 2012259200.0 + 47110422528.0 / 32);
+  EXPECT_EQ(ep->weight_bytes_per_rank, 2 * ep->parameters_per_rank);
+  EXPECT_EQ(ep->training_bytes_per_rank, 16 * ep->parameters_per_rank);
+  EXPECT_FALSE(KimiLinearFootprint(*config, 3).ok());
+
+  // config.json and the index alone (no shards) are enough for the figures.
+  TempDir dir;
+  fs::copy_file(FixtureDir() + "/config.json", dir.Sub("config.json"));
+  SafetensorsIndex index;
+  index.total_parameters = 49122681728;
+  for (const KimiTensor& tensor : KimiLinearTensors(*config)) {
+    index.weight_map[tensor.hf_name] = "model-00001-of-00002.safetensors";
+  }
+  ASSERT_TRUE(WriteSafetensorsIndex(dir.Sub(kSafetensorsIndexName), index).ok());
+  Result<HfCheckpoint> checkpoint = OpenHfCheckpoint(dir.path());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  EXPECT_EQ(checkpoint->missing_shards.size(), 1u);
+  EXPECT_TRUE(CheckKimiLinearTensors(*checkpoint).ok());
+  EXPECT_TRUE(RequireShards(*checkpoint).IsNotFound());
+
+  // Every published name the table lists for a KDA layer, as vLLM loads them.
+  std::set<std::string> layer0;
+  for (const KimiTensor& tensor : KimiLinearTensors(*config)) {
+    if (tensor.hf_name.rfind("model.layers.0.self_attn.", 0) == 0) layer0.insert(tensor.hf_name);
+  }
+  EXPECT_EQ(layer0.size(), 15u);
+  EXPECT_TRUE(layer0.count("model.layers.0.self_attn.A_log"));
+  EXPECT_TRUE(layer0.count("model.layers.0.self_attn.dt_bias"));
+  EXPECT_TRUE(layer0.count("model.layers.0.self_attn.g_b_proj.weight"));
+}
+
+// A small kimi_linear config: layers 1-3 KDA and 4 MLA (1-based), one dense layer first.
+constexpr const char* kTinyConfig = R"({
+  "model_type": "kimi_linear", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 4,
+  "intermediate_size": 24, "moe_intermediate_size": 8, "num_experts": 4,
+  "num_experts_per_token": 2, "num_shared_experts": 1, "first_k_dense_replace": 1,
+  "moe_layer_freq": 1, "num_attention_heads": 2, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2,
+  "v_head_dim": 4, "kv_lora_rank": 8, "q_lora_rank": null, "tie_word_embeddings": false,
+  "rms_norm_eps": 1e-05, "dtype": "bfloat16",
+  "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": 2,
+                         "head_dim": 4, "short_conv_kernel_size": 3}})";
+
+struct Generated {
+  std::vector<std::vector<uint8_t>> buffers;  // keeps the views' bytes alive
+  std::vector<TensorView> views;
+};
+
+// The tensors of kTinyConfig, bf16 except A_log and dt_bias in fp32 (as published), filled
+// with distinct bytes; `edit` may rename, reshape or drop a tensor before it is written.
+Generated Tensors(const std::function<bool(TensorView&)>& edit = nullptr) {
+  Result<KimiLinearConfig> config = ParseKimiLinearConfig(kTinyConfig, "tiny");
+  EXPECT_TRUE(config.ok());
+  Generated g;
+  const auto tensors = KimiLinearTensors(*config);
+  g.buffers.reserve(tensors.size());
+  for (const KimiTensor& tensor : tensors) {
+    const bool fp32 = tensor.hf_name.find(".A_log") != std::string::npos ||
+                      tensor.hf_name.find(".dt_bias") != std::string::npos;
+    TensorView view;
+    view.name = tensor.hf_name;
+    view.dtype = fp32 ? DType::kF32 : DType::kBF16;
+    view.shape = tensor.shape;
+    if (edit && !edit(view)) continue;
+    int64_t count = 1;
+    for (int64_t dim : view.shape) count *= dim;
+    auto& bytes = g.buffers.emplace_back(static_cast<size_t>(count) * DTypeSize(view.dtype));
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<uint8_t>(i * 31 + g.buffers.size() * 7);
+    }
+    view.data = bytes.data();
+    view.byte_size = bytes.size();
+    g.views.push_back(std::move(view));
+  }
+  return g;
+}
+
+void WriteCheckpoint(const std::string& dir, const Generated& g, uint64_t shard_bytes = 2000) {
+  fs::create_directories(dir);
+  WriteText(dir + "/config.json", kTinyConfig);
+  ASSERT_TRUE(WriteShardedSafetensors(dir, g.views, shard_bytes, {{"format", "pt"}}).ok());
+}
+
+TEST(HfCheckpointTest, ExportRewritesEveryTensorAndCopiesThePublishedFiles) {
+  TempDir dir;
+  const std::string source = dir.Sub("source"), out = dir.Sub("out");
+  const Generated g = Tensors();
+  WriteCheckpoint(source, g);
+  WriteText(source + "/generation_config.json", R"({"eos_token_id": 163586})");
+  WriteText(source + "/tokenizer_config.json", R"({"model_max_length": 1048576})");
+  WriteText(source + "/tiktoken.model", std::string(3000, 'x'));
+
+  Result<HfCheckpoint> checkpoint = OpenHfCheckpoint(source);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  ASSERT_GT(checkpoint->shards.size(), 2u);
+  ASSERT_TRUE(CheckKimiLinearTensors(*checkpoint).ok())
+      << CheckKimiLinearTensors(*checkpoint).ToString();
+  Result<HfExportReport> report = ExportHfCheckpoint(*checkpoint, out);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->tensors, static_cast<int64_t>(g.views.size()));
+  EXPECT_EQ(report->copied_files,
+            (std::vector<std::string>{"config.json", "generation_config.json", "tiktoken.model",
+                                      "tokenizer_config.json"}));
+  for (const std::string& name : report->copied_files) {
+    EXPECT_EQ(ReadText(out + "/" + name), ReadText(source + "/" + name)) << name;
+  }
+  Result<SafetensorsIndex> index = ReadSafetensorsIndex(out + "/" + kSafetensorsIndexName);
+  ASSERT_TRUE(index.ok());
+  EXPECT_EQ(index->weight_map, checkpoint->index->weight_map);
+  EXPECT_EQ(index->total_size, checkpoint->index->total_size);
+  EXPECT_EQ(index->total_parameters, checkpoint->index->total_parameters);
+  for (const std::string& shard : checkpoint->shards) {
+    // Same names, dtypes, shapes and bytes; our writer's layout is the reference's, so the
+    // files themselves come back identical.
+    Result<SafetensorsContents> a = ReadSafetensors(source + "/" + shard);
+    Result<SafetensorsContents> b = ReadSafetensors(out + "/" + shard);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(a->tensors.size(), b->tensors.size());
+    for (const auto& [name, tensor] : a->tensors) {
+      const LoadedTensor& copy = b->tensors.at(name);
+      EXPECT_EQ(copy.dtype, tensor.dtype) << name;
+      EXPECT_EQ(copy.shape, tensor.shape) << name;
+      EXPECT_EQ(copy.bytes, tensor.bytes) << name;
+    }
+    EXPECT_EQ(b->metadata, a->metadata);
+    EXPECT_EQ(ReadText(out + "/" + shard), ReadText(source + "/" + shard)) << shard;
+  }
+  // The export reads as a checkpoint of the same config.
+  Result<HfCheckpoint> exported = OpenHfCheckpoint(out);
+  ASSERT_TRUE(exported.ok()) << exported.status().ToString();
+  EXPECT_TRUE(CheckKimiLinearTensors(*exported).ok());
+  EXPECT_FALSE(ExportHfCheckpoint(*checkpoint, source).ok());  // never over its own source
+}
+
+TEST(HfCheckpointTest, RefusesAnUnsupportedModelTypeAndBadLayerLists) {
+  Status other = ParseKimiLinearConfig(R"({"model_type": "llama"})", "config.json").status();
+  EXPECT_EQ(other.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(other.message().find("model_type 'llama' is not supported"), std::string::npos)
+      << other.ToString();
+  std::string twice = kTinyConfig;
+  twice.replace(twice.find("[4]"), 3, "[3, 4]");
+  Status overlap = ParseKimiLinearConfig(twice, "config.json").status();
+  EXPECT_NE(overlap.message().find("layer 3 (1-based) appears 2 times"), std::string::npos)
+      << overlap.ToString();
+  std::string missing = kTinyConfig;
+  missing.replace(missing.find("\"kv_lora_rank\": 8,"), 18, "");
+  EXPECT_NE(ParseKimiLinearConfig(missing, "c").status().message().find("'kv_lora_rank'"),
+            std::string::npos);
+
+  TempDir dir;
+  WriteText(dir.Sub("config.json"), R"({"model_type": "qwen3_moe"})");
+  Status refused = OpenHfCheckpoint(dir.path()).status();
+  EXPECT_NE(refused.message().find("qwen3_moe"), std::string::npos) << refused.ToString();
+  EXPECT_TRUE(OpenHfCheckpoint(dir.Sub("absent")).status().IsNotFound());
+}
+
+TEST(HfCheckpointTest, RefusesMissingUnexpectedAndMisshapenTensorsByName) {
+  TempDir dir;
+  WriteCheckpoint(dir.Sub("a"), Tensors([](TensorView& view) {
+    if (view.name == "model.layers.2.self_attn.A_log") return false;  // missing
+    if (view.name == "model.layers.3.self_attn.kv_b_proj.weight") view.shape = {16, 7};
+    return true;
+  }));
+  // An unexpected tensor, in its own shard listed by the index.
+  std::vector<uint8_t> extra(16);
+  TensorView view{"model.layers.0.self_attn.rotary_emb.inv_freq", DType::kF32, {4}, extra.data(),
+                  extra.size()};
+  ASSERT_TRUE(WriteSafetensors(dir.Sub("a/extra.safetensors"), {view}).ok());
+  Result<SafetensorsIndex> index = ReadSafetensorsIndex(dir.Sub("a/") + kSafetensorsIndexName);
+  ASSERT_TRUE(index.ok());
+  index->weight_map[view.name] = "extra.safetensors";
+  ASSERT_TRUE(WriteSafetensorsIndex(dir.Sub("a/") + kSafetensorsIndexName, *index).ok());
+
+  Result<HfCheckpoint> checkpoint = OpenHfCheckpoint(dir.Sub("a"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  Status status = CheckKimiLinearTensors(*checkpoint);
+  ASSERT_FALSE(status.ok());
+  const std::string& m = status.message();
+  EXPECT_NE(m.find("1 missing tensor(s): model.layers.2.self_attn.A_log"), std::string::npos) << m;
+  EXPECT_NE(m.find("1 unexpected tensor(s)"), std::string::npos) << m;
+  EXPECT_NE(m.find("model.layers.0.self_attn.rotary_emb.inv_freq"), std::string::npos) << m;
+  EXPECT_NE(m.find("model.layers.3.self_attn.kv_b_proj.weight is [16, 7]"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("the config gives [16, 8]"), std::string::npos) << m;
+}
+
+TEST(HfCheckpointTest, RefusesUnreadableDtypesTruncatedShardsAndDisagreeingIndexes) {
+  TempDir dir;
+  WriteCheckpoint(dir.Sub("a"), Tensors());
+  Result<SafetensorsIndex> index = ReadSafetensorsIndex(dir.Sub("a/") + kSafetensorsIndexName);
+  ASSERT_TRUE(index.ok());
+  const std::string shard = index->Shards().front();
+  const std::string path = dir.Sub("a/") + shard;
+  const std::string original = ReadText(path);
+
+  // A dtype the reader does not know (fp8), spelled in place of BF16 in the header.
+  std::string fp8 = original;
+  const size_t at = fp8.find("\"BF16\"");
+  ASSERT_NE(at, std::string::npos);
+  fp8.replace(at, 6, "\"F8E4\"");
+  WriteText(path, fp8);
+  Status dtype = OpenHfCheckpoint(dir.Sub("a")).status();
+  EXPECT_NE(dtype.message().find("unknown dtype 'F8E4'"), std::string::npos) << dtype.ToString();
+  EXPECT_NE(dtype.message().find(shard), std::string::npos) << dtype.ToString();
+
+  WriteText(path, original.substr(0, original.size() - 5));
+  Status truncated = OpenHfCheckpoint(dir.Sub("a")).status();
+  EXPECT_TRUE(truncated.IsCorruption()) << truncated.ToString();
+  EXPECT_NE(truncated.message().find(shard), std::string::npos) << truncated.ToString();
+
+  std::string malformed = original;
+  malformed[8] = 'x';
+  WriteText(path, malformed);
+  EXPECT_NE(OpenHfCheckpoint(dir.Sub("a")).status().message().find("not valid JSON"),
+            std::string::npos);
+
+  WriteText(path, original);
+  const std::string moved = index->weight_map.begin()->first;
+  const std::string other_shard = index->Shards().back();
+  index->weight_map[moved] = other_shard == index->weight_map.begin()->second
+                                 ? index->Shards().front()
+                                 : other_shard;
+  ASSERT_TRUE(WriteSafetensorsIndex(dir.Sub("a/") + kSafetensorsIndexName, *index).ok());
+  Status disagree = OpenHfCheckpoint(dir.Sub("a")).status();
+  EXPECT_TRUE(disagree.IsCorruption()) << disagree.ToString();
+  EXPECT_NE(disagree.message().find(moved), std::string::npos) << disagree.ToString();
+}
+
+TEST(HfCheckpointTest, ImportNamesWhatTheModelCannotExpressYet) {
+  Result<KimiLinearConfig> config = ParseKimiLinearConfig(kTinyConfig, "tiny");
+  ASSERT_TRUE(config.ok());
+  Status refused = PlanKimiLinearImport(*config).status();
+  ASSERT_EQ(refused.code(), StatusCode::kUnimplemented);
+  const std::string& m = refused.message();
+  for (const char* named :
+       {"model.layers.{L}.self_attn.A_log", "model.layers.{L}.self_attn.g_a_proj.weight",
+        "model.layers.{L}.self_attn.q_proj.weight: MLA query",
+        "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight",
+        "model.layers.{L}.mlp.gate_proj.weight", "residual_queries", "layers.{L}.latent.gate"}) {
+    EXPECT_NE(m.find(named), std::string::npos) << named << " in\n" << m;
+  }
+  // Rows that compute the same thing are not in the list.
+  EXPECT_EQ(m.find("model.embed_tokens.weight"), std::string::npos) << m;
+  EXPECT_EQ(m.find("kv_a_proj_with_mqa"), std::string::npos) << m;
+
+  // Every row of the table that maps names a Strider parameter; every row that does not says why.
+  for (const KimiTensorRule& rule : KimiLinearTensorTable()) {
+    if (rule.maps) {
+      EXPECT_FALSE(rule.strider.empty()) << rule.hf;
+    } else {
+      EXPECT_FALSE(rule.note.empty()) << rule.hf;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strider
