@@ -1,6 +1,8 @@
 // `strider tokenizer encode|decode --tokenizer FILE (--text T | --file F) [--json]`: a model's
 // tokenizer (tokenizer.json or a tiktoken rank file) from the command line, for users and for
-// checks against other implementations (docs/tokenizers.md).
+// checks against other implementations (docs/tokenizers.md). `strider tokenizer chat` renders a
+// conversation through a model's chat template, as transformers' apply_chat_template does, and
+// with a tokenizer shows each token's role.
 #include <climits>
 #include <cstdio>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace strider::cli {
@@ -128,6 +131,87 @@ void AddCommon(CLI::App* command, TokenizerFlags& flags, const char* input_what)
                       "a special token of a tiktoken rank file as TEXT=ID (repeatable)");
 }
 
+struct ChatFlags {
+  std::string chat_template;
+  std::string name;
+  std::string messages;
+  std::string tools;
+  std::vector<std::string> variables;  // KEY=JSON
+  bool add_generation_prompt = false;
+  std::string tokenizer;
+  bool json = false;
+};
+
+Result<nlohmann::ordered_json> ReadJson(const std::string& path) {
+  TokenizerFlags input;
+  input.file = path;
+  STRIDER_ASSIGN_OR_RETURN(std::string text, Input(input));
+  nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (parsed.is_discarded()) return Status::InvalidArgument(path + ": not valid JSON");
+  return parsed;
+}
+
+Status Chat(const ChatFlags& flags) {
+  STRIDER_ASSIGN_OR_RETURN(tokenizer::ChatTemplate chat,
+                           tokenizer::ChatTemplate::Load(flags.chat_template, flags.name));
+  STRIDER_ASSIGN_OR_RETURN(nlohmann::ordered_json conversation, ReadJson(flags.messages));
+  tokenizer::ChatRenderOptions options;
+  options.add_generation_prompt = flags.add_generation_prompt;
+  // A file holds the messages, or an object with "messages" and optionally "tools".
+  nlohmann::ordered_json messages = conversation;
+  if (conversation.is_object()) {
+    messages = conversation.value("messages", nlohmann::ordered_json());
+    options.tools = conversation.value("tools", nlohmann::ordered_json());
+  }
+  if (!flags.tools.empty()) {
+    STRIDER_ASSIGN_OR_RETURN(options.tools, ReadJson(flags.tools));
+  }
+  for (const std::string& variable : flags.variables) {
+    const size_t equals = variable.find('=');
+    if (equals == std::string::npos || equals == 0) {
+      return Status::InvalidArgument("--var " + variable + ": expected KEY=JSON");
+    }
+    const std::string value = variable.substr(equals + 1);
+    nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(value, nullptr, false);
+    // A value that is not JSON is taken as a string: --var date_string="26 Jul 2024".
+    options.variables[variable.substr(0, equals)] =
+        parsed.is_discarded() ? nlohmann::ordered_json(value) : parsed;
+  }
+  STRIDER_ASSIGN_OR_RETURN(std::string text, chat.Render(messages, options));
+  if (flags.tokenizer.empty()) {
+    if (flags.json) {
+      std::printf("%s\n", nlohmann::json{{"text", text}}.dump().c_str());
+    } else {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    }
+    return Status::Ok();
+  }
+  TokenizerFlags load;
+  load.tokenizer = flags.tokenizer;
+  STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, Load(load));
+  STRIDER_ASSIGN_OR_RETURN(tokenizer::ChatRoleReader reader,
+                           tokenizer::ChatRoleReader::Create(chat, *tok));
+  const std::vector<int32_t> ids = tok->Encode(text);
+  const std::vector<transcript::Role> roles = reader.ReadRoles(ids);
+  if (flags.json) {
+    nlohmann::json names = nlohmann::json::array();
+    for (transcript::Role role : roles) names.push_back(std::string(transcript::RoleName(role)));
+    std::printf("%s\n", nlohmann::json{{"text", text}, {"ids", ids}, {"roles", names}}.dump().c_str());
+    return Status::Ok();
+  }
+  // One line per run of tokens with one role: the role, then the run's text as JSON.
+  for (size_t begin = 0; begin < ids.size();) {
+    size_t end = begin;
+    while (end < ids.size() && roles[end] == roles[begin]) ++end;
+    const std::string piece =
+        tok->Decode(std::span<const int32_t>(ids.data() + begin, end - begin));
+    std::printf("%-11s %s\n", std::string(transcript::RoleName(roles[begin])).c_str(),
+                nlohmann::json(piece).dump().c_str());
+    begin = end;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 void AddTokenizerCommands(CLI::App& app, int& exit_code) {
@@ -147,6 +231,28 @@ void AddTokenizerCommands(CLI::App& app, int& exit_code) {
   AddCommon(decode, *flags, "the ids, separated by spaces or commas");
   decode->callback([flags, &exit_code] {
     Status status = Decode(*flags);
+    if (!status.ok()) exit_code = ReportError(status);
+  });
+  auto chat_flags = std::make_shared<ChatFlags>();
+  CLI::App* chat = group->add_subcommand(
+      "chat", "Render a conversation through a model's chat template (as apply_chat_template)");
+  chat->add_option("--template", chat_flags->chat_template,
+                   "tokenizer_config.json (its \"chat_template\") or a .jinja file")
+      ->required();
+  chat->add_option("--name", chat_flags->name, "which of a config's named templates (default)");
+  chat->add_option("--messages", chat_flags->messages,
+                   "JSON file: the messages, or {\"messages\": [...], \"tools\": [...]}")
+      ->required();
+  chat->add_option("--tools", chat_flags->tools, "JSON file with the tool schemas");
+  chat->add_option("--var", chat_flags->variables,
+                   "a further template variable as KEY=JSON, e.g. enable_thinking=false");
+  chat->add_flag("--add-generation-prompt", chat_flags->add_generation_prompt,
+                 "end with the header of the next assistant turn");
+  chat->add_option("--tokenizer", chat_flags->tokenizer,
+                   "also tokenise the prompt and print each run of tokens with its role");
+  chat->add_flag("--json", chat_flags->json, "print one JSON object (text, and ids and roles)");
+  chat->callback([chat_flags, &exit_code] {
+    Status status = Chat(*chat_flags);
     if (!status.ok()) exit_code = ReportError(status);
   });
 }

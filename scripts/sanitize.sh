@@ -12,13 +12,14 @@ cd "$(dirname "$0")/.."
 which=${1:-all}
 
 # The code that reads bytes from outside (frames, stores, environment replies, tool calls,
-# tokenizer files and the text they encode) and the actor's sender. Launcher, report and reward
-# tests are LibTorch-free too, and pass (STRIDER_SANITIZE_ALL=1 adds them), but cost CI minutes
-# for code that handles no peer input.
+# tokenizer files and the text they encode, chat templates) and the actor's sender. Launcher,
+# report and reward tests are LibTorch-free too, and pass (STRIDER_SANITIZE_ALL=1 adds them),
+# but cost CI minutes for code that handles no peer input.
 asan_tests=(
   replay_schema_test replay_storage_test replay_table_test replay_learner_table_test
   replay_server_test weight_stream_test actor_stream_test envs_builtin_test envs_dataset_test
   envs_external_test envs_plugin_test envs_sandbox_test envs_tools_test bpe_tokenizer_test
+  chat_template_test
 )
 if [ "${STRIDER_SANITIZE_ALL:-0}" = 1 ]; then
   asan_tests+=(transcript_test reward_test launcher_fleet_config_test learner_data_test
