@@ -50,6 +50,9 @@ struct RlLearnerFlags {
   std::string publish;
   std::string init;  // overrides the config's init (starting weights, also the reference policy)
   std::string http;  // HOST:PORT for /metrics and /status; empty: none
+  // --dump-step (each N or N,M,...) and --dump-dir: the step dump (learner/rl/step_dump.h).
+  std::vector<std::string> dump_steps;
+  std::string dump_dir;
   // Data-parallel ranks (override the config's distributed block; -1 / empty: the config's).
   int64_t rank = -1;
   int64_t world_size = -1;

@@ -98,6 +98,11 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
   learner->add_option("--http", rl_flags->http,
                       "mode rl: serve /metrics (Prometheus) and /status (JSON) on HOST:PORT "
                       "(0: any port)");
+  learner->add_option("--dump-step", rl_flags->dump_steps,
+                      "mode rl: write learner step N's inputs, per-token terms and totals to "
+                      "--dump-dir (N,M,... or repeated for several steps)");
+  learner->add_option("--dump-dir", rl_flags->dump_dir,
+                      "mode rl: where --dump-step writes step-N.jsonl (created if missing)");
   learner_flags->run_dir.clear();
   learner->callback([learner_flags, rl_flags, &exit_code] {
     Result<std::string> mode = ReadLearnerMode(learner_flags->config);
@@ -113,6 +118,12 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
       if (!rl_flags->init.empty()) {
         exit_code = ReportError(Status::InvalidArgument(
             "--init is for mode rl; " + learner_flags->config + " has mode: pretrain"));
+        return;
+      }
+      if (!rl_flags->dump_steps.empty() || !rl_flags->dump_dir.empty()) {
+        exit_code = ReportError(Status::InvalidArgument(
+            "--dump-step and --dump-dir are for mode rl; " + learner_flags->config +
+            " has mode: pretrain"));
         return;
       }
       if (rl_flags->rank >= 0 || rl_flags->world_size >= 0 || !rl_flags->rendezvous.empty()) {

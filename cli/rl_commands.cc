@@ -1,8 +1,11 @@
 // `strider learner --config F` for mode: rl: the RL learner service until its steps are done or
 // SIGINT/SIGTERM (then it checkpoints and exits 0). Prints a ready event with the weight
 // endpoint on stdout (what actors' weights.endpoint names) and a finished event with the summary.
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -12,6 +15,7 @@
 #include "common/model/model.h"
 #include "learner/rl/rl_config.h"
 #include "learner/rl/rl_learner.h"
+#include "learner/rl/step_dump.h"
 
 namespace strider::cli {
 namespace {
@@ -19,6 +23,28 @@ namespace {
 std::atomic<bool> g_learner_stop{false};
 
 void OnLearnerSignal(int) { g_learner_stop.store(true); }
+
+// Before anything loads: steps the run has, and a directory the dump can be written to.
+Status CheckDumpFlags(const std::vector<int64_t>& steps, const std::string& dir,
+                      int64_t run_steps) {
+  if (steps.empty() != dir.empty()) {
+    return Status::InvalidArgument(steps.empty() ? "--dump-dir needs --dump-step N"
+                                                 : "--dump-step needs --dump-dir D");
+  }
+  if (steps.empty()) return Status::Ok();
+  if (steps.back() > run_steps) {
+    return Status::InvalidArgument("--dump-step " + std::to_string(steps.back()) +
+                                   ": the run has " + std::to_string(run_steps) +
+                                   " steps (train.steps)");
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error || !std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0) {
+    return Status::InvalidArgument("--dump-dir " + dir + ": not a writable directory" +
+                                   (error ? " (" + error.message() + ")" : std::string()));
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -38,7 +64,14 @@ int RunRlLearnerCommand(const RlLearnerFlags& flags) {
   if (Result<rl::Rendezvous> rendezvous = rl::ParseRendezvous(dist.rendezvous); !rendezvous.ok()) {
     return ReportError(rendezvous.status().WithContext("--rendezvous"));
   }
+  Result<std::vector<int64_t>> dump_steps = rl::ParseDumpSteps(flags.dump_steps);
+  if (!dump_steps.ok()) return ReportError(dump_steps.status());
+  if (Status dump = CheckDumpFlags(*dump_steps, flags.dump_dir, config->train.steps); !dump.ok()) {
+    return ReportError(dump);
+  }
   rl::RlRunOptions options;
+  options.dump_steps = *dump_steps;
+  options.dump_dir = flags.dump_dir;
   options.run_dir = flags.run_dir.empty() ? "runs/rl" : flags.run_dir;
   options.resume = flags.resume;
   options.max_steps = flags.max_steps;

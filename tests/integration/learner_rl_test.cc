@@ -5,12 +5,18 @@
 // never trains on trajectories whose log-probs its weights do not reproduce.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/model/model.h"
 #include "common/transport/weight_stream.h"
@@ -183,6 +189,191 @@ TEST_F(LearnerProcess, TrajectoriesItsWeightsDoNotReproduceAreExcludedNotTrained
     EXPECT_GT(m["logprob_mismatch_max"].get<double>(), 1e-3);
     EXPECT_EQ(m["updates"], 0);
     EXPECT_EQ(m["policy_version"], 0) << "nothing trained, nothing new to publish";
+  }
+}
+
+// The lines of a step dump, parsed.
+std::vector<nlohmann::json> ReadDump(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+// A number of the dump, or NaN for null (not finite, not measured).
+double Value(const nlohmann::json& value) {
+  return value.is_number() ? value.get<double>() : std::nan("");
+}
+
+// The dump of step 1 recomputed here from its per-token lines alone, with the clipped policy
+// loss, truncated importance weights, k3 KL, entropy and value loss written out as
+// docs/rl_objective.md states them: every figure must match the dump's totals, and those the
+// step's metrics line, within 1e-6. Two epochs of two mini-batches, so the four updates'
+// passes and their averaging are checked too.
+TEST_F(LearnerProcess, TheStepDumpRecomputesToTheMetricsLine) {
+  strider::testing::LearnerConfigText text;
+  text.train = "{steps: 2, ppo_epochs: 2, minibatches: 2, chunk_tokens: 64}";
+  text.policy = "{entropy_coef: 0.001, kl_coef: 0.05}";
+  const std::string config = WriteLearnerConfig(dir_, "dump.yaml", text);
+  const std::string run_dir = dir_.Sub("run-dump");
+  const std::string dump_dir = dir_.Sub("dump");
+  LearnerRun run = RunLearner({"--config", config, "--run-dir", run_dir, "--replay",
+                               endpoints_.learner, "--dump-step", "1", "--dump-dir", dump_dir},
+                              false);
+  ASSERT_EQ(run.exit_code, 0);
+  const std::vector<nlohmann::json> metrics = ReadMetrics(run_dir + "/metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 2u);
+  const nlohmann::json& m = metrics[0];
+  EXPECT_FALSE(std::filesystem::exists(dump_dir + "/step-2.jsonl")) << "only step 1 asked for";
+  const std::vector<nlohmann::json> dump = ReadDump(dump_dir + "/step-1.jsonl");
+  ASSERT_EQ(dump.size(), 9u) << "eight trajectories and the totals";
+  const nlohmann::json& totals = dump.back();
+  ASSERT_EQ(totals["type"], "totals");
+  const nlohmann::json& objective = totals["objective"];
+  ASSERT_EQ(objective["aggregation"], "token_mean");
+  ASSERT_EQ(objective["kl_estimator"], "k3+");
+  ASSERT_EQ(objective["sequence_ratio"], "off");
+  ASSERT_FALSE(objective["token_mask"].get<bool>());
+  ASSERT_EQ(objective["dual_clip"], 0.0);
+  ASSERT_EQ(objective["value_clip"], 0.0);
+  const double eps_low = objective["eps_low"], eps_high = objective["eps_high"];
+  const double cap = objective["importance_cap"], kl_coef = objective["kl_coef"];
+  const double entropy_coef = objective["entropy_coef"], value_coef = objective["value_coef"];
+  EXPECT_EQ(kl_coef, 0.05);
+
+  // One token's terms in one pass.
+  struct Term {
+    int64_t update;
+    double current, proximal, behaviour, reference, advantage, ret, importance, mask, weight,
+        entropy, value;
+  };
+  std::vector<Term> terms;
+  std::map<std::string, std::vector<double>> scores_of;  // group -> its members' returns
+  int64_t action_tokens = 0;
+  for (size_t l = 0; l + 1 < dump.size(); ++l) {
+    const nlohmann::json& t = dump[l];
+    ASSERT_EQ(t["type"], "trajectory");
+    ASSERT_EQ(t["step"], 1);
+    ASSERT_FALSE(t["excluded"].get<bool>()) << t["excluded_reason"];
+    const nlohmann::json& tokens = t["tokens"];
+    const nlohmann::json& passes = t["passes"];
+    ASSERT_EQ(passes.size(), 2u) << "one pass per epoch";
+    ASSERT_EQ(tokens.size(), t["action_tokens"].get<size_t>());
+    ASSERT_FALSE(tokens.empty());
+    action_tokens += static_cast<int64_t>(tokens.size());
+    scores_of[t["group"]].push_back(Value(tokens[0]["return"]));
+    for (size_t p = 0; p < passes.size(); ++p) {
+      EXPECT_EQ(passes[p]["epoch"], p);
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        const nlohmann::json& token = tokens[i];
+        // Later passes carry their own per-token columns; the first is in the tokens.
+        auto pick = [&](const char* key) {
+          return p == 0 ? Value(token[key]) : Value(passes[p][key][i]);
+        };
+        Term term{passes[p]["update"], pick("current"), Value(token["proximal"]),
+                  Value(token["behaviour"]), Value(token["reference"]),
+                  Value(token["advantage"]), Value(token["return"]),
+                  pick("importance_weight"), pick("mask"), pick("loss_weight"),
+                  pick("entropy"), pick("current_value")};
+        for (double v : {term.current, term.proximal, term.behaviour, term.reference,
+                         term.advantage, term.ret, term.importance, term.weight, term.entropy,
+                         term.value}) {
+          ASSERT_TRUE(std::isfinite(v)) << "trajectory " << l << " token " << i;
+        }
+        EXPECT_EQ(token["version"], 0);
+        EXPECT_LT(token["position"].get<int64_t>(), t["length"].get<int64_t>());
+        // The truncated importance weight of the proximal over the behaviour policy.
+        EXPECT_NEAR(term.importance, std::min(std::exp(term.proximal - term.behaviour), cap),
+                    1e-6);
+        EXPECT_EQ(term.mask, 1.0) << "nothing masked without IcePop or MIS";
+        terms.push_back(term);
+      }
+    }
+  }
+  EXPECT_EQ(action_tokens, m["action_tokens"].get<int64_t>());
+  EXPECT_EQ(totals["dumped_action_tokens"], action_tokens);
+  // outcome_group: (s - mean) / (sample std + 1e-6) of the group's scores, the returns.
+  for (size_t l = 0; l + 1 < dump.size(); ++l) {
+    const std::vector<double>& s = scores_of[dump[l]["group"]];
+    ASSERT_EQ(s.size(), 4u);
+    double mean = 0, var = 0;
+    for (double x : s) mean += x / 4;
+    for (double x : s) var += (x - mean) * (x - mean) / 3;
+    const double score = Value(dump[l]["tokens"][0]["return"]);
+    const double expected = std::sqrt(var) > 0 ? (score - mean) / (std::sqrt(var) + 1e-6) : 0;
+    for (const nlohmann::json& token : dump[l]["tokens"]) {
+      EXPECT_NEAR(Value(token["advantage"]), expected, 1e-5);
+    }
+    if (dump[l]["finished"].get<bool>()) EXPECT_NEAR(score, Value(dump[l]["outcome"]), 1e-6);
+  }
+
+  // Token-mean aggregation: every token of an update weighs 1 / that update's action tokens.
+  std::map<int64_t, int64_t> tokens_of;
+  for (const Term& term : terms) ++tokens_of[term.update];
+  ASSERT_EQ(static_cast<int64_t>(tokens_of.size()), m["updates"].get<int64_t>());
+  std::map<int64_t, double> policy, kl, entropy, value;
+  double clipped = 0, approx_kl = 0, kl_sum = 0, entropy_sum = 0, importance_sum = 0;
+  for (const Term& term : terms) {
+    EXPECT_NEAR(term.weight, 1.0 / static_cast<double>(tokens_of[term.update]), 1e-9);
+    const double ratio = std::exp(term.current - term.proximal);
+    const double unclipped = -term.advantage * ratio;
+    const double clipped_term =
+        -term.advantage * std::clamp(ratio, 1.0 - eps_low, 1.0 + eps_high);
+    policy[term.update] +=
+        term.weight * term.mask * term.importance * std::max(unclipped, clipped_term);
+    clipped += clipped_term > unclipped;
+    approx_kl += ratio - 1 - std::log(ratio);
+    const double d = term.reference - term.current;
+    const double k3 = std::exp(d) - d - 1;
+    kl[term.update] += term.weight * k3;
+    kl_sum += k3;
+    entropy[term.update] += term.weight * term.entropy;
+    entropy_sum += term.entropy;
+    value[term.update] += term.weight * 0.5 * (term.value - term.ret) * (term.value - term.ret);
+    importance_sum += term.importance;
+  }
+  double policy_loss = 0, value_loss = 0, loss = 0;
+  for (const auto& [update, count] : tokens_of) {
+    policy_loss += policy[update] / 4;
+    value_loss += value[update] / 4;
+    loss += (policy[update] + kl_coef * kl[update] - entropy_coef * entropy[update] +
+             value_coef * value[update]) / 4;
+  }
+  const double n = static_cast<double>(terms.size());
+  const std::map<std::string, double> recomputed = {
+      {"policy_loss", policy_loss},          {"value_loss", value_loss},
+      {"loss", loss},                        {"kl", kl_sum / n},
+      {"entropy", entropy_sum / n},          {"importance_mean", importance_sum / n},
+      {"clip_fraction", clipped / n},        {"approx_kl", approx_kl / n}};
+  for (const auto& [key, expected] : recomputed) {
+    ASSERT_TRUE(m[key].is_number()) << key;
+    EXPECT_EQ(totals[key], m[key]) << key;
+    EXPECT_NEAR(m[key].get<double>(), expected, 1e-6) << key;
+  }
+  EXPECT_GT(m["kl"].get<double>(), 0) << "the second epoch's weights moved from the reference";
+  for (const char* key : {"updates", "trajectories", "trained_trajectories", "tokens",
+                          "action_tokens", "policy_version"}) {
+    EXPECT_EQ(totals[key], m[key]) << key;
+  }
+}
+
+TEST(LearnerCli, ABadDumpStepOrDirIsRefused) {
+  TempDir dir;
+  const std::string config = WriteLearnerConfig(dir, "learner.yaml");
+  std::ofstream(dir.Sub("file")) << "not a directory";
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--dump-step 0 --dump-dir " + dir.Sub("d"), "--dump-step '0'"},
+      {"--dump-step 1,x --dump-dir " + dir.Sub("d"), "--dump-step '1,x'"},
+      {"--dump-step 5 --dump-dir " + dir.Sub("d"), "the run has 4 steps"},
+      {"--dump-step 1", "--dump-step needs --dump-dir"},
+      {"--dump-dir " + dir.Sub("d"), "--dump-dir needs --dump-step"},
+      {"--dump-step 1 --dump-dir " + dir.Sub("file"), "not a writable directory"},
+  };
+  for (const auto& [flags, message] : refused) {
+    strider::testing::RunResult run = strider::testing::RunCommand(
+        {"/bin/sh", "-c", StriderBinary() + " learner --config " + config + " " + flags + " 2>&1"});
+    EXPECT_EQ(run.exit_code, 2) << flags << ": " << run.output;
+    EXPECT_NE(run.output.find(message), std::string::npos) << flags << ": " << run.output;
   }
 }
 
