@@ -111,7 +111,8 @@ GuardedResult<Function> GuardedWith(Function&& function, OnError&& on_error) {
       return function();
     }
   } catch (const c10::OutOfMemoryError& error) {
-    const Status status(on_error(guarded_internal::OutOfMemoryText(error.what_without_backtrace())));
+    const std::string text = guarded_internal::OutOfMemoryText(error.what_without_backtrace());
+    const Status status(on_error(std::string_view(text)));
     return Status(StatusCode::kResourceExhausted, status.message());
   } catch (const c10::Error& error) {
     const std::string_view message = error.what_without_backtrace();

@@ -130,9 +130,9 @@ TEST(MetaDevice, LatentAttentionRunsEveryFormWhereItsTensorsAre) {
     for (model::LatentAttentionForm form :
          {model::LatentAttentionForm::kAbsorbed, model::LatentAttentionForm::kExplicit}) {
       model::LatentAttentionRows rows;
-      ExpectMeta(
-          model::LatentAttentionForwardRagged(w, c, x.narrow(1, 0, tokens), paged, eps, form, &rows),
-          {batch, tokens, config.width}, "ragged over pages");
+      const at::Tensor out = model::LatentAttentionForwardRagged(w, c, x.narrow(1, 0, tokens),
+                                                                 paged, eps, form, &rows);
+      ExpectMeta(out, {batch, tokens, config.width}, "ragged over pages");
     }
   }
 }
