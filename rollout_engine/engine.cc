@@ -36,7 +36,9 @@ struct Sequence {
   int64_t length = 0;                  // tokens fed
   std::vector<int64_t> pending;        // tokens waiting to be fed
   std::vector<at::Tensor> pending_images;  // images of the pending tokens, in stream order
-  std::vector<float> next_logits;      // distribution of the next token; empty before any feed
+  // (V) float32 on the model's device: the distribution of the next token; undefined before any
+  // feed. Sampling reads it where it is.
+  at::Tensor next_logits;
   uint64_t logits_version = 0;
   std::optional<SamplingParams> turn;  // generated after `pending` is fed
   bool release_on_finish = false;
@@ -81,7 +83,8 @@ class EngineImpl final : public Engine {
     sequence->release_on_finish = request.release_on_finish;
     Status status = Guarded("allocating sequence state", [&] {
       mutex_.AssertHeld();
-      const at::TensorOptions tensor_options = at::TensorOptions().dtype(model_->dtype());
+      const at::TensorOptions tensor_options =
+          at::TensorOptions().dtype(model_->dtype()).device(model_->device());
       sequence->incremental.resize(config_.layers);
       for (int64_t i = 0; i < config_.layers; ++i) {
         if (kinds_[i] == 'I') {
@@ -109,7 +112,7 @@ class EngineImpl final : public Engine {
       return Status::InvalidArgument("append: no tokens and no turn to generate");
     }
     // A turn needs a next-token distribution: from these tokens or from earlier ones.
-    if (request.tokens.empty() && sequence->next_logits.empty()) {
+    if (request.tokens.empty() && !sequence->next_logits.defined()) {
       return Status::FailedPrecondition("append: sequence " + std::to_string(id) +
                                         " has no tokens to generate from");
     }
@@ -133,6 +136,9 @@ class EngineImpl final : public Engine {
 
   Result<StepResult> Step() override {
     MutexLock lock(&mutex_);
+    // A step's memory beyond the weights grows with the cache's blocks, its rows and its chunk.
+    model::OutOfMemoryAdvice advice("the actor config's engine.cache_budget_mb, engine.max_batch "
+                                    "or engine.prefill_chunk_tokens");
     return Guarded("rollout step", [&]() -> Result<StepResult> {
       mutex_.AssertHeld();
       at::NoGradGuard no_grad;
@@ -201,7 +207,7 @@ class EngineImpl final : public Engine {
     STRIDER_ASSIGN_OR_RETURN(Sequence * source, Find(id, "fork"));
     if (count < 1) return Status::InvalidArgument("fork: count must be >= 1");
     if (source->status == SequenceStatus::kQueued || source->status == SequenceStatus::kPrefill ||
-        source->next_logits.empty()) {
+        !source->next_logits.defined()) {
       return Status::FailedPrecondition("fork: sequence " + std::to_string(id) +
                                         " has tokens not yet fed; Step first");
     }
@@ -270,9 +276,12 @@ class EngineImpl final : public Engine {
     record.counter = sequence->counter;
     record.generated = sequence->generated;
     record.turn_text = sequence->turn_text;
-    record.next_logits = sequence->next_logits;
     STRIDER_RETURN_IF_ERROR(Guarded("snapshot", [&] {
       mutex_.AssertHeld();
+      if (sequence->next_logits.defined()) {
+        const at::Tensor host = sequence->next_logits.cpu().contiguous();
+        record.next_logits.assign(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+      }
       record.state = SerializeState(*sequence);
       return Status::Ok();
     }));
@@ -290,7 +299,6 @@ class EngineImpl final : public Engine {
     sequence->counter = record.counter;
     sequence->generated = record.generated;
     sequence->turn_text = std::move(record.turn_text);
-    sequence->next_logits = std::move(record.next_logits);
     if (static_cast<int64_t>(sequences_.size()) >= options_.max_sequences) {
       return Status::ResourceExhausted("restore: options.max_sequences reached");
     }
@@ -298,6 +306,10 @@ class EngineImpl final : public Engine {
     std::vector<at::Tensor> rows;
     STRIDER_RETURN_IF_ERROR(Guarded("restore", [&] {
       mutex_.AssertHeld();
+      if (!record.next_logits.empty()) {
+        sequence->next_logits =
+            at::tensor(record.next_logits, at::kFloat).to(model_->device());
+      }
       return DeserializeState(record.state, sequence.get(), &rows);
     }));
     // Admission: its stored rows plus its remaining turn must fit the budget now.
@@ -346,6 +358,11 @@ class EngineImpl final : public Engine {
       return Status::FailedPrecondition(
           "swap weights: the new model's config '" + model->config().name +
           "' has other shapes or dtype than the engine's '" + config_.name + "'");
+    }
+    if (model->device() != model_->device()) {
+      return Status::FailedPrecondition("swap weights: the new model is on " +
+                                        model->device().str() + ", the engine's cache on " +
+                                        model_->device().str());
     }
     model_ = std::move(model);
     version_ = policy_version;
@@ -661,6 +678,17 @@ class EngineImpl final : public Engine {
     ModelInput input{tokens, {}};
     for (const at::Tensor& pixels : images) input.images.push_back({0, pixels});  // one row
     STRIDER_ASSIGN_OR_RETURN(ForwardOutput out, model_->Step(&ragged, input, forward));
+    if (options_.record_routing && !out.routing.layers.empty() &&
+        !out.routing.layers.front().experts.device().is_cpu()) {
+      // The routing record goes to the trajectory on the host: every layer's choices in one
+      // copy (docs/cuda.md, device-to-host copies).
+      std::vector<at::Tensor> experts;
+      for (const RoutingRecord::Layer& layer : out.routing.layers) experts.push_back(layer.experts);
+      const at::Tensor host = at::stack(experts, 0).cpu();
+      for (size_t layer = 0; layer < out.routing.layers.size(); ++layer) {
+        out.routing.layers[layer].experts = host[static_cast<int64_t>(layer)];
+      }
+    }
 
     // Commit. Blocks were reserved at admission, so the cache append cannot run out.
     at::Tensor logits = out.logits.select(1, 0).to(at::kFloat).contiguous();  // (B, V)
@@ -696,8 +724,7 @@ class EngineImpl final : public Engine {
         if (!stored.ok()) return Status::Internal("reserved blocks missing: " + stored.message());
       }
       row->length += count;
-      const float* data = logits[b].data_ptr<float>();
-      row->next_logits.assign(data, data + config_.vocabulary);
+      row->next_logits = logits[b].clone();  // its own: the batch's logits are not kept alive
       row->logits_version = version_;
     }
     return out;
@@ -812,16 +839,16 @@ class EngineImpl final : public Engine {
                 StepResult* result) REQUIRES(mutex_) {
     // Every row's distribution in one call: the log-prob stored with a token is the shared
     // sampling distribution's (model::SamplingLogProbs), which a learner recomputes.
-    at::Tensor logits = at::empty({static_cast<int64_t>(rows.size()), config_.vocabulary},
-                                  at::kFloat);
+    std::vector<at::Tensor> next_logits;
     std::vector<model::SamplingSettings> distributions;
     std::vector<double> uniforms;
     for (size_t b = 0; b < rows.size(); ++b) {
-      std::copy(rows[b]->next_logits.begin(), rows[b]->next_logits.end(),
-                logits.data_ptr<float>() + b * config_.vocabulary);
+      next_logits.push_back(rows[b]->next_logits);
       distributions.push_back(TurnDistribution(*rows[b]->turn));
       uniforms.push_back(UniformDraw(rows[b]->turn->seed, rows[b]->counter));
     }
+    STRIDER_ASSIGN_OR_RETURN(at::Tensor logits,
+                             Guarded("gathering logits", [&] { return at::stack(next_logits); }));
     STRIDER_ASSIGN_OR_RETURN(std::vector<Sample> samples,
                              SampleTokens(logits, distributions, uniforms));
     std::vector<int64_t> tokens;
@@ -931,7 +958,11 @@ class EngineImpl final : public Engine {
     sequence->incremental.resize(config_.layers);
     size_t next = 0;
     for (int64_t i = 0; i < config_.layers; ++i) {
-      if (kinds_[i] == 'I') sequence->incremental[i] = std::move(state.incremental[next++]);
+      if (kinds_[i] != 'I') continue;
+      // Decoded on the host; the states live where the model computes.
+      model::IncrementalAttentionState& layer = state.incremental[next++];
+      sequence->incremental[i].recurrent = layer.recurrent.to(model_->device());
+      sequence->incremental[i].conv_tail = layer.conv_tail.to(model_->device());
     }
     *rows = std::move(state.latent_rows);
     return Status::Ok();
@@ -1040,6 +1071,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
   const int64_t block_bytes = cache.latent_layers * cache.block_tokens * cache.row_width *
                               static_cast<int64_t>(c10::elementSize(cache.dtype));
   cache.max_blocks = block_bytes > 0 ? options.cache_budget_bytes / block_bytes : 0;
+  cache.device = model->device();
   ConfigureRuntime(options.threads);
   return std::unique_ptr<Engine>(new EngineImpl(options, std::move(model), policy_version, cache));
 }

@@ -19,7 +19,9 @@ PagedCache::PagedCache(const PagedCacheOptions& options) : options_(options) {}
 at::Tensor PagedCache::MapSlab(int64_t blocks) const {
   const std::vector<int64_t> shape = {blocks, options_.latent_layers, options_.block_tokens,
                                       options_.row_width};
-  const at::TensorOptions tensor_options = at::TensorOptions().dtype(options_.dtype);
+  const at::TensorOptions tensor_options =
+      at::TensorOptions().dtype(options_.dtype).device(options_.device);
+  if (!options_.device.is_cpu()) return at::empty(shape, tensor_options);
   const size_t bytes = static_cast<size_t>(blocks * BlockBytes());
   void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) return at::empty(shape, tensor_options);  // the heap, then
@@ -140,7 +142,7 @@ at::Tensor PagedCache::Gather(const std::vector<const BlockTable*>& tables, int6
                               int64_t padded_length) const {
   const int64_t rows = static_cast<int64_t>(tables.size());
   at::Tensor out = at::zeros({rows, padded_length, options_.row_width},
-                             at::TensorOptions().dtype(options_.dtype));
+                             at::TensorOptions().dtype(options_.dtype).device(options_.device));
   const int64_t block = options_.block_tokens;
   for (int64_t b = 0; b < rows; ++b) {
     const BlockTable& table = *tables[b];

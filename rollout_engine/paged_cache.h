@@ -16,7 +16,9 @@
 // follows the high-water mark of blocks in use, never more than the capacity. Blocks are carved
 // from slabs mapped directly from the kernel (a few MiB each, pages resident once written), not
 // from the malloc heap: blocks allocated between a call's temporaries would otherwise pin heap
-// pages and resident memory would grow by fragmentation as a sequence gets longer.
+// pages and resident memory would grow by fragmentation as a sequence gets longer. On a GPU the
+// slabs come from LibTorch's caching allocator on that device; the tables stay on the host, where
+// the engine decides what a step reads.
 //
 // Not thread-safe: the engine calls it under its own mutex.
 #pragma once
@@ -36,6 +38,7 @@ struct PagedCacheOptions {
   int64_t latent_layers = 1;   // latent-attention layers of the model (0: nothing is stored)
   int64_t row_width = 24;      // d_c + d_rope values per token per layer
   at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;  // where the blocks live: the model's device
 };
 
 using BlockId = int32_t;

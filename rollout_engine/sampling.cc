@@ -93,6 +93,50 @@ Sample DrawRow(const double* log_probs, const double* model_log_probs, int64_t v
 
 }  // namespace
 
+namespace internal {
+
+std::vector<Sample> DrawByTensorOps(const at::Tensor& log_probs, const at::Tensor& model_log_probs,
+                                    const std::vector<double>& uniforms) {
+  constexpr double kMinusInfinity = -std::numeric_limits<double>::infinity();
+  const int64_t rows = log_probs.size(0);
+  // The loop's walk: descending probability, ties to the lower id (a stable sort keeps id
+  // order among equal values), the tokens of probability 0 last.
+  const auto [sorted, order] =
+      at::sort(log_probs, /*stable=*/true, /*dim=*/1, /*descending=*/true);
+  const at::Tensor finite = sorted > kMinusInfinity;                          // (B, V)
+  const at::Tensor count = finite.sum(1);                                     // (B)
+  TORCH_CHECK((count > 0).all().item<bool>(),
+              "sampling: no token has a finite probability (non-finite logits)");
+  const at::Tensor q = sorted.exp();                                          // 0 where -inf
+  const at::Tensor running = q.cumsum(1);
+  const at::Tensor target =
+      at::tensor(uniforms, at::kDouble).to(log_probs.device()) * running.select(1, -1);
+  // The first rank whose running mass exceeds the target; past the last finite token (rounding)
+  // the last finite token, as the loop does.
+  const at::Tensor rank =
+      at::minimum((running <= target.unsqueeze(1)).sum(1), count - 1).unsqueeze(1);  // (B, 1)
+  const at::Tensor token = order.gather(1, rank);                                   // (B, 1)
+  const at::Tensor entropy = -(q * sorted.masked_fill(finite.logical_not(), 0)).sum(1);
+  // Only these four numbers per row come back to the host (docs/cuda.md).
+  const at::Tensor host = at::stack({token.squeeze(1).to(at::kDouble),
+                                     log_probs.gather(1, token).squeeze(1),
+                                     model_log_probs.gather(1, token).squeeze(1), entropy},
+                                    1)
+                              .cpu()
+                              .contiguous();
+  const double* data = host.data_ptr<double>();
+  std::vector<Sample> samples(rows);
+  for (int64_t b = 0; b < rows; ++b) {
+    samples[b].token = static_cast<int64_t>(data[4 * b]);
+    samples[b].log_prob = data[4 * b + 1];
+    samples[b].model_log_prob = data[4 * b + 2];
+    samples[b].entropy = data[4 * b + 3];
+  }
+  return samples;
+}
+
+}  // namespace internal
+
 Result<std::vector<Sample>> SampleTokens(const at::Tensor& logits,
                                          const std::vector<model::SamplingSettings>& distributions,
                                          const std::vector<double>& uniforms) {
@@ -126,11 +170,15 @@ Result<std::vector<Sample>> SampleTokens(const at::Tensor& logits,
         break;
       }
       if (!log_probs.defined()) log_probs = at::empty_like(x);
-      const at::Tensor index = at::tensor(group, at::kLong);
+      const at::Tensor index = at::tensor(group, at::kLong).to(x.device());
       log_probs.index_copy_(0, index,
                             model::SamplingLogProbs(x.index_select(0, index), distributions[b]));
     }
     log_probs = log_probs.contiguous();
+    // Off the CPU the draw runs where the logits are and only the samples come back.
+    if (!x.device().is_cpu()) {
+      return internal::DrawByTensorOps(log_probs, model_log_probs, uniforms);
+    }
     std::vector<Sample> samples;
     samples.reserve(rows);
     for (int64_t b = 0; b < rows; ++b) {

@@ -61,6 +61,14 @@ Result<std::vector<Sample>> SampleTokens(const at::Tensor& logits,
                                          const std::vector<model::SamplingSettings>& distributions,
                                          const std::vector<double>& uniforms);
 
+namespace internal {
+// SampleTokens' draw as tensor operations on the log-probs' device, from the sampling
+// distribution's and the model's log-probs (B, V) in fp64: what every device but the CPU runs.
+// Exposed so that tests compare it with the CPU's row loop.
+std::vector<Sample> DrawByTensorOps(const at::Tensor& log_probs, const at::Tensor& model_log_probs,
+                                    const std::vector<double>& uniforms);
+}  // namespace internal
+
 // SampleTokens for one row of `vocabulary` logits.
 Result<Sample> SampleToken(const float* logits, int64_t vocabulary,
                            const model::SamplingSettings& distribution, double uniform);

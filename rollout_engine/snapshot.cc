@@ -145,7 +145,7 @@ void WriteState(int64_t length, const std::vector<model::IncrementalAttentionSta
   put(length);
   for (const model::IncrementalAttentionState& layer : incremental) {
     for (const at::Tensor& tensor : {layer.recurrent, layer.conv_tail}) {
-      at::Tensor contiguous = tensor.contiguous();
+      at::Tensor contiguous = tensor.cpu().contiguous();  // states may live on a GPU
       put_header(contiguous.scalar_type(), contiguous.sizes());
       sink(contiguous.data_ptr(), contiguous.nbytes());
     }
@@ -157,7 +157,7 @@ void WriteState(int64_t length, const std::vector<model::IncrementalAttentionSta
     const at::Tensor& first = pieces.front();
     put_header(first.scalar_type(), {rows, first.size(1)});
     for (const at::Tensor& piece : pieces) {
-      at::Tensor contiguous = piece.contiguous();
+      at::Tensor contiguous = piece.cpu().contiguous();
       if (contiguous.nbytes() > 0) sink(contiguous.data_ptr(), contiguous.nbytes());
     }
   }

@@ -4,6 +4,7 @@
 #include "rollout_engine/sampling.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -210,6 +211,33 @@ std::shared_ptr<const Model> TinyFp64Model() {
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   EXPECT_TRUE((*model)->ConvertTo(at::kDouble).ok());
   return std::shared_ptr<const Model>(std::move(model).value());
+}
+
+// Off the CPU the draw is tensor operations on the device (internal::DrawByTensorOps); here both
+// run on the CPU's tensors, so the draws must agree token for token.
+TEST(Sampling, TensorDrawPicksWhatTheRowLoopPicks) {
+  at::Generator generator = at::detail::createCPUGenerator(17);
+  // Ties (rounded logits) and a cut that leaves a few tokens, so the walk order matters.
+  const at::Tensor logits = (at::randn({48, 40}, generator, at::kDouble) * 3).round() / 2;
+  std::vector<double> uniforms;
+  for (int64_t b = 0; b < logits.size(0); ++b) uniforms.push_back(UniformDraw(3, b));
+  uniforms.back() = std::nextafter(1.0, 0.0);  // the last draw at the top of [0, 1)
+  for (const SamplingSettings& s : {Settings(1.0), Settings(0.7, 5), Settings(1.3, 0, 0.8),
+                                    Settings(0.0), Settings(1.0, 0, 1.0, {4})}) {
+    std::vector<SamplingSettings> rows(logits.size(0), s);
+    Result<std::vector<Sample>> loop = SampleTokens(logits, rows, uniforms);
+    ASSERT_TRUE(loop.ok()) << loop.status().ToString();
+    const at::Tensor x = logits.to(at::kDouble);
+    const std::vector<Sample> tensors = internal::DrawByTensorOps(
+        model::SamplingLogProbs(x, s), at::log_softmax(x, -1), uniforms);
+    ASSERT_EQ(tensors.size(), loop->size());
+    for (size_t b = 0; b < tensors.size(); ++b) {
+      EXPECT_EQ(tensors[b].token, (*loop)[b].token) << "row " << b;
+      EXPECT_EQ(tensors[b].log_prob, (*loop)[b].log_prob) << "row " << b;
+      EXPECT_EQ(tensors[b].model_log_prob, (*loop)[b].model_log_prob) << "row " << b;
+      EXPECT_NEAR(tensors[b].entropy, (*loop)[b].entropy, 1e-12) << "row " << b;
+    }
+  }
 }
 
 TEST(Sampling, EngineStoresTheSharedLogProbOfItsLogits) {
