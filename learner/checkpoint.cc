@@ -65,7 +65,7 @@ std::string CheckpointOptimizerPath(const std::string& directory) {
 }
 
 Status WriteCheckpoint(const std::string& directory, const Model& model, const AdamW* optimizer,
-                       const CheckpointState& state) {
+                       const CheckpointState& state, const CheckpointExtra& extra) {
   namespace fs = std::filesystem;
   const std::string temporary = directory + ".tmp";
   const std::string previous = directory + ".old";
@@ -79,6 +79,7 @@ Status WriteCheckpoint(const std::string& directory, const Model& model, const A
   if (optimizer != nullptr) {
     STRIDER_RETURN_IF_ERROR(optimizer->Save(CheckpointOptimizerPath(temporary)));
   }
+  if (extra) STRIDER_RETURN_IF_ERROR(extra(temporary));
   nlohmann::json json = {{"format", 2},
                          {"mode", state.mode},
                          {"model", state.model},

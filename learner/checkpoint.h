@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "common/status.h"
@@ -53,9 +54,13 @@ struct CheckpointState {
 std::string CheckpointModelPath(const std::string& directory);
 std::string CheckpointOptimizerPath(const std::string& directory);
 
+// Writes a mode's own files (a second model's, say) into the checkpoint being written, given
+// its directory, so they are swapped in with the rest or not at all.
+using CheckpointExtra = std::function<Status(const std::string& directory)>;
+
 // `optimizer` may be null (weights-only checkpoint).
 Status WriteCheckpoint(const std::string& directory, const Model& model, const AdamW* optimizer,
-                       const CheckpointState& state);
+                       const CheckpointState& state, const CheckpointExtra& extra = {});
 Result<CheckpointState> ReadCheckpointState(const std::string& directory);
 
 }  // namespace strider

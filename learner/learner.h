@@ -128,9 +128,10 @@ class Trainer {
   // The record should hold real tokens only (RealTokenRouting).
   Result<double> BalanceRouting(RoutingRecord record);
 
-  // Writes the model, the optimiser state and `state`, with state.rng_state set to the
-  // generator's state (checkpoint.h: atomic, previous-or-new).
-  Status WriteCheckpoint(const std::string& directory, CheckpointState state);
+  // Writes the model, the optimiser state, `extra`'s files and `state`, with state.rng_state set
+  // to the generator's state (checkpoint.h: atomic, previous-or-new).
+  Status WriteCheckpoint(const std::string& directory, CheckpointState state,
+                         const CheckpointExtra& extra = {});
 
   // Writes a progress line (and redraws the bar) for a step that trained `tokens` tokens:
   // learning rate, gradient norm and MaxVio of the latest Step and BalanceRouting, tokens per

@@ -38,9 +38,9 @@ std::string RunDirectory::CheckpointPath(const std::string& name) const {
 }
 
 Status RunDirectory::WriteCheckpoint(Trainer& trainer, const std::string& name,
-                                     CheckpointState state) const {
+                                     CheckpointState state, const CheckpointExtra& extra) const {
   state.mode = mode_;
-  return trainer.WriteCheckpoint(CheckpointPath(name), std::move(state));
+  return trainer.WriteCheckpoint(CheckpointPath(name), std::move(state), extra);
 }
 
 }  // namespace strider

@@ -38,8 +38,9 @@ class RunDirectory {
   // <path>/checkpoints/<name>; `name` may have several parts (pretraining's "stage/final").
   std::string CheckpointPath(const std::string& name) const;
   // Writes `trainer`'s checkpoint at CheckpointPath(name) with `state`, whose mode is set to this
-  // run's (Trainer::WriteCheckpoint: atomic, previous-or-new).
-  Status WriteCheckpoint(Trainer& trainer, const std::string& name, CheckpointState state) const;
+  // run's, and `extra`'s files (Trainer::WriteCheckpoint: atomic, previous-or-new).
+  Status WriteCheckpoint(Trainer& trainer, const std::string& name, CheckpointState state,
+                         const CheckpointExtra& extra = {}) const;
 
  private:
   RunDirectory(std::string path, std::string mode, Progress metrics);

@@ -187,11 +187,12 @@ Result<double> Trainer::BalanceRouting(RoutingRecord record) {
   return violation;
 }
 
-Status Trainer::WriteCheckpoint(const std::string& directory, CheckpointState state) {
+Status Trainer::WriteCheckpoint(const std::string& directory, CheckpointState state,
+                                const CheckpointExtra& extra) {
   STRIDER_RETURN_IF_ERROR(model::Guarded("trainer: generator state",
                                          [&] { state.rng_state = GeneratorState(generator_); }));
   if (state.model.empty()) state.model = model_->config().name;
-  return strider::WriteCheckpoint(directory, *model_, optimizer_.get(), state);
+  return strider::WriteCheckpoint(directory, *model_, optimizer_.get(), state, extra);
 }
 
 void Trainer::Report(Progress* progress, ProgressFields fields, int64_t tokens) {

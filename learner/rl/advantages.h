@@ -23,9 +23,6 @@ struct StepInput {
   int64_t end = 0;    // one past its last token
   // r_k: the step's process reward (reward/shaping), without the trajectory's outcome.
   double reward = 0;
-  // The implicit process reward (reward/implicit: beta times the step's policy/reference
-  // log-ratio), read by implicit_process only.
-  double implicit_reward = 0;
   double value = 0;  // V_k: the value estimate at the step's first token
 };
 
@@ -48,6 +45,10 @@ struct TrajectoryInput {
   TrajectoryEnd end = TrajectoryEnd::kFinished;
   // The value estimate of the state after the last step (at the truncation or the boundary).
   double bootstrap_value = 0;
+  // implicit_process only: per covered token, the implicit PRM's reward (learner/rl/
+  // implicit_prm.h, beta log pi_phi / pi_ref) on action tokens; context tokens' entries are not
+  // read. Empty: 0 everywhere.
+  std::vector<double> implicit_rewards;
 };
 
 struct GroupInput {
@@ -85,10 +86,19 @@ Result<GroupAdvantages> ProcessGae(const GroupInput& group, const AdvantageOptio
 // Returns are the scores.
 Result<GroupAdvantages> OutcomeGroup(const GroupInput& group, const AdvantageOptions& options);
 
-// Monte Carlo step returns of the implicit process rewards and the outcome, without a value
-// head: A_k = sum_j gamma^j ir_{k+j} (+ gamma^{K-k} times the outcome, or the bootstrap value as
-// in ProcessGae), normalised over the group's steps when normalize_in_group is on (the group
-// mean is then the baseline).
+// PRIME's advantages: a leave-one-out (RLOO) baseline for each of the two reward sources, then
+// per-token returns, without a value head. With n members, trajectory i's implicit rewards r_t
+// (action tokens) and outcome o_i (0 for a trajectory cut at a segment boundary, whose outcome
+// is not known; never a bootstrap value):
+//   r'_t = r_t n / (n - 1) - (sum_j mean_j) / (n - 1)   mean_j: trajectory j's mean r over its
+//                                                        action tokens
+//   o'_i = o_i - mean of the other members' o_j
+//   A_t  = sum over action tokens t' >= t of r'_t' (discounted by gamma per step boundary
+//          crossed) + gamma^(steps after t's) o'_i
+// A group of one has no baseline: its rewards are taken as they are. With normalize_in_group
+// the action tokens' advantages are standardised, over the group here and over the whole batch
+// in ComputeBatchAdvantages (PRIME whitens the batch). Returns are the advantages before that
+// standardisation. step_advantages holds each step's first action token's advantage.
 Result<GroupAdvantages> ImplicitProcess(const GroupInput& group, const AdvantageOptions& options);
 
 // The estimator AdvantageOptions::estimator names; CheckAdvantageEstimator's error for a name
@@ -97,10 +107,11 @@ Result<GroupAdvantages> ComputeAdvantages(const GroupInput& group, const Advanta
 std::vector<std::string> RegisteredAdvantageEstimators();
 
 // The advantages of a step's groups, each as ComputeAdvantages gives them, except that with
-// normalize_in_group on, the step estimators (process_gae, implicit_process) standardise the
-// groups of one member together, over the steps of all of the batch's groups of one, instead of
-// within a single trajectory (where GAE advantages (0.8, 0.4) became (+0.707, -0.707) and a
-// one-step trajectory always got 0). negative_weight applies after that normalisation.
+// normalize_in_group on, process_gae standardises the groups of one member together, over the
+// steps of all of the batch's groups of one, instead of within a single trajectory (where GAE
+// advantages (0.8, 0.4) became (+0.707, -0.707) and a one-step trajectory always got 0), and
+// implicit_process standardises every action token of the batch together, as PRIME does.
+// negative_weight applies after that normalisation.
 Result<std::vector<GroupAdvantages>> ComputeBatchAdvantages(const std::vector<GroupInput>& groups,
                                                             const AdvantageOptions& options);
 // OK for a registered name, else NotFound listing the registered ones.

@@ -28,6 +28,11 @@ Result<Rendezvous> ParseRendezvous(const std::string& text) {
   return out;
 }
 
+bool UsesImplicitRewards(const RlLearnerConfig& config) {
+  return config.objective.advantages.estimator == "implicit_process" ||
+         config.reward.implicit_weight != 0;
+}
+
 namespace {
 
 // The sections the Trainer applies: `optimizer:` and the router keys of `balance:`.
@@ -108,6 +113,18 @@ void ReadReward(ConfigReader reward, RlLearnerConfig* config) {
                "directory of strider reward train-prm");
 }
 
+void ReadImplicitPrm(ConfigReader section, ImplicitPrmConfig* c) {
+  section.Optional("beta", &c->beta);
+  section.Check(c->beta > 0 && c->beta < 1e3, "beta", "must be positive (PRIME's is 0.05)");
+  section.Optional("init", &c->init);
+  section.Optional("normalize", &c->normalize);
+  section.Check(c->normalize == "batch" || c->normalize == "none", "normalize",
+                "must be batch or none, got '" + c->normalize + "'");
+  ConfigReader optimizer = section.Section("optimizer");
+  ReadAdamWOptions(optimizer, &c->optimizer);
+  optimizer.Check(c->optimizer.learning_rate > 0, "learning_rate", "must be positive");
+}
+
 void ReadDistributed(ConfigReader distributed, RlDistributedConfig* d) {
   distributed.Optional("world_size", &d->world_size);
   distributed.Check(d->world_size >= 1 && d->world_size <= 65536, "world_size",
@@ -130,9 +147,14 @@ void ReadDistributed(ConfigReader distributed, RlDistributedConfig* d) {
 // Settings of one section that another section's make wrong.
 void CheckAcrossSections(ConfigReader& root, const RlLearnerConfig& config) {
   const PolicyLossOptions& loss = config.objective.loss;
-  if (loss.kl_coef > 0 || config.reward.implicit_weight != 0) {
+  if (loss.kl_coef > 0 || UsesImplicitRewards(config)) {
     root.Check(config.scoring.reference != "none", "scoring.reference",
                "is none, but the KL penalty or implicit process rewards need a reference policy");
+  }
+  if (UsesImplicitRewards(config)) {
+    // Its gradients are not reduced across ranks, nor are its experts sharded.
+    root.Check(config.distributed.world_size == 1, "implicit_prm",
+               "trains on one learner rank only; distributed.world_size must be 1");
   }
   if (config.train.sync) {
     root.Check(config.publish.every_steps == 1, "publish.every_steps",
@@ -162,6 +184,12 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
   config.trainer.seed = static_cast<uint64_t>(seed);
   root.Optional("threads", &config.threads);
   root.Check(config.threads >= 0, "threads", "must not be negative");
+  // Overrides the model config's device: (where the learner's weights, optimiser state and
+  // passes live).
+  std::string device;
+  root.Optional("device", &device);
+  root.Check(device.empty() || ValidDeviceName(device), "device",
+             "must be cpu, cuda or cuda:N, got '" + device + "'");
   ReadTrainerSections(root, &config.trainer);
   ReadReplay(root.Section("replay"), &config.replay);
   ReadPublish(root.Section("publish"), &config.publish);
@@ -180,12 +208,14 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
     checkpoint.Optional("every_steps", &config.checkpoint_every_steps);
     checkpoint.Check(config.checkpoint_every_steps >= 0, "every_steps", "must not be negative");
   }
+  ReadImplicitPrm(root.Section("implicit_prm"), &config.implicit_prm);
   ReadDistributed(root.Section("distributed"), &config.distributed);
   CheckAcrossSections(root, config);
   STRIDER_RETURN_IF_ERROR(root.Finish());
   STRIDER_RETURN_IF_ERROR(objective_read);
   config.model_config_path = ResolveConfigPath(model_config, path);
   STRIDER_ASSIGN_OR_RETURN(config.model, LoadModelConfig(config.model_config_path));
+  if (!device.empty()) config.model.device = device;
   // Checked against the model the file names, which is only known once it is loaded.
   const int64_t experts = config.model.feed_forward.routed_experts;
   const int64_t world = config.distributed.world_size;
@@ -197,6 +227,7 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
   }
   config.init = ResolveConfigPath(config.init, path);
   config.process_model = ResolveConfigPath(config.process_model, path);
+  config.implicit_prm.init = ResolveConfigPath(config.implicit_prm.init, path);
   if (config.scoring.reference != "initial" && config.scoring.reference != "none") {
     config.scoring.reference = ResolveConfigPath(config.scoring.reference, path);
   }

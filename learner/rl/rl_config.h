@@ -85,6 +85,25 @@ struct RlDistributedConfig {
   bool expert_parallel = false;
 };
 
+// `implicit_prm:`: PRIME's implicit process reward model (learner/rl/implicit_prm.h), a model of
+// its own trained online on the outcomes, used when objective.advantages.estimator is
+// implicit_process or reward.implicit_weight is not 0.
+struct ImplicitPrmConfig {
+  // The scale of the log-ratio to the reference, in the cross-entropy loss and in the process
+  // reward alike (PRIME's beta_train).
+  double beta = 0.05;
+  // The weights pi_phi starts from: empty for the policy's own starting weights (`init`, or the
+  // fresh model of init_seed), else a safetensors file (a checkpoint's model.safetensors).
+  std::string init;
+  // batch: every token reward divided by the largest |return| (sum of the rewards from a token
+  // to the end of its trajectory) in the step's batch, as PRIME's recipe does (prime_norm:
+  // batch_norm); none: as they are.
+  std::string normalize = "batch";
+  // Its own AdamW (`implicit_prm.optimizer:`), a constant rate. PRIME's: 1e-6, no weight decay,
+  // clipping at 1.
+  AdamWOptions optimizer = {.learning_rate = 1e-6, .weight_decay = 0.0, .clip_norm = 1.0};
+};
+
 struct RlLearnerConfig {
   std::string origin;             // the file it came from
   std::string model_config_path;  // resolved
@@ -106,6 +125,7 @@ struct RlLearnerConfig {
   // reward.process_model: a checkpoint directory of `strider reward train-prm`, whose step
   // scores are the learned process rewards (required when reward.process_model_weight != 0).
   std::string process_model;
+  ImplicitPrmConfig implicit_prm;
   int64_t checkpoint_every_steps = 0;  // 0: only at exit
   RlDistributedConfig distributed;
 };
@@ -116,6 +136,9 @@ struct Rendezvous {
 };
 // HOST:PORT ([::1]:PORT for IPv6), the port in [1, 65535].
 Result<Rendezvous> ParseRendezvous(const std::string& text);
+
+// Whether the run scores implicit process rewards (and so trains an implicit PRM).
+bool UsesImplicitRewards(const RlLearnerConfig& config);
 
 // Reads a `mode: rl` learner config. Paths (model_config, init, scoring.reference) are resolved
 // against the working directory, then the config file's directory and its parents.

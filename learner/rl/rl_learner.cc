@@ -20,6 +20,7 @@
 #include "common/transport/weight_stream.h"
 #include "learner/checkpoint.h"
 #include "learner/distributed.h"
+#include "learner/rl/implicit_prm.h"
 #include "learner/prm/process_model.h"
 #include "learner/rl/step_dump.h"
 #include "replay/client.h"
@@ -313,6 +314,26 @@ Status RlLearner::CreateTrainer() {
   if (expert_parallel_ && reference_ != nullptr) {
     STRIDER_RETURN_IF_ERROR(reference_->ShardExperts(dist.rank, dist.world_size));
   }
+  if (UsesImplicitRewards(config_)) {
+    ImplicitPrmOptions prm;
+    prm.config = config_.implicit_prm;
+    prm.chunk_tokens = config_.train.chunk_tokens;
+    prm.truncated_backprop = config_.train.backprop == "truncated";
+    prm.minibatches = config_.train.minibatches;
+    prm.seed = config_.trainer.seed;
+    prm.policy_init = config_.init;
+    prm.policy_init_seed = config_.init_seed;
+    prm.router_learning_rate_scale = config_.trainer.router_learning_rate_scale;
+    // A resumed run continues the reward model it checkpointed, never a fresh one.
+    const std::string saved =
+        options_.resume.empty() ? "" : options_.resume + "/" + kImplicitPrmCheckpoint;
+    if (!saved.empty() && !fs::exists(saved)) {
+      return Status::FailedPrecondition("checkpoint " + options_.resume +
+                                        " holds no implicit PRM (" + saved +
+                                        "): it was written without implicit rewards");
+    }
+    STRIDER_ASSIGN_OR_RETURN(implicit_prm_, ImplicitPrm::Create(config_.model, prm, saved));
+  }
   return Status::Ok();
 }
 
@@ -342,6 +363,7 @@ Status RlLearner::ConfigureSteps() {
                              reward::ProcessRewardModel::Load(config_.process_model));
   }
   settings_.process_model = process_model_.get();
+  settings_.implicit_prm = implicit_prm_.get();
   settings_.scoring = config_.scoring;  // the scoring pass's options, without `reference`
   settings_.scoring.rounds = rounds_.get();
   settings_.objective = config_.objective;
@@ -801,6 +823,19 @@ std::string RlLearner::MetricsLine(const PreparedStep& prepared, const StepUpdat
       line["expert_gather_seconds"] = gather_seconds_;
     }
   }
+  if (implicit_prm_ != nullptr) {
+    const ImplicitPrmUpdate& prm = batch.implicit_prm;
+    line["implicit_prm_loss"] = prm.loss;
+    line["implicit_prm_accuracy"] = prm.accuracy;
+    line["implicit_prm_gradient_norm"] = prm.gradient_norm;
+    line["implicit_prm_updates_skipped"] = prm.skipped;
+    line["implicit_prm_seconds"] = prm.seconds;
+    if (prm.trajectories == 0 || !std::isfinite(prm.loss)) line["implicit_prm_loss"] = nullptr;
+    if (prm.trajectories == 0) line["implicit_prm_accuracy"] = nullptr;
+    if (prm.updates == 0 || !std::isfinite(prm.gradient_norm)) {
+      line["implicit_prm_gradient_norm"] = nullptr;
+    }
+  }
   if (!std::isfinite(update.last.gradient_norm)) line["gradient_norm"] = nullptr;
   // Nothing measured is not a measured zero.
   if (sum.metrics.kl_tokens == 0) line["kl"] = nullptr;  // the reference was not scored
@@ -832,7 +867,13 @@ Status RlLearner::Checkpoint(const std::string& name) {
   state.sample_step = step_;
   state.total_tokens = total_tokens_;
   state.sampler_cursor = config_.replay.learner_id;
-  return run_->WriteCheckpoint(*trainer_, name, std::move(state));
+  CheckpointExtra extra;
+  if (implicit_prm_ != nullptr) {
+    extra = [this](const std::string& directory) {
+      return implicit_prm_->WriteCheckpoint(directory + "/" + kImplicitPrmCheckpoint);
+    };
+  }
+  return run_->WriteCheckpoint(*trainer_, name, std::move(state), extra);
 }
 
 RlRunSummary RlLearner::Summary() const {

@@ -150,6 +150,7 @@ class RlLearner {
   // The parameters whose gradients the ranks sum: all but an expert-parallel rank's experts.
   std::vector<at::Tensor> reduced_;
   std::unique_ptr<reward::ProcessRewardModel> process_model_;
+  std::unique_ptr<ImplicitPrm> implicit_prm_;  // with implicit rewards (UsesImplicitRewards)
   StepSettings settings_;
   uint64_t version_ = 0;  // the newest version published (or, on ranks > 0, counted)
   std::unique_ptr<transport::WeightPublisher> publisher_;

@@ -17,9 +17,9 @@
 #include "common/model/torch_status.h"
 #include "learner/learner.h"
 #include "learner/rl/advantages.h"
+#include "learner/rl/implicit_prm.h"
 #include "learner/rl/losses.h"
 #include "learner/rl/step_dump.h"
-#include "reward/implicit.h"
 #include "learner/prm/process_model.h"
 #include "reward/trajectory.h"
 
@@ -36,26 +36,25 @@ double Seconds(Clock::time_point since) {
 
 std::string IdString(const schema::TrajectoryId& id) { return std::string(id.View()); }
 
-// Implicit process rewards (log-ratio to the reference summed per step, beta 1) of a scored
-// trajectory. Both sides are full temperature-scaled distributions: the truncated policy's
-// log-prob is its full one minus the log of the kept mass, which would add a positive bias to
-// every token's reward.
-Result<std::vector<double>> ImplicitRewards(const PreparedTrajectory& prepared,
-                                            const TrajectoryScores& scores) {
-  const size_t length = prepared.joined.tokens.size();
-  std::vector<float> policy(length, 0.0f), reference(length, 0.0f);
-  for (size_t i = 0; i < scores.positions.size(); ++i) {
-    policy[scores.positions[i]] = scores.full_logprobs[i];
-    reference[scores.positions[i]] = scores.reference_logprobs[i];
+// Each step's share of the implicit PRM's per-token rewards (reward::StepRewards::implicit, for
+// shaping with reward.implicit_weight): their sum over the step's action tokens.
+std::vector<double> StepSums(const PreparedTrajectory& prepared,
+                             const std::vector<double>& token_rewards) {
+  const std::vector<schema::StoredStep>& steps = prepared.joined.steps;
+  std::vector<double> sums(steps.size(), 0.0);
+  size_t k = 0;
+  for (size_t i = 0; i < prepared.positions.size() && i < token_rewards.size(); ++i) {
+    const uint64_t position = static_cast<uint64_t>(prepared.positions[i]);
+    while (k < steps.size() && steps[k].end <= position) ++k;
+    if (k == steps.size()) break;
+    if (position >= steps[k].begin) sums[k] += token_rewards[i];
   }
-  std::vector<uint64_t> ends;
-  for (const schema::StoredStep& step : prepared.joined.steps) ends.push_back(step.end);
-  return reward::ImplicitProcessRewards(policy, reference, prepared.joined.roles, ends, 1.0);
+  return sums;
 }
 
 // The advantage estimator's view of one trajectory.
 TrajectoryInput EstimatorInput(const TrainingTrajectory& t, const reward::ShapedRewards& shaped,
-                               const std::vector<double>& implicit, double implicit_beta) {
+                               const std::vector<double>& implicit_tokens) {
   const schema::StoredTrajectory& joined = t.prepared.joined;
   TrajectoryInput input;
   input.token_begin = 0;
@@ -68,7 +67,6 @@ TrajectoryInput EstimatorInput(const TrainingTrajectory& t, const reward::Shaped
     step.begin = static_cast<int64_t>(joined.steps[k].begin);
     step.end = static_cast<int64_t>(joined.steps[k].end);
     step.reward = shaped.process_rewards[k];
-    step.implicit_reward = k < implicit.size() ? implicit_beta * implicit[k] : 0.0;
     step.value = k < t.scores.step_values.size() ? t.scores.step_values[k] : 0.0;
     input.steps.push_back(step);
   }
@@ -81,6 +79,12 @@ TrajectoryInput EstimatorInput(const TrainingTrajectory& t, const reward::Shaped
   input.end = shaped.bootstrap && !turn_limit ? TrajectoryEnd::kTruncated
                                               : TrajectoryEnd::kFinished;
   input.bootstrap_value = t.scores.final_value;
+  if (!implicit_tokens.empty()) {
+    input.implicit_rewards.assign(joined.roles.size(), 0.0);
+    for (size_t i = 0; i < t.prepared.positions.size() && i < implicit_tokens.size(); ++i) {
+      input.implicit_rewards[t.prepared.positions[i]] = implicit_tokens[i];
+    }
+  }
   return input;
 }
 
@@ -186,24 +190,22 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
                                    const std::vector<SampledGroup>& groups,
                                    const StepSettings& settings) {
   PreparedBatch batch;
-  const bool implicit = settings.reward.implicit_weight != 0 ||
-                        settings.objective.advantages.estimator == "implicit_process";
-  if (implicit && reference == nullptr) {
-    return Status::InvalidArgument("implicit process rewards need a reference policy");
+  const bool implicit_process = settings.objective.advantages.estimator == "implicit_process";
+  const bool implicit = settings.reward.implicit_weight != 0 || implicit_process;
+  if (implicit && (reference == nullptr || settings.implicit_prm == nullptr)) {
+    return Status::InvalidArgument(
+        "implicit process rewards need a reference policy and an implicit PRM");
   }
   const bool wants_reference =
       reference != nullptr && (implicit || settings.objective.loss.kl_coef > 0);
   ScoringOptions scoring = settings.scoring;
-  scoring.values = true;
-  scoring.full_logprobs = implicit;
-  // Per group with a member kept: the estimator's input and the members' batch indices.
-  std::vector<GroupInput> inputs;
-  std::vector<std::vector<size_t>> kept_of;
+  // implicit_process never reads the value head; the values are scored only for a value loss.
+  scoring.values = !implicit_process || settings.objective.loss.value_coef > 0;
+  // Per group: its members' indices in batch.trajectories, [first, end).
+  std::vector<std::pair<size_t, size_t>> members_of;
   for (const SampledGroup& group : groups) {
     ++batch.groups;
     const size_t first = batch.trajectories.size();
-    std::vector<reward::ShapedRewards> shaped;
-    std::vector<std::vector<double>> implicit_rewards;
     for (const std::vector<schema::SegmentData>& segments : group.members) {
       TrainingTrajectory t;
       t.group_id = group.group_id;
@@ -240,13 +242,46 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
                             std::to_string(mismatch.above) + " of " +
                             std::to_string(mismatch.tokens) + " action tokens";
       }
-      std::vector<double> implicit_steps;
-      if (implicit) {
-        STRIDER_ASSIGN_OR_RETURN(implicit_steps, ImplicitRewards(t.prepared, t.scores));
-      }
+      batch.trajectories.push_back(std::move(t));
+    }
+    members_of.push_back({first, batch.trajectories.size()});
+  }
+  // PRIME's order: the reward model learns from this batch's outcomes first, then scores it.
+  std::vector<std::vector<double>> implicit_tokens(batch.trajectories.size());
+  if (implicit) {
+    std::vector<ImplicitPrmSample> samples;
+    for (const TrainingTrajectory& t : batch.trajectories) {
+      if (t.excluded) continue;
+      samples.push_back({.trajectory = &t.prepared,
+                         .reference_logprobs = t.scores.reference_logprobs,
+                         .label = std::clamp(t.outcome, 0.0, 1.0)});
+    }
+    STRIDER_ASSIGN_OR_RETURN(batch.implicit_prm,
+                             settings.implicit_prm->Update(samples));
+    const auto started = Clock::now();
+    for (size_t i = 0; i < batch.trajectories.size(); ++i) {
+      const TrainingTrajectory& t = batch.trajectories[i];
+      if (t.excluded) continue;
+      STRIDER_ASSIGN_OR_RETURN(
+          implicit_tokens[i],
+          settings.implicit_prm->TokenRewards(t.prepared, t.scores.reference_logprobs));
+    }
+    if (settings.implicit_prm->normalizes()) NormalizeByLargestReturn(implicit_tokens);
+    batch.implicit_prm.seconds += Seconds(started);
+  }
+  // Per group with a member kept: the estimator's input and the members' batch indices.
+  std::vector<GroupInput> inputs;
+  std::vector<std::vector<size_t>> kept_of;
+  for (const auto& [first, end] : members_of) {
+    std::vector<reward::ShapedRewards> shaped;
+    for (size_t m = first; m < end; ++m) {
+      TrainingTrajectory& t = batch.trajectories[m];
       reward::TrajectoryRewards rewards = reward::StoredRewards(t.prepared.joined);
-      for (size_t k = 0; k < rewards.steps.size() && k < implicit_steps.size(); ++k) {
-        rewards.steps[k].implicit = implicit_steps[k];
+      if (implicit) {
+        const std::vector<double> sums = StepSums(t.prepared, implicit_tokens[m]);
+        for (size_t k = 0; k < rewards.steps.size() && k < sums.size(); ++k) {
+          rewards.steps[k].implicit = sums[k];
+        }
       }
       if (settings.process_model != nullptr && settings.reward.UsesProcessModel()) {
         STRIDER_ASSIGN_OR_RETURN(std::vector<double> judged,
@@ -267,19 +302,16 @@ Result<PreparedBatch> PrepareBatch(const Model& model, const Model* reference,
       } else {
         shaped.push_back(*shape);
       }
-      implicit_rewards.push_back(std::move(implicit_steps));
-      batch.trajectories.push_back(std::move(t));
     }
     // The group's baseline is over the members kept.
     GroupInput input;
     std::vector<size_t> kept;
-    const double beta = settings.reward.implicit_weight != 0 ? settings.reward.implicit_weight : 1;
-    for (size_t m = first; m < batch.trajectories.size(); ++m) {
+    for (size_t m = first; m < end; ++m) {
       const TrainingTrajectory& t = batch.trajectories[m];
       if (t.excluded) continue;
       kept.push_back(m);
-      input.members.push_back(
-          EstimatorInput(t, shaped[m - first], implicit_rewards[m - first], beta));
+      input.members.push_back(EstimatorInput(
+          t, shaped[m - first], implicit_process ? implicit_tokens[m] : std::vector<double>()));
     }
     if (kept.empty()) continue;
     inputs.push_back(std::move(input));

@@ -3,7 +3,9 @@
 //   SplitBatch        the sampled units' segments as groups of whole trajectories
 //   PrepareBatch      per trajectory: join and check (PrepareTrajectory), score without gradient
 //                     along the inference path (current policy with routing replay, reference,
-//                     values), the mismatch check (above threshold: excluded, with the reason),
+//                     values), the mismatch check (above threshold: excluded, with the reason);
+//                     with implicit rewards, the implicit PRM's update on the kept trajectories'
+//                     outcomes and then its per-token rewards (learner/rl/implicit_prm.h);
 //                     rewards shaped per step (reward/shaping), then advantages per group
 //                     (learner/rl/advantages) over the members kept
 //   AccumulateGradients
@@ -25,6 +27,7 @@
 #include "common/model/model.h"
 #include "common/schema/messages.h"
 #include "common/status.h"
+#include "learner/rl/implicit_prm.h"
 #include "learner/rl/losses.h"
 #include "learner/rl/objective_config.h"
 #include "learner/rl/scoring.h"
@@ -71,6 +74,10 @@ struct StepSettings {
   // is not 0: step k's learned reward is 2 P(step k correct) - 1, so a step it judges wrong
   // costs what a step it judges right earns. Borrowed.
   const reward::ProcessRewardModel* process_model = nullptr;
+  // PRIME's implicit PRM when the estimator is implicit_process or reward.implicit_weight is not
+  // 0: PrepareBatch updates it on the batch's outcomes, then takes its per-token log-ratio to
+  // the reference as the implicit rewards. Borrowed; the step changes its weights.
+  ImplicitPrm* implicit_prm = nullptr;
   // On a step that is dumped (step_dump.h): the update pass hands it what each chunk's loss saw.
   // Borrowed.
   StepRecorder* recorder = nullptr;
@@ -107,6 +114,8 @@ struct PreparedBatch {
   int64_t mismatch_measured = 0;
   int64_t mismatch_excluded = 0;
   double score_seconds = 0;  // scoring passes (policy, reference, values)
+  // The implicit PRM's update on this batch and its scoring after it (seconds: both).
+  ImplicitPrmUpdate implicit_prm;
 };
 
 // Scores and computes advantages for every group. Errors are those of a malformed trajectory

@@ -317,7 +317,7 @@ TEST(NegativeWeight, ScalesOnlyNegativeTokenAdvantages) {
   }
 }
 
-TEST(ImplicitProcess, MonteCarloReturnsOfImplicitRewardsAndTheOutcome) {
+TEST(ImplicitProcess, AGroupOfOneTakesDiscountedReturnsOfItsTokenRewardsAndTheOutcome) {
   AdvantageOptions options;
   options.estimator = "implicit_process";
   options.gamma = 0.5;
@@ -325,11 +325,14 @@ TEST(ImplicitProcess, MonteCarloReturnsOfImplicitRewardsAndTheOutcome) {
   TrajectoryInput t;
   t.action = {1, 1, 1};
   // Process rewards and values are not read by this estimator.
-  t.steps = {{.begin = 0, .end = 1, .reward = 9, .implicit_reward = 0.2, .value = 5},
-             {.begin = 1, .end = 2, .reward = 9, .implicit_reward = -0.1, .value = 5},
-             {.begin = 2, .end = 3, .reward = 9, .implicit_reward = 0.4, .value = 5}};
+  t.steps = {{.begin = 0, .end = 1, .reward = 9, .value = 5},
+             {.begin = 1, .end = 2, .reward = 9, .value = 5},
+             {.begin = 2, .end = 3, .reward = 9, .value = 5}};
+  t.implicit_rewards = {0.2, -0.1, 0.4};
   t.outcome = 1;
-  // A_2 = 0.4 + 1 = 1.4; A_1 = -0.1 + 0.5 * 1.4 = 0.6; A_0 = 0.2 + 0.5 * 0.6 = 0.5.
+  t.bootstrap_value = 7;  // never read
+  // No one to leave out: A_2 = 0.4 + 1 = 1.4; A_1 = -0.1 + 0.5 * 1.4 = 0.6;
+  // A_0 = 0.2 + 0.5 * 0.6 = 0.5.
   ExpectTokens(Compute({t}, options).members[0].advantages, {0.5, 0.6, 1.4});
 }
 
@@ -337,7 +340,7 @@ TEST(AdvantageEstimators, FactoryCallsTheNamedEstimatorAndRefusesUnknownNames) {
   const std::vector<std::string> names = RegisteredAdvantageEstimators();
   EXPECT_EQ(names, (std::vector<std::string>{"process_gae", "outcome_group", "implicit_process"}));
   TrajectoryInput t = TwoStepTrajectory();
-  t.steps[0].implicit_reward = 0.3;
+  t.implicit_rewards.assign(t.action.size(), 0.3);
   AdvantageOptions options = GaeOptions();
   const GroupInput group{{t, TwoStepTrajectory()}};
   using Fn = Result<GroupAdvantages> (*)(const GroupInput&, const AdvantageOptions&);
