@@ -43,7 +43,8 @@ struct LearnerConfigText {
   std::string replay = "{table: groups, learner_id: l0, units_per_step: 2, sample_timeout_s: 60}";
   std::string train = "{steps: 4, ppo_epochs: 2, minibatches: 2, chunk_tokens: 64}";
   std::string checkpoint = "{every_steps: 2}";
-  std::string policy = "{entropy_coef: 0.001}";  // objective.policy
+  std::string advantages = "{estimator: outcome_group}";  // objective.advantages
+  std::string policy = "{entropy_coef: 0.001}";          // objective.policy
 };
 
 inline std::string WriteLearnerConfig(const TempDir& dir, const std::string& name,
@@ -56,7 +57,7 @@ inline std::string WriteLearnerConfig(const TempDir& dir, const std::string& nam
                       << "publish: {every_steps: 1}\n"
                       << "optimizer: {learning_rate: 0.001, weight_decay: 0.0}\n"
                       << "train: " << text.train << "\n"
-                      << "objective:\n  advantages: {estimator: outcome_group}\n"
+                      << "objective:\n  advantages: " << text.advantages << "\n"
                       << "  policy: " << text.policy << "\n"
                       << "checkpoint: " << text.checkpoint << "\n"
                       << text.extra;
