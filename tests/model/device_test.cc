@@ -12,6 +12,7 @@
 // checked on the CPU against the CPU's own row loops (sampling_distribution_test for the cuts'
 // contract, rollout_engine's sampling_test for the draw).
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
