@@ -3,6 +3,7 @@
 // hand example, a policy's drift no longer rewarded (two failed trajectories), the checkpoint
 // round trip, and the reward model moving with each update.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
