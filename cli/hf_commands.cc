@@ -31,31 +31,7 @@ Status PrintHfModelInfo(const std::string& directory, int64_t expert_parallel) {
   STRIDER_ASSIGN_OR_RETURN(HfCheckpoint checkpoint, OpenChecked(directory, false));
   const KimiLinearConfig& c = checkpoint.config;
   const HfParameterFigures figures = KimiLinearFigures(c);
-  const auto total = static_cast<uint64_t>(figures.total);
-  std::optional<uint64_t> index_total;
-  if (checkpoint.index) index_total = checkpoint.index->total_parameters;
-  if (index_total && *index_total != total) {
-    return Status::Corruption(fmt::format(
-        "{}: metadata.total_parameters is {}, but the tensors config.json calls for hold {}",
-        directory, *index_total, total));
-  }
-  // With the shards present, the headers' shapes give the count a third way.
-  std::optional<uint64_t> header_total;
-  uint64_t header_bytes = 0;
-  if (checkpoint.missing_shards.empty()) {
-    header_total = 0;
-    for (const auto& [name, tensor] : checkpoint.tensors) {
-      uint64_t count = 1;
-      for (int64_t dim : tensor.shape) count *= static_cast<uint64_t>(dim);
-      *header_total += count;
-      header_bytes += count * DTypeSize(tensor.dtype);
-    }
-    if (*header_total != total) {
-      return Status::Corruption(fmt::format("{}: the shard headers hold {} parameters, the "
-                                            "config calls for {}",
-                                            directory, *header_total, total));
-    }
-  }
+  STRIDER_ASSIGN_OR_RETURN(HfParameterCounts counts, CountHfParameters(checkpoint));
   Json json;
   json["source"] = directory;
   json["model_type"] = "kimi_linear";
@@ -70,9 +46,10 @@ Status PrintHfModelInfo(const std::string& directory, int64_t expert_parallel) {
   json["vocabulary"] = c.vocab_size;
   json["dtype"] = c.dtype;
   json["tensors"] = static_cast<int64_t>(figures.tensors);
-  json["total_params"] = total;
-  json["index_total_parameters"] = index_total ? Json(*index_total) : Json(nullptr);
-  json["header_total_parameters"] = header_total ? Json(*header_total) : Json(nullptr);
+  json["total_params"] = counts.from_config;
+  json["index_total_parameters"] = counts.from_index ? Json(*counts.from_index) : Json(nullptr);
+  json["header_total_parameters"] =
+      counts.from_headers ? Json(*counts.from_headers) : Json(nullptr);
   json["active_params"] = static_cast<uint64_t>(figures.active);
   json["active_params_without_embeddings"] =
       static_cast<uint64_t>(figures.active_without_embeddings);
@@ -86,8 +63,8 @@ Status PrintHfModelInfo(const std::string& directory, int64_t expert_parallel) {
   json["by_component"] = components;
   if (checkpoint.index && checkpoint.index->total_size) {
     json["checkpoint_bytes"] = *checkpoint.index->total_size;
-  } else if (header_total) {
-    json["checkpoint_bytes"] = header_bytes;
+  } else if (counts.header_bytes) {
+    json["checkpoint_bytes"] = *counts.header_bytes;
   }
   if (expert_parallel != 0) {
     STRIDER_ASSIGN_OR_RETURN(HfExpertParallelFootprint f,

@@ -215,6 +215,36 @@ HfParameterFigures KimiLinearFigures(const KimiLinearConfig& config) {
   return f;
 }
 
+Result<HfParameterCounts> CountHfParameters(const HfCheckpoint& checkpoint) {
+  HfParameterCounts counts;
+  for (const KimiTensor& tensor : KimiLinearTensors(checkpoint.config)) {
+    counts.from_config += static_cast<uint64_t>(tensor.Count());
+  }
+  if (checkpoint.index) counts.from_index = checkpoint.index->total_parameters;
+  if (counts.from_index && *counts.from_index != counts.from_config) {
+    return Status::Corruption(fmt::format(
+        "{}: {} gives metadata.total_parameters {}, but the tensors config.json calls for hold {}",
+        checkpoint.directory, kSafetensorsIndexName, *counts.from_index, counts.from_config));
+  }
+  if (checkpoint.missing_shards.empty()) {
+    uint64_t parameters = 0, bytes = 0;
+    for (const auto& [name, tensor] : checkpoint.tensors) {
+      uint64_t count = 1;
+      for (int64_t dim : tensor.shape) count *= static_cast<uint64_t>(dim);
+      parameters += count;
+      bytes += count * DTypeSize(tensor.dtype);
+    }
+    if (parameters != counts.from_config) {
+      return Status::Corruption(fmt::format("{}: the shard headers hold {} parameters, the "
+                                            "config calls for {}",
+                                            checkpoint.directory, parameters, counts.from_config));
+    }
+    counts.from_headers = parameters;
+    counts.header_bytes = bytes;
+  }
+  return counts;
+}
+
 Result<HfExpertParallelFootprint> KimiLinearFootprint(const KimiLinearConfig& config,
                                                       int64_t degree) {
   if (degree < 1 || config.num_experts % degree != 0) {

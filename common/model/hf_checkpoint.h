@@ -46,6 +46,17 @@ Status RequireShards(const HfCheckpoint& checkpoint);
 // shard headers were read). One Status lists them all, a few of each kind and the counts.
 Status CheckKimiLinearTensors(const HfCheckpoint& checkpoint);
 
+// The parameter count three ways: from the config (the table), from the index's
+// metadata.total_parameters where it has one, and from the shard headers' shapes where every
+// shard is present. Refuses when any two disagree, naming both numbers.
+struct HfParameterCounts {
+  uint64_t from_config = 0;
+  std::optional<uint64_t> from_index;
+  std::optional<uint64_t> from_headers;
+  std::optional<uint64_t> header_bytes;   // the tensors' bytes, from the headers
+};
+Result<HfParameterCounts> CountHfParameters(const HfCheckpoint& checkpoint);
+
 // Parameter figures from the config alone.
 struct HfParameterFigures {
   double total = 0;

@@ -3,6 +3,7 @@
 // refusals.
 #include "common/model/hf_checkpoint.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -198,6 +199,55 @@ TEST(HfCheckpointTest, ExportRewritesEveryTensorAndCopiesThePublishedFiles) {
   ASSERT_TRUE(exported.ok()) << exported.status().ToString();
   EXPECT_TRUE(CheckKimiLinearTensors(*exported).ok());
   EXPECT_FALSE(ExportHfCheckpoint(*checkpoint, source).ok());  // never over its own source
+}
+
+TEST(HfCheckpointTest, CountsParametersThreeWaysAndReadsASingleFile) {
+  TempDir dir;
+  const Generated g = Tensors();
+  uint64_t expected = 0, bytes = 0;
+  for (const TensorView& view : g.views) {
+    uint64_t count = 1;
+    for (int64_t dim : view.shape) count *= static_cast<uint64_t>(dim);
+    expected += count;
+    bytes += view.byte_size;
+  }
+  WriteCheckpoint(dir.Sub("sharded"), g);
+  Result<HfCheckpoint> sharded = OpenHfCheckpoint(dir.Sub("sharded"));
+  ASSERT_TRUE(sharded.ok()) << sharded.status().ToString();
+  Result<HfParameterCounts> counts = CountHfParameters(*sharded);
+  ASSERT_TRUE(counts.ok()) << counts.status().ToString();
+  EXPECT_EQ(counts->from_config, expected);
+  EXPECT_EQ(counts->from_index, expected);
+  EXPECT_EQ(counts->from_headers, expected);
+  EXPECT_EQ(counts->header_bytes, bytes);
+
+  // An index whose total_parameters disagrees with the config is refused with both numbers.
+  SafetensorsIndex index = *sharded->index;
+  index.total_parameters = expected + 1;
+  ASSERT_TRUE(WriteSafetensorsIndex(dir.Sub("sharded/") + kSafetensorsIndexName, index).ok());
+  Result<HfCheckpoint> wrong = OpenHfCheckpoint(dir.Sub("sharded"));
+  ASSERT_TRUE(wrong.ok());
+  Status refused = CountHfParameters(*wrong).status();
+  EXPECT_NE(refused.message().find(fmt::format("total_parameters {}", expected + 1)),
+            std::string::npos) << refused.ToString();
+  EXPECT_NE(refused.message().find(fmt::format("hold {}", expected)), std::string::npos);
+
+  // One model.safetensors and no index: its header is the list of tensors.
+  WriteCheckpoint(dir.Sub("single"), g, 1 << 30);
+  ASSERT_TRUE(fs::exists(dir.Sub("single/model.safetensors")));
+  Result<HfCheckpoint> single = OpenHfCheckpoint(dir.Sub("single"));
+  ASSERT_TRUE(single.ok()) << single.status().ToString();
+  EXPECT_FALSE(single->index.has_value());
+  EXPECT_TRUE(CheckKimiLinearTensors(*single).ok());
+  Result<HfParameterCounts> single_counts = CountHfParameters(*single);
+  ASSERT_TRUE(single_counts.ok());
+  EXPECT_EQ(single_counts->from_headers, expected);
+  EXPECT_FALSE(single_counts->from_index.has_value());
+  Result<HfExportReport> report = ExportHfCheckpoint(*single, dir.Sub("single_out"));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(ReadText(dir.Sub("single_out/model.safetensors")),
+            ReadText(dir.Sub("single/model.safetensors")));
+  EXPECT_FALSE(fs::exists(dir.Sub("single_out/") + kSafetensorsIndexName));
 }
 
 TEST(HfCheckpointTest, RefusesAnUnsupportedModelTypeAndBadLayerLists) {
