@@ -282,16 +282,17 @@ Result<HfExportReport> ExportHfCheckpoint(const HfCheckpoint& checkpoint, const 
     STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<MappedSafetensors> source,
                              MappedSafetensors::Open(checkpoint.directory + "/" + shard));
     std::vector<TensorView> views;
+    std::map<std::string_view, const SafetensorsEntry*> entries;
     for (const SafetensorsEntry& entry : source->header().entries) {
       views.push_back(source->View(entry));
+      entries.emplace(entry.name, &entry);
       report.tensor_bytes += entry.end - entry.begin;
     }
     // The writer orders tensors as the reference writer does, so a shard it wrote comes back
     // in its own order; each tensor's source pages go once its bytes are in the new file.
     STRIDER_RETURN_IF_ERROR(WriteSafetensors(
-        out + "/" + shard, views, source->header().metadata, [&](const TensorView& view) {
-          source->Release(*source->header().Find(view.name));
-        }));
+        out + "/" + shard, views, source->header().metadata,
+        [&](const TensorView& view) { source->Release(*entries.at(view.name)); }));
     report.tensors += static_cast<int64_t>(views.size());
     ++report.shards;
   }
