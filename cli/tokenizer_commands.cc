@@ -196,7 +196,8 @@ Status Chat(const ChatFlags& flags) {
   if (flags.json) {
     nlohmann::json names = nlohmann::json::array();
     for (transcript::Role role : roles) names.push_back(std::string(transcript::RoleName(role)));
-    std::printf("%s\n", nlohmann::json{{"text", text}, {"ids", ids}, {"roles", names}}.dump().c_str());
+    const nlohmann::json out{{"text", text}, {"ids", ids}, {"roles", names}};
+    std::printf("%s\n", out.dump().c_str());
     return Status::Ok();
   }
   // One line per run of tokens with one role: the role, then the run's text as JSON.

@@ -55,9 +55,9 @@ Result<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& path, std::
   STRIDER_ASSIGN_OR_RETURN(std::string contents, ReadWhole(path));
   const std::string origin = path.string();
   const size_t first = contents.find_first_not_of(" \t\r\n");
-  const bool json = path.extension() == ".json" ||
-                    (path.extension() != ".jinja" && first != std::string::npos &&
-                     contents[first] == '{' && Json::accept(contents));
+  const bool json =
+      path.extension() == ".json" || (path.extension() != ".jinja" && first != std::string::npos &&
+                                      contents[first] == '{' && Json::accept(contents));
   if (!json) {
     // A bare template file; the tokens it names come from the config beside it, if any.
     Json special = Json::object();
@@ -77,7 +77,8 @@ Result<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& path, std::
     // transformers saves the template beside the config since 4.43.
     const std::filesystem::path beside = path.parent_path() / "chat_template.jinja";
     if (!std::filesystem::exists(beside)) {
-      return Status::NotFound(origin + ": no \"chat_template\" and no chat_template.jinja beside it");
+      return Status::NotFound(origin +
+                              ": no \"chat_template\" and no chat_template.jinja beside it");
     }
     STRIDER_ASSIGN_OR_RETURN(std::string text, ReadWhole(beside));
     return FromSource(text, std::move(special), beside.string());
@@ -97,7 +98,8 @@ Result<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& path, std::
   for (const Json& entry : *it) {
     if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") ||
         !entry["name"].is_string() || !entry["template"].is_string()) {
-      return Status::InvalidArgument(origin + ": each named chat template needs \"name\" and \"template\"");
+      return Status::InvalidArgument(origin +
+                                     ": each named chat template needs \"name\" and \"template\"");
     }
     if (entry["name"] == wanted) {
       return FromSource(entry["template"].get<std::string>(), std::move(special),
@@ -105,10 +107,12 @@ Result<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& path, std::
     }
     names += (names.empty() ? "" : ", ") + entry["name"].get<std::string>();
   }
-  return Status::NotFound(origin + ": no chat template named '" + wanted + "' (it has: " + names + ")");
+  return Status::NotFound(origin + ": no chat template named '" + wanted + "' (it has: " + names +
+                          ")");
 }
 
-Result<std::string> ChatTemplate::Render(const Json& messages, const ChatRenderOptions& options) const {
+Result<std::string> ChatTemplate::Render(const Json& messages,
+                                         const ChatRenderOptions& options) const {
   if (!messages.is_array()) return Status::InvalidArgument("messages must be a JSON array");
   if (messages.empty()) {
     return Status::InvalidArgument("cannot apply a chat template to an empty conversation");
@@ -169,10 +173,10 @@ Json Message(std::string_view role, std::string_view content) {
 Json ToolCallTurn(std::string_view id, std::string_view name, const Json& arguments) {
   return Json{{"role", "assistant"},
               {"content", ""},
-              {"tool_calls", Json::array({Json{{"id", id},
-                                               {"type", "function"},
-                                               {"function", {{"name", name},
-                                                             {"arguments", arguments}}}}})}};
+              {"tool_calls",
+               Json::array({Json{{"id", id},
+                                 {"type", "function"},
+                                 {"function", {{"name", name}, {"arguments", arguments}}}}})}};
 }
 
 size_t CommonPrefix(std::string_view a, std::string_view b) {
@@ -223,7 +227,8 @@ std::string MarkerSpan(const Tokenizer& tokenizer, std::string_view text, bool t
 
 }  // namespace
 
-Result<ChatRoleReader> ChatRoleReader::Create(const ChatTemplate& chat, const Tokenizer& tokenizer) {
+Result<ChatRoleReader> ChatRoleReader::Create(const ChatTemplate& chat,
+                                              const Tokenizer& tokenizer) {
   const auto fail = [](std::string why) {
     return Status::InvalidArgument("cannot read roles for this chat template: " + std::move(why));
   };
@@ -253,7 +258,8 @@ Result<ChatRoleReader> ChatRoleReader::Create(const ChatTemplate& chat, const To
     const std::string after = r2.substr(reply + kAssistantProbe.size());
     const Tokens t = TokenizeWithOffsets(tokenizer, after);
     for (size_t i = 0; i < t.ids.size() && reader.end_of_turn_.empty(); ++i) {
-      if (tokenizer.IsSpecial(t.ids[i])) reader.end_of_turn_ = after.substr(t.offsets[i], t.offsets[i + 1] - t.offsets[i]);
+      if (tokenizer.IsSpecial(t.ids[i]))
+        reader.end_of_turn_ = after.substr(t.offsets[i], t.offsets[i + 1] - t.offsets[i]);
     }
     if (reader.end_of_turn_.empty()) return fail("no special token ends an assistant turn");
   }
@@ -268,7 +274,8 @@ Result<ChatRoleReader> ChatRoleReader::Create(const ChatTemplate& chat, const To
     cut.push_back({MarkerSpan(tokenizer, before, true), role});
   };
   std::string bos;
-  if (chat.special_tokens().contains("bos_token")) bos = chat.special_tokens()["bos_token"].get<std::string>();
+  if (chat.special_tokens().contains("bos_token"))
+    bos = chat.special_tokens()["bos_token"].get<std::string>();
   {
     size_t start = (!bos.empty() && r0.starts_with(bos)) ? bos.size() : 0;
     const size_t sys = r0.find(kSystemProbe);
@@ -278,7 +285,8 @@ Result<ChatRoleReader> ChatRoleReader::Create(const ChatTemplate& chat, const To
     }
     add(std::string_view(r0).substr(start, sys - start), transcript::Role::kSystem);
     size_t end = r0.find(reader.end_of_turn_, sys);
-    end = end == std::string::npos || end > user ? sys + kSystemProbe.size() : end + reader.end_of_turn_.size();
+    end = end == std::string::npos || end > user ? sys + kSystemProbe.size()
+                                                 : end + reader.end_of_turn_.size();
     add(std::string_view(r0).substr(end, user - end), transcript::Role::kUser);
   }
   // A tool list's declaration, where the format gives it a turn of its own (Kimi's
@@ -287,9 +295,10 @@ Result<ChatRoleReader> ChatRoleReader::Create(const ChatTemplate& chat, const To
   {
     ChatRenderOptions with_tools;
     with_tools.tools = Json::array({Json{{"type", "function"},
-                                         {"function", {{"name", "probe_alpha"},
-                                                       {"description", "A probe."},
-                                                       {"parameters", {{"type", "object"}}}}}}});
+                                         {"function",
+                                          {{"name", "probe_alpha"},
+                                           {"description", "A probe."},
+                                           {"parameters", {{"type", "object"}}}}}}});
     Result<std::string> declared = chat.Render(base, with_tools);
     if (declared.ok() && *declared != r0) {
       const std::string& d = *declared;
@@ -318,7 +327,8 @@ Result<ChatRoleReader> ChatRoleReader::Create(const ChatTemplate& chat, const To
     const std::string id = k == 0 ? "call_probe_0" : "functions.other_omega:1";
     conversation.push_back(ToolCallTurn(id, k == 0 ? "probe_alpha" : "other_omega",
                                         k == 0 ? Json{{"x", 1}} : Json{{"query", "q"}}));
-    conversation.push_back(Json{{"role", "tool"}, {"tool_call_id", id},
+    conversation.push_back(Json{{"role", "tool"},
+                                {"tool_call_id", id},
                                 {"name", k == 0 ? "probe_alpha" : "other_omega"},
                                 {"content", kResultProbe}});
     Result<std::string> rendered = chat.Render(conversation, plain);
@@ -359,7 +369,8 @@ Result<ChatRoleReader> ChatRoleReader::Create(const ChatTemplate& chat, const To
     const bool clash = std::any_of(cut.begin(), cut.end(), [&](const Header& other) {
       return other.role != c.role && other.text == c.text;
     });
-    const bool known = std::any_of(full.begin(), full.end(), [&](const Header& h) { return h.text == c.text; });
+    const bool known =
+        std::any_of(full.begin(), full.end(), [&](const Header& h) { return h.text == c.text; });
     if (!clash && !known && !c.text.empty()) full.push_back(c);
   }
   std::stable_sort(full.begin(), full.end(),
@@ -435,8 +446,7 @@ std::vector<transcript::Role> ChatRoleReader::ReadRoles(std::span<const int32_t>
       continue;
     }
     // The end-of-turn token by its text: a vocabulary may hold the same text under two ids.
-    if (tok.IsSpecial(tokens[i]) &&
-        text.compare(at, offsets[i + 1] - at, end_of_turn_) == 0) {
+    if (tok.IsSpecial(tokens[i]) && text.compare(at, offsets[i + 1] - at, end_of_turn_) == 0) {
       roles[i] = Role::kModel;
       in_model = false;
       in_call = false;

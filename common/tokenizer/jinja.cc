@@ -40,22 +40,37 @@ struct Callable {
 
 class Value {
  public:
-  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace,
-                    kCallable };
+  enum class Kind {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kDict,
+    kNamespace,
+    kCallable
+  };
 
   Value() = default;  // undefined
-  static Value None() { Value v; v.kind_ = Kind::kNone; return v; }
+  static Value None() {
+    Value v;
+    v.kind_ = Kind::kNone;
+    return v;
+  }
   static Value Undefined(std::string hint = {}) {
     Value v;
     v.str_ = std::make_shared<std::string>(std::move(hint));
     return v;
   }
-  Value(bool b) : kind_(Kind::kBool), int_(b) {}  // NOLINT
-  Value(int64_t i) : kind_(Kind::kInt), int_(i) {}  // NOLINT
-  Value(int i) : kind_(Kind::kInt), int_(i) {}  // NOLINT
+  Value(bool b) : kind_(Kind::kBool), int_(b) {}       // NOLINT
+  Value(int64_t i) : kind_(Kind::kInt), int_(i) {}     // NOLINT
+  Value(int i) : kind_(Kind::kInt), int_(i) {}         // NOLINT
   Value(double d) : kind_(Kind::kFloat), float_(d) {}  // NOLINT
-  Value(std::string s) : kind_(Kind::kString), str_(std::make_shared<std::string>(std::move(s))) {}  // NOLINT
-  Value(const char* s) : Value(std::string(s)) {}  // NOLINT
+  Value(std::string s)
+      : kind_(Kind::kString), str_(std::make_shared<std::string>(std::move(s))) {}  // NOLINT
+  Value(const char* s) : Value(std::string(s)) {}                                   // NOLINT
   static Value MakeList(List items, bool tuple = false) {
     Value v;
     v.kind_ = Kind::kList;
@@ -185,8 +200,8 @@ void AppendUtf8(std::string& out, uint32_t cp) {
 // Python's str.isspace().
 bool IsPySpace(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 // str.strip/lstrip/rstrip: `chars` nullopt strips white space, else any of its code points.
@@ -299,16 +314,26 @@ std::string PyFloat(double d) {
 
 std::string TypeName(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return "Undefined";
-    case Value::Kind::kNone: return "NoneType";
-    case Value::Kind::kBool: return "bool";
-    case Value::Kind::kInt: return "int";
-    case Value::Kind::kFloat: return "float";
-    case Value::Kind::kString: return "str";
-    case Value::Kind::kList: return v.is_tuple() ? "tuple" : "list";
-    case Value::Kind::kDict: return "dict";
-    case Value::Kind::kNamespace: return "Namespace";
-    case Value::Kind::kCallable: return "function";
+    case Value::Kind::kUndefined:
+      return "Undefined";
+    case Value::Kind::kNone:
+      return "NoneType";
+    case Value::Kind::kBool:
+      return "bool";
+    case Value::Kind::kInt:
+      return "int";
+    case Value::Kind::kFloat:
+      return "float";
+    case Value::Kind::kString:
+      return "str";
+    case Value::Kind::kList:
+      return v.is_tuple() ? "tuple" : "list";
+    case Value::Kind::kDict:
+      return "dict";
+    case Value::Kind::kNamespace:
+      return "Namespace";
+    case Value::Kind::kCallable:
+      return "function";
   }
   return "object";
 }
@@ -318,21 +343,31 @@ std::string Repr(const Value& v);
 // Python's str().
 std::string Str(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.as_int() ? "True" : "False";
-    case Value::Kind::kInt: return std::to_string(v.as_int());
-    case Value::Kind::kFloat: return PyFloat(v.as_float());
-    case Value::Kind::kString: return v.str();
-    case Value::Kind::kNamespace: return "<Namespace " + Repr(Value::MakeDict(v.dict())) + ">";
-    case Value::Kind::kCallable: return "<function " + v.callable().name + ">";
-    default: return Repr(v);
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return v.as_int() ? "True" : "False";
+    case Value::Kind::kInt:
+      return std::to_string(v.as_int());
+    case Value::Kind::kFloat:
+      return PyFloat(v.as_float());
+    case Value::Kind::kString:
+      return v.str();
+    case Value::Kind::kNamespace:
+      return "<Namespace " + Repr(Value::MakeDict(v.dict())) + ">";
+    case Value::Kind::kCallable:
+      return "<function " + v.callable().name + ">";
+    default:
+      return Repr(v);
   }
 }
 
 std::string Repr(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kString: return PyReprString(v.str());
+    case Value::Kind::kString:
+      return PyReprString(v.str());
     case Value::Kind::kList: {
       std::string out = v.is_tuple() ? "(" : "[";
       for (size_t i = 0; i < v.list().size(); ++i) {
@@ -352,21 +387,29 @@ std::string Repr(const Value& v) {
       }
       return out + "}";
     }
-    default: return Str(v);
+    default:
+      return Str(v);
   }
 }
 
 bool Truthy(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return false;
+    case Value::Kind::kNone:
+      return false;
     case Value::Kind::kBool:
-    case Value::Kind::kInt: return v.as_int() != 0;
-    case Value::Kind::kFloat: return v.as_float() != 0;
-    case Value::Kind::kString: return !v.str().empty();
-    case Value::Kind::kList: return !v.list().empty();
-    case Value::Kind::kDict: return !v.dict().empty();
-    default: return true;
+    case Value::Kind::kInt:
+      return v.as_int() != 0;
+    case Value::Kind::kFloat:
+      return v.as_float() != 0;
+    case Value::Kind::kString:
+      return !v.str().empty();
+    case Value::Kind::kList:
+      return !v.list().empty();
+    case Value::Kind::kDict:
+      return !v.dict().empty();
+    default:
+      return true;
   }
 }
 
@@ -378,8 +421,10 @@ bool Equal(const Value& a, const Value& b) {
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return true;
-    case Value::Kind::kString: return a.str() == b.str();
+    case Value::Kind::kNone:
+      return true;
+    case Value::Kind::kString:
+      return a.str() == b.str();
     case Value::Kind::kList:
       if (a.list().size() != b.list().size() || a.is_tuple() != b.is_tuple()) return false;
       for (size_t i = 0; i < a.list().size(); ++i) {
@@ -393,7 +438,8 @@ bool Equal(const Value& a, const Value& b) {
         if (other == nullptr || !Equal(item, *other)) return false;
       }
       return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -405,7 +451,8 @@ int Compare(const Value& a, const Value& b, std::string_view op) {
     }
     return a.as_int() < b.as_int() ? -1 : a.as_int() > b.as_int() ? 1 : 0;
   }
-  if (a.is_string() && b.is_string()) return a.str().compare(b.str()) < 0 ? -1 : a.str() == b.str() ? 0 : 1;
+  if (a.is_string() && b.is_string())
+    return a.str().compare(b.str()) < 0 ? -1 : a.str() == b.str() ? 0 : 1;
   if (a.is_list() && b.is_list()) {
     const size_t n = std::min(a.list().size(), b.list().size());
     for (size_t i = 0; i < n; ++i) {
@@ -413,8 +460,8 @@ int Compare(const Value& a, const Value& b, std::string_view op) {
     }
     return a.list().size() < b.list().size() ? -1 : a.list().size() > b.list().size() ? 1 : 0;
   }
-  Fail("'" + std::string(op) + "' not supported between instances of '" + TypeName(a) +
-       "' and '" + TypeName(b) + "'");
+  Fail("'" + std::string(op) + "' not supported between instances of '" + TypeName(a) + "' and '" +
+       TypeName(b) + "'");
 }
 
 size_t Length(const Value& v) {
@@ -473,13 +520,27 @@ void JsonString(const std::string& s, bool ensure_ascii, std::string& out) {
   for (std::string_view cp : CodePoints(s)) {
     const uint32_t c = DecodeOne(cp);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default: {
         char buf[16];
         if (c < 0x20 || (ensure_ascii && c >= 0x7F)) {
@@ -507,9 +568,15 @@ void Json(const Value& v, const JsonStyle& style, int depth, std::string& out) {
     out.append(static_cast<size_t>(style.indent * level), ' ');
   };
   switch (v.kind()) {
-    case Value::Kind::kNone: out += "null"; return;
-    case Value::Kind::kBool: out += v.as_int() ? "true" : "false"; return;
-    case Value::Kind::kInt: out += std::to_string(v.as_int()); return;
+    case Value::Kind::kNone:
+      out += "null";
+      return;
+    case Value::Kind::kBool:
+      out += v.as_int() ? "true" : "false";
+      return;
+    case Value::Kind::kInt:
+      out += std::to_string(v.as_int());
+      return;
     case Value::Kind::kFloat: {
       const double d = v.as_float();
       if (std::isnan(d)) {
@@ -521,7 +588,9 @@ void Json(const Value& v, const JsonStyle& style, int depth, std::string& out) {
       }
       return;
     }
-    case Value::Kind::kString: JsonString(v.str(), style.ensure_ascii, out); return;
+    case Value::Kind::kString:
+      JsonString(v.str(), style.ensure_ascii, out);
+      return;
     case Value::Kind::kList: {
       if (v.list().empty()) {
         out += "[]";
@@ -560,19 +629,25 @@ void Json(const Value& v, const JsonStyle& style, int depth, std::string& out) {
       out += '}';
       return;
     }
-    default: Fail("Object of type " + TypeName(v) + " is not JSON serializable");
+    default:
+      Fail("Object of type " + TypeName(v) + " is not JSON serializable");
   }
 }
 
 Value FromJson(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::None();
-    case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return Value::None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned:
       return Value(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float: return Value(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List items;
       for (const auto& item : j) items.push_back(FromJson(item));
@@ -583,7 +658,8 @@ Value FromJson(const nlohmann::ordered_json& j) {
       for (const auto& [k, item] : j.items()) items.emplace_back(k, FromJson(item));
       return Value::MakeDict(std::move(items));
     }
-    default: return Value::None();
+    default:
+      return Value::None();
   }
 }
 
@@ -634,12 +710,14 @@ class Lexer {
     while (pos < src_.size()) {
       size_t open = std::string::npos;
       for (size_t i = src_.find('{', pos); i != std::string::npos; i = src_.find('{', i + 1)) {
-        if (i + 1 < src_.size() && (src_[i + 1] == '{' || src_[i + 1] == '%' || src_[i + 1] == '#')) {
+        if (i + 1 < src_.size() &&
+            (src_[i + 1] == '{' || src_[i + 1] == '%' || src_[i + 1] == '#')) {
           open = i;
           break;
         }
       }
-      std::string text = src_.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
+      std::string text =
+          src_.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
       if (open == std::string::npos) {
         if (!text.empty()) out.push_back({SegmentKind::kText, text, {}, PosOf(pos)});
         break;
@@ -746,8 +824,8 @@ class Lexer {
     while (true) {
       while (pos < src_.size() && IsSpaceByte(src_[pos])) ++pos;
       if (pos >= src_.size()) {
-        throw ParseError{PosOf(pos), std::string("unexpected end of template, expected '") +
-                                         closer + "}'"};
+        throw ParseError{PosOf(pos),
+                         std::string("unexpected end of template, expected '") + closer + "}'"};
       }
       if (const size_t n = closes_at(pos)) {
         end_sign_pos = n == 3 ? pos : 0;
@@ -826,22 +904,44 @@ class Lexer {
           const char esc = src_[p + 1];
           p += 2;
           switch (esc) {
-            case 'n': value += '\n'; break;
-            case 't': value += '\t'; break;
-            case 'r': value += '\r'; break;
-            case '\\': value += '\\'; break;
-            case '\'': value += '\''; break;
-            case '"': value += '"'; break;
-            case 'a': value += '\a'; break;
-            case 'b': value += '\b'; break;
-            case 'f': value += '\f'; break;
-            case 'v': value += '\v'; break;
-            case '\n': break;
+            case 'n':
+              value += '\n';
+              break;
+            case 't':
+              value += '\t';
+              break;
+            case 'r':
+              value += '\r';
+              break;
+            case '\\':
+              value += '\\';
+              break;
+            case '\'':
+              value += '\'';
+              break;
+            case '"':
+              value += '"';
+              break;
+            case 'a':
+              value += '\a';
+              break;
+            case 'b':
+              value += '\b';
+              break;
+            case 'f':
+              value += '\f';
+              break;
+            case 'v':
+              value += '\v';
+              break;
+            case '\n':
+              break;
             case 'x':
             case 'u':
             case 'U': {
               const size_t n = esc == 'x' ? 2 : esc == 'u' ? 4 : 8;
-              if (p + n > src_.size()) throw ParseError{t.pos, "truncated \\" + std::string(1, esc) + " escape"};
+              if (p + n > src_.size())
+                throw ParseError{t.pos, "truncated \\" + std::string(1, esc) + " escape"};
               const std::string hex = src_.substr(p, n);
               char* end = nullptr;
               const unsigned long cp = std::strtoul(hex.c_str(), &end, 16);
@@ -874,9 +974,9 @@ class Lexer {
       t.text = std::move(value);
       return t;
     }
-    static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/",
-                                       "%",  "~",  "(",  ")",  "[",  "]",  "{", "}", ",", ".",
-                                       ":",  "|",  "=",  "<",  ">"};
+    static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                                       "/",  "%",  "~",  "(",  ")",  "[",  "]", "{", "}",
+                                       ",",  ".",  ":",  "|",  "=",  "<",  ">"};
     for (const char* op : kOps) {
       const size_t n = std::char_traits<char>::length(op);
       if (src_.compare(pos, n, op) == 0) {
@@ -901,16 +1001,36 @@ struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 
 struct Expr {
-  enum class Kind { kLiteral, kName, kAttr, kItem, kSlice, kCall, kFilter, kTest, kNeg, kPos,
-                    kNot, kAnd, kOr, kBinary, kCompare, kConcat, kCond, kList, kTuple, kDict };
+  enum class Kind {
+    kLiteral,
+    kName,
+    kAttr,
+    kItem,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kNeg,
+    kPos,
+    kNot,
+    kAnd,
+    kOr,
+    kBinary,
+    kCompare,
+    kConcat,
+    kCond,
+    kList,
+    kTuple,
+    kDict
+  };
   Kind kind;
   Pos pos;
   Value literal;
-  std::string name;                  // name, attribute, filter, test, binary operator
-  std::vector<ExprPtr> children;     // operands, list items, dict keys and values, call args
-  std::vector<std::string> ops;      // comparison operators
+  std::string name;               // name, attribute, filter, test, binary operator
+  std::vector<ExprPtr> children;  // operands, list items, dict keys and values, call args
+  std::vector<std::string> ops;   // comparison operators
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
-  bool negated = false;              // `is not`
+  bool negated = false;                 // `is not`
   bool has[3] = {false, false, false};  // which slice parts were written
 };
 
@@ -919,20 +1039,30 @@ using NodePtr = std::unique_ptr<Node>;
 using Body = std::vector<NodePtr>;
 
 struct Node {
-  enum class Kind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue,
-                    kGeneration };
+  enum class Kind {
+    kText,
+    kOutput,
+    kIf,
+    kFor,
+    kSet,
+    kSetBlock,
+    kMacro,
+    kBreak,
+    kContinue,
+    kGeneration
+  };
   Kind kind;
   Pos pos;
-  std::string text;                  // kText
-  ExprPtr expr;                      // kOutput, kSet value, kFor iterable
-  std::vector<std::pair<ExprPtr, Body>> branches;  // kIf
-  Body body;                         // kFor, kSetBlock, kMacro, kGeneration
-  Body else_body;                    // kIf, kFor
-  std::vector<std::string> targets;  // kFor loop variables, kSet names
-  std::string attr;                  // kSet of `ns.attr`
-  ExprPtr filter;                    // kFor inline if
+  std::string text;                                     // kText
+  ExprPtr expr;                                         // kOutput, kSet value, kFor iterable
+  std::vector<std::pair<ExprPtr, Body>> branches;       // kIf
+  Body body;                                            // kFor, kSetBlock, kMacro, kGeneration
+  Body else_body;                                       // kIf, kFor
+  std::vector<std::string> targets;                     // kFor loop variables, kSet names
+  std::string attr;                                     // kSet of `ns.attr`
+  ExprPtr filter;                                       // kFor inline if
   std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro (default may be null)
-  std::string name;                  // kMacro
+  std::string name;                                     // kMacro
   std::vector<std::pair<std::string, std::vector<ExprPtr>>> block_filters;  // kSetBlock
 };
 
@@ -994,8 +1124,8 @@ class Parser {
     }
     if (!ends.empty()) {
       const auto& [pos, keyword] = open_.back();
-      throw ParseError{pos, "'" + keyword + "' is never closed: the template ends before '" +
-                                ends.back() + "'"};
+      throw ParseError{
+          pos, "'" + keyword + "' is never closed: the template ends before '" + ends.back() + "'"};
     }
     return body;
   }
@@ -1100,7 +1230,8 @@ class Parser {
         std::vector<ExprPtr> args;
         if (AcceptOp("(")) {
           if (!AcceptOp(")")) {
-            do args.push_back(ParseExpression()); while (AcceptOp(","));
+            do args.push_back(ParseExpression());
+            while (AcceptOp(","));
             ExpectOp(")");
           }
         }
@@ -1147,8 +1278,9 @@ class Parser {
       CloseTag();
       return node;
     }
-    static const char* const kKnown[] = {"include", "import", "from", "extends", "block", "call",
-                                         "filter", "with", "autoescape", "do", "trans", "raw"};
+    static const char* const kKnown[] = {"include",    "import", "from",   "extends",
+                                         "block",      "call",   "filter", "with",
+                                         "autoescape", "do",     "trans",  "raw"};
     for (const char* known : kKnown) {
       if (k == known) throw ParseError{keyword.pos, "unsupported construct '" + k + "'"};
     }
@@ -1198,11 +1330,15 @@ class Parser {
   }
   static std::string Describe(const Token& t) {
     switch (t.type) {
-      case Tok::kEnd: return "the end of the tag";
-      case Tok::kString: return "a string";
+      case Tok::kEnd:
+        return "the end of the tag";
+      case Tok::kString:
+        return "a string";
       case Tok::kInt:
-      case Tok::kFloat: return "a number";
-      default: return "'" + t.text + "'";
+      case Tok::kFloat:
+        return "a number";
+      default:
+        return "'" + t.text + "'";
     }
   }
 
@@ -1380,8 +1516,10 @@ class Parser {
         while (Peek().type == Tok::kString) s += Next().text;
         return Literal(Value(std::move(s)), t.pos);
       }
-      case Tok::kInt: return Literal(Value(t.int_value), t.pos);
-      case Tok::kFloat: return Literal(Value(t.float_value), t.pos);
+      case Tok::kInt:
+        return Literal(Value(t.int_value), t.pos);
+      case Tok::kFloat:
+        return Literal(Value(t.float_value), t.pos);
       case Tok::kOp:
         if (t.text == "(") {
           if (AcceptOp(")")) return Make(Expr::Kind::kTuple, t.pos);
@@ -1417,7 +1555,8 @@ class Parser {
           return dict;
         }
         break;
-      default: break;
+      default:
+        break;
     }
     throw ParseError{t.pos, "unexpected " + Describe(t)};
   }
@@ -1549,7 +1688,8 @@ class Parser {
                    (Peek().type == Tok::kName && !IsName("and") && !IsName("or") &&
                     !IsName("else") && !IsName("if") && !IsName("in") && !IsName("not") &&
                     !IsName("is"))) {
-          // A test takes one argument without parentheses: `x is divisibleby 3`, `x is sameas none`.
+          // A test takes one argument without parentheses: `x is divisibleby 3`, `x is sameas
+          // none`.
           e->children.push_back(ParsePostfix(ParsePrimary()));
         }
         node = std::move(e);
@@ -1603,14 +1743,19 @@ struct Interp {
 
   Flow ExecNode(const Node& node, Scope& scope, std::string& out) {
     switch (node.kind) {
-      case Node::Kind::kText: out += node.text; return Flow::kNormal;
-      case Node::Kind::kOutput: out += Str(Eval(*node.expr, scope)); return Flow::kNormal;
+      case Node::Kind::kText:
+        out += node.text;
+        return Flow::kNormal;
+      case Node::Kind::kOutput:
+        out += Str(Eval(*node.expr, scope));
+        return Flow::kNormal;
       case Node::Kind::kIf:
         for (const auto& [cond, branch] : node.branches) {
           if (Truthy(Eval(*cond, scope))) return Exec(branch, scope, out);
         }
         return Exec(node.else_body, scope, out);
-      case Node::Kind::kFor: return ExecFor(node, scope, out);
+      case Node::Kind::kFor:
+        return ExecFor(node, scope, out);
       case Node::Kind::kSet: {
         Value value = Eval(*node.expr, scope);
         if (!node.attr.empty()) {
@@ -1641,14 +1786,16 @@ struct Interp {
       }
       case Node::Kind::kMacro: {
         const Node* macro = &node;
-        scope.vars[node.name] = Value::MakeCallable(node.name, [macro](Interp& in, Args& args) {
-          return in.CallMacro(*macro, args);
-        });
+        scope.vars[node.name] = Value::MakeCallable(
+            node.name, [macro](Interp& in, Args& args) { return in.CallMacro(*macro, args); });
         return Flow::kNormal;
       }
-      case Node::Kind::kBreak: return Flow::kBreak;
-      case Node::Kind::kContinue: return Flow::kContinue;
-      case Node::Kind::kGeneration: return Exec(node.body, scope, out);
+      case Node::Kind::kBreak:
+        return Flow::kBreak;
+      case Node::Kind::kContinue:
+        return Flow::kContinue;
+      case Node::Kind::kGeneration:
+        return Exec(node.body, scope, out);
     }
     return Flow::kNormal;
   }
@@ -1683,10 +1830,10 @@ struct Interp {
     for (int64_t i = 0; i < n; ++i) {
       Scope iteration{{}, &scope};
       Bind(node, items[i], iteration);
-      Dict loop = {{"index", Value(i + 1)},      {"index0", Value(i)},
-                   {"revindex", Value(n - i)},    {"revindex0", Value(n - i - 1)},
-                   {"first", Value(i == 0)},      {"last", Value(i == n - 1)},
-                   {"length", Value(n)},          {"depth", Value(1)},
+      Dict loop = {{"index", Value(i + 1)},    {"index0", Value(i)},
+                   {"revindex", Value(n - i)}, {"revindex0", Value(n - i - 1)},
+                   {"first", Value(i == 0)},   {"last", Value(i == n - 1)},
+                   {"length", Value(n)},       {"depth", Value(1)},
                    {"depth0", Value(0)}};
       if (i > 0) loop.emplace_back("previtem", items[i - 1]);
       if (i + 1 < n) loop.emplace_back("nextitem", items[i + 1]);
@@ -1729,8 +1876,8 @@ struct Interp {
       }
     }
     if (next < args.positional.size() && args.positional.size() > macro.params.size()) {
-      Fail("macro '" + macro.name + "' takes not more than " +
-           std::to_string(macro.params.size()) + " argument(s)");
+      Fail("macro '" + macro.name + "' takes not more than " + std::to_string(macro.params.size()) +
+           " argument(s)");
     }
     std::string out;
     Exec(macro.body, scope, out);
@@ -1742,7 +1889,8 @@ struct Interp {
 
   Value Eval(const Expr& e, Scope& scope) {
     switch (e.kind) {
-      case Expr::Kind::kLiteral: return e.literal;
+      case Expr::Kind::kLiteral:
+        return e.literal;
       case Expr::Kind::kName: {
         const Value* v = scope.Lookup(e.name);
         return v ? *v : Value::Undefined("'" + e.name + "' is undefined");
@@ -1763,20 +1911,23 @@ struct Interp {
         if (obj.is_undefined()) Fail(At(e.pos) + ": " + UndefinedMessage(obj));
         return GetItem(obj, key);
       }
-      case Expr::Kind::kSlice: return EvalSlice(e, scope);
+      case Expr::Kind::kSlice:
+        return EvalSlice(e, scope);
       case Expr::Kind::kCall: {
         const Value fn = Eval(*e.children[0], scope);
         Args args;
         for (size_t i = 1; i < e.children.size(); ++i) {
           args.positional.push_back(Eval(*e.children[i], scope));
         }
-        for (const auto& [key, value] : e.kwargs) args.keyword.emplace_back(key, Eval(*value, scope));
+        for (const auto& [key, value] : e.kwargs)
+          args.keyword.emplace_back(key, Eval(*value, scope));
         if (fn.is_undefined()) Fail(At(e.pos) + ": " + UndefinedMessage(fn));
         if (!fn.is_callable()) Fail(At(e.pos) + ": '" + TypeName(fn) + "' object is not callable");
         try {
           return fn.callable().fn(*this, args);
         } catch (RenderError& error) {
-          if (error.message.rfind("line ", 0) != 0) error.message = At(e.pos) + ": " + error.message;
+          if (error.message.rfind("line ", 0) != 0)
+            error.message = At(e.pos) + ": " + error.message;
           throw;
         }
       }
@@ -1802,13 +1953,14 @@ struct Interp {
       case Expr::Kind::kPos: {
         const Value v = Eval(*e.children[0], scope);
         if (!v.is_number()) {
-          Fail(At(e.pos) + ": bad operand type for unary " + (e.kind == Expr::Kind::kNeg ? "-" : "+") +
-               ": '" + TypeName(v) + "'");
+          Fail(At(e.pos) + ": bad operand type for unary " +
+               (e.kind == Expr::Kind::kNeg ? "-" : "+") + ": '" + TypeName(v) + "'");
         }
         if (e.kind == Expr::Kind::kPos) return v.is_bool() ? Value(v.as_int()) : v;
         return v.is_float() ? Value(-v.as_float()) : Value(-v.as_int());
       }
-      case Expr::Kind::kNot: return Value(!Truthy(Eval(*e.children[0], scope)));
+      case Expr::Kind::kNot:
+        return Value(!Truthy(Eval(*e.children[0], scope)));
       case Expr::Kind::kAnd: {
         Value left = Eval(*e.children[0], scope);
         return Truthy(left) ? Eval(*e.children[1], scope) : left;
@@ -1851,7 +2003,8 @@ struct Interp {
       case Expr::Kind::kCond: {
         if (Truthy(Eval(*e.children[0], scope))) return Eval(*e.children[1], scope);
         if (e.children[2]) return Eval(*e.children[2], scope);
-        return Value::Undefined("the inline if expression evaluated to false and no else section was defined");
+        return Value::Undefined(
+            "the inline if expression evaluated to false and no else section was defined");
       }
       case Expr::Kind::kList:
       case Expr::Kind::kTuple: {
@@ -1863,7 +2016,8 @@ struct Interp {
         Dict items;
         for (size_t i = 0; i + 1 < e.children.size(); i += 2) {
           const Value key = Eval(*e.children[i], scope);
-          if (!key.is_string()) Fail(At(e.children[i]->pos) + ": dictionary keys must be strings here");
+          if (!key.is_string())
+            Fail(At(e.children[i]->pos) + ": dictionary keys must be strings here");
           Value v = Eval(*e.children[i + 1], scope);
           bool replaced = false;
           for (auto& [k, existing] : items) {
@@ -1900,8 +2054,8 @@ struct Interp {
   Value Arith(const std::string& op, const Value& a, const Value& b) {
     if (a.is_undefined() || b.is_undefined()) Fail(UndefinedMessage(a.is_undefined() ? a : b));
     const auto unsupported = [&]() -> Value {
-      Fail("unsupported operand type(s) for " + op + ": '" + TypeName(a) + "' and '" +
-           TypeName(b) + "'");
+      Fail("unsupported operand type(s) for " + op + ": '" + TypeName(a) + "' and '" + TypeName(b) +
+           "'");
     };
     if (op == "+") {
       if (a.is_string() && b.is_string()) return Value(a.str() + b.str());
@@ -1913,7 +2067,9 @@ struct Interp {
       }
     }
     if (op == "*") {
-      const Value* seq = a.is_string() || a.is_list() ? &a : b.is_string() || b.is_list() ? &b : nullptr;
+      const Value* seq = a.is_string() || a.is_list()   ? &a
+                         : b.is_string() || b.is_list() ? &b
+                                                        : nullptr;
       const Value* count = seq == &a ? &b : &a;
       if (seq != nullptr && (count->is_int() || count->is_bool())) {
         const int64_t n = std::max<int64_t>(0, count->as_int());
@@ -1923,16 +2079,20 @@ struct Interp {
           return Value(std::move(s));
         }
         List items;
-        for (int64_t i = 0; i < n; ++i) items.insert(items.end(), seq->list().begin(), seq->list().end());
+        for (int64_t i = 0; i < n; ++i)
+          items.insert(items.end(), seq->list().begin(), seq->list().end());
         return Value::MakeList(std::move(items), seq->is_tuple());
       }
     }
     if (op == "%" && a.is_string()) return PercentFormat(a.str(), b);
     if (!a.is_number() || !b.is_number()) return unsupported();
     const bool floats = a.is_float() || b.is_float();
-    if (op == "+") return floats ? Value(a.as_float() + b.as_float()) : Value(a.as_int() + b.as_int());
-    if (op == "-") return floats ? Value(a.as_float() - b.as_float()) : Value(a.as_int() - b.as_int());
-    if (op == "*") return floats ? Value(a.as_float() * b.as_float()) : Value(a.as_int() * b.as_int());
+    if (op == "+")
+      return floats ? Value(a.as_float() + b.as_float()) : Value(a.as_int() + b.as_int());
+    if (op == "-")
+      return floats ? Value(a.as_float() - b.as_float()) : Value(a.as_int() - b.as_int());
+    if (op == "*")
+      return floats ? Value(a.as_float() * b.as_float()) : Value(a.as_int() * b.as_int());
     if (op == "/") {
       if (b.as_float() == 0) Fail("division by zero");
       return Value(a.as_float() / b.as_float());
@@ -2013,7 +2173,8 @@ struct Interp {
     } else {
       Fail(At(e.pos) + ": '" + TypeName(obj) + "' object is not subscriptable");
     }
-    const int64_t n = obj.is_string() ? static_cast<int64_t>(cps.size()) : static_cast<int64_t>(items.size());
+    const int64_t n =
+        obj.is_string() ? static_cast<int64_t>(cps.size()) : static_cast<int64_t>(items.size());
     const auto clamp = [&](std::optional<int64_t> v, int64_t fallback) {
       if (!v) return fallback;
       int64_t x = *v;
@@ -2048,7 +2209,8 @@ struct Interp {
       if (obj.is_string()) {
         const auto cps = CodePoints(obj.str());
         if (i < 0) i += static_cast<int64_t>(cps.size());
-        if (i < 0 || i >= static_cast<int64_t>(cps.size())) return Value::Undefined("string index out of range");
+        if (i < 0 || i >= static_cast<int64_t>(cps.size()))
+          return Value::Undefined("string index out of range");
         return Value(std::string(cps[i]));
       }
       if (i < 0) i += static_cast<int64_t>(obj.list().size());
@@ -2062,7 +2224,8 @@ struct Interp {
   }
 
   Value Method(const std::string& name, std::function<Value(Args&)> fn) {
-    return Value::MakeCallable(name, [fn = std::move(fn)](Interp&, Args& args) { return fn(args); });
+    return Value::MakeCallable(name,
+                               [fn = std::move(fn)](Interp&, Args& args) { return fn(args); });
   }
 
   Value GetAttr(const Value& obj, const std::string& name);
@@ -2165,8 +2328,8 @@ Value Interp::GetAttr(const Value& obj, const std::string& name) {
     if (name == "startswith" || name == "endswith") {
       return Method(name, [s, name](Args& args) {
         if (args.positional.empty()) Fail(name + " takes at least 1 argument");
-        List candidates = args.positional[0].is_tuple() ? args.positional[0].list()
-                                                         : List{args.positional[0]};
+        List candidates =
+            args.positional[0].is_tuple() ? args.positional[0].list() : List{args.positional[0]};
         for (const Value& c : candidates) {
           if (!c.is_string()) Fail(name + " first arg must be str or a tuple of str");
           const std::string& p = c.str();
@@ -2233,12 +2396,14 @@ Value Interp::GetAttr(const Value& obj, const std::string& name) {
     }
     if (name == "find" || name == "rfind" || name == "index" || name == "count") {
       return Method(name, [s, name](Args& args) {
-        if (args.positional.empty() || !args.positional[0].is_string()) Fail(name + " expects a string");
+        if (args.positional.empty() || !args.positional[0].is_string())
+          Fail(name + " expects a string");
         const std::string& sub = args.positional[0].str();
         if (name == "count") {
           if (sub.empty()) return Value(static_cast<int64_t>(CodePoints(s).size() + 1));
           int64_t n = 0;
-          for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
+          for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size()))
+            ++n;
           return Value(n);
         }
         const size_t at = name == "rfind" ? s.rfind(sub) : s.find(sub);
@@ -2255,7 +2420,8 @@ Value Interp::GetAttr(const Value& obj, const std::string& name) {
         std::string out;
         bool first = true;
         for (const Value& v : Iterate(args.positional[0])) {
-          if (!v.is_string()) Fail("sequence item: expected str instance, " + TypeName(v) + " found");
+          if (!v.is_string())
+            Fail("sequence item: expected str instance, " + TypeName(v) + " found");
           if (!first) out += s;
           first = false;
           out += v.str();
@@ -2319,8 +2485,9 @@ Value Interp::GetAttr(const Value& obj, const std::string& name) {
   }
   if (obj.is_list() || obj.is_dict()) {
     // The sandbox refuses methods that modify a value (append, update, pop, ...).
-    static const char* const kMutating[] = {"append", "extend", "insert", "pop", "remove", "clear",
-                                            "sort", "reverse", "update", "setdefault", "popitem"};
+    static const char* const kMutating[] = {"append", "extend",     "insert", "pop",
+                                            "remove", "clear",      "sort",   "reverse",
+                                            "update", "setdefault", "popitem"};
     for (const char* m : kMutating) {
       if (name == m) {
         Fail("access to attribute '" + name + "' of '" + TypeName(obj) + "' object is unsafe");
@@ -2355,7 +2522,8 @@ std::string Capitalize(const std::string& s, bool title) {
   return out;
 }
 
-std::string Replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+std::string Replace(const std::string& s, const std::string& from, const std::string& to,
+                    int64_t count) {
   std::string out;
   if (from.empty()) {
     int64_t n = 0;
@@ -2383,17 +2551,19 @@ std::string Replace(const std::string& s, const std::string& from, const std::st
   return out;
 }
 
-
 const char* const kFilters[] = {
-    "trim", "tojson", "length", "count", "items", "string", "int", "float", "lower", "upper",
-    "capitalize", "title", "join", "first", "last", "list", "reverse", "replace", "default", "d",
-    "map", "select", "reject", "selectattr", "rejectattr", "unique", "sort", "dictsort", "sum",
-    "min", "max", "abs", "round", "indent", "safe", "escape", "e", "batch", "wordcount"};
+    "trim",       "tojson",  "length",     "count",    "items", "string", "int",      "float",
+    "lower",      "upper",   "capitalize", "title",    "join",  "first",  "last",     "list",
+    "reverse",    "replace", "default",    "d",        "map",   "select", "reject",   "selectattr",
+    "rejectattr", "unique",  "sort",       "dictsort", "sum",   "min",    "max",      "abs",
+    "round",      "indent",  "safe",       "escape",   "e",     "batch",  "wordcount"};
 const char* const kTests[] = {
-    "defined", "undefined", "none", "string", "number", "integer", "float", "boolean", "true",
-    "false", "mapping", "iterable", "sequence", "callable", "sameas", "eq", "equalto", "==", "ne",
-    "!=", "lt", "lessthan", "<", "le", "<=", "gt", "greaterthan", ">", "ge", ">=", "in",
-    "divisibleby", "even", "odd", "lower", "upper", "escaped", "filter", "test"};
+    "defined",  "undefined", "none",    "string",      "number",   "integer",     "float",
+    "boolean",  "true",      "false",   "mapping",     "iterable", "sequence",    "callable",
+    "sameas",   "eq",        "equalto", "==",          "ne",       "!=",          "lt",
+    "lessthan", "<",         "le",      "<=",          "gt",       "greaterthan", ">",
+    "ge",       ">=",        "in",      "divisibleby", "even",     "odd",         "lower",
+    "upper",    "escaped",   "filter",  "test"};
 
 bool Known(const char* const* begin, const char* const* end, const std::string& name) {
   return std::any_of(begin, end, [&](const char* k) { return name == k; });
@@ -2415,8 +2585,10 @@ bool Interp::ApplyTest(const std::string& name, const Value& value, Args& args, 
   if (name == "true") return value.is_bool() && value.as_int() != 0;
   if (name == "false") return value.is_bool() && value.as_int() == 0;
   if (name == "mapping") return value.is_dict();
-  if (name == "iterable") return value.is_list() || value.is_dict() || value.is_string() || value.is_undefined();
-  if (name == "sequence") return value.is_list() || value.is_dict() || value.is_string() || value.is_undefined();
+  if (name == "iterable")
+    return value.is_list() || value.is_dict() || value.is_string() || value.is_undefined();
+  if (name == "sequence")
+    return value.is_list() || value.is_dict() || value.is_string() || value.is_undefined();
   if (name == "callable") return value.is_callable();
   if (name == "sameas") {
     const Value& other = arg();
@@ -2433,7 +2605,8 @@ bool Interp::ApplyTest(const std::string& name, const Value& value, Args& args, 
   if (name == "ge" || name == ">=") return Compare(value, arg(), ">=") >= 0;
   if (name == "in") return Contains(arg(), value);
   if (name == "divisibleby" || name == "even" || name == "odd") {
-    if (!value.is_int() && !value.is_bool()) Fail(At(pos) + ": test '" + name + "' needs an integer");
+    if (!value.is_int() && !value.is_bool())
+      Fail(At(pos) + ": test '" + name + "' needs an integer");
     const int64_t d = name == "divisibleby" ? arg().as_int() : 2;
     if (d == 0) Fail(At(pos) + ": integer division or modulo by zero");
     const int64_t r = ((value.as_int() % d) + d) % d;
@@ -2444,8 +2617,10 @@ bool Interp::ApplyTest(const std::string& name, const Value& value, Args& args, 
     return CaseMap(value.str(), name == "upper") == value.str();
   }
   if (name == "escaped") return false;
-  if (name == "filter") return value.is_string() && Known(std::begin(kFilters), std::end(kFilters), value.str());
-  if (name == "test") return value.is_string() && Known(std::begin(kTests), std::end(kTests), value.str());
+  if (name == "filter")
+    return value.is_string() && Known(std::begin(kFilters), std::end(kFilters), value.str());
+  if (name == "test")
+    return value.is_string() && Known(std::begin(kTests), std::end(kTests), value.str());
   Fail(At(pos) + ": unsupported test '" + name + "'");
 }
 
@@ -2455,10 +2630,12 @@ Value AttributePath(Interp& in, const Value& item, const std::string& path) {
   size_t start = 0;
   while (true) {
     const size_t dot = path.find('.', start);
-    const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const std::string part =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     const bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
     if (v.is_undefined()) return v;
-    v = numeric ? in.GetItem(v, Value(static_cast<int64_t>(std::stoll(part)))) : in.GetItem(v, Value(part));
+    v = numeric ? in.GetItem(v, Value(static_cast<int64_t>(std::stoll(part))))
+                : in.GetItem(v, Value(part));
     if (dot == std::string::npos) return v;
     start = dot + 1;
   }
@@ -2470,7 +2647,8 @@ Value Interp::ApplyFilter(const std::string& name, const Value& value, Args& arg
     if (name == "default" || name == "d") {
       const Value* fallback = Arg(args, 0, "default_value");
       const Value* boolean = Arg(args, 1, "boolean");
-      const bool use = value.is_undefined() || (boolean != nullptr && Truthy(*boolean) && !Truthy(value));
+      const bool use =
+          value.is_undefined() || (boolean != nullptr && Truthy(*boolean) && !Truthy(value));
       if (use) return fallback != nullptr ? *fallback : Value(std::string());
       return value;
     }
@@ -2504,7 +2682,8 @@ Value Interp::ApplyFilter(const std::string& name, const Value& value, Args& arg
     if (name == "length" || name == "count") return Value(static_cast<int64_t>(Length(value)));
     if (name == "string") return value.is_string() ? value : Value(Str(value));
     if (name == "lower" || name == "upper") return Value(CaseMap(Str(value), name == "upper"));
-    if (name == "capitalize" || name == "title") return Value(Capitalize(Str(value), name == "title"));
+    if (name == "capitalize" || name == "title")
+      return Value(Capitalize(Str(value), name == "title"));
     if (name == "items") {
       if (value.is_undefined()) return Value::MakeList({});
       if (!value.is_dict()) Fail("Can only get item pairs from a mapping.");
@@ -2548,9 +2727,22 @@ Value Interp::ApplyFilter(const std::string& name, const Value& value, Args& arg
     if (name == "round") {
       const Value* precision = Arg(args, 0, "precision");
       const std::string method = StrArg(args, 1, "method", "common");
-      const double scale = std::pow(10.0, precision ? precision->as_int() : 0);
+      const int64_t digits = precision ? precision->as_int() : 0;
+      if (method == "common") {
+        // Python's round(): ints stay ints; floats round their exact binary value, halves to
+        // even, which is what printf's conversion does.
+        if (value.is_int() || value.is_bool()) return Value(value.as_int());
+        if (digits >= 0 && digits < 30) {
+          char buf[512];
+          std::snprintf(buf, sizeof(buf), "%.*f", static_cast<int>(digits), value.as_float());
+          return Value(std::strtod(buf, nullptr));
+        }
+      }
+      const double scale = std::pow(10.0, static_cast<double>(digits));
       const double x = value.as_float() * scale;
-      double r = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::round(x);
+      const double r = method == "ceil"    ? std::ceil(x)
+                       : method == "floor" ? std::floor(x)
+                                           : std::nearbyint(x);
       return Value(r / scale);
     }
     if (name == "join") {
@@ -2609,13 +2801,16 @@ Value Interp::ApplyFilter(const std::string& name, const Value& value, Args& arg
       List items = Iterate(value);
       const auto key = [&](const Value& item) {
         Value k = attribute ? AttributePath(*this, item, Str(*attribute)) : item;
-        if (k.is_string() && !(case_sensitive && Truthy(*case_sensitive))) k = Value(CaseMap(k.str(), false));
+        if (k.is_string() && !(case_sensitive && Truthy(*case_sensitive)))
+          k = Value(CaseMap(k.str(), false));
         return k;
       };
       std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
         return Compare(key(a), key(b), "<") < 0;
       });
-      if (name == "min") return items.empty() ? Value::Undefined("No aggregated item, sequence was empty.") : items.front();
+      if (name == "min")
+        return items.empty() ? Value::Undefined("No aggregated item, sequence was empty.")
+                             : items.front();
       if (name == "max") {
         if (items.empty()) return Value::Undefined("No aggregated item, sequence was empty.");
         // max keeps the first of equal largest items, as Python's max does.
@@ -2658,9 +2853,11 @@ Value Interp::ApplyFilter(const std::string& name, const Value& value, Args& arg
         }
         return Value::MakeList(std::move(out));
       }
-      if (args.positional.empty() || !args.positional[0].is_string()) Fail("map needs a filter name or attribute=");
+      if (args.positional.empty() || !args.positional[0].is_string())
+        Fail("map needs a filter name or attribute=");
       const std::string filter = args.positional[0].str();
-      if (!Known(std::begin(kFilters), std::end(kFilters), filter)) Fail("unsupported filter '" + filter + "'");
+      if (!Known(std::begin(kFilters), std::end(kFilters), filter))
+        Fail("unsupported filter '" + filter + "'");
       Args rest;
       rest.positional.assign(args.positional.begin() + 1, args.positional.end());
       for (const Value& item : Iterate(value)) out.push_back(ApplyFilter(filter, item, rest, pos));
@@ -2679,7 +2876,8 @@ Value Interp::ApplyFilter(const std::string& name, const Value& value, Args& arg
       if (next < args.positional.size()) test = Str(args.positional[next++]);
       Args rest;
       rest.positional.assign(args.positional.begin() + next, args.positional.end());
-      if (!test.empty() && !Known(std::begin(kTests), std::end(kTests), test)) Fail("unsupported test '" + test + "'");
+      if (!test.empty() && !Known(std::begin(kTests), std::end(kTests), test))
+        Fail("unsupported test '" + test + "'");
       List out;
       for (const Value& item : Iterate(value)) {
         const Value subject = by_attr ? AttributePath(*this, item, attribute) : item;
@@ -2692,16 +2890,19 @@ Value Interp::ApplyFilter(const std::string& name, const Value& value, Args& arg
       const Value* width = Arg(args, 0, "width");
       const Value* first = Arg(args, 1, "first");
       const Value* blank = Arg(args, 2, "blank");
-      const std::string pad = width && width->is_string() ? width->str()
-                                                          : std::string(width ? width->as_int() : 4, ' ');
+      const std::string pad = width && width->is_string()
+                                  ? width->str()
+                                  : std::string(width ? width->as_int() : 4, ' ');
       const std::string s = Str(value);
       std::string out;
       size_t start = 0;
       bool first_line = true;
       while (start <= s.size()) {
         size_t nl = s.find('\n', start);
-        const std::string line = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
-        const bool indent_it = first_line ? (first && Truthy(*first)) : (!line.empty() || (blank && Truthy(*blank)));
+        const std::string line =
+            s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+        const bool indent_it =
+            first_line ? (first && Truthy(*first)) : (!line.empty() || (blank && Truthy(*blank)));
         if (indent_it) out += pad;
         out += line;
         if (nl == std::string::npos) break;
@@ -2715,17 +2916,29 @@ Value Interp::ApplyFilter(const std::string& name, const Value& value, Args& arg
       std::string out;
       for (char c : Str(value)) {
         switch (c) {
-          case '&': out += "&amp;"; break;
-          case '<': out += "&lt;"; break;
-          case '>': out += "&gt;"; break;
-          case '"': out += "&#34;"; break;
-          case '\'': out += "&#39;"; break;
-          default: out += c;
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out += c;
         }
       }
       return Value(std::move(out));
     }
-    if (name == "wordcount") return Value(static_cast<int64_t>(PySplit(Str(value), nullptr, -1).size()));
+    if (name == "wordcount")
+      return Value(static_cast<int64_t>(PySplit(Str(value), nullptr, -1).size()));
     if (name == "batch") {
       const Value* size = Arg(args, 0, "linecount");
       if (size == nullptr || size->as_int() <= 0) Fail("batch needs a positive size");
@@ -2796,7 +3009,8 @@ void AddGlobals(Scope& globals, const Template::Strftime* strftime) {
   globals.vars["range"] = Value::MakeCallable("range", [](Interp&, Args& args) {
     int64_t start = 0, stop = 0, step = 1;
     for (const Value& v : args.positional) {
-      if (!v.is_int() && !v.is_bool()) Fail("range() integer argument expected, got " + TypeName(v));
+      if (!v.is_int() && !v.is_bool())
+        Fail("range() integer argument expected, got " + TypeName(v));
     }
     if (args.positional.size() == 1) {
       stop = args.positional[0].as_int();
@@ -2810,7 +3024,8 @@ void AddGlobals(Scope& globals, const Template::Strftime* strftime) {
     if (step == 0) Fail("range() arg 3 must not be zero");
     List items;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (items.size() >= 100000) Fail("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+      if (items.size() >= 100000)
+        Fail("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
       items.emplace_back(i);
     }
     return Value::MakeList(std::move(items));
@@ -2835,10 +3050,13 @@ void AddGlobals(Scope& globals, const Template::Strftime* strftime) {
     for (const auto& [k, v] : args.keyword) d.Set(k, v);
     return d;
   });
-  globals.vars["raise_exception"] = Value::MakeCallable("raise_exception", [](Interp&, Args& args) -> Value {
-    Fail("raise_exception: " + (args.positional.empty() ? std::string() : Str(args.positional[0])));
-  });
-  globals.vars["strftime_now"] = Value::MakeCallable("strftime_now", [strftime](Interp&, Args& args) {
+  globals.vars["raise_exception"] =
+      Value::MakeCallable("raise_exception", [](Interp&, Args& args) -> Value {
+        Fail("raise_exception: " +
+             (args.positional.empty() ? std::string() : Str(args.positional[0])));
+      });
+  globals.vars["strftime_now"] = Value::MakeCallable("strftime_now", [strftime](Interp&,
+                                                                                Args& args) {
     if (args.positional.empty()) Fail("strftime_now needs a format");
     const std::string format = Str(args.positional[0]);
     return Value(strftime != nullptr && *strftime ? (*strftime)(format) : LocalStrftime(format));
@@ -2871,12 +3089,14 @@ Result<Template> Template::Parse(std::string_view source, std::string_view origi
     t.program_ = std::move(program);
     return t;
   } catch (const ParseError& error) {
-    return Status::InvalidArgument(std::string(origin) + ": " + At(error.pos) + ": " + error.message);
+    return Status::InvalidArgument(std::string(origin) + ": " + At(error.pos) + ": " +
+                                   error.message);
   }
 }
 
 Result<std::string> Template::Render(const nlohmann::ordered_json& variables) const {
-  if (!variables.is_object()) return Status::InvalidArgument("template variables must be a JSON object");
+  if (!variables.is_object())
+    return Status::InvalidArgument("template variables must be a JSON object");
   Scope globals;
   AddGlobals(globals, &strftime_);
   Scope root{{}, &globals};

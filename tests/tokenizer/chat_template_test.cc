@@ -51,8 +51,9 @@ const Json& Cases() {
 
 ChatTemplate Load(const std::string& name) {
   const Json& entry = Cases()["templates"][name];
-  Result<ChatTemplate> chat = ChatTemplate::FromSource(
-      ReadFile(DataPath("chat/" + entry["file"].get<std::string>())), entry["special_tokens"], name);
+  Result<ChatTemplate> chat =
+      ChatTemplate::FromSource(ReadFile(DataPath("chat/" + entry["file"].get<std::string>())),
+                               entry["special_tokens"], name);
   EXPECT_TRUE(chat.ok()) << chat.status().ToString();
   return std::move(chat).value();
 }
@@ -112,10 +113,12 @@ TEST(ChatTemplateTest, LoadsEveryConfigLayout) {
 
   // A list of named templates; "default" unless a name is given.
   const std::string named = dir.path() + "/named.json";
-  WriteFile(named, Json{{"chat_template", Json::array({{{"name", "default"}, {"template", source}},
-                                                        {{"name", "tool_use"}, {"template", "T{{ tools|length }}"}}})},
-                        {"bos_token", {{"content", "<s>"}, {"special", true}}}}
-                       .dump());
+  WriteFile(named,
+            Json{{"chat_template",
+                  Json::array({{{"name", "default"}, {"template", source}},
+                               {{"name", "tool_use"}, {"template", "T{{ tools|length }}"}}})},
+                 {"bos_token", {{"content", "<s>"}, {"special", true}}}}
+                .dump());
   Result<ChatTemplate> b = ChatTemplate::Load(named);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ(*b->Render(messages, prompt), want);
@@ -154,14 +157,18 @@ std::string RenderJinja(const std::string& source, const Json& variables = Json:
 // Outputs jinja2 3.1.6 gives in transformers' environment (trim_blocks, lstrip_blocks).
 TEST(JinjaTest, MatchesJinjaSemantics) {
   // A loop body's assignments stay in its iteration; a macro reads top-level names at call time.
-  EXPECT_EQ(RenderJinja("{% set c = 0 %}{% for i in range(3) %}{% set c = c + 1 %}{{c}}{% endfor %}|{{c}}"),
+  EXPECT_EQ(RenderJinja(
+                "{% set c = 0 %}{% for i in range(3) %}{% set c = c + 1 %}{{c}}{% endfor %}|{{c}}"),
             "111|0");
-  EXPECT_EQ(RenderJinja("{% for i in range(3) %}{% if i == 0 %}{% set c = 5 %}{% endif %}{{c}},{% endfor %}|{{c}}"),
+  EXPECT_EQ(RenderJinja("{% for i in range(3) %}{% if i == 0 %}{% set c = 5 %}{% endif %}{{c}},{% "
+                        "endfor %}|{{c}}"),
             "5,,,|");
-  EXPECT_EQ(RenderJinja("{% set x = 1 %}{% macro m() %}{{x}}{% endmacro %}{% set x = 2 %}{{m()}}"), "2");
-  EXPECT_EQ(RenderJinja("{% set ns = namespace(n=0) %}{% for i in [1, 2, 3] %}{% set ns.n = ns.n + i %}"
-                        "{% endfor %}{{ ns.n }}"),
-            "6");
+  EXPECT_EQ(RenderJinja("{% set x = 1 %}{% macro m() %}{{x}}{% endmacro %}{% set x = 2 %}{{m()}}"),
+            "2");
+  EXPECT_EQ(
+      RenderJinja("{% set ns = namespace(n=0) %}{% for i in [1, 2, 3] %}{% set ns.n = ns.n + i %}"
+                  "{% endfor %}{{ ns.n }}"),
+      "6");
   // Python's str() and repr().
   EXPECT_EQ(RenderJinja("{{ [1,'a',None,True,1.5,{'k':'v'}] }}|{{ 1e20 }}|{{ 0.1+0.2 }}|{{ 3/2 }}|"
                         "{{ 7//2 }}|{{ -7 % 3 }}"),
@@ -171,37 +178,77 @@ TEST(JinjaTest, MatchesJinjaSemantics) {
             "bc|['a', 'b']|False");
   EXPECT_EQ(RenderJinja("{{ none }}|{{ (1,2) }}|{{ 'it\\'s' }}|{{ ['it\\'s', \"q\\\"\"] }}"),
             "None|(1, 2)|it's|[\"it's\", 'q\"']");
-  EXPECT_EQ(RenderJinja("{{ 2 ** 10 }}|{{ 10 / 5 }}|{{ 1 == 1.0 }}|{{ 'a' ~ 1 ~ none }}|{{ [1,2] + [3] }}|"
-                        "{{ 'ab' * 2 }}"),
+  EXPECT_EQ(RenderJinja(
+                "{{ 2 ** 10 }}|{{ 10 / 5 }}|{{ 1 == 1.0 }}|{{ 'a' ~ 1 ~ none }}|{{ [1,2] + [3] }}|"
+                "{{ 'ab' * 2 }}"),
             "1024|2.0|True|a1None|[1, 2, 3]|abab");
   // Whitespace: lstrip_blocks before block and comment tags, trim_blocks after them.
   EXPECT_EQ(RenderJinja("  {% if true %}\n  x\n  {% endif %}\n  {{ 'y' }}  \n{# c #}\n  z"),
             "  x\n  y  \n  z");
-  EXPECT_EQ(RenderJinja("a  {%- if true -%}  \n b {%+ if true %}c{% endif %}\n{% endif %}\nd\n"), "ab cd");
+  EXPECT_EQ(RenderJinja("a  {%- if true -%}  \n b {%+ if true %}c{% endif %}\n{% endif %}\nd\n"),
+            "ab cd");
   // transformers' tojson: json.dumps(ensure_ascii=False), with indent where asked.
-  EXPECT_EQ(RenderJinja("{{ x | tojson }}", Json{{"x", {{"b", Json::array({1, 2.0, "é\n\"", nullptr, true})}}}}),
+  EXPECT_EQ(RenderJinja("{{ x | tojson }}",
+                        Json{{"x", {{"b", Json::array({1, 2.0, "é\n\"", nullptr, true})}}}}),
             "{\"b\": [1, 2.0, \"é\\n\\\"\", null, true]}");
-  EXPECT_EQ(RenderJinja("{{ x | tojson(indent=2) }}", Json{{"x", {{"a", Json::array({1})}, {"b", Json::object()}}}}),
+  EXPECT_EQ(RenderJinja("{{ x | tojson(indent=2) }}",
+                        Json{{"x", {{"a", Json::array({1})}, {"b", Json::object()}}}}),
             "{\n  \"a\": [\n    1\n  ],\n  \"b\": {}\n}");
   // Slices, loop variables, filters and tests the templates use.
-  EXPECT_EQ(RenderJinja("{% for m in xs[::-1] %}{{ loop.index0 }}{{ m }}{% if not loop.last %},{% endif %}"
-                        "{% endfor %}",
-                        Json{{"xs", Json::array({"a", "b", "c"})}}),
+  EXPECT_EQ(RenderJinja(
+                "{% for m in xs[::-1] %}{{ loop.index0 }}{{ m }}{% if not loop.last %},{% endif %}"
+                "{% endfor %}",
+                Json{{"xs", Json::array({"a", "b", "c"})}}),
             "0c,1b,2a");
-  EXPECT_EQ(RenderJinja("{% for i in range(5, -1, -2) %}{{ i }}{% endfor %}|{% for k, v in d | items %}{{ k }}={{ v }};"
+  EXPECT_EQ(RenderJinja("{% for i in range(5, -1, -2) %}{{ i }}{% endfor %}|{% for k, v in d | "
+                        "items %}{{ k }}={{ v }};"
                         "{% endfor %}|{{ d.get('z', 'none') }}",
                         Json{{"d", {{"a", 1}, {"b", 2}}}}),
             "531|a=1;b=2;|none");
-  EXPECT_EQ(RenderJinja("{{ '  x\n' | trim }}|{{ 'a\n\n'.rstrip('\n') }}|{{ 'ABC'.lower() }}|{{ ['b','a'] | join('-') }}|"
-                        "{{ 5 is divisibleby 5 }}|{{ 'x' is string }}|{{ none is none }}|{{ [] is iterable }}"),
-            "x|a|abc|b-a|True|True|True|True");
+  EXPECT_EQ(
+      RenderJinja(
+          "{{ '  x\n' | trim }}|{{ 'a\n\n'.rstrip('\n') }}|{{ 'ABC'.lower() }}|{{ ['b','a'] | "
+          "join('-') }}|"
+          "{{ 5 is divisibleby 5 }}|{{ 'x' is string }}|{{ none is none }}|{{ [] is iterable }}"),
+      "x|a|abc|b-a|True|True|True|True");
   EXPECT_EQ(RenderJinja("{% for x in [1, 2, 3, 4] if x is even %}{{ x }}{% else %}none{% endfor %}"
-                        "{% for x in [] %}{% else %}empty{% endfor %}{% for x in [1,2,3] %}{% if x == 2 %}{% break %}"
+                        "{% for x in [] %}{% else %}empty{% endfor %}{% for x in [1,2,3] %}{% if x "
+                        "== 2 %}{% break %}"
                         "{% endif %}{{ x }}{% endfor %}"),
             "24empty1");
   EXPECT_EQ(RenderJinja("{{ 'a' if false }}|{{ 'b' if false else 'c' }}|{{ x | default('d') }}|"
                         "{{ [3,1,2] | sort | list }}|{{ ['a','b'] | map('upper') | list }}"),
             "|c|d|[1, 2, 3]|['A', 'B']");
+}
+
+// More of jinja2 3.1.6's answers: Python's rounding, number and string formatting, code-point
+// slicing and case mapping, block assignments, tojson's options.
+TEST(JinjaTest, MatchesPythonFormatting) {
+  const Json xs = Json{{"xs", Json::array({1, 2, 3})}};
+  EXPECT_EQ(RenderJinja("{{ 0.5 | round }}{{ 1.5 | round }}{{ 2.675 | round(2) }}{{ 7 | round }}"),
+            "0.02.02.677");
+  EXPECT_EQ(
+      RenderJinja("{% for m in xs %}{{ loop.cycle('a', 'b') }}{{ loop.revindex }}{{ loop.first }}"
+                  "{% endfor %}",
+                  xs),
+      "a3Trueb2Falsea1False");
+  EXPECT_EQ(
+      RenderJinja("{{ '%s-%d' % ('x', 3) }}|{{ 1.5e-7 }}|{{ 123456789012345678.0 }}|{{ 1e16 }}|"
+                  "{{ 0.0001 }}|{{ -10 // 3 }}|{{ 10 % -3 }}"),
+      "x-3|1.5e-07|1.2345678901234568e+17|1e+16|0.0001|-4|-2");
+  EXPECT_EQ(
+      RenderJinja("{{ 'héllo'[1:3] }}|{{ 'héllo'[::-1] }}|{{ [1,2,3,4][::2] }}|{{ 'ß'.upper() }}|"
+                  "{{ 'a b  c'.split() }}|{{ 'a,b,c'.rsplit(',', 1) }}"),
+      "él|olléh|[1, 3]|SS|['a', 'b', 'c']|['a,b', 'c']");
+  EXPECT_EQ(
+      RenderJinja("{% set blk %}  inner {{ 1 }}  {% endset %}[{{ blk }}]{% set t | trim %}  x  "
+                  "{% endset %}[{{ t }}]"),
+      "[  inner 1  ][x]");
+  EXPECT_EQ(
+      RenderJinja(
+          "{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}{{ 'é' | tojson(ensure_ascii=true) }}"
+          "{{ [1, {'a': 'b'}] | tojson(separators=(',', ':')) }}"),
+      "{\"a\": 2, \"b\": 1}\"\\u00e9\"[1,{\"a\":\"b\"}]");
 }
 
 TEST(JinjaTest, MalformedTemplatesNameLineAndColumn) {
@@ -212,29 +259,39 @@ TEST(JinjaTest, MalformedTemplatesNameLineAndColumn) {
   EXPECT_EQ(error("ok\n  {% if x %}\nabc"),
             "bad.jinja: line 2, column 6: 'if' is never closed: the template ends before 'endif'");
   EXPECT_EQ(error("{{ x + }}"), "bad.jinja: line 1, column 8: unexpected end of tag");
-  EXPECT_EQ(error("a\n{{ x | frobnicate }}"), "bad.jinja: line 2, column 6: unsupported filter 'frobnicate'");
-  EXPECT_EQ(error("{{ x is frobnicated }}"), "bad.jinja: line 1, column 6: unsupported test 'frobnicated'");
-  EXPECT_EQ(error("{% endfor %}"), "bad.jinja: line 1, column 4: unexpected 'endfor': no block is open here");
+  EXPECT_EQ(error("a\n{{ x | frobnicate }}"),
+            "bad.jinja: line 2, column 6: unsupported filter 'frobnicate'");
+  EXPECT_EQ(error("{{ x is frobnicated }}"),
+            "bad.jinja: line 1, column 6: unsupported test 'frobnicated'");
+  EXPECT_EQ(error("{% endfor %}"),
+            "bad.jinja: line 1, column 4: unexpected 'endfor': no block is open here");
   EXPECT_EQ(error("{{ 'abc }}"), "bad.jinja: line 1, column 4: unterminated string literal");
-  EXPECT_EQ(error("{{ a }"), "bad.jinja: line 1, column 7: unexpected end of template, expected '}}'");
+  EXPECT_EQ(error("{{ a }"),
+            "bad.jinja: line 1, column 7: unexpected end of template, expected '}}'");
   EXPECT_EQ(error("{# never closed"), "bad.jinja: line 1, column 1: unterminated comment");
   EXPECT_EQ(error("{% for x in y %}{% endif %}"),
             "bad.jinja: line 1, column 20: unexpected 'endif': no block is open here");
   EXPECT_EQ(error("{{ a ; b }}"), "bad.jinja: line 1, column 6: unexpected character ';'");
   // Constructs outside the subset are refused, never approximated.
-  EXPECT_EQ(error("{% include 'other.jinja' %}"), "bad.jinja: line 1, column 4: unsupported construct 'include'");
-  EXPECT_EQ(error("x\n{% extends 'base' %}"), "bad.jinja: line 2, column 4: unsupported construct 'extends'");
-  EXPECT_EQ(error("{% call m() %}{% endcall %}"), "bad.jinja: line 1, column 4: unsupported construct 'call'");
-  EXPECT_EQ(error("{% raw %}{{ x }}{% endraw %}"), "bad.jinja: line 1, column 4: unsupported construct 'raw'");
+  EXPECT_EQ(error("{% include 'other.jinja' %}"),
+            "bad.jinja: line 1, column 4: unsupported construct 'include'");
+  EXPECT_EQ(error("x\n{% extends 'base' %}"),
+            "bad.jinja: line 2, column 4: unsupported construct 'extends'");
+  EXPECT_EQ(error("{% call m() %}{% endcall %}"),
+            "bad.jinja: line 1, column 4: unsupported construct 'call'");
+  EXPECT_EQ(error("{% raw %}{{ x }}{% endraw %}"),
+            "bad.jinja: line 1, column 4: unsupported construct 'raw'");
   EXPECT_EQ(error("{% for x in y recursive %}{% endfor %}"),
             "bad.jinja: line 1, column 15: unsupported construct 'recursive' loop");
 }
 
 TEST(JinjaTest, RuntimeErrorsNameTheExpression) {
-  EXPECT_EQ(RenderJinja("{{ raise_exception('no system role') }}"), "ERROR: line 1, column 19: raise_exception: no system role");
+  EXPECT_EQ(RenderJinja("{{ raise_exception('no system role') }}"),
+            "ERROR: line 1, column 19: raise_exception: no system role");
   EXPECT_EQ(RenderJinja("\n {{ x.y.z }}", Json{{"x", Json::object()}}),
             "ERROR: line 2, column 8: 'dict object' has no attribute 'y'");
-  EXPECT_EQ(RenderJinja("{{ 1 + 'a' }}"), "ERROR: line 1, column 6: unsupported operand type(s) for +: 'int' and 'str'");
+  EXPECT_EQ(RenderJinja("{{ 1 + 'a' }}"),
+            "ERROR: line 1, column 6: unsupported operand type(s) for +: 'int' and 'str'");
   EXPECT_EQ(RenderJinja("{{ '</think>' in m.content }}", Json{{"m", Json::object()}}),
             "ERROR: line 1, column 4: 'dict object' has no attribute 'content'");
   EXPECT_EQ(RenderJinja("{{ xs.append(1) }}", Json{{"xs", Json::array()}}),
@@ -252,8 +309,12 @@ std::unique_ptr<Tokenizer> TokenizerWith(const std::vector<std::string>& special
       bool present = false;
       for (const Json& token : spec["added_tokens"]) present = present || token["content"] == text;
       if (present) continue;
-      spec["added_tokens"].push_back({{"id", next++}, {"content", text}, {"single_word", false},
-                                      {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+      spec["added_tokens"].push_back({{"id", next++},
+                                      {"content", text},
+                                      {"single_word", false},
+                                      {"lstrip", false},
+                                      {"rstrip", false},
+                                      {"normalized", false},
                                       {"special", list == &special}});
     }
   }
@@ -264,8 +325,8 @@ std::unique_ptr<Tokenizer> TokenizerWith(const std::vector<std::string>& special
 
 // Checks every token's role: `segments` (role, text) concatenate to the rendering, and each token
 // has the role of the segment holding its first byte.
-void ExpectRoles(const std::string& name, const Tokenizer& tok, const Json& messages, const Json& tools,
-                 const std::vector<std::pair<Role, std::string>>& segments) {
+void ExpectRoles(const std::string& name, const Tokenizer& tok, const Json& messages,
+                 const Json& tools, const std::vector<std::pair<Role, std::string>>& segments) {
   SCOPED_TRACE(name);
   const ChatTemplate chat = Load(name);
   ChatRenderOptions options;
@@ -296,64 +357,82 @@ Json Episode() {
        {{"role", "user"}, {"content", "Weather in Paris?"}},
        {{"role", "assistant"},
         {"content", "Checking."},
-        {"tool_calls", Json::array({{{"id", "functions.get_weather:0"},
-                                     {"type", "function"},
-                                     {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}}}}}}})}},
-       {{"role", "tool"}, {"tool_call_id", "functions.get_weather:0"}, {"name", "get_weather"}, {"content", "18C"}},
+        {"tool_calls",
+         Json::array(
+             {{{"id", "functions.get_weather:0"},
+               {"type", "function"},
+               {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}}}}}}})}},
+       {{"role", "tool"},
+        {"tool_call_id", "functions.get_weather:0"},
+        {"name", "get_weather"},
+        {"content", "18C"}},
        {{"role", "assistant"}, {"content", "It is 18C."}},
        {{"role", "user"}, {"content", "Thanks."}}});
 }
 
 Json Tools() {
-  return Json::array({{{"type", "function"},
-                       {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
+  return Json::array(
+      {{{"type", "function"},
+        {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
 }
 
 TEST(ChatRoleReaderTest, KimiK2ThinkingEpisode) {
-  const auto tok = TokenizerWith({"<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>",
-                                  "<|im_end|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-                                  "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"});
+  const auto tok =
+      TokenizerWith({"<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>",
+                     "<|im_end|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                     "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"});
   const std::string tools = Json(Tools()).dump(-1, ' ', false);
   ExpectRoles(
       "kimi_k2_thinking", *tok, Episode(), Tools(),
-      {{Role::kSystem, "<|im_system|>tool_declare<|im_middle|>[{\"type\": \"function\", \"function\": "
-                       "{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}}]<|im_end|>"},
+      {{Role::kSystem,
+        "<|im_system|>tool_declare<|im_middle|>[{\"type\": \"function\", \"function\": "
+        "{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}}]<|im_end|>"},
        {Role::kSystem, "<|im_system|>system<|im_middle|>Be brief.<|im_end|>"},
-       {Role::kUser, "<|im_user|>user<|im_middle|>Weather in Paris?<|im_end|><|im_assistant|>assistant<|im_middle|>"},
+       {Role::kUser,
+        "<|im_user|>user<|im_middle|>Weather in "
+        "Paris?<|im_end|><|im_assistant|>assistant<|im_middle|>"},
        {Role::kModel, "<think></think>Checking."},
-       {Role::kToolCall, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
-                         "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|>"},
+       {Role::kToolCall,
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        "<|tool_call_argument_begin|>{\"city\": "
+        "\"Paris\"}<|tool_call_end|><|tool_calls_section_end|>"},
        {Role::kModel, "<|im_end|>"},
-       {Role::kToolResult, "<|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:0\n18C<|im_end|>"
-                           "<|im_assistant|>assistant<|im_middle|>"},
+       {Role::kToolResult,
+        "<|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:0\n18C<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|>"},
        {Role::kModel, "<think></think>It is 18C.<|im_end|>"},
        {Role::kUser, "<|im_user|>user<|im_middle|>Thanks.<|im_end|>"}});
 }
 
 TEST(ChatRoleReaderTest, Qwen3Episode) {
   const auto tok = TokenizerWith({"<|im_start|>", "<|im_end|>"},
-                                 {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-                                  "<think>", "</think>"});
-  const Result<std::string> head = Load("qwen3").Render(Json::array({{{"role", "system"}, {"content", "Be brief."}}}),
-                                                        ChatRenderOptions{false, Tools(), Json::object()});
+                                 {"<tool_call>", "</tool_call>", "<tool_response>",
+                                  "</tool_response>", "<think>", "</think>"});
+  const Result<std::string> head =
+      Load("qwen3").Render(Json::array({{{"role", "system"}, {"content", "Be brief."}}}),
+                           ChatRenderOptions{false, Tools(), Json::object()});
   ASSERT_TRUE(head.ok());
-  ExpectRoles("qwen3", *tok, Episode(), Tools(),
-              {{Role::kSystem, *head},
-               {Role::kUser, "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"},
-               {Role::kModel, "Checking.\n"},
-               {Role::kToolCall, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"},
-               {Role::kModel, "<|im_end|>"},
-               {Role::kUser, "\n"},
-               {Role::kToolResult, "<|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n"
-                                   "<|im_start|>assistant\n"},
-               {Role::kModel, "It is 18C.<|im_end|>"},
-               {Role::kToolResult, "\n"},
-               {Role::kUser, "<|im_start|>user\nThanks.<|im_end|>\n"}});
+  ExpectRoles(
+      "qwen3", *tok, Episode(), Tools(),
+      {{Role::kSystem, *head},
+       {Role::kUser, "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"},
+       {Role::kModel, "Checking.\n"},
+       {Role::kToolCall,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+        "\"Paris\"}}\n</tool_call>"},
+       {Role::kModel, "<|im_end|>"},
+       {Role::kUser, "\n"},
+       {Role::kToolResult,
+        "<|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"},
+       {Role::kModel, "It is 18C.<|im_end|>"},
+       {Role::kToolResult, "\n"},
+       {Role::kUser, "<|im_start|>user\nThanks.<|im_end|>\n"}});
 }
 
 TEST(ChatRoleReaderTest, Llama33Episode) {
-  const auto tok = TokenizerWith({"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                                  "<|eom_id|>", "<|python_tag|>"});
+  const auto tok = TokenizerWith({"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                                  "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"});
   Json messages = Episode();
   ChatTemplate chat = Load("llama3_3");
   ChatRenderOptions options;
@@ -365,16 +444,18 @@ TEST(ChatRoleReaderTest, Llama33Episode) {
   const std::string first_user_end = "Weather in Paris?<|eot_id|>";
   const size_t cut = text->find(first_user_end) + first_user_end.size();
   const size_t user_header = text->find("<|start_header_id|>user");
-  ExpectRoles("llama3_3", *tok, messages, Tools(),
-              {{Role::kSystem, text->substr(0, user_header)},
-               {Role::kUser, text->substr(user_header, cut - user_header)},
-               {Role::kUser, "<|start_header_id|>assistant<|end_header_id|>\n\n"},
-               {Role::kToolCall, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"},
-               {Role::kModel, "<|eot_id|>"},
-               {Role::kToolResult, "<|start_header_id|>ipython<|end_header_id|>\n\n\"18C\"<|eot_id|>"
-                                   "<|start_header_id|>assistant<|end_header_id|>\n\n"},
-               {Role::kModel, "It is 18C.<|eot_id|>"},
-               {Role::kUser, "<|start_header_id|>user<|end_header_id|>\n\nThanks.<|eot_id|>"}});
+  ExpectRoles(
+      "llama3_3", *tok, messages, Tools(),
+      {{Role::kSystem, text->substr(0, user_header)},
+       {Role::kUser, text->substr(user_header, cut - user_header)},
+       {Role::kUser, "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+       {Role::kToolCall, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"},
+       {Role::kModel, "<|eot_id|>"},
+       {Role::kToolResult,
+        "<|start_header_id|>ipython<|end_header_id|>\n\n\"18C\"<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+       {Role::kModel, "It is 18C.<|eot_id|>"},
+       {Role::kUser, "<|start_header_id|>user<|end_header_id|>\n\nThanks.<|eot_id|>"}});
 }
 
 TEST(ChatRoleReaderTest, ModelTurnCutShortEndsAtTheNextHeader) {
@@ -384,12 +465,15 @@ TEST(ChatRoleReaderTest, ModelTurnCutShortEndsAtTheNextHeader) {
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   EXPECT_EQ(reader->assistant_header(), "<|im_start|>assistant\n");
   EXPECT_EQ(reader->end_of_turn(), "<|im_end|>");
-  const std::string text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello and<|im_start|>user\nGo<|im_end|>";
+  const std::string text =
+      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello "
+      "and<|im_start|>user\nGo<|im_end|>";
   const std::vector<int32_t> ids = tok->Encode(text);
   const std::vector<Role> roles = reader->ReadRoles(ids);
   std::string model_text;
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (roles[i] == Role::kModel) model_text += tok->DecodeBytes(std::span<const int32_t>(&ids[i], 1));
+    if (roles[i] == Role::kModel)
+      model_text += tok->DecodeBytes(std::span<const int32_t>(&ids[i], 1));
   }
   EXPECT_EQ(model_text, "Hello and");
   EXPECT_EQ(roles.back(), Role::kUser);
