@@ -56,9 +56,9 @@ Status PrintHfModelInfo(const std::string& directory, int64_t expert_parallel) {
   json["active_params_formula"] = figures.active_formula;
   Json components;
   for (const auto& [component, count] : figures.total_by_component) {
-    components[component] = {{"total", static_cast<uint64_t>(count)},
-                             {"active", static_cast<uint64_t>(
-                                            figures.active_by_component.at(component))}};
+    components[component] = {
+        {"total", static_cast<uint64_t>(count)},
+        {"active", static_cast<uint64_t>(figures.active_by_component.at(component))}};
   }
   json["by_component"] = components;
   if (checkpoint.index && checkpoint.index->total_size) {
@@ -67,8 +67,7 @@ Status PrintHfModelInfo(const std::string& directory, int64_t expert_parallel) {
     json["checkpoint_bytes"] = *counts.header_bytes;
   }
   if (expert_parallel != 0) {
-    STRIDER_ASSIGN_OR_RETURN(HfExpertParallelFootprint f,
-                             KimiLinearFootprint(c, expert_parallel));
+    STRIDER_ASSIGN_OR_RETURN(HfExpertParallelFootprint f, KimiLinearFootprint(c, expert_parallel));
     json["expert_parallel"] = {
         {"degree", f.degree},
         {"experts_per_rank", f.experts_per_rank},
@@ -76,8 +75,8 @@ Status PrintHfModelInfo(const std::string& directory, int64_t expert_parallel) {
         {"replicated_params", static_cast<uint64_t>(f.replicated_parameters)},
         {"params_per_rank", static_cast<uint64_t>(f.parameters_per_rank)},
         {"weight_bytes_per_rank", static_cast<uint64_t>(f.weight_bytes_per_rank)},
-        {"weight_bytes_note", fmt::format("every parameter in {} ({} bytes)", c.dtype,
-                                          c.DtypeBytes())},
+        {"weight_bytes_note",
+         fmt::format("every parameter in {} ({} bytes)", c.dtype, c.DtypeBytes())},
         {"training_bytes_per_rank", static_cast<uint64_t>(f.training_bytes_per_rank)},
         {"training_bytes_note",
          fmt::format("mixed-precision AdamW, {} bytes per parameter: bf16 weights and gradients, "

@@ -1,6 +1,8 @@
 #include "common/model/hf_checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,9 +10,6 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "common/durable_file.h"
 #include "common/file_closer.h"
@@ -91,8 +90,8 @@ Result<HfCheckpoint> OpenHfCheckpoint(const std::string& directory) {
   Result<std::string> config_text = ReadSmallFile(config_path);
   if (!config_text.ok()) {
     if (config_text.status().IsNotFound()) {
-      return Status::NotFound(fmt::format(
-          "{}: no config.json: not a Hugging Face checkpoint directory", directory));
+      return Status::NotFound(
+          fmt::format("{}: no config.json: not a Hugging Face checkpoint directory", directory));
     }
     return config_text.status();
   }
@@ -108,8 +107,8 @@ Result<HfCheckpoint> OpenHfCheckpoint(const std::string& directory) {
   } else if (fs::exists(directory + "/" + kSingleFile)) {
     checkpoint.shards = {kSingleFile};
   } else {
-    return Status::NotFound(fmt::format("{}: neither {} nor {}", directory,
-                                        kSafetensorsIndexName, kSingleFile));
+    return Status::NotFound(
+        fmt::format("{}: neither {} nor {}", directory, kSafetensorsIndexName, kSingleFile));
   }
   for (const auto& [name, file] : where) checkpoint.tensors[name].file = file;
 
@@ -124,7 +123,8 @@ Result<HfCheckpoint> OpenHfCheckpoint(const std::string& directory) {
     for (const SafetensorsEntry& entry : header.entries) {
       held.insert(entry.name);
       auto listed = checkpoint.tensors.find(entry.name);
-      if (checkpoint.index && (listed == checkpoint.tensors.end() || listed->second.file != shard)) {
+      if (checkpoint.index &&
+          (listed == checkpoint.tensors.end() || listed->second.file != shard)) {
         return Status::Corruption(fmt::format(
             "{}: holds tensor '{}', which {} {}", path, entry.name, kSafetensorsIndexName,
             listed == checkpoint.tensors.end() ? std::string("does not list")
@@ -138,9 +138,10 @@ Result<HfCheckpoint> OpenHfCheckpoint(const std::string& directory) {
     }
     for (const auto& [name, tensor] : checkpoint.tensors) {
       if (tensor.file == shard && !held.count(name)) {
-        return Status::Corruption(fmt::format("{}: {} places tensor '{}' in this shard, which "
-                                              "does not hold it",
-                                              path, kSafetensorsIndexName, name));
+        return Status::Corruption(
+            fmt::format("{}: {} places tensor '{}' in this shard, which "
+                        "does not hold it",
+                        path, kSafetensorsIndexName, name));
       }
     }
   }
@@ -177,9 +178,10 @@ Status CheckKimiLinearTensors(const HfCheckpoint& checkpoint) {
     parts.push_back(fmt::format("{} missing tensor(s): {}", missing.size(), Some(missing)));
   }
   if (!unexpected.empty()) {
-    parts.push_back(fmt::format("{} unexpected tensor(s) (not in a kimi_linear checkpoint of "
-                                "this config): {}",
-                                unexpected.size(), Some(unexpected)));
+    parts.push_back(
+        fmt::format("{} unexpected tensor(s) (not in a kimi_linear checkpoint of "
+                    "this config): {}",
+                    unexpected.size(), Some(unexpected)));
   }
   if (!mismatched.empty()) {
     parts.push_back(fmt::format("{} shape(s) not matching config.json: {}", mismatched.size(),
@@ -235,9 +237,10 @@ Result<HfParameterCounts> CountHfParameters(const HfCheckpoint& checkpoint) {
       bytes += count * DTypeSize(tensor.dtype);
     }
     if (parameters != counts.from_config) {
-      return Status::Corruption(fmt::format("{}: the shard headers hold {} parameters, the "
-                                            "config calls for {}",
-                                            checkpoint.directory, parameters, counts.from_config));
+      return Status::Corruption(
+          fmt::format("{}: the shard headers hold {} parameters, the "
+                      "config calls for {}",
+                      checkpoint.directory, parameters, counts.from_config));
     }
     counts.from_headers = parameters;
     counts.header_bytes = bytes;
@@ -290,9 +293,9 @@ Result<HfExportReport> ExportHfCheckpoint(const HfCheckpoint& checkpoint, const 
     }
     // The writer orders tensors as the reference writer does, so a shard it wrote comes back
     // in its own order; each tensor's source pages go once its bytes are in the new file.
-    STRIDER_RETURN_IF_ERROR(WriteSafetensors(
-        out + "/" + shard, views, source->header().metadata,
-        [&](const TensorView& view) { source->Release(*entries.at(view.name)); }));
+    STRIDER_RETURN_IF_ERROR(
+        WriteSafetensors(out + "/" + shard, views, source->header().metadata,
+                         [&](const TensorView& view) { source->Release(*entries.at(view.name)); }));
     report.tensors += static_cast<int64_t>(views.size());
     ++report.shards;
   }
@@ -317,8 +320,7 @@ Result<HfExportReport> ExportHfCheckpoint(const HfCheckpoint& checkpoint, const 
   }
   std::sort(others.begin(), others.end());
   for (const std::string& name : others) {
-    STRIDER_RETURN_IF_ERROR(
-        CopyFileDurably(checkpoint.directory + "/" + name, out + "/" + name));
+    STRIDER_RETURN_IF_ERROR(CopyFileDurably(checkpoint.directory + "/" + name, out + "/" + name));
     report.copied_files.push_back(name);
   }
   STRIDER_RETURN_IF_ERROR(FsyncDirectory(out));

@@ -18,8 +18,8 @@
 namespace strider {
 
 struct HfTensorEntry {
-  std::string file;                // the shard that holds it
-  bool read = false;               // dtype and shape come from the shard's header
+  std::string file;   // the shard that holds it
+  bool read = false;  // dtype and shape come from the shard's header
   DType dtype = DType::kBF16;
   std::vector<int64_t> shape;
 };
@@ -27,9 +27,9 @@ struct HfTensorEntry {
 struct HfCheckpoint {
   std::string directory;
   KimiLinearConfig config;
-  std::optional<SafetensorsIndex> index;       // absent for a single model.safetensors
-  std::vector<std::string> shards;             // file names, sorted
-  std::vector<std::string> missing_shards;     // listed in the index but not on disk
+  std::optional<SafetensorsIndex> index;    // absent for a single model.safetensors
+  std::vector<std::string> shards;          // file names, sorted
+  std::vector<std::string> missing_shards;  // listed in the index but not on disk
   std::map<std::string, HfTensorEntry> tensors;
 };
 
@@ -53,16 +53,16 @@ struct HfParameterCounts {
   uint64_t from_config = 0;
   std::optional<uint64_t> from_index;
   std::optional<uint64_t> from_headers;
-  std::optional<uint64_t> header_bytes;   // the tensors' bytes, from the headers
+  std::optional<uint64_t> header_bytes;  // the tensors' bytes, from the headers
 };
 Result<HfParameterCounts> CountHfParameters(const HfCheckpoint& checkpoint);
 
 // Parameter figures from the config alone.
 struct HfParameterFigures {
   double total = 0;
-  double active = 0;                      // per token
-  double active_without_embeddings = 0;   // less the embedding table (a lookup, not a product)
-  std::string active_formula;             // with the numbers substituted
+  double active = 0;                     // per token
+  double active_without_embeddings = 0;  // less the embedding table (a lookup, not a product)
+  std::string active_formula;            // with the numbers substituted
   std::map<std::string, double> total_by_component;
   std::map<std::string, double> active_by_component;
   double tensors = 0;
@@ -77,8 +77,8 @@ struct HfExpertParallelFootprint {
   double routed_parameters_per_rank = 0;
   double replicated_parameters = 0;
   double parameters_per_rank = 0;
-  double weight_bytes_per_rank = 0;     // at the checkpoint's dtype
-  double training_bytes_per_rank = 0;   // see kTrainingBytesPerParameter
+  double weight_bytes_per_rank = 0;    // at the checkpoint's dtype
+  double training_bytes_per_rank = 0;  // see kTrainingBytesPerParameter
 };
 // Mixed-precision AdamW: bf16 weights (2) and gradients (2), fp32 master weights (4) and two
 // fp32 moments (4 + 4), no optimiser-state sharding; activations not included.

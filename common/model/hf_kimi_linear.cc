@@ -35,6 +35,8 @@ constexpr std::string_view kRoutedExperts =
     "routed experts: Kimi's work at full width (w1, w3, w2 per expert), Strider's in a shared "
     "latent space (latent_down, routed_*, latent_up)";
 
+// One row per tensor reads better than the formatter's layout of these lambdas.
+// clang-format off
 const std::vector<KimiTensorRule>& Table() {
   static const auto* table = new std::vector<KimiTensorRule>{
       {KimiPart::kModel, "model.embed_tokens.weight", "embedding", true, "embeddings",
@@ -162,10 +164,12 @@ const std::vector<KimiTensorRule>& Table() {
   };
   return *table;
 }
+// clang-format on
 
 std::string Substitute(std::string_view pattern, int64_t layer, int64_t expert) {
   std::string out(pattern);
-  for (const auto& [key, value] : {std::pair<std::string, int64_t>{"{L}", layer}, {"{E}", expert}}) {
+  for (const auto& [key, value] :
+       {std::pair<std::string, int64_t>{"{L}", layer}, {"{E}", expert}}) {
     for (size_t at = out.find(key); at != std::string::npos; at = out.find(key)) {
       out.replace(at, key.size(), std::to_string(value));
     }
@@ -182,8 +186,10 @@ Result<int64_t> Integer(const Json& json, const char* key, const std::string& or
   }
   const Json& value = json[key];
   if (!value.is_number_integer() || value.get<int64_t>() < 0) {
-    return Status::InvalidArgument(fmt::format("{}: field '{}' is {}, expected a non-negative "
-                                               "integer", origin, key, value.dump()));
+    return Status::InvalidArgument(
+        fmt::format("{}: field '{}' is {}, expected a non-negative "
+                    "integer",
+                    origin, key, value.dump()));
   }
   return value.get<int64_t>();
 }
@@ -197,9 +203,10 @@ Result<std::vector<int64_t>> LayerList(const Json& json, const char* key,
   std::vector<int64_t> layers;
   for (const Json& value : json[key]) {
     if (!value.is_number_integer()) {
-      return Status::InvalidArgument(fmt::format("{}: linear_attn_config.{} holds {}, expected "
-                                                 "1-based layer numbers", origin, key,
-                                                 value.dump()));
+      return Status::InvalidArgument(
+          fmt::format("{}: linear_attn_config.{} holds {}, expected "
+                      "1-based layer numbers",
+                      origin, key, value.dump()));
     }
     layers.push_back(value.get<int64_t>());
   }
@@ -235,10 +242,9 @@ Result<KimiLinearConfig> ParseKimiLinearConfig(std::string_view json_text,
   if (!json.is_object()) {
     return Status::InvalidArgument(fmt::format("{}: expected a JSON object", origin));
   }
-  const std::string model_type =
-      json.contains("model_type") && json["model_type"].is_string()
-          ? json["model_type"].get<std::string>()
-          : std::string("(none)");
+  const std::string model_type = json.contains("model_type") && json["model_type"].is_string()
+                                     ? json["model_type"].get<std::string>()
+                                     : std::string("(none)");
   if (model_type != "kimi_linear") {
     return Status::Unimplemented(fmt::format(
         "{}: model_type '{}' is not supported (supported: kimi_linear)", origin, model_type));
@@ -302,8 +308,8 @@ Result<KimiLinearConfig> ParseKimiLinearConfig(std::string_view json_text,
     for (int64_t layer : *list) {
       if (layer < 1 || layer > c.num_hidden_layers) {
         return Status::InvalidArgument(fmt::format(
-            "{}: linear_attn_config names layer {}, outside 1..{} (the lists are 1-based)",
-            origin, layer, c.num_hidden_layers));
+            "{}: linear_attn_config names layer {}, outside 1..{} (the lists are 1-based)", origin,
+            layer, c.num_hidden_layers));
       }
       ++seen[layer - 1];
       if (list == &kda_layers) c.kda[layer - 1] = true;
@@ -363,15 +369,32 @@ std::vector<KimiTensor> KimiLinearTensors(const KimiLinearConfig& c) {
     for (const KimiTensorRule& rule : table) {
       bool applies = false;
       switch (rule.part) {
-        case KimiPart::kModel: break;
-        case KimiPart::kLayer: applies = true; break;
-        case KimiPart::kKda: applies = c.kda[i]; break;
-        case KimiPart::kMla: applies = !c.kda[i]; break;
-        case KimiPart::kMlaFullQuery: applies = !c.kda[i] && c.q_lora_rank == 0; break;
-        case KimiPart::kMlaLowRankQuery: applies = !c.kda[i] && c.q_lora_rank > 0; break;
-        case KimiPart::kDenseMlp: applies = !moe; break;
-        case KimiPart::kMoe: applies = moe; break;
-        case KimiPart::kSharedExpert: applies = moe && c.num_shared_experts > 0; break;
+        case KimiPart::kModel:
+          break;
+        case KimiPart::kLayer:
+          applies = true;
+          break;
+        case KimiPart::kKda:
+          applies = c.kda[i];
+          break;
+        case KimiPart::kMla:
+          applies = !c.kda[i];
+          break;
+        case KimiPart::kMlaFullQuery:
+          applies = !c.kda[i] && c.q_lora_rank == 0;
+          break;
+        case KimiPart::kMlaLowRankQuery:
+          applies = !c.kda[i] && c.q_lora_rank > 0;
+          break;
+        case KimiPart::kDenseMlp:
+          applies = !moe;
+          break;
+        case KimiPart::kMoe:
+          applies = moe;
+          break;
+        case KimiPart::kSharedExpert:
+          applies = moe && c.num_shared_experts > 0;
+          break;
         case KimiPart::kRoutedExpert:
           if (moe) {
             for (int64_t e = 0; e < c.num_experts; ++e) add(rule, i, e);

@@ -26,26 +26,26 @@ struct KimiLinearConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_hidden_layers = 0;
-  int64_t intermediate_size = 0;       // dense MLP hidden width
-  int64_t moe_intermediate_size = 0;   // per routed expert; shared experts are S times this
+  int64_t intermediate_size = 0;      // dense MLP hidden width
+  int64_t moe_intermediate_size = 0;  // per routed expert; shared experts are S times this
   int64_t num_experts = 0;
   int64_t num_experts_per_token = 0;
   int64_t num_shared_experts = 0;
   int64_t first_k_dense_replace = 0;
   int64_t moe_layer_freq = 1;
-  int64_t num_attention_heads = 0;     // MLA heads
+  int64_t num_attention_heads = 0;  // MLA heads
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
   int64_t kv_lora_rank = 0;
-  int64_t q_lora_rank = 0;             // 0 where the file has null: a full-rank q_proj
-  int64_t kda_heads = 0;               // linear_attn_config.num_heads
-  int64_t kda_head_dim = 0;            // linear_attn_config.head_dim
-  int64_t kda_conv_width = 0;          // linear_attn_config.short_conv_kernel_size
+  int64_t q_lora_rank = 0;     // 0 where the file has null: a full-rank q_proj
+  int64_t kda_heads = 0;       // linear_attn_config.num_heads
+  int64_t kda_head_dim = 0;    // linear_attn_config.head_dim
+  int64_t kda_conv_width = 0;  // linear_attn_config.short_conv_kernel_size
   bool tie_word_embeddings = false;
   double rms_norm_eps = 1e-6;
-  std::string dtype = "bfloat16";      // dtype (or torch_dtype) of the published weights
-  std::vector<bool> kda;               // per layer: KDA (true) or MLA (false)
+  std::string dtype = "bfloat16";  // dtype (or torch_dtype) of the published weights
+  std::vector<bool> kda;           // per layer: KDA (true) or MLA (false)
 
   bool IsMoeLayer(int64_t layer) const {
     return num_experts > 0 && layer >= first_k_dense_replace &&
@@ -64,26 +64,26 @@ Result<KimiLinearConfig> ParseKimiLinearConfig(std::string_view json_text,
 
 // Where a row of the table applies.
 enum class KimiPart {
-  kModel,          // once per model
-  kLayer,          // every layer
-  kKda,            // KDA layers
-  kMla,            // MLA layers
-  kMlaFullQuery,   // MLA layers with q_lora_rank null
+  kModel,            // once per model
+  kLayer,            // every layer
+  kKda,              // KDA layers
+  kMla,              // MLA layers
+  kMlaFullQuery,     // MLA layers with q_lora_rank null
   kMlaLowRankQuery,  // MLA layers with a q_lora_rank
-  kDenseMlp,       // layers before first_k_dense_replace (and off the MoE frequency)
-  kMoe,            // MoE layers, once per layer
-  kRoutedExpert,   // MoE layers, once per routed expert
-  kSharedExpert,   // MoE layers with num_shared_experts > 0
+  kDenseMlp,         // layers before first_k_dense_replace (and off the MoE frequency)
+  kMoe,              // MoE layers, once per layer
+  kRoutedExpert,     // MoE layers, once per routed expert
+  kSharedExpert,     // MoE layers with num_shared_experts > 0
 };
 
 struct KimiTensorRule {
   KimiPart part;
-  std::string_view hf;        // "model.layers.{L}.self_attn.q_proj.weight"
-  std::string_view strider;   // "layers.{L}.incremental.query"; empty: no counterpart at all
-  bool maps;                  // the same computation today (a reshape at most)
+  std::string_view hf;         // "model.layers.{L}.self_attn.q_proj.weight"
+  std::string_view strider;    // "layers.{L}.incremental.query"; empty: no counterpart at all
+  bool maps;                   // the same computation today (a reshape at most)
   std::string_view component;  // for the figures: embeddings, kda_attention, ...
   std::function<std::vector<int64_t>(const KimiLinearConfig&)> shape;
-  std::string_view note;      // why it does not map yet, or the reshape
+  std::string_view note;  // why it does not map yet, or the reshape
 };
 
 // The table, in the order the published checkpoint lists a layer's tensors.

@@ -54,9 +54,9 @@ TEST(HfCheckpointTest, PublishedKimiLinear48bFigures) {
   EXPECT_EQ(f.active, 3484459904.0);
   EXPECT_EQ(f.active_without_embeddings, 3484459904.0 - 377487360.0);
   const std::map<std::string, double> expected = {
-      {"embeddings", 377487360},   {"norms", 126720},
-      {"kda_attention", 790285440}, {"dense_mlp", 63700992},
-      {"router", 15342080},        {"routed_experts", 47110422528},
+      {"embeddings", 377487360},     {"norms", 126720},
+      {"kda_attention", 790285440},  {"dense_mlp", 63700992},
+      {"router", 15342080},          {"routed_experts", 47110422528},
       {"shared_experts", 184025088}, {"mla_attention", 203804160},
       {"lm_head", 377487360}};
   EXPECT_EQ(f.total_by_component, expected);
@@ -229,7 +229,8 @@ TEST(HfCheckpointTest, CountsParametersThreeWaysAndReadsASingleFile) {
   ASSERT_TRUE(wrong.ok());
   Status refused = CountHfParameters(*wrong).status();
   EXPECT_NE(refused.message().find(fmt::format("total_parameters {}", expected + 1)),
-            std::string::npos) << refused.ToString();
+            std::string::npos)
+      << refused.ToString();
   EXPECT_NE(refused.message().find(fmt::format("hold {}", expected)), std::string::npos);
 
   // One model.safetensors and no index: its header is the list of tensors.
@@ -275,14 +276,15 @@ TEST(HfCheckpointTest, RefusesAnUnsupportedModelTypeAndBadLayerLists) {
 TEST(HfCheckpointTest, RefusesMissingUnexpectedAndMisshapenTensorsByName) {
   TempDir dir;
   WriteCheckpoint(dir.Sub("a"), Tensors([](TensorView& view) {
-    if (view.name == "model.layers.2.self_attn.A_log") return false;  // missing
-    if (view.name == "model.layers.3.self_attn.kv_b_proj.weight") view.shape = {16, 7};
-    return true;
-  }));
+                    if (view.name == "model.layers.2.self_attn.A_log") return false;  // missing
+                    if (view.name == "model.layers.3.self_attn.kv_b_proj.weight")
+                      view.shape = {16, 7};
+                    return true;
+                  }));
   // An unexpected tensor, in its own shard listed by the index.
   std::vector<uint8_t> extra(16);
-  TensorView view{"model.layers.0.self_attn.rotary_emb.inv_freq", DType::kF32, {4}, extra.data(),
-                  extra.size()};
+  TensorView view{
+      "model.layers.0.self_attn.rotary_emb.inv_freq", DType::kF32, {4}, extra.data(), extra.size()};
   ASSERT_TRUE(WriteSafetensors(dir.Sub("a/extra.safetensors"), {view}).ok());
   Result<SafetensorsIndex> index = ReadSafetensorsIndex(dir.Sub("a/") + kSafetensorsIndexName);
   ASSERT_TRUE(index.ok());
@@ -297,8 +299,7 @@ TEST(HfCheckpointTest, RefusesMissingUnexpectedAndMisshapenTensorsByName) {
   EXPECT_NE(m.find("1 missing tensor(s): model.layers.2.self_attn.A_log"), std::string::npos) << m;
   EXPECT_NE(m.find("1 unexpected tensor(s)"), std::string::npos) << m;
   EXPECT_NE(m.find("model.layers.0.self_attn.rotary_emb.inv_freq"), std::string::npos) << m;
-  EXPECT_NE(m.find("model.layers.3.self_attn.kv_b_proj.weight is [16, 7]"), std::string::npos)
-      << m;
+  EXPECT_NE(m.find("model.layers.3.self_attn.kv_b_proj.weight is [16, 7]"), std::string::npos) << m;
   EXPECT_NE(m.find("the config gives [16, 8]"), std::string::npos) << m;
 }
 
@@ -335,9 +336,8 @@ TEST(HfCheckpointTest, RefusesUnreadableDtypesTruncatedShardsAndDisagreeingIndex
   WriteText(path, original);
   const std::string moved = index->weight_map.begin()->first;
   const std::string other_shard = index->Shards().back();
-  index->weight_map[moved] = other_shard == index->weight_map.begin()->second
-                                 ? index->Shards().front()
-                                 : other_shard;
+  index->weight_map[moved] =
+      other_shard == index->weight_map.begin()->second ? index->Shards().front() : other_shard;
   ASSERT_TRUE(WriteSafetensorsIndex(dir.Sub("a/") + kSafetensorsIndexName, *index).ok());
   Status disagree = OpenHfCheckpoint(dir.Sub("a")).status();
   EXPECT_TRUE(disagree.IsCorruption()) << disagree.ToString();

@@ -71,8 +71,7 @@ TEST(HfExportSlowTest, PeakResidentMemoryStaysWithinOneShard) {
   uint64_t in_shard = 0, largest_shard = 0;
   int written = 0;
   auto flush = [&] {
-    const std::string name =
-        fmt::format("model-{:05d}-of-{:05d}.safetensors", ++written, kShards);
+    const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", ++written, kShards);
     ASSERT_TRUE(WriteSafetensors(source + "/" + name, shard).ok());
     for (const TensorView& view : shard) index.weight_map[view.name] = name;
     largest_shard = std::max(largest_shard, in_shard);
@@ -101,10 +100,11 @@ TEST(HfExportSlowTest, PeakResidentMemoryStaysWithinOneShard) {
   const int64_t peak = PeakResidentBytes();
   ASSERT_GT(peak, 0) << "the kernel reports no VmHWM";
   const int64_t growth = peak - before;
-  std::printf("checkpoint %.2f GB in %d shards (largest %.0f MiB, largest tensor %.0f MiB): "
-              "resident before %.0f MiB, peak %.0f MiB, growth %.1f MiB\n",
-              total / 1e9, kShards, largest_shard / 1048576.0, largest / 1048576.0,
-              before / 1048576.0, peak / 1048576.0, growth / 1048576.0);
+  std::printf(
+      "checkpoint %.2f GB in %d shards (largest %.0f MiB, largest tensor %.0f MiB): "
+      "resident before %.0f MiB, peak %.0f MiB, growth %.1f MiB\n",
+      total / 1e9, kShards, largest_shard / 1048576.0, largest / 1048576.0, before / 1048576.0,
+      peak / 1048576.0, growth / 1048576.0);
   EXPECT_EQ(report->tensor_bytes, total);
   // The bound the streaming promises: one shard plus a constant. Mapped pages are released
   // tensor by tensor, so in practice the growth is about one tensor.
