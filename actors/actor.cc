@@ -948,6 +948,7 @@ Status ActorImpl::Run(std::stop_token stop) {
 Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
   STRIDER_RETURN_IF_ERROR(ValidateActorOptions(options));
   STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_config));
+  if (!options.device.empty()) config.device = options.device;
   std::shared_ptr<const Model> shared = options.model;
   if (!shared) {
     std::unique_ptr<Model> model;

@@ -100,6 +100,9 @@ struct ActorOptions {
   std::shared_ptr<const Model> model;
   uint64_t policy_version = 0;  // version of the initial weights
   int64_t threads = 0;          // LibTorch intra-op threads (0: all cores)
+  // cpu, cuda or cuda:N for the weights, the engine's cache and sampling; empty: the model
+  // config's device:. Several actors and a learner may share one GPU.
+  std::string device;
 
   // --- Episodes ---
   envs::EnvironmentConfig env;

@@ -3,6 +3,7 @@
 
 #include "actors/actor.h"
 #include "common/config.h"
+#include "common/model/config.h"
 #include "common/transport/curve.h"
 #include "envs/registry.h"
 
@@ -13,6 +14,9 @@ Status ValidateActorOptions(const ActorOptions& o) {
     return Status::InvalidArgument("actor." + key + ": " + problem);
   };
   if (o.model_config.empty()) return bad("model", "a model config path is required");
+  if (!o.device.empty() && !ValidDeviceName(o.device)) {
+    return bad("device", "must be cpu, cuda or cuda:N, got '" + o.device + "'");
+  }
   if (o.episodes_in_flight < 1) return bad("episodes_in_flight", "must be >= 1");
   if (o.group_size < 1) return bad("group_size", "must be >= 1");
   if (o.episodes_in_flight % o.group_size != 0) {
@@ -76,6 +80,7 @@ Result<ActorOptions> LoadActorConfig(const std::string& path) {
   actor.Optional("model_seed", &model_seed);
   actor.Optional("policy_version", &policy_version);
   actor.Optional("threads", &o.threads);
+  actor.Optional("device", &o.device);
   actor.Optional("episodes", &o.episodes);
   actor.Optional("episodes_in_flight", &o.episodes_in_flight);
   actor.Optional("group_size", &o.group_size);

@@ -260,6 +260,7 @@ Result<EvalResult> Evaluate(const EvaluateOptions& options) {
                              FetchNewest(options.weights_endpoint, options.weights_timeout,
                                          options.actor.weights_auth));
     STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(actor.model_config));
+    if (!actor.device.empty()) config.device = actor.device;
     Result<std::unique_ptr<Model>> model = Model::LoadFromBytes(
         config, update.bytes, "weights version " + std::to_string(update.version));
     // Bytes that do not fit the config are the publisher's fault, not a usage error.

@@ -12,6 +12,7 @@
 #include "actors/actor.h"
 #include "cli/commands.h"
 #include "cli/service_http.h"
+#include "common/model/model.h"
 
 namespace strider::cli {
 namespace {
@@ -28,6 +29,7 @@ struct ActorArgs {
   std::string weights_endpoint;
   std::string id;
   std::string http;
+  std::string device;
   int64_t episodes = -1;
   int64_t seed = -1;
   bool no_progress = false;
@@ -47,8 +49,11 @@ Status RunActor(const ActorArgs& args) {
   if (args.episodes >= 0) options.episodes = args.episodes;
   if (args.seed >= 0) options.seed = static_cast<uint64_t>(args.seed);
   if (args.no_progress) options.progress = false;
+  if (!args.device.empty()) options.device = args.device;
   Status valid = actors::ValidateActorOptions(options);
   if (!valid.ok()) return valid.WithContext(args.config);
+  // Before the pages and the model: a device this host lacks is a usage error.
+  if (!options.device.empty()) STRIDER_RETURN_IF_ERROR(ResolveDevice(options.device).status());
   // The pages first, so a bad or taken address fails before the model loads; until the actor
   // exists they show an empty metrics object.
   auto playing = std::make_shared<std::atomic<actors::Actor*>>(nullptr);
@@ -114,6 +119,8 @@ void AddActorCommands(CLI::App& app, int& exit_code) {
   actor->add_option("--weights-endpoint", args->weights_endpoint,
                     "Weight publisher endpoint (overrides the file)");
   actor->add_option("--id", args->id, "Actor id (overrides the file)");
+  actor->add_option("--device", args->device,
+                    "cpu, cuda or cuda:N for the model and its cache (overrides actor.device)");
   actor->add_option("--episodes", args->episodes, "Episodes to run, 0: until stopped (overrides)");
   actor->add_option("--seed", args->seed, "Episode seed (overrides)");
   actor->add_flag("--no-progress", args->no_progress, "No progress line on a terminal");

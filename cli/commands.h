@@ -57,6 +57,7 @@ struct RlLearnerFlags {
   int64_t rank = -1;
   int64_t world_size = -1;
   std::string rendezvous;
+  std::string device;  // cpu, cuda or cuda:N (overrides the config's device:); empty: the config's
 };
 int RunRlLearnerCommand(const RlLearnerFlags& flags);
 

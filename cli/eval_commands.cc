@@ -10,6 +10,7 @@
 #include "actors/actor.h"
 #include "actors/evaluate.h"
 #include "cli/commands.h"
+#include "common/model/model.h"
 
 namespace strider::cli {
 namespace {
@@ -25,6 +26,7 @@ struct EvalArgs {
   double temperature_flag = 0;
   uint64_t seed = 0;
   int64_t threads = -1;
+  std::string device;
   bool json = false;
   std::string out;
   std::string episodes_out;
@@ -36,6 +38,10 @@ Status RunEval(const EvalArgs& args) {
   spdlog::set_level(spdlog::level::warn);
   STRIDER_ASSIGN_OR_RETURN(actors::ActorOptions actor, actors::LoadActorConfig(args.config));
   if (args.threads >= 0) actor.threads = args.threads;
+  if (!args.device.empty()) actor.device = args.device;
+  if (!actor.device.empty()) {
+    STRIDER_RETURN_IF_ERROR(ResolveDevice(actor.device).status().WithContext(args.config));
+  }
   actors::EvaluateOptions options;
   options.actor = std::move(actor);
   options.weights = args.weights;
@@ -111,6 +117,8 @@ void AddEvalCommands(CLI::App& app, int& exit_code) {
   eval->add_option("--seed", args->seed, "Evaluation seed: problem i uses EvaluationSeed(S, i)");
   eval->add_option("--threads", args->threads, "LibTorch threads (overrides actor.threads)")
       ->check(CLI::Range(int64_t{0}, int64_t{1024}));
+  eval->add_option("--device", args->device,
+                   "cpu, cuda or cuda:N for the model (overrides actor.device)");
   eval->add_flag("--json", args->json, "One JSON line on stdout instead of a summary");
   eval->add_option("--out", args->out, "Also append the JSON line to this file");
   eval->add_option("--episodes-out", args->episodes_out,

@@ -94,6 +94,18 @@ Result<std::vector<int64_t>> ParseTokenIds(const std::string& text) {
   return ids;
 }
 
+// --device over the config's device: key, checked here so that a device this host lacks is a
+// usage error before anything is allocated.
+Status ApplyDevice(const std::string& flag, ModelConfig* config) {
+  if (!flag.empty()) {
+    if (!ValidDeviceName(flag)) {
+      return Status::InvalidArgument("--device: '" + flag + "' is not cpu, cuda or cuda:N");
+    }
+    config->device = flag;
+  }
+  return ResolveDevice(config->device).status();
+}
+
 }  // namespace
 
 void AddModelCommands(CLI::App& app, int& exit_code) {
@@ -104,6 +116,7 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
   // model info
   auto info_config = std::make_shared<std::string>();
   auto info_degree = std::make_shared<int64_t>(0);
+  auto info_device = std::make_shared<std::string>();
   CLI::App* info = model->add_subcommand(
       "info", "Parameter counts and cache sizes, computed from the config without allocating");
   auto info_hf = std::make_shared<std::string>();
@@ -114,7 +127,9 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
   info->add_option("--expert-parallel", *info_degree,
                    "Also the per-rank parameters and memory with the routed experts split over "
                    "N ranks (N divides routed_experts)");
-  info->callback([info_config, info_hf, info_degree, &exit_code] {
+  info->add_option("--device", *info_device,
+                   "cpu, cuda or cuda:N: where the model would be placed (overrides device:)");
+  info->callback([info_config, info_hf, info_degree, info_device, &exit_code] {
     if (!info_hf->empty() || info_config->empty()) {
       Status status = info_hf->empty()
                           ? Status::InvalidArgument("model info: give --config or --from-hf")
@@ -127,7 +142,12 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
       exit_code = ReportError(config.status());
       return;
     }
+    if (Status placed = ApplyDevice(*info_device, &*config); !placed.ok()) {
+      exit_code = ReportError(placed);
+      return;
+    }
     Json json = InfoJson(*config);
+    json["device"] = config->device;
     if (*info_degree != 0) {
       const int64_t n = config->feed_forward.routed_experts;
       if (*info_degree < 1 || n % *info_degree != 0) {
@@ -181,7 +201,7 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
 
   // model eval
   struct EvalArgs {
-    std::string config, weights, tokens, text, path = "inference", dtype;
+    std::string config, weights, tokens, text, path = "inference", dtype, device;
     int64_t chunk = 0;
   };
   auto eval_args = std::make_shared<EvalArgs>();
@@ -200,9 +220,12 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
   eval->add_option("--dtype", eval_args->dtype,
                    "float32 or float64 (default: the dtype the weights load in)")
       ->check(CLI::IsMember({"float32", "float64"}));
+  eval->add_option("--device", eval_args->device,
+                   "cpu, cuda or cuda:N (default: the config's device:, else cpu)");
   eval->callback([eval_args, &exit_code] {
     auto run = [&]() -> Status {
       STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(eval_args->config));
+      STRIDER_RETURN_IF_ERROR(ApplyDevice(eval_args->device, &config));
       ConfigureRuntime(config.threads);
       std::vector<int64_t> ids;
       if (!eval_args->text.empty()) {
@@ -244,13 +267,15 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
         }
         logits = at::cat(parts, 1);
       }
-      at::Tensor log_probs = NextTokenLogProbs(logits, tokens).squeeze(0).to(at::kDouble);
+      at::Tensor log_probs =
+          NextTokenLogProbs(logits, tokens).squeeze(0).to(at::kCPU, at::kDouble);
       Json json;
       json["path"] = eval_args->path;
       if (eval_args->path == "inference") {
         json["chunk"] = eval_args->chunk > 0 ? eval_args->chunk : length;
       }
       json["dtype"] = model->dtype() == at::kDouble ? "float64" : "float32";
+      json["device"] = model->device().str();
       json["tokens"] = ids;
       Json values = Json::array({nullptr});  // the first token has no prediction
       for (int64_t t = 0; t < log_probs.size(0); ++t) {
@@ -267,7 +292,7 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
 
   // model check
   struct CheckArgs {
-    std::string config, dtype = "float32";
+    std::string config, dtype = "float32", device;
     int64_t tokens = 2048;
     int64_t batch = 1;
     uint64_t seed = 0;
@@ -282,9 +307,12 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
   check->add_option("--seed", check_args->seed, "Random seed for weights and tokens");
   check->add_option("--dtype", check_args->dtype, "float32 or float64")
       ->check(CLI::IsMember({"float32", "float64"}));
+  check->add_option("--device", check_args->device,
+                    "cpu, cuda or cuda:N (default: the config's device:, else cpu)");
   check->callback([check_args, &exit_code] {
     auto run = [&]() -> Status {
       STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(check_args->config));
+      STRIDER_RETURN_IF_ERROR(ApplyDevice(check_args->device, &config));
       ConfigureRuntime(config.threads);
       if (check_args->tokens > config.context) {
         return Status::InvalidArgument("--tokens " + std::to_string(check_args->tokens) +
@@ -308,6 +336,7 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
       Json json;
       json["model"] = config.name;
       json["dtype"] = check_args->dtype;
+      json["device"] = model->device().str();
       json["tokens"] = check_args->tokens;
       json["batch"] = check_args->batch;
       json["inference_chunks"] = result.inference_chunks;

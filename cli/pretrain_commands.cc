@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "common/model/model.h"
+#include "common/model/torch_status.h"
 #include "learner/pretrain/data/builder.h"
 #include "learner/pretrain/data/generators.h"
 #include "learner/pretrain/pretrain.h"
@@ -18,16 +20,29 @@ struct PretrainFlags {
   std::string resume;
   int64_t stages = -1;
   int64_t max_steps = -1;
+  std::string device;  // empty: the config's device:
 };
 
 int RunPretrain(const PretrainFlags& flags) {
   Result<PretrainConfig> config = LoadPretrainConfig(flags.config);
   if (!config.ok()) return ReportError(config.status());
+  if (!flags.device.empty()) {
+    if (!ValidDeviceName(flags.device)) {
+      return ReportError(
+          Status::InvalidArgument("--device: '" + flags.device + "' is not cpu, cuda or cuda:N"));
+    }
+    config->model.device = flags.device;
+  }
+  // Before the run directory: a device this host lacks is a usage error.
+  if (Result<c10::Device> device = ResolveDevice(config->model.device); !device.ok()) {
+    return ReportError(device.status().WithContext(flags.config));
+  }
   PretrainOptions options;
   options.run_dir = flags.run_dir;
   options.resume = flags.resume;
   options.stages = flags.stages;
   options.max_steps_per_stage = flags.max_steps;
+  model::OutOfMemoryAdvice advice("the stages' chunk_tokens or batch_tokens in " + flags.config);
   Result<std::vector<StageSummary>> summaries = RunPretraining(*config, options);
   if (!summaries.ok()) return ReportError(summaries.status());
   for (const StageSummary& s : *summaries) {
@@ -52,6 +67,8 @@ void AddPretrainFlags(CLI::App* command, PretrainFlags& flags) {
   command->add_option("--resume", flags.resume, "Checkpoint directory to resume from");
   command->add_option("--stages", flags.stages, "Run only the first N stages");
   command->add_option("--max-steps", flags.max_steps, "Cap every stage at N steps (smoke runs)");
+  command->add_option("--device", flags.device,
+                      "cpu, cuda or cuda:N for the weights and training (overrides device:)");
 }
 
 }  // namespace
@@ -79,6 +96,8 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
   learner->add_option("--stages", learner_flags->stages, "mode pretrain: run only the first N stages");
   learner->add_option("--max-steps", learner_flags->max_steps,
                       "pretrain: cap every stage at N steps; rl: stop after N steps");
+  learner->add_option("--device", learner_flags->device,
+                      "cpu, cuda or cuda:N for the weights and training (overrides device:)");
   learner->add_option("--replay", rl_flags->replay,
                       "mode rl: the replay server's learner endpoint (overrides replay.endpoint)");
   learner->add_option("--publish", rl_flags->publish,
@@ -147,6 +166,7 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
       flags.run_dir = learner_flags->run_dir;
       flags.resume = learner_flags->resume;
       flags.max_steps = learner_flags->max_steps;
+      flags.device = learner_flags->device;
       exit_code = RunRlLearnerCommand(flags);
     } else {
       exit_code = ReportError(Status::InvalidArgument(

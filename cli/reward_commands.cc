@@ -36,6 +36,11 @@ int TrainPrm(TrainFlags flags) {
     }
     flags.options.relabel = std::move(env);
   }
+  if (!flags.options.device.empty()) {
+    if (Result<c10::Device> device = ResolveDevice(flags.options.device); !device.ok()) {
+      return ReportError(device.status().WithContext("--device"));
+    }
+  }
   if (flags.threads >= 0) {
     ConfigureRuntime(flags.threads);
   } else {
@@ -55,14 +60,20 @@ struct ScoreFlags {
   replay::ListFilter filter;
   int64_t max_trajectories = 0;
   int64_t threads = 2;
+  std::string device;  // empty: the policy model config's device:
 };
 
 // One line per trajectory (its scores beside the stored labels), then a summary with the
 // accuracy on the labelled steps among them.
 int ScorePrm(const ScoreFlags& flags) {
   ConfigureRuntime(flags.threads);
+  if (!flags.device.empty()) {
+    if (Result<c10::Device> device = ResolveDevice(flags.device); !device.ok()) {
+      return ReportError(device.status().WithContext("--device"));
+    }
+  }
   Result<std::unique_ptr<reward::ProcessRewardModel>> prm =
-      reward::ProcessRewardModel::Load(flags.checkpoint);
+      reward::ProcessRewardModel::Load(flags.checkpoint, flags.device);
   if (!prm.ok()) return ReportError(prm.status());
   Result<reward::LabelledStore> store =
       reward::ReadLabelledStore(flags.store, flags.filter, flags.max_trajectories);
@@ -151,6 +162,8 @@ void AddRewardCommands(CLI::App& app, int& exit_code) {
                         "env_option.* metadata wins)");
   train_prm->add_flag("--shuffle-labels", o.shuffle_labels,
                       "Control run: permute the training labels (held-out ones stay true)");
+  train_prm->add_option("--device", o.device,
+                        "cpu, cuda or cuda:N for the policy model (default: its config's device:)");
   train_prm->add_option("--threads", train->threads,
                         "Intra-op threads (0: all cores; default: the model config's)");
   train_prm->callback([train, &exit_code] { exit_code = TrainPrm(*train); });
@@ -171,6 +184,8 @@ void AddRewardCommands(CLI::App& app, int& exit_code) {
                         "Only trajectories whose id starts with this hex prefix");
   score_prm->add_option("--max-trajectories", score->max_trajectories,
                         "Score at most N trajectories (0: all)");
+  score_prm->add_option("--device", score->device,
+                        "cpu, cuda or cuda:N for the policy model (default: its config's device:)");
   score_prm->add_option("--threads", score->threads, "Intra-op threads (0: all cores)")
       ->capture_default_str();
   score_prm->callback([score, &exit_code] { exit_code = ScorePrm(*score); });

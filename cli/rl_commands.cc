@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/service_http.h"
 #include "common/model/model.h"
+#include "common/model/torch_status.h"
 #include "learner/rl/rl_config.h"
 #include "learner/rl/rl_learner.h"
 #include "learner/rl/step_dump.h"
@@ -52,6 +53,17 @@ int RunRlLearnerCommand(const RlLearnerFlags& flags) {
   Result<rl::RlLearnerConfig> config = rl::LoadRlLearnerConfig(flags.config);
   if (!config.ok()) return ReportError(config.status());
   if (!flags.init.empty()) config->init = flags.init;
+  if (!flags.device.empty()) {
+    if (!ValidDeviceName(flags.device)) {
+      return ReportError(
+          Status::InvalidArgument("--device: '" + flags.device + "' is not cpu, cuda or cuda:N"));
+    }
+    config->model.device = flags.device;
+  }
+  // Before the pages and the rendezvous: a device this host lacks is a usage error.
+  if (Result<c10::Device> device = ResolveDevice(config->model.device); !device.ok()) {
+    return ReportError(device.status().WithContext(flags.config));
+  }
   rl::RlDistributedConfig& dist = config->distributed;
   if (flags.world_size >= 0) dist.world_size = flags.world_size;
   if (flags.rank >= 0) dist.rank = flags.rank;
@@ -108,6 +120,8 @@ int RunRlLearnerCommand(const RlLearnerFlags& flags) {
   };
   std::signal(SIGINT, OnLearnerSignal);
   std::signal(SIGTERM, OnLearnerSignal);
+  // The passes' activations grow with the chunk; the weights and optimiser state are fixed.
+  model::OutOfMemoryAdvice advice("train.chunk_tokens of " + flags.config);
   Result<rl::RlRunSummary> summary = rl::RunRlLearner(*config, options);
   pages.reset();
   if (!summary.ok()) return ReportError(summary.status());

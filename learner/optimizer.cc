@@ -122,8 +122,9 @@ Status AdamW::Save(const std::string& path) const {
   std::vector<at::Tensor> keep;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     for (int which = 0; which < 2; ++which) {
-      // Moments keep their precision: fp64 for an fp64 model, fp32 otherwise.
-      at::Tensor tensor = (which == 0 ? exp_avg_[i] : exp_avg_sq_[i]).contiguous();
+      // Moments keep their precision: fp64 for an fp64 model, fp32 otherwise. Written from host
+      // memory, one moment copied off a GPU at a time.
+      at::Tensor tensor = (which == 0 ? exp_avg_[i] : exp_avg_sq_[i]).cpu().contiguous();
       const bool wide = tensor.scalar_type() == at::kDouble;
       if (!wide) tensor = tensor.to(at::kFloat);
       keep.push_back(tensor);
@@ -163,7 +164,8 @@ Status AdamW::Load(const std::string& path) {
       at::Tensor tensor =
           at::empty(parameter.sizes(), dtype == DType::kF64 ? at::kDouble : at::kFloat);
       std::memcpy(tensor.data_ptr(), it->second.bytes.data(), it->second.bytes.size());
-      (which == 0 ? averages : squares).push_back(tensor.to(parameter.scalar_type()));
+      (which == 0 ? averages : squares)
+          .push_back(tensor.to(parameter.device(), parameter.scalar_type()));
     }
   }
   exp_avg_ = std::move(averages);

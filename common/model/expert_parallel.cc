@@ -36,8 +36,9 @@ class ExchangeRows : public torch::autograd::Function<ExchangeRows> {
   }
 };
 
+// Counts that size the exchanges: read on the host wherever they were counted (docs/cuda.md).
 std::vector<int64_t> ToVector(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kLong).contiguous();
+  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
@@ -65,7 +66,7 @@ at::Tensor RoutedExpertsParallel(const SparseExpertWeights& w, const FeedForward
   // How many rows each rank will send here, then the experts they are for (local ids).
   const std::vector<int64_t> ones(static_cast<size_t>(world), 1);
   const at::Tensor counts_here = exchange.AllToAll(
-      at::tensor(send_counts, at::kLong).reshape({world, 1}), ones, ones);
+      at::tensor(send_counts, at::kLong).reshape({world, 1}).to(latent.device()), ones, ones);
   const std::vector<int64_t> recv_counts = ToVector(counts_here);
   const at::Tensor local_ids =
       exchange.AllToAll((sorted - owner * per_rank).reshape({-1, 1}), send_counts, recv_counts)

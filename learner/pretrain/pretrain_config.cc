@@ -132,6 +132,11 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
   root.Optional("seed", &seed);
   trainer.seed = static_cast<uint64_t>(seed);
   root.Optional("threads", &config.threads);
+  // Overrides the model config's device: (where the weights, optimiser state and passes live).
+  std::string device;
+  root.Optional("device", &device);
+  root.Check(device.empty() || ValidDeviceName(device), "device",
+             "must be cpu, cuda or cuda:N, got '" + device + "'");
   {
     ConfigReader optimizer = root.Section("optimizer");
     ReadAdamWOptions(optimizer, &trainer.optimizer);
@@ -260,6 +265,7 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
   STRIDER_RETURN_IF_ERROR(root.Finish());
   config.model_config_path = ResolveConfigPath(model_config, path);
   STRIDER_ASSIGN_OR_RETURN(config.model, LoadModelConfig(config.model_config_path));
+  if (!device.empty()) config.model.device = device;
   for (const PretrainStage& stage : config.stages) {
     if (stage.context > config.model.context) {
       return Status::InvalidArgument(path + ": stage '" + stage.name + "' context " +

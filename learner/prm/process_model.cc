@@ -82,7 +82,8 @@ Result<at::Tensor> StepFeatures(const Model& model, const schema::StoredTrajecto
     pass.backward = false;
     pass.hidden = true;
     auto gather = [&](const ChunkView& chunk) -> Result<at::Tensor> {
-      const at::Tensor hidden = chunk.hidden[0].to(at::kFloat).contiguous();  // (count, D)
+      // (count, D) on the host, where the features are pooled (docs/cuda.md).
+      const at::Tensor hidden = chunk.hidden[0].to(at::kCPU, at::kFloat).contiguous();
       const float* h = hidden.data_ptr<float>();
       for (int64_t i = 0; i < chunk.count; ++i) {
         const uint64_t position = static_cast<uint64_t>(chunk.begin + i);
@@ -362,8 +363,10 @@ Status CheckOptions(const ProcessModelOptions& o) {
 }
 
 Result<std::unique_ptr<Model>> LoadPolicy(const std::string& config_path,
-                                          const std::string& weights_path) {
+                                          const std::string& weights_path,
+                                          const std::string& device) {
   STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(config_path));
+  if (!device.empty()) config.device = device;
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(config, weights_path));
   // Frozen: nothing here asks for its gradients.
   model->SetRequiresGrad(false);
@@ -431,7 +434,7 @@ Result<ProcessModelReport> TrainProcessModel(const ProcessModelOptions& options)
   STRIDER_RETURN_IF_ERROR(CheckOptions(options));
   const Clock::time_point start = Clock::now();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                           LoadPolicy(options.model_config, options.model_weights));
+                           LoadPolicy(options.model_config, options.model_weights, options.device));
   STRIDER_ASSIGN_OR_RETURN(
       LabelledStore store,
       ReadLabelledStore(options.store_path, options.filter, options.max_trajectories,
@@ -553,7 +556,8 @@ std::string ProcessModelReportJson(const ProcessModelReport& report) {
 ProcessRewardModel::ProcessRewardModel() = default;
 ProcessRewardModel::~ProcessRewardModel() = default;
 
-Result<std::unique_ptr<ProcessRewardModel>> ProcessRewardModel::Load(const std::string& dir) {
+Result<std::unique_ptr<ProcessRewardModel>> ProcessRewardModel::Load(const std::string& dir,
+                                                                     const std::string& device) {
   const std::filesystem::path root(dir);
   const std::string info_path = (root / kInfoFile).string();
   std::ifstream in(info_path);
@@ -587,7 +591,7 @@ Result<std::unique_ptr<ProcessRewardModel>> ProcessRewardModel::Load(const std::
   STRIDER_ASSIGN_OR_RETURN(ProcessModelHead head,
                            ProcessModelHead::Load((root / kHeadFile).string()));
   prm->head_ = std::make_unique<ProcessModelHead>(std::move(head));
-  Result<std::unique_ptr<Model>> model = LoadPolicy(prm->model_config_, prm->model_weights_);
+  Result<std::unique_ptr<Model>> model = LoadPolicy(prm->model_config_, prm->model_weights_, device);
   if (!model.ok()) return model.status().WithContext(info_path);
   prm->model_ = std::move(*model);
   if (prm->head_->feature_dim() != 2 * prm->model_->config().width) {

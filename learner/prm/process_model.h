@@ -142,6 +142,9 @@ struct ProcessModelOptions {
   std::string model_config;    // YAML (configs/model/*.yaml)
   std::string model_weights;   // safetensors written by Model::Save
   int64_t chunk_tokens = 512;  // positions per Model::Append; memory grows with it
+  // cpu, cuda or cuda:N for the policy model; empty: its config's device:. The head trains on
+  // the host from the features the policy's hidden states give.
+  std::string device;
 
   // --- The head ---
   int64_t hidden_units = 64;  // 0: a linear head (logistic regression)
@@ -196,7 +199,9 @@ class ProcessRewardModel {
  public:
   // A checkpoint directory written by TrainProcessModel; loads the policy model it names.
   // Errors: missing or malformed files, a model that does not match the head's feature width.
-  static Result<std::unique_ptr<ProcessRewardModel>> Load(const std::string& dir);
+  // `device` places the policy model (empty: its config's device:).
+  static Result<std::unique_ptr<ProcessRewardModel>> Load(const std::string& dir,
+                                                         const std::string& device = "");
   ~ProcessRewardModel();
 
   // One score per step of `trajectory`, P(step correct) in [0, 1], in step order (empty for a

@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <torch/cuda.h>
 #include <vector>
 
 #include "common/safetensors.h"
@@ -18,6 +20,7 @@
 namespace strider {
 namespace {
 
+using testing::ChildProcess;
 using testing::RunCommand;
 using testing::RunResult;
 using testing::StriderBinary;
@@ -218,6 +221,121 @@ TEST_F(ModelCommands, BadInputExitsWithUsageErrors) {
                         "1,99999"})
                 .exit_code,
             2);
+}
+
+// A command's exit code and what it wrote to stderr.
+struct Refusal {
+  int exit_code = -1;
+  std::string error;
+};
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// `source` with every "configs/model/tiny.yaml" made absolute and `line` inserted after the
+// first line that starts with `after`.
+std::string WithLine(const std::string& source, const std::string& after, const std::string& line) {
+  std::string text = ReadText(SourcePath(source));
+  const std::string model = "configs/model/tiny.yaml";
+  for (size_t at = text.find(model); at != std::string::npos; at = text.find(model, at + 1)) {
+    text.replace(at, model.size(), SourcePath(model));
+    at += SourcePath(model).size() - 1;
+  }
+  const size_t start = text.rfind('\n', text.find("\n" + after) + 1);
+  const size_t end = text.find('\n', start + 1);
+  return text.insert(end + 1, line + "\n");
+}
+
+class DeviceSetting : public ModelCommands {
+ protected:
+  Refusal Run(const std::vector<std::string>& argv) {
+    const std::string stderr_path = (directory_ / "stderr.txt").string();
+    ChildProcess child;
+    Refusal result;
+    if (!child.Start(argv, stderr_path)) return result;
+    child.ReadAll(std::chrono::milliseconds(60000));
+    result.exit_code = child.Wait();
+    result.error = ReadText(stderr_path);
+    return result;
+  }
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = (directory_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+};
+
+TEST_F(DeviceSetting, AMissingGpuIsAUsageErrorNamingTheDeviceInEveryCommand) {
+  const std::string tiny = SourcePath("configs/model/tiny.yaml");
+  const std::string weights = InitTinyWeights("3");
+  // This build's LibTorch decides whether plain cuda exists; no machine has a hundredth GPU.
+  std::vector<std::string> devices = {"cuda:99"};
+  if (!torch::cuda::is_available()) devices.push_back("cuda");
+  const std::string actor = SourcePath("configs/actor/calculator_tiny.yaml");
+  const std::string store = directory_.string();
+  for (const std::string& device : devices) {
+    const std::vector<std::vector<std::string>> commands = {
+        {"model", "check", "--config", tiny, "--tokens", "16"},
+        {"model", "eval", "--config", tiny, "--weights", weights, "--tokens", "1,2,3"},
+        {"model", "info", "--config", tiny},
+        {"actor", "--config", actor},
+        {"eval", "--config", actor, "--weights", weights},
+        {"learner", "--config", SourcePath("configs/rl/calculator_tiny.yaml")},
+        {"learner", "--config", SourcePath("configs/pretrain/tiny.yaml")},
+        {"pretrain", "--config", SourcePath("configs/pretrain/tiny.yaml")},
+        {"reward", "train-prm", "--store", store, "--model", tiny, "--weights", weights},
+        {"reward", "score-prm", "--checkpoint", store, "--store", store},
+    };
+    for (std::vector<std::string> argv : commands) {
+      const std::string command = argv[0] + " " + argv[1];
+      argv.insert(argv.begin(), StriderBinary());
+      argv.push_back("--device");
+      argv.push_back(device);
+      const Refusal refusal = Run(argv);
+      EXPECT_EQ(refusal.exit_code, 2) << command << " --device " << device << ": " << refusal.error;
+      EXPECT_NE(refusal.error.find("device " + device + ":"), std::string::npos)
+          << command << ": " << refusal.error;
+    }
+  }
+  // A misspelt device is a usage error too.
+  EXPECT_EQ(Run({StriderBinary(), "model", "check", "--config", tiny, "--device", "gpu"}).exit_code,
+            2);
+}
+
+TEST_F(DeviceSetting, ConfigKeysChooseTheDeviceAndTheFlagOverridesThem) {
+  const std::string on_missing_gpu = "cuda:99";
+  const std::string model =
+      Write("model.yaml", WithLine("configs/model/tiny.yaml", "model:", "  device: cuda:99"));
+  Refusal refusal = Run({StriderBinary(), "model", "check", "--config", model, "--tokens", "16"});
+  EXPECT_EQ(refusal.exit_code, 2) << refusal.error;
+  EXPECT_NE(refusal.error.find("device cuda:99"), std::string::npos) << refusal.error;
+  // --device wins over the key.
+  RunResult check = RunCommand({StriderBinary(), "model", "check", "--config", model, "--tokens",
+                                "16", "--device", "cpu"});
+  ASSERT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_EQ(nlohmann::json::parse(check.output)["device"], "cpu");
+
+  // The device: keys of the actor, learner and pretraining configs.
+  const std::vector<std::vector<std::string>> files = {
+      {"actor.yaml", "configs/actor/calculator_tiny.yaml", "actor:", "  device: cuda:99", "actor"},
+      {"rl.yaml", "configs/rl/calculator_tiny.yaml", "mode:", "device: cuda:99", "learner"},
+      {"pretrain.yaml", "configs/pretrain/tiny.yaml", "mode:", "device: cuda:99", "pretrain"}};
+  for (const std::vector<std::string>& file : files) {
+    const std::string path = Write(file[0], WithLine(file[1], file[2], file[3]));
+    refusal = Run({StriderBinary(), file[4], "--config", path});
+    EXPECT_EQ(refusal.exit_code, 2) << file[0] << ": " << refusal.error;
+    EXPECT_NE(refusal.error.find("device " + on_missing_gpu), std::string::npos)
+        << file[0] << ": " << refusal.error;
+  }
+  const std::string misspelt =
+      Write("bad.yaml", WithLine("configs/actor/calculator_tiny.yaml", "actor:", "  device: gpu"));
+  refusal = Run({StriderBinary(), "actor", "--config", misspelt});
+  EXPECT_EQ(refusal.exit_code, 2) << refusal.error;
+  EXPECT_NE(refusal.error.find("actor.device"), std::string::npos) << refusal.error;
 }
 
 }  // namespace
