@@ -325,16 +325,44 @@ Result<ChatRoleReader> ChatRoleReader::Create(const ChatTemplate& chat,
   for (int k = 0; k < 2; ++k) {
     Json conversation = base;
     const std::string id = k == 0 ? "call_probe_0" : "functions.other_omega:1";
-    conversation.push_back(ToolCallTurn(id, k == 0 ? "probe_alpha" : "other_omega",
-                                        k == 0 ? Json{{"x", 1}} : Json{{"query", "q"}}));
-    conversation.push_back(Json{{"role", "tool"},
-                                {"tool_call_id", id},
-                                {"name", k == 0 ? "probe_alpha" : "other_omega"},
-                                {"content", kResultProbe}});
+    const Json arguments = k == 0 ? Json{{"x", 1}} : Json{{"query", "q"}};
+    const Json result_turn = Json{{"role", "tool"},
+                                  {"tool_call_id", id},
+                                  {"name", k == 0 ? "probe_alpha" : "other_omega"},
+                                  {"content", kResultProbe}};
+    conversation.push_back(ToolCallTurn(id, k == 0 ? "probe_alpha" : "other_omega", arguments));
+    conversation.push_back(result_turn);
     Result<std::string> rendered = chat.Render(conversation, plain);
+    if (!rendered.ok()) {
+      // Some templates take the arguments only as JSON text (DeepSeek's).
+      conversation = base;
+      conversation.push_back(
+          ToolCallTurn(id, k == 0 ? "probe_alpha" : "other_omega", arguments.dump()));
+      conversation.push_back(result_turn);
+      rendered = chat.Render(conversation, plain);
+    }
     if (!rendered.ok()) {
       tools_render = false;  // a template without tool support: no tool-call role to read
       break;
+    }
+    if (k == 0) {
+      // Formats where the model answers a tool result without a new assistant header (DeepSeek:
+      // <｜tool▁output▁end｜> then the answer): what ends the result opens a model turn.
+      Json answered = conversation;
+      answered.push_back(Message("assistant", kAssistantProbe));
+      Result<std::string> a = chat.Render(answered, plain);
+      if (a.ok()) {
+        const size_t result_at = a->find(kResultProbe, r0.size());
+        const size_t reply_at = a->find(kAssistantProbe, r0.size());
+        if (result_at != std::string::npos && reply_at != std::string::npos &&
+            reply_at > result_at) {
+          const size_t from = result_at + kResultProbe.size();
+          const std::string between = a->substr(from, reply_at - from);
+          if (between.find(reader.assistant_header_) == std::string::npos) {
+            reader.model_after_result_ = MarkerSpan(tokenizer, between, true);
+          }
+        }
+      }
     }
     const std::string& r = *rendered;
     if (r.compare(0, r0.size(), r0) != 0) {
@@ -413,11 +441,19 @@ std::vector<transcript::Role> ChatRoleReader::ReadRoles(std::span<const int32_t>
       continue;
     }
     const bool marker = IsMarker(tok, tokens[i]);
+    const std::string* opener = nullptr;
     if (marker && text.compare(at, assistant_header_.size(), assistant_header_) == 0) {
+      opener = &assistant_header_;
+    } else if (marker && !in_model && !model_after_result_.empty() &&
+               context == Role::kToolResult &&
+               text.compare(at, model_after_result_.size(), model_after_result_) == 0) {
+      opener = &model_after_result_;
+    }
+    if (opener != nullptr) {
       // An assistant header: the role of the turn before it (a model turn cut short is `model`
       // up to here, and its header then reads as context of the turn before that).
       header_role = context;
-      header_end = at + assistant_header_.size();
+      header_end = at + opener->size();
       roles[i] = header_role;
       in_model = true;
       in_call = false;

@@ -76,7 +76,9 @@ class ChatTemplate {
 //   - the start of a tool call: what every rendered tool call begins with (from its first special
 //     token when it has one, as Kimi's <|tool_calls_section_begin|>; else its text, as Llama 3's
 //     {"name": ...});
-//   - the header of each other turn (system, user, tool result).
+//   - the header of each other turn (system, user, tool result), and, for formats where the
+//     model answers a tool result with no header of its own (DeepSeek V3), what closes the
+//     result.
 // Roles: from the end of an assistant header through the end-of-turn token the model sampled is
 // `model`, and from a tool call's start to the end of that turn `tool_call` (the end-of-turn
 // token stays `model`); everything else is context with the role of the turn it is in (a turn's
@@ -105,6 +107,8 @@ class ChatRoleReader {
   std::string assistant_header_;
   std::string end_of_turn_;
   std::string tool_call_start_;
+  // Where the model answers a tool result without a new header, what closes the result.
+  std::string model_after_result_;
   std::vector<Header> headers_;  // longest first
 };
 

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -485,6 +486,69 @@ TEST(ChatRoleReaderTest, ModelTurnCutShortEndsAtTheNextHeader) {
   const std::vector<int32_t> body = tok->Encode("<|im_start|>assistant\nno", split);
   spelled.insert(spelled.end(), body.begin(), body.end());
   for (Role role : reader->ReadRoles(spelled)) EXPECT_EQ(role, Role::kUser);
+}
+
+// Every template and every fixture conversation: the text of each user, system and tool message
+// is read as context, and each assistant message's text as the model's own.
+TEST(ChatRoleReaderTest, EveryFormatSeparatesTheModelsTokens) {
+  for (const auto& [name, entry] : Cases()["templates"].items()) {
+    SCOPED_TRACE(name);
+    const ChatTemplate chat = Load(name);
+    // The template's markers, as its model's vocabulary holds them: <|...|> and DeepSeek's
+    // <｜...｜> are special.
+    std::vector<std::string> special;
+    const std::string& source = chat.source();
+    for (const char* open : {"<|", "<\xef\xbd\x9c"}) {
+      const std::string o = open;
+      const std::string close = o == "<|" ? "|>" : "\xef\xbd\x9c>";
+      for (size_t at = source.find(o); at != std::string::npos; at = source.find(o, at + 1)) {
+        const size_t end = source.find(close, at + o.size());
+        if (end == std::string::npos || end - at > 40) continue;
+        const std::string marker = source.substr(at, end + close.size() - at);
+        if (marker.find_first_of(" '\"{}") != std::string::npos) continue;
+        if (std::find(special.begin(), special.end(), marker) == special.end()) {
+          special.push_back(marker);
+        }
+      }
+    }
+    const auto tok = TokenizerWith(special);
+    Result<ChatRoleReader> reader = ChatRoleReader::Create(chat, *tok);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    int checked = 0;
+    for (const Json& c : entry["cases"]) {
+      if (!c.contains("expected")) continue;
+      SCOPED_TRACE(c["name"].get<std::string>());
+      const std::string text = c["expected"].get<std::string>();
+      const std::vector<int32_t> ids = tok->Encode(text);
+      const std::vector<Role> roles = reader->ReadRoles(ids);
+      std::vector<size_t> offsets{0};
+      for (int32_t id : ids) {
+        offsets.push_back(offsets.back() +
+                          tok->DecodeBytes(std::span<const int32_t>(&id, 1)).size());
+      }
+      size_t from = 0;
+      for (const Json& m : c["messages"]) {
+        if (!m.contains("content") || !m["content"].is_string()) continue;
+        // Templates may trim a message; its inner text is what must keep its role.
+        std::string content = m["content"].get<std::string>();
+        const size_t first = content.find_first_not_of(" \n\t");
+        if (first == std::string::npos) continue;
+        content = content.substr(first, content.find_last_not_of(" \n\t") - first + 1);
+        const size_t at = text.find(content, from);
+        if (at == std::string::npos)
+          continue;  // a template that rewrites the text (Llama's system)
+        from = at + content.size();
+        const bool action = m["role"] == "assistant";
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (offsets[i] < at || offsets[i + 1] > at + content.size()) continue;
+          EXPECT_EQ(transcript::IsAction(roles[i]), action)
+              << m["role"] << " token " << i << " of \"" << content << "\"";
+          ++checked;
+        }
+      }
+    }
+    EXPECT_GT(checked, 100);
+  }
 }
 
 }  // namespace
