@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the whole test suite (every label: unit, integration, slow), then
-# builds the libraries with clang's thread-safety analysis as errors (scripts/thread_safety.sh),
-# then runs the LibTorch-free tests again under AddressSanitizer + UBSan and ThreadSanitizer
+# Sets up, builds and runs the whole test suite (every label: unit, integration, slow) against
+# Debian's LibTorch 1.13; then builds the libraries and unit tests against the CUDA LibTorch of
+# torch 2.11.0 with clang's thread-safety analysis as errors and runs those unit tests on the
+# CPU (scripts/thread_safety.sh, build-tsa/), so neither LibTorch breaks silently; then runs the
+# LibTorch-free tests again under AddressSanitizer + UBSan and ThreadSanitizer
 # (scripts/sanitize.sh). Each of those passes has its own build tree.
 #   scripts/test.sh [ctest arguments...]     e.g. scripts/test.sh -L unit (no further pass then)
-# STRIDER_THREAD_SAFETY_CHECK=0 skips the thread-safety tree, STRIDER_SANITIZERS=0 the
+# STRIDER_THREAD_SAFETY_CHECK=0 skips the second LibTorch tree, STRIDER_SANITIZERS=0 the
 # sanitizer pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +19,7 @@ tested=$(date +%s)
 echo "tests: $((tested - built)) s"
 if [ $# -eq 0 ] && [ "${STRIDER_THREAD_SAFETY_CHECK:-1}" != 0 ]; then
   scripts/thread_safety.sh build-tsa
-  echo "thread safety: $(($(date +%s) - tested)) s"
+  echo "LibTorch 2.11 tree with thread safety: $(($(date +%s) - tested)) s"
 fi
 checked=$(date +%s)
 if [ $# -eq 0 ] && [ "${STRIDER_SANITIZERS:-1}" != 0 ]; then
