@@ -301,7 +301,8 @@ namespace {
 // touches the disk. `path` names the destination in errors.
 Result<std::string> EncodeHeader(const std::string& path, const std::vector<TensorView>& tensors,
                                  const std::map<std::string, std::string>& metadata,
-                                 std::vector<const TensorView*>* order_out) {
+                                 std::vector<const TensorView*>* order_out,
+                                 bool bytes_given = true) {
   std::set<std::string_view> names;
   for (const TensorView& view : tensors) {
     const std::string where = fmt::format("{}: tensor '{}'", path, view.name);
@@ -322,7 +323,7 @@ Result<std::string> EncodeHeader(const std::string& path, const std::vector<Tens
           fmt::format("{}: byte_size is {}, but shape {} of {} needs {} bytes", where,
                       view.byte_size, ShapeText(view.shape), DTypeName(view.dtype), *expected));
     }
-    if (view.byte_size > 0 && view.data == nullptr) {
+    if (bytes_given && view.byte_size > 0 && view.data == nullptr) {
       return Status::InvalidArgument(fmt::format("{}: data is null", where));
     }
   }
@@ -492,6 +493,36 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& 
           append(std::string_view(static_cast<const char*>(view->data), view->byte_size))
               .WithContext(fmt::format("tensor '{}'", view->name)));
       if (written) written(*view);
+    }
+    return Status::Ok();
+  });
+}
+
+Status WriteSafetensorsProduced(const std::string& path, const std::vector<TensorView>& tensors,
+                                const TensorProducer& produce,
+                                const std::map<std::string, std::string>& metadata) {
+  std::vector<const TensorView*> order;
+  STRIDER_ASSIGN_OR_RETURN(std::string prefix,
+                           EncodeHeader(path, tensors, metadata, &order, /*bytes_given=*/false));
+  return WriteFileDurablyStreamed(path, [&](const FileAppender& append) -> Status {
+    STRIDER_RETURN_IF_ERROR(append(prefix));
+    for (const TensorView* view : order) {
+      // The header already promised byte_size bytes: hold the producer to it, or every later
+      // tensor would be read from the wrong offset.
+      uint64_t appended = 0;
+      const FileAppender counted = [&](std::string_view bytes) {
+        appended += bytes.size();
+        if (appended > view->byte_size) {
+          return Status::Internal(fmt::format("{}: tensor '{}': produced more than its {} bytes",
+                                              path, view->name, view->byte_size));
+        }
+        return append(bytes);
+      };
+      STRIDER_RETURN_IF_ERROR(produce(*view, counted));
+      if (appended != view->byte_size) {
+        return Status::Internal(fmt::format("{}: tensor '{}': produced {} of its {} bytes", path,
+                                            view->name, appended, view->byte_size));
+      }
     }
     return Status::Ok();
   });

@@ -57,6 +57,17 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& 
                         const std::map<std::string, std::string>& metadata = {},
                         const std::function<void(const TensorView&)>& written = nullptr);
 
+// WriteSafetensors for tensors whose bytes are made while the file is written (converted from
+// another file, say), so no tensor but the one being produced needs to exist in memory.
+// `tensors` give names, dtypes, shapes and byte sizes (their data is ignored); `produce` is
+// called once per tensor, in file order, and must append exactly its byte_size bytes.
+using TensorProducer =
+    std::function<Status(const TensorView& tensor, const std::function<Status(std::string_view)>&
+                                                       append)>;
+Status WriteSafetensorsProduced(const std::string& path, const std::vector<TensorView>& tensors,
+                                const TensorProducer& produce,
+                                const std::map<std::string, std::string>& metadata = {});
+
 // Reads and validates the whole file: header length within the file, JSON well formed, known
 // dtypes, every data range inside the data section, sizes matching shapes, ranges neither
 // overlapping nor leaving gaps. Errors name the file and the tensor at fault.

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <set>
 
 #include "common/durable_file.h"
@@ -325,6 +326,70 @@ Result<HfExportReport> ExportHfCheckpoint(const HfCheckpoint& checkpoint, const 
   }
   STRIDER_RETURN_IF_ERROR(FsyncDirectory(out));
   return report;
+}
+
+Status ConvertHfTensors(const HfCheckpoint& checkpoint, const std::vector<HfImportTensor>& tensors,
+                        DType dtype, const std::string& path) {
+  STRIDER_RETURN_IF_ERROR(RequireShards(checkpoint));
+  if (dtype != DType::kF32 && dtype != DType::kF64) {
+    return Status::InvalidArgument(
+        fmt::format("{}: imports are written in F32 or F64, not {}", path, DTypeName(dtype)));
+  }
+  std::map<std::string, std::unique_ptr<MappedSafetensors>> shards;
+  std::map<std::string, std::pair<const MappedSafetensors*, const SafetensorsEntry*>> sources;
+  std::vector<TensorView> views;
+  for (const HfImportTensor& tensor : tensors) {
+    auto found = checkpoint.tensors.find(tensor.hf_name);
+    if (found == checkpoint.tensors.end()) {
+      return Status::NotFound(fmt::format("{}: no tensor '{}' (for {})", checkpoint.directory,
+                                          tensor.hf_name, tensor.strider_name));
+    }
+    std::unique_ptr<MappedSafetensors>& shard = shards[found->second.file];
+    if (!shard) {
+      STRIDER_ASSIGN_OR_RETURN(
+          shard, MappedSafetensors::Open(checkpoint.directory + "/" + found->second.file));
+    }
+    const SafetensorsEntry* entry = shard->header().Find(tensor.hf_name);
+    uint64_t elements = 1;
+    for (int64_t dim : tensor.shape) elements *= static_cast<uint64_t>(dim);
+    if (entry == nullptr || elements != entry->Elements()) {
+      return Status::InvalidArgument(fmt::format(
+          "{}: tensor '{}' is {}, which does not hold the elements of {} {}", checkpoint.directory,
+          tensor.hf_name, entry ? ShapeText(entry->shape) : std::string("absent"),
+          tensor.strider_name, ShapeText(tensor.shape)));
+    }
+    if (entry->dtype == DType::kBool) {
+      return Status::InvalidArgument(
+          fmt::format("{}: tensor '{}' is BOOL, which does not "
+                      "convert to floating point",
+                      checkpoint.directory, tensor.hf_name));
+    }
+    TensorView view;
+    view.name = tensor.strider_name;
+    view.dtype = dtype;
+    view.shape = tensor.shape;
+    view.byte_size = elements * DTypeSize(dtype);
+    views.push_back(std::move(view));
+    sources[tensor.strider_name] = {shard.get(), entry};
+  }
+  constexpr size_t kSlice = 1 << 16;  // elements converted per append
+  std::vector<uint8_t> buffer(kSlice * DTypeSize(dtype));
+  return WriteSafetensorsProduced(
+      path, views, [&](const TensorView& view, const FileAppender& append) -> Status {
+        const auto [shard, entry] = sources.at(view.name);
+        const std::string_view bytes = shard->Bytes(*entry);
+        const size_t width = DTypeSize(entry->dtype);
+        const uint64_t elements = entry->Elements();
+        for (uint64_t at = 0; at < elements; at += kSlice) {
+          const size_t count = static_cast<size_t>(std::min<uint64_t>(kSlice, elements - at));
+          STRIDER_RETURN_IF_ERROR(ConvertElements(entry->dtype, bytes.data() + at * width, count,
+                                                  dtype, buffer.data()));
+          STRIDER_RETURN_IF_ERROR(append(std::string_view(
+              reinterpret_cast<const char*>(buffer.data()), count * DTypeSize(dtype))));
+        }
+        shard->Release(*entry);
+        return Status::Ok();
+      });
 }
 
 Result<std::vector<std::pair<std::string, std::string>>> PlanKimiLinearImport(

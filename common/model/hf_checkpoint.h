@@ -98,6 +98,20 @@ struct HfExportReport {
 };
 Result<HfExportReport> ExportHfCheckpoint(const HfCheckpoint& checkpoint, const std::string& out);
 
+// One tensor of an import: the published tensor and the Strider parameter it becomes, in the
+// Strider shape (the same elements in the same order: [P, 1, w] convolutions become [P, w]).
+struct HfImportTensor {
+  std::string hf_name;
+  std::string strider_name;
+  std::vector<int64_t> shape;
+};
+// Writes `tensors` to `path` as one safetensors file in `dtype` (F32 or F64), converting each
+// from its mapped shard a slice at a time and releasing its pages after: memory stays at a slice
+// whatever the checkpoint's size. Refuses a tensor the checkpoint lacks, an element count the
+// Strider shape does not match (both shapes), and a dtype that does not convert (BOOL).
+Status ConvertHfTensors(const HfCheckpoint& checkpoint, const std::vector<HfImportTensor>& tensors,
+                        DType dtype, const std::string& path);
+
 // What `strider model import --from-hf` can copy today: (published name, Strider name) for every
 // tensor whose row maps. Refuses, naming each published tensor pattern the model cannot express
 // yet and each Strider parameter no published tensor fills, with the reason, rather than guessing.

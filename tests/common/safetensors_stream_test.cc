@@ -198,6 +198,44 @@ TEST(SafetensorsStreamTest, ShardedWriteSplitsBySizeAndIndexesEveryTensor) {
   EXPECT_FALSE(WriteShardedSafetensors(single.path(), views, 1 << 20).ok());
 }
 
+TEST(SafetensorsStreamTest, ProducedTensorsMustFillTheBytesTheHeaderPromised) {
+  TempDir dir;
+  std::vector<TensorView> tensors = {ViewOf("a", DType::kF32, {3}, {}),
+                                     ViewOf("b", DType::kU8, {5}, {})};
+  tensors[0].byte_size = 12;
+  tensors[1].byte_size = 5;
+  const std::vector<uint8_t> a = Pattern(12, 1), b = Pattern(5, 2);
+  auto produce = [&](const TensorView& view,
+                     const std::function<Status(std::string_view)>& append) {
+    const std::vector<uint8_t>& bytes = view.name == "a" ? a : b;
+    // Two appends per tensor: producers write slices.
+    STRIDER_RETURN_IF_ERROR(
+        append(std::string_view(reinterpret_cast<const char*>(bytes.data()), 2)));
+    return append(
+        std::string_view(reinterpret_cast<const char*>(bytes.data()) + 2, bytes.size() - 2));
+  };
+  ASSERT_TRUE(WriteSafetensorsProduced(dir.Sub("p.safetensors"), tensors, produce).ok());
+  ASSERT_TRUE(WriteSafetensors(dir.Sub("v.safetensors"),
+                               {ViewOf("a", DType::kF32, {3}, a), ViewOf("b", DType::kU8, {5}, b)})
+                  .ok());
+  EXPECT_EQ(ReadBytes(dir.Sub("p.safetensors")), ReadBytes(dir.Sub("v.safetensors")));
+
+  auto short_by_one = [&](const TensorView& view,
+                          const std::function<Status(std::string_view)>& append) {
+    return append(std::string(view.byte_size - 1, 'x'));
+  };
+  Status status = WriteSafetensorsProduced(dir.Sub("s.safetensors"), tensors, short_by_one);
+  EXPECT_NE(status.message().find("produced 11 of its 12 bytes"), std::string::npos)
+      << status.ToString();
+  EXPECT_FALSE(fs::exists(dir.Sub("s.safetensors")));
+  auto one_too_many = [&](const TensorView& view,
+                          const std::function<Status(std::string_view)>& append) {
+    return append(std::string(view.byte_size + 1, 'x'));
+  };
+  EXPECT_FALSE(WriteSafetensorsProduced(dir.Sub("s.safetensors"), tensors, one_too_many).ok());
+  EXPECT_FALSE(fs::exists(dir.Sub("s.safetensors")));
+}
+
 TEST(SafetensorsStreamTest, IndexReadRefusesShardsOutsideItsDirectoryAndBadMetadata) {
   TempDir dir;
   const std::string path = dir.Sub(kSafetensorsIndexName);
