@@ -108,15 +108,15 @@ __attribute__((target("avx2,fma"))) void MultiplyColumns(const float* x, int64_t
 bool CanMultiplyByTransposed(const at::Tensor& x, const at::Tensor& weight) {
   return !c10::GradMode::is_enabled() && CpuHasAvx2WithFma() && x.dim() == 2 &&
          weight.dim() == 2 && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
-         x.device().is_cpu() && weight.device().is_cpu() && x.size(0) >= 2 &&
-         x.size(0) <= kInPlaceProductMaxRows && x.size(1) == weight.size(1) &&
-         x.size(1) > 0 && x.stride(1) == 1 && weight.is_contiguous();
+         x.device().is_cpu() && weight.device().is_cpu() && x.size(0) >= 1 &&
+         x.size(1) == weight.size(1) && x.size(1) > 0 && x.stride(1) == 1 &&
+         weight.is_contiguous();
 }
 
 at::Tensor MultiplyByTransposed(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(CanMultiplyByTransposed(x, weight),
-              "MultiplyByTransposed: needs float32 (M, K) rows with unit inner stride, "
-              "2 <= M <= ", kInPlaceProductMaxRows, ", and a contiguous (N, K) weight");
+              "MultiplyByTransposed: needs float32 (M, K) rows with unit inner stride and a "
+              "contiguous (N, K) weight");
   const int64_t rows = x.size(0);
   const int64_t k_size = x.size(1);
   const int64_t columns = weight.size(0);
@@ -125,15 +125,22 @@ at::Tensor MultiplyByTransposed(const at::Tensor& x, const at::Tensor& weight) {
   const float* w_data = weight.data_ptr<float>();
   float* y_data = y.data_ptr<float>();
   const int64_t x_stride = x.stride(0);
-  // Blocks of columns; a thread takes enough of them (about 256K multiply-adds) to be worth
-  // waking it.
   const int64_t blocks = (columns + kColumnsPerTile - 1) / kColumnsPerTile;
-  const int64_t per_block = rows * k_size * kColumnsPerTile;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / per_block);
-  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
-    MultiplyColumns(x_data, x_stride, w_data, y_data, rows, columns, k_size,
-                    begin * kColumnsPerTile, std::min(columns, end * kColumnsPerTile));
-  });
+  // Panels of rows, each against all of W: a panel's rows stay in the cache while W streams
+  // past them once, where all rows of a long prefill chunk would be read again for every block
+  // of W. Panels and the column split change which tile computes an output, never its sum.
+  for (int64_t first = 0; first < rows; first += kRowsPerPanel) {
+    const int64_t panel = std::min(kRowsPerPanel, rows - first);
+    // Blocks of columns; a thread takes enough of them (about 256K multiply-adds) to be worth
+    // waking it.
+    const int64_t per_block = panel * k_size * kColumnsPerTile;
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / per_block);
+    at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+      MultiplyColumns(x_data + first * x_stride, x_stride, w_data, y_data + first * columns,
+                      panel, columns, k_size, begin * kColumnsPerTile,
+                      std::min(columns, end * kColumnsPerTile));
+    });
+  }
   return y;
 }
 

@@ -19,20 +19,24 @@ const at::Tensor& Lookup(const TensorMap& tensors, const std::string& name) {
 }
 
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight) {
-  // Without autograd (decode), products that read the weight where it is stored: a one-row
-  // matrix product, and OpenBLAS's for a few rows, first pack the whole weight into a scratch
-  // copy. The training path keeps the matrix product, whose gradients autograd already knows.
+  // Without autograd (decode, prefill, scoring), products that read the weight where it is
+  // stored: OpenBLAS packs the whole weight into a scratch copy first, and sums in an order that
+  // depends on the shape. The training path keeps the matrix product, whose gradients autograd
+  // already knows.
   if (!c10::GradMode::is_enabled() && x.dim() >= 1 && weight.dim() == 2 &&
       x.size(-1) == weight.size(1)) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
-    // One row (batch-1 decode): a matrix-vector product reads each weight once.
-    if (x.numel() == x.size(-1)) return at::mv(weight, x.reshape({x.size(-1)})).view(shape);
-    // A few rows (batched decode, one expert's rows).
+    // Any number of rows (a decode batch, one expert's rows, a prefill or scoring chunk): one
+    // product whose every output is the same sum wherever its row sits, so a token's numbers
+    // do not depend on what it was computed with. The actor decodes a sampled token in a batch
+    // of rows, the learner scores it in a chunk of its own trajectory (docs/rl_learner.md).
     const at::Tensor rows = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
     if (kernels::CanMultiplyByTransposed(rows, weight)) {
       return kernels::MultiplyByTransposed(rows, weight).view(shape);
     }
+    // One row without AVX2: a matrix-vector product reads each weight once.
+    if (x.numel() == x.size(-1)) return at::mv(weight, x.reshape({x.size(-1)})).view(shape);
   }
   return at::matmul(x, weight.t());
 }

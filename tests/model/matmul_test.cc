@@ -23,7 +23,7 @@ TEST(MultiplyByTransposed, EqualsTheLibraryProductForEdgeShapes) {
   at::NoGradGuard no_grad;
   at::manual_seed(3);
   // Rows, columns and the shared size around the tile sizes (4 rows, 3 columns, 8 lanes).
-  for (int64_t rows : {2, 3, 4, 5, 16, 64, 255}) {
+  for (int64_t rows : {1, 2, 3, 4, 5, 16, 64, 255}) {
     for (int64_t columns : {1, 2, 3, 7, 384}) {
       for (int64_t k_size : {1, 7, 8, 9, 256}) {
         at::Tensor x = at::randn({rows, k_size});
@@ -58,6 +58,33 @@ TEST(MultiplyByTransposed, RowsWithAStrideAndAnyBatchGiveTheSameBits) {
   at::Tensor serial = MultiplyByTransposed(x, weight);
   at::set_num_threads(threads);
   EXPECT_TRUE(at::equal(serial, all));
+  // One row alone (a batch-1 decode step): the same bits as in any batch.
+  for (int64_t row : {0, 3, 63}) {
+    EXPECT_TRUE(at::equal(MultiplyByTransposed(x.narrow(0, row, 1), weight),
+                          all.narrow(0, row, 1)))
+        << "row " << row;
+  }
+}
+
+// A scoring or prefill chunk of several panels gives each row the bits it has in a decode batch:
+// the learner's scoring of a trajectory equals the actor's batched decode of it.
+TEST(MultiplyByTransposed, RowsOfALongChunkGiveTheBitsOfADecodeBatch) {
+  SKIP_WITHOUT_AVX2();
+  at::NoGradGuard no_grad;
+  at::manual_seed(5);
+  const int64_t rows = 2 * kRowsPerPanel + 37;
+  at::Tensor x = at::randn({rows, 96});
+  at::Tensor weight = at::randn({288, 96});
+  at::Tensor chunk = MultiplyByTransposed(x, weight);
+  EXPECT_LT((chunk - at::mm(x, weight.t())).abs().max().item<float>(), 1e-4);
+  for (int64_t begin : {int64_t{0}, kRowsPerPanel - 2, rows - 5}) {
+    EXPECT_TRUE(at::equal(MultiplyByTransposed(x.narrow(0, begin, 5), weight),
+                          chunk.narrow(0, begin, 5)))
+        << "rows from " << begin;
+    EXPECT_TRUE(at::equal(MultiplyByTransposed(x.narrow(0, begin, 1), weight),
+                          chunk.narrow(0, begin, 1)))
+        << "row " << begin;
+  }
 }
 
 TEST(MultiplyByTransposed, AppliesOnlyWhereItIsExact) {
@@ -67,8 +94,9 @@ TEST(MultiplyByTransposed, AppliesOnlyWhereItIsExact) {
   {
     at::NoGradGuard no_grad;
     EXPECT_TRUE(CanMultiplyByTransposed(x, weight));
-    EXPECT_FALSE(CanMultiplyByTransposed(x.narrow(0, 0, 1), weight));  // one row: at::mv
-    EXPECT_FALSE(CanMultiplyByTransposed(at::randn({kInPlaceProductMaxRows + 1, 16}), weight));
+    EXPECT_TRUE(CanMultiplyByTransposed(x.narrow(0, 0, 1), weight));
+    EXPECT_TRUE(CanMultiplyByTransposed(at::randn({kRowsPerPanel + 1, 16}), weight));
+    EXPECT_FALSE(CanMultiplyByTransposed(x.narrow(0, 0, 0), weight));
     EXPECT_FALSE(CanMultiplyByTransposed(x.to(at::kDouble), weight.to(at::kDouble)));
     EXPECT_FALSE(CanMultiplyByTransposed(x.t(), at::randn({4, 8})));  // inner stride 8
     EXPECT_FALSE(CanMultiplyByTransposed(x, at::randn({16, 4}).t()));  // weight not contiguous
