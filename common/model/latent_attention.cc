@@ -131,6 +131,19 @@ void PadPages(const std::vector<std::vector<LatentAttentionPage>>& pages, at::Te
   *lengths = at::tensor(length, at::kLong).to(sample->latent.device());
 }
 
+// x (B, T, H, K) times each head's (N, K) rows of `weights` (H, N, K): (B, T, H, N) as Linear
+// computes it, a row's values the same whatever rows share the call. The batched matrix product
+// an einsum becomes sums a decode step's single row (below 400 multiply-adds a head) in ATen's
+// own loop and a batch of rows in the BLAS library, rounded differently.
+at::Tensor PerHeadLinear(const at::Tensor& x, const at::Tensor& weights) {
+  std::vector<at::Tensor> heads;
+  heads.reserve(weights.size(0));
+  for (int64_t h = 0; h < weights.size(0); ++h) {
+    heads.push_back(Linear(x.select(2, h), weights[h].contiguous()));
+  }
+  return at::stack(heads, 2);
+}
+
 // Shared by the cache form and the ragged form. The past is `past` (padded or paged; lengths
 // undefined when every row has all P padded entries). The new rows are returned through
 // *new_latent/*new_rope_key in x's dtype with their graph.
@@ -182,13 +195,13 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
                            : past.pages;
     // q~_h = W_uk,h^T q_nope_h lives in the latent space (Dc); with q_rope it scores a cached
     // row [c_kv; k_rope] in one dot product.
-    at::Tensor absorbed_query = at::einsum("bthn,hnc->bthc", {query_nope, key_up});
+    at::Tensor absorbed_query = PerHeadLinear(query_nope, key_up.transpose(1, 2));
     at::Tensor scaled_query =
         (at::cat({absorbed_query, query_rope}, -1) * scale).to(compute).contiguous();
     at::Tensor latent_output = kernels::LatentAttentionOverPages(  // (B, T, H, Dc)
         scaled_query, pages, latent.to(compute).contiguous(), rope_key.to(compute).contiguous());
     // o_h = W_uv,h o~_h.
-    head_output = at::einsum("bthc,hvc->bthv", {latent_output.to(x.scalar_type()), value_up});
+    head_output = PerHeadLinear(latent_output.to(x.scalar_type()), value_up);
   } else {
     at::Tensor past_latent = past.latent;
     at::Tensor past_rope_key = past.rope_key;
