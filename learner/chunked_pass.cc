@@ -73,12 +73,18 @@ std::vector<std::pair<int64_t, int64_t>> PlaceholderRuns(const at::Tensor& token
 }
 
 // Tokens in the chunk from `begin`: `chunk`, or fewer so that an image the boundary would cut
-// starts the next chunk (the model embeds an image in one call), or more when that image starts
-// at `begin` and is longer than a chunk. Images of several rows that no boundary clears are left
-// to ImagesInChunk to refuse.
+// starts the next chunk (the model embeds an image in one call) or a position fed alone does,
+// one for a position fed alone, or more when an image starts at `begin` and is longer than a
+// chunk. Images of several rows that no boundary clears are left to ImagesInChunk to refuse.
 int64_t ChunkCount(const std::vector<std::pair<int64_t, int64_t>>& runs, int64_t begin,
-                   int64_t chunk, int64_t length) {
+                   int64_t chunk, int64_t length, const std::vector<int64_t>* fed_alone) {
   int64_t end = std::min(begin + chunk, length);
+  if (fed_alone != nullptr) {
+    // A position fed alone is a chunk of one; a run before one ends there.
+    auto next = std::lower_bound(fed_alone->begin(), fed_alone->end(), begin);
+    if (next != fed_alone->end() && *next == begin) return 1;
+    if (next != fed_alone->end()) end = std::min(end, *next);
+  }
   for (const auto& [first, last] : runs) {
     if (first < end && last > end) end = first > begin ? first : last;
   }
@@ -135,6 +141,7 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
   STRIDER_RETURN_IF_ERROR(strider::model::Guarded("chunked pass", [&]() -> Status {
     at::AutoGradMode grad_mode(options.backward);
     const int64_t chunk = chunked ? std::max<int64_t>(1, options.chunk_tokens) : length;
+    const std::vector<int64_t>* fed_alone = chunked ? options.fed_alone : nullptr;
     ForwardOptions forward;
     forward.record_routing = options.record_routing;
     forward.compute_values = options.values;
@@ -162,13 +169,13 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
     int64_t last_recorded = -1;
     if (options.backward && chunked && options.truncated && options.before_last_backward) {
       for (int64_t begin = 0, count = 0; begin < length; begin += count) {
-        count = ChunkCount(image_runs, begin, chunk, length);
+        count = ChunkCount(image_runs, begin, chunk, length, fed_alone);
         if (!options.chunk_has_loss || options.chunk_has_loss(begin, count)) last_recorded = begin;
       }
     }
     bool recorded_before = false;
     for (int64_t begin = 0, count = 0; begin < length; begin += count) {
-      count = ChunkCount(image_runs, begin, chunk, length);
+      count = ChunkCount(image_runs, begin, chunk, length, fed_alone);
       ModelInput part;
       part.tokens = chunked ? input.tokens.narrow(1, begin, count) : input.tokens;
       STRIDER_ASSIGN_OR_RETURN(part.images, ImagesInChunk(input, begin, begin + count));

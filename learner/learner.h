@@ -36,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/model/model.h"
@@ -222,6 +223,12 @@ struct ChunkedPassOptions {
   // Expert-parallel ranks: every chunk's call is a round of these (above), and the model's
   // sparse layers exchange tokens over its exchange.
   ChunkRounds* rounds = nullptr;
+  // kInference: positions (ascending) fed in a call of their own, the runs between them in
+  // chunks: the tokens an actor sampled, which its engine fed one decode step each. The
+  // one-token forms (the recurrent delta rule, the decode attention kernel) and the chunked
+  // ones are the same function rounded differently, so a pass that should reproduce the
+  // actor's log-probs feeds each token the way the actor did (docs/rl_learner.md). Borrowed.
+  const std::vector<int64_t>* fed_alone = nullptr;
 };
 
 // What the objective sees of one chunk. Positions are those of the input's sequences.

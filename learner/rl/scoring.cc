@@ -117,6 +117,10 @@ Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajector
   pass.backward = false;
   pass.values = values;
   pass.replay_routing = replay && trajectory.replaying ? &trajectory.replay : nullptr;
+  // The policy's pass feeds every action token alone, as the actor's engine decoded it, so that
+  // its log-probs are the behaviour's arithmetic and not the chunked forms' rounding of it; the
+  // reference is another model, compared with nothing the actor computed.
+  if (!full) pass.fed_alone = &trajectory.positions;
   ScoredPass out;
   out.logprobs.assign(trajectory.positions.size(), 0.0f);
   if (also_full) out.full_logprobs.assign(trajectory.positions.size(), 0.0f);
