@@ -88,6 +88,7 @@ class ChatTemplate {
 // spells one does not move a boundary.
 class ChatRoleReader {
  public:
+  // `tokenizer` is the model's, and must outlive the reader.
   static Result<ChatRoleReader> Create(const ChatTemplate& chat, const Tokenizer& tokenizer);
 
   std::vector<transcript::Role> ReadRoles(std::span<const int32_t> tokens) const;

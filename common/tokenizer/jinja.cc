@@ -13,11 +13,9 @@
 #include <cmath>
 #include <cstdint>
 #include <ctime>
-#include <map>
 #include <optional>
 #include <unordered_map>
 #include <utility>
-#include <variant>
 #include <vector>
 
 namespace strider::tokenizer::jinja {
@@ -2259,9 +2257,7 @@ std::vector<std::string> PySplit(const std::string& s, const Value* sep, int64_t
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
         std::string rest;
         for (size_t j = i; j < cps.size(); ++j) rest += cps[j];
-        size_t end = rest.size();
         out.push_back(PyStrip(rest, std::nullopt, false, true));
-        (void)end;
         return out;
       }
       std::string word;
