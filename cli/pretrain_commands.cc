@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/device_flag.h"
 #include "common/model/model.h"
 #include "common/model/torch_status.h"
 #include "learner/pretrain/data/builder.h"
@@ -26,16 +27,9 @@ struct PretrainFlags {
 int RunPretrain(const PretrainFlags& flags) {
   Result<PretrainConfig> config = LoadPretrainConfig(flags.config);
   if (!config.ok()) return ReportError(config.status());
-  if (!flags.device.empty()) {
-    if (!ValidDeviceName(flags.device)) {
-      return ReportError(
-          Status::InvalidArgument("--device: '" + flags.device + "' is not cpu, cuda or cuda:N"));
-    }
-    config->model.device = flags.device;
-  }
   // Before the run directory: a device this host lacks is a usage error.
-  if (Result<c10::Device> device = ResolveDevice(config->model.device); !device.ok()) {
-    return ReportError(device.status().WithContext(flags.config));
+  if (Status s = ApplyDeviceFlag(flags.device, flags.config, &config->model.device); !s.ok()) {
+    return ReportError(s);
   }
   PretrainOptions options;
   options.run_dir = flags.run_dir;

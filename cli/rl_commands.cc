@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/device_flag.h"
 #include "cli/service_http.h"
 #include "common/model/model.h"
 #include "common/model/torch_status.h"
@@ -53,16 +54,9 @@ int RunRlLearnerCommand(const RlLearnerFlags& flags) {
   Result<rl::RlLearnerConfig> config = rl::LoadRlLearnerConfig(flags.config);
   if (!config.ok()) return ReportError(config.status());
   if (!flags.init.empty()) config->init = flags.init;
-  if (!flags.device.empty()) {
-    if (!ValidDeviceName(flags.device)) {
-      return ReportError(
-          Status::InvalidArgument("--device: '" + flags.device + "' is not cpu, cuda or cuda:N"));
-    }
-    config->model.device = flags.device;
-  }
   // Before the pages and the rendezvous: a device this host lacks is a usage error.
-  if (Result<c10::Device> device = ResolveDevice(config->model.device); !device.ok()) {
-    return ReportError(device.status().WithContext(flags.config));
+  if (Status s = ApplyDeviceFlag(flags.device, flags.config, &config->model.device); !s.ok()) {
+    return ReportError(s);
   }
   rl::RlDistributedConfig& dist = config->distributed;
   if (flags.world_size >= 0) dist.world_size = flags.world_size;
