@@ -362,8 +362,9 @@ Status RlLearner::JoinGroup() {
 
 Status RlLearner::ConfigureSteps() {
   if (config_.reward.UsesProcessModel()) {
-    STRIDER_ASSIGN_OR_RETURN(process_model_,
-                             reward::ProcessRewardModel::Load(config_.process_model));
+    // Beside the policy: the learner's device, not the one the reward model was trained on.
+    STRIDER_ASSIGN_OR_RETURN(process_model_, reward::ProcessRewardModel::Load(
+                                                 config_.process_model, config_.model.device));
   }
   settings_.process_model = process_model_.get();
   settings_.implicit_prm = implicit_prm_.get();
