@@ -26,6 +26,7 @@
 #include "learner/rl/scoring.h"
 #include "replay/client.h"
 #include "tests/integration/child_process.h"
+#include "tests/integration/sample_trajectories.h"
 #include "tests/scratch_dir.h"
 
 namespace strider {
@@ -126,22 +127,7 @@ class BatchedActorLogProbs : public ::testing::Test {
   }
 
   std::vector<std::vector<schema::SegmentData>> SampleTrajectories(size_t count) {
-    std::vector<std::vector<schema::SegmentData>> out;
-    std::map<uint64_t, size_t> by_unit;
-    for (int attempt = 0; attempt < 40 && out.size() < count; ++attempt) {
-      Result<replay::SampleBatch> batch =
-          learner_->Sample(++step_, static_cast<uint32_t>(count - out.size()), 0,
-                           std::chrono::milliseconds(5000));
-      EXPECT_TRUE(batch.ok()) << batch.status().ToString();
-      if (!batch.ok()) break;
-      for (replay::SampledItem& item : batch->items) {
-        auto [it, fresh] = by_unit.try_emplace(item.sequence, out.size());
-        if (fresh) out.emplace_back();
-        out[it->second].push_back(std::move(item.segment));
-      }
-    }
-    EXPECT_EQ(out.size(), count);
-    return out;
+    return testing::SampleTrajectories(*learner_, step_, count, 40);
   }
 
   Figures Score(const std::vector<std::vector<schema::SegmentData>>& trajectories,
