@@ -10,24 +10,17 @@
 #include <sstream>
 
 #include "common/safetensors.h"
+#include "tests/file_contents.h"
 #include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {
 
+using strider::testing::ReadFileBytes;
+using strider::testing::WriteFileBytes;
+
 namespace fs = std::filesystem;
 using testing::TempDir;
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
 
 TensorView ViewOf(const std::string& name, DType dtype, std::vector<int64_t> shape,
                   const std::vector<uint8_t>& bytes) {
@@ -87,9 +80,9 @@ TEST(SafetensorsStreamTest, HeaderReadRefusesATruncatedShardAndAMalformedHeader)
   const std::vector<uint8_t> a = Pattern(4096, 5);
   const std::string path = dir.Sub("x.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, {ViewOf("layer.weight", DType::kF32, {1024}, a)}).ok());
-  const std::string bytes = ReadBytes(path);
+  const std::string bytes = ReadFileBytes(path);
 
-  WriteText(dir.Sub("short.safetensors"), bytes.substr(0, bytes.size() - 100));
+  WriteFileBytes(dir.Sub("short.safetensors"), bytes.substr(0, bytes.size() - 100));
   Result<SafetensorsHeader> truncated = ReadSafetensorsHeader(dir.Sub("short.safetensors"));
   ASSERT_FALSE(truncated.ok());
   EXPECT_TRUE(truncated.status().IsCorruption());
@@ -99,13 +92,13 @@ TEST(SafetensorsStreamTest, HeaderReadRefusesATruncatedShardAndAMalformedHeader)
 
   std::string broken = bytes;
   broken[9] = '[';  // the header's JSON no longer parses
-  WriteText(dir.Sub("broken.safetensors"), broken);
+  WriteFileBytes(dir.Sub("broken.safetensors"), broken);
   Result<SafetensorsHeader> malformed = ReadSafetensorsHeader(dir.Sub("broken.safetensors"));
   ASSERT_FALSE(malformed.ok());
   EXPECT_NE(malformed.status().message().find("not valid JSON"), std::string::npos)
       << malformed.status().ToString();
 
-  WriteText(dir.Sub("tiny.safetensors"), "abc");
+  WriteFileBytes(dir.Sub("tiny.safetensors"), "abc");
   EXPECT_TRUE(ReadSafetensorsHeader(dir.Sub("tiny.safetensors")).status().IsCorruption());
   EXPECT_TRUE(ReadSafetensorsHeader(dir.Sub("absent.safetensors")).status().IsNotFound());
 }
@@ -218,7 +211,7 @@ TEST(SafetensorsStreamTest, ProducedTensorsMustFillTheBytesTheHeaderPromised) {
   ASSERT_TRUE(WriteSafetensors(dir.Sub("v.safetensors"),
                                {ViewOf("a", DType::kF32, {3}, a), ViewOf("b", DType::kU8, {5}, b)})
                   .ok());
-  EXPECT_EQ(ReadBytes(dir.Sub("p.safetensors")), ReadBytes(dir.Sub("v.safetensors")));
+  EXPECT_EQ(ReadFileBytes(dir.Sub("p.safetensors")), ReadFileBytes(dir.Sub("v.safetensors")));
 
   auto short_by_one = [&](const TensorView& view,
                           const std::function<Status(std::string_view)>& append) {
@@ -239,21 +232,21 @@ TEST(SafetensorsStreamTest, ProducedTensorsMustFillTheBytesTheHeaderPromised) {
 TEST(SafetensorsStreamTest, IndexReadRefusesShardsOutsideItsDirectoryAndBadMetadata) {
   TempDir dir;
   const std::string path = dir.Sub(kSafetensorsIndexName);
-  WriteText(path, R"({"metadata": {"total_size": "1234"}, "weight_map": {"a": "m.safetensors"}})");
+  WriteFileBytes(path, R"({"metadata": {"total_size": "1234"}, "weight_map": {"a": "m.safetensors"}})");
   Result<SafetensorsIndex> index = ReadSafetensorsIndex(path);
   ASSERT_TRUE(index.ok()) << index.status().ToString();
   EXPECT_EQ(index->total_size, 1234u);
   EXPECT_FALSE(index->total_parameters.has_value());
 
-  WriteText(path, R"({"weight_map": {"a": "../elsewhere.safetensors"}})");
+  WriteFileBytes(path, R"({"weight_map": {"a": "../elsewhere.safetensors"}})");
   Status outside = ReadSafetensorsIndex(path).status();
   EXPECT_TRUE(outside.IsCorruption());
   EXPECT_NE(outside.message().find("'a'"), std::string::npos) << outside.ToString();
-  WriteText(path, R"({"metadata": {"total_size": -1}, "weight_map": {}})");
+  WriteFileBytes(path, R"({"metadata": {"total_size": -1}, "weight_map": {}})");
   EXPECT_TRUE(ReadSafetensorsIndex(path).status().IsCorruption());
-  WriteText(path, R"({"weight_map": {"a": "x", "a": "y"}})");
+  WriteFileBytes(path, R"({"weight_map": {"a": "x", "a": "y"}})");
   EXPECT_TRUE(ReadSafetensorsIndex(path).status().IsCorruption());
-  WriteText(path, R"({"metadata": {}})");
+  WriteFileBytes(path, R"({"metadata": {}})");
   EXPECT_TRUE(ReadSafetensorsIndex(path).status().IsCorruption());
 }
 

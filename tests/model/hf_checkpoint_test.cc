@@ -12,24 +12,17 @@
 #include <fstream>
 #include <sstream>
 
+#include "tests/file_contents.h"
 #include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {
 
+using strider::testing::ReadFileBytes;
+using strider::testing::WriteFileBytes;
+
 namespace fs = std::filesystem;
 using testing::TempDir;
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
 
 std::string FixtureDir() {
   const char* source = std::getenv("STRIDER_SOURCE_DIR");
@@ -41,7 +34,7 @@ std::string FixtureDir() {
 // (a tensor list written from vLLM's kimi_linear model, sharing nothing with the C++ table).
 TEST(HfCheckpointTest, PublishedKimiLinear48bFigures) {
   Result<KimiLinearConfig> config =
-      ParseKimiLinearConfig(ReadText(FixtureDir() + "/config.json"), "config.json");
+      ParseKimiLinearConfig(ReadFileBytes(FixtureDir() + "/config.json"), "config.json");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   EXPECT_EQ(config->num_hidden_layers, 27);
   EXPECT_EQ(config->CountKdaLayers(), 20);
@@ -147,7 +140,7 @@ Generated Tensors(const std::function<bool(TensorView&)>& edit = nullptr) {
 
 void WriteCheckpoint(const std::string& dir, const Generated& g, uint64_t shard_bytes = 2000) {
   fs::create_directories(dir);
-  WriteText(dir + "/config.json", kTinyConfig);
+  WriteFileBytes(dir + "/config.json", kTinyConfig);
   ASSERT_TRUE(WriteShardedSafetensors(dir, g.views, shard_bytes, {{"format", "pt"}}).ok());
 }
 
@@ -156,9 +149,9 @@ TEST(HfCheckpointTest, ExportRewritesEveryTensorAndCopiesThePublishedFiles) {
   const std::string source = dir.Sub("source"), out = dir.Sub("out");
   const Generated g = Tensors();
   WriteCheckpoint(source, g);
-  WriteText(source + "/generation_config.json", R"({"eos_token_id": 163586})");
-  WriteText(source + "/tokenizer_config.json", R"({"model_max_length": 1048576})");
-  WriteText(source + "/tiktoken.model", std::string(3000, 'x'));
+  WriteFileBytes(source + "/generation_config.json", R"({"eos_token_id": 163586})");
+  WriteFileBytes(source + "/tokenizer_config.json", R"({"model_max_length": 1048576})");
+  WriteFileBytes(source + "/tiktoken.model", std::string(3000, 'x'));
 
   Result<HfCheckpoint> checkpoint = OpenHfCheckpoint(source);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
@@ -172,7 +165,7 @@ TEST(HfCheckpointTest, ExportRewritesEveryTensorAndCopiesThePublishedFiles) {
             (std::vector<std::string>{"config.json", "generation_config.json", "tiktoken.model",
                                       "tokenizer_config.json"}));
   for (const std::string& name : report->copied_files) {
-    EXPECT_EQ(ReadText(out + "/" + name), ReadText(source + "/" + name)) << name;
+    EXPECT_EQ(ReadFileBytes(out + "/" + name), ReadFileBytes(source + "/" + name)) << name;
   }
   Result<SafetensorsIndex> index = ReadSafetensorsIndex(out + "/" + kSafetensorsIndexName);
   ASSERT_TRUE(index.ok());
@@ -193,7 +186,7 @@ TEST(HfCheckpointTest, ExportRewritesEveryTensorAndCopiesThePublishedFiles) {
       EXPECT_EQ(copy.bytes, tensor.bytes) << name;
     }
     EXPECT_EQ(b->metadata, a->metadata);
-    EXPECT_EQ(ReadText(out + "/" + shard), ReadText(source + "/" + shard)) << shard;
+    EXPECT_EQ(ReadFileBytes(out + "/" + shard), ReadFileBytes(source + "/" + shard)) << shard;
   }
   // The export reads as a checkpoint of the same config.
   Result<HfCheckpoint> exported = OpenHfCheckpoint(out);
@@ -247,8 +240,8 @@ TEST(HfCheckpointTest, CountsParametersThreeWaysAndReadsASingleFile) {
   EXPECT_FALSE(single_counts->from_index.has_value());
   Result<HfExportReport> report = ExportHfCheckpoint(*single, dir.Sub("single_out"));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
-  EXPECT_EQ(ReadText(dir.Sub("single_out/model.safetensors")),
-            ReadText(dir.Sub("single/model.safetensors")));
+  EXPECT_EQ(ReadFileBytes(dir.Sub("single_out/model.safetensors")),
+            ReadFileBytes(dir.Sub("single/model.safetensors")));
   EXPECT_FALSE(fs::exists(dir.Sub("single_out/") + kSafetensorsIndexName));
 }
 
@@ -324,7 +317,7 @@ TEST(HfCheckpointTest, RefusesAnUnsupportedModelTypeAndBadLayerLists) {
             std::string::npos);
 
   TempDir dir;
-  WriteText(dir.Sub("config.json"), R"({"model_type": "qwen3_moe"})");
+  WriteFileBytes(dir.Sub("config.json"), R"({"model_type": "qwen3_moe"})");
   Status refused = OpenHfCheckpoint(dir.path()).status();
   EXPECT_NE(refused.message().find("qwen3_moe"), std::string::npos) << refused.ToString();
   EXPECT_TRUE(OpenHfCheckpoint(dir.Sub("absent")).status().IsNotFound());
@@ -367,30 +360,30 @@ TEST(HfCheckpointTest, RefusesUnreadableDtypesTruncatedShardsAndDisagreeingIndex
   ASSERT_TRUE(index.ok());
   const std::string shard = index->Shards().front();
   const std::string path = dir.Sub("a/") + shard;
-  const std::string original = ReadText(path);
+  const std::string original = ReadFileBytes(path);
 
   // A dtype the reader does not know (fp8), spelled in place of BF16 in the header.
   std::string fp8 = original;
   const size_t at = fp8.find("\"BF16\"");
   ASSERT_NE(at, std::string::npos);
   fp8.replace(at, 6, "\"F8E4\"");
-  WriteText(path, fp8);
+  WriteFileBytes(path, fp8);
   Status dtype = OpenHfCheckpoint(dir.Sub("a")).status();
   EXPECT_NE(dtype.message().find("unknown dtype 'F8E4'"), std::string::npos) << dtype.ToString();
   EXPECT_NE(dtype.message().find(shard), std::string::npos) << dtype.ToString();
 
-  WriteText(path, original.substr(0, original.size() - 5));
+  WriteFileBytes(path, original.substr(0, original.size() - 5));
   Status truncated = OpenHfCheckpoint(dir.Sub("a")).status();
   EXPECT_TRUE(truncated.IsCorruption()) << truncated.ToString();
   EXPECT_NE(truncated.message().find(shard), std::string::npos) << truncated.ToString();
 
   std::string malformed = original;
   malformed[8] = 'x';
-  WriteText(path, malformed);
+  WriteFileBytes(path, malformed);
   EXPECT_NE(OpenHfCheckpoint(dir.Sub("a")).status().message().find("not valid JSON"),
             std::string::npos);
 
-  WriteText(path, original);
+  WriteFileBytes(path, original);
   const std::string moved = index->weight_map.begin()->first;
   const std::string other_shard = index->Shards().back();
   index->weight_map[moved] =

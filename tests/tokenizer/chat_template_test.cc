@@ -18,10 +18,13 @@
 
 #include "common/tokenizer/jinja.h"
 #include "common/tokenizer/tokenizer.h"
+#include "tests/file_contents.h"
 #include "tests/scratch_dir.h"
 
 namespace strider::tokenizer {
 namespace {
+
+using strider::testing::ReadFileBytes;
 
 using Json = nlohmann::ordered_json;
 using transcript::Role;
@@ -31,14 +34,6 @@ std::string DataPath(const std::string& name) {
   return std::string(source ? source : ".") + "/tests/tokenizer/data/" + name;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  EXPECT_TRUE(file.good()) << path;
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  return contents.str();
-}
-
 void WriteFile(const std::string& path, const std::string& contents) {
   std::ofstream file(path, std::ios::binary);
   file << contents;
@@ -46,14 +41,14 @@ void WriteFile(const std::string& path, const std::string& contents) {
 }
 
 const Json& Cases() {
-  static const Json cases = Json::parse(ReadFile(DataPath("chat/cases.json")));
+  static const Json cases = Json::parse(ReadFileBytes(DataPath("chat/cases.json")));
   return cases;
 }
 
 ChatTemplate Load(const std::string& name) {
   const Json& entry = Cases()["templates"][name];
   Result<ChatTemplate> chat =
-      ChatTemplate::FromSource(ReadFile(DataPath("chat/" + entry["file"].get<std::string>())),
+      ChatTemplate::FromSource(ReadFileBytes(DataPath("chat/" + entry["file"].get<std::string>())),
                                entry["special_tokens"], name);
   EXPECT_TRUE(chat.ok()) << chat.status().ToString();
   return std::move(chat).value();
@@ -98,7 +93,7 @@ TEST(ChatTemplateTest, EveryFixtureIsByteIdenticalToTransformers) {
 
 TEST(ChatTemplateTest, LoadsEveryConfigLayout) {
   testing::TempDir dir;
-  const std::string source = ReadFile(DataPath("chat/qwen3.jinja"));
+  const std::string source = ReadFileBytes(DataPath("chat/qwen3.jinja"));
   const Json messages = Json::array({{{"role", "user"}, {"content", "Hi"}}});
   ChatRenderOptions prompt;
   prompt.add_generation_prompt = true;
@@ -303,7 +298,7 @@ TEST(JinjaTest, RuntimeErrorsNameTheExpression) {
 // Qwen's <tool_call> is), so rendered prompts tokenise as the model's would.
 std::unique_ptr<Tokenizer> TokenizerWith(const std::vector<std::string>& special,
                                          const std::vector<std::string>& added = {}) {
-  Json spec = Json::parse(ReadFile(DataPath("bpe_llama3.json")));
+  Json spec = Json::parse(ReadFileBytes(DataPath("bpe_llama3.json")));
   int32_t next = static_cast<int32_t>(spec["model"]["vocab"].size()) + 16;
   for (const auto* list : {&special, &added}) {
     for (const std::string& text : *list) {

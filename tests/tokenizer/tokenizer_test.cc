@@ -17,21 +17,16 @@
 #include <vector>
 
 #include "common/tokenizer/tokenizer.h"
+#include "tests/file_contents.h"
 
 namespace strider::tokenizer {
 namespace {
 
+using strider::testing::ReadFileBytes;
+
 std::string DataPath(const std::string& name) {
   const char* source = std::getenv("STRIDER_SOURCE_DIR");
   return std::string(source ? source : ".") + "/tests/tokenizer/data/" + name;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  EXPECT_TRUE(file.good()) << path;
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  return contents.str();
 }
 
 std::vector<int32_t> ReadIds(const std::string& path) {
@@ -63,12 +58,12 @@ const std::vector<std::string> kReferences = {"bpe_llama3", "bpe_gpt2", "bpe_nfc
                                               "tiktoken_kimi"};
 
 std::vector<Case> LoadCases(const std::string& prefix, const std::string& text_file) {
-  const std::string text = ReadFile(DataPath(text_file));
+  const std::string text = ReadFileBytes(DataPath(text_file));
   std::vector<std::vector<int32_t>> ids;
   std::vector<size_t> next(kReferences.size(), 0);
   for (const std::string& name : kReferences)
     ids.push_back(ReadIds(DataPath(prefix + "." + name + ".ids.gz")));
-  std::istringstream index(ReadFile(DataPath(prefix + ".index")));
+  std::istringstream index(ReadFileBytes(DataPath(prefix + ".index")));
   std::string line;
   std::vector<Case> cases;
   while (std::getline(index, line)) {
@@ -103,7 +98,7 @@ std::unique_ptr<Tokenizer> LoadReference(const std::string& name) {
   TokenizerOptions options;
   std::string file = name + ".json";
   if (name.starts_with("tiktoken")) {
-    const nlohmann::json meta = nlohmann::json::parse(ReadFile(DataPath("ranks_meta.json")));
+    const nlohmann::json meta = nlohmann::json::parse(ReadFileBytes(DataPath("ranks_meta.json")));
     options.tiktoken_pattern =
         meta.at(name == "tiktoken" ? "pattern" : "kimi_pattern").get<std::string>();
     for (const auto& [text, id] : meta.at("special_tokens").items()) {
@@ -241,7 +236,7 @@ TEST_P(ReferenceTest, RandomValidUtf8RoundTrips) {
 }
 
 TEST_P(ReferenceTest, ThreadsGetTheSameIdsAsOneThread) {
-  const std::string text = ReadFile(DataPath("corpus_sample.txt"));
+  const std::string text = ReadFileBytes(DataPath("corpus_sample.txt"));
   const std::vector<int32_t> want = tokenizer_->Encode(text);
   std::vector<std::vector<int32_t>> got(4);
   std::vector<std::thread> threads;
