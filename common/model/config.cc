@@ -69,6 +69,8 @@ void ReadModel(ConfigReader& model, ModelConfig* config) {
   latent.Optional("nope_dim", &lat.nope_dim);
   latent.Optional("rope_dim", &lat.rope_dim);
   latent.Optional("value_dim", &lat.value_dim);
+  latent.Optional("output_gate", &lat.output_gate);
+  latent.Optional("norm_epsilon", &lat.norm_epsilon);
 
   ConfigReader ffn = model.Section("feed_forward");
   auto& ff = config->feed_forward;
@@ -160,11 +162,18 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& origin) {
   const auto& lat = c.latent;
   if (c.CountLayers('G') > 0) {
     STRIDER_RETURN_IF_ERROR(positive(lat.heads, "latent_attention.heads"));
-    STRIDER_RETURN_IF_ERROR(positive(lat.query_rank, "latent_attention.query_rank"));
+    if (lat.query_rank < 0) {
+      return bad("latent_attention.query_rank",
+                 "must not be negative (0 is a full-rank query projection)");
+    }
     STRIDER_RETURN_IF_ERROR(positive(lat.kv_rank, "latent_attention.kv_rank"));
     STRIDER_RETURN_IF_ERROR(positive(lat.nope_dim, "latent_attention.nope_dim"));
     STRIDER_RETURN_IF_ERROR(positive(lat.value_dim, "latent_attention.value_dim"));
     if (lat.rope_dim < 0) return bad("latent_attention.rope_dim", "must not be negative");
+    if (!std::isfinite(lat.norm_epsilon) || lat.norm_epsilon < 0) {
+      return bad("latent_attention.norm_epsilon",
+                 "must be finite and not negative (0 is the model's norm_epsilon)");
+    }
   }
   const auto& ff = c.feed_forward;
   if (ff.dense_layers < 0 || ff.dense_layers > c.layers) {

@@ -30,11 +30,19 @@ struct IncrementalAttentionConfig {
 // Gated multi-head latent attention (docs/model_math.md#latent-attention).
 struct LatentAttentionConfig {
   int64_t heads = 2;
-  int64_t query_rank = 32;     // rank of the query compression
+  // Rank of the query compression; 0 for a full-rank query projection (Kimi Linear's q_proj,
+  // q_lora_rank null) in place of query_down, query_norm and query_up.
+  int64_t query_rank = 32;
   int64_t kv_rank = 16;        // d_c: cached compressed keys and values
   int64_t nope_dim = 16;       // per-head key part computed from c_kv
   int64_t rope_dim = 8;        // shared key part, cached; unrotated in the hybrid
-  int64_t value_dim = 16;
+  int64_t value_dim = 16;      // per-head value width; may differ from nope_dim
+  // The sigmoid gate on the heads' output before W_o (Kimi K3's mla_use_output_gate); Kimi
+  // Linear's layer has none.
+  bool output_gate = true;
+  // Epsilon of the query and kv normalisations; 0 takes the model's norm_epsilon, as the serving
+  // engines do (rms_norm_eps). transformers' kimi_linear uses 1e-6 whatever rms_norm_eps says.
+  double norm_epsilon = 0.0;
 };
 
 // Feed-forward layers: dense SiTU-GLU for the first layers, latent sparse experts after.

@@ -66,13 +66,18 @@ std::vector<ParameterSpec> ModelParameterSpecs(const ModelConfig& c) {
     } else {
       const auto& a = c.latent;
       const std::string p = layer + "latent.";
-      add(p + "query_down", {a.query_rank, d}, "latent_attention");
-      add(p + "query_norm", {a.query_rank}, "latent_attention", ParameterInit::kOnes);
-      add(p + "query_up", {a.heads * (a.nope_dim + a.rope_dim), a.query_rank}, "latent_attention");
+      const int64_t query_width = a.heads * (a.nope_dim + a.rope_dim);
+      if (a.query_rank > 0) {
+        add(p + "query_down", {a.query_rank, d}, "latent_attention");
+        add(p + "query_norm", {a.query_rank}, "latent_attention", ParameterInit::kOnes);
+        add(p + "query_up", {query_width, a.query_rank}, "latent_attention");
+      } else {
+        add(p + "query", {query_width, d}, "latent_attention");
+      }
       add(p + "kv_down", {a.kv_rank + a.rope_dim, d}, "latent_attention");
       add(p + "kv_norm", {a.kv_rank}, "latent_attention", ParameterInit::kOnes);
       add(p + "kv_up", {a.heads * (a.nope_dim + a.value_dim), a.kv_rank}, "latent_attention");
-      add(p + "gate", {a.heads * a.value_dim, d}, "latent_attention");
+      if (a.output_gate) add(p + "gate", {a.heads * a.value_dim, d}, "latent_attention");
       add(p + "output", {d, a.heads * a.value_dim}, "latent_attention", ParameterInit::kNormal,
           branch_scale);
     }
