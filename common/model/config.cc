@@ -58,8 +58,11 @@ void ReadModel(ConfigReader& model, ModelConfig* config) {
   incremental.Optional("value_dim", &inc.value_dim);
   incremental.Optional("conv_width", &inc.conv_width);
   incremental.Optional("decay_rank", &inc.decay_rank);
+  incremental.Optional("decay_gate", &inc.decay_gate);
   incremental.Optional("min_log_decay", &inc.min_log_decay);
   incremental.Optional("chunk_size", &inc.chunk_size);
+  incremental.Optional("gate_rank", &inc.gate_rank);
+  incremental.Optional("output_norm_epsilon", &inc.output_norm_epsilon);
 
   ConfigReader latent = model.Section("latent_attention");
   auto& lat = config->latent;
@@ -157,6 +160,18 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& origin) {
       return bad("incremental_attention.min_log_decay",
                  "must be finite and negative (a log decay), got " +
                      std::to_string(inc.min_log_decay));
+    }
+    if (inc.decay_gate != "sigmoid" && inc.decay_gate != "softplus") {
+      return bad("incremental_attention.decay_gate",
+                 "must be sigmoid or softplus, got '" + inc.decay_gate + "'");
+    }
+    if (inc.gate_rank < 0) {
+      return bad("incremental_attention.gate_rank",
+                 "must not be negative (0 is a full-rank output gate)");
+    }
+    if (!std::isfinite(inc.output_norm_epsilon) || inc.output_norm_epsilon < 0) {
+      return bad("incremental_attention.output_norm_epsilon",
+                 "must be finite and not negative (0 is the model's norm_epsilon)");
     }
   }
   const auto& lat = c.latent;

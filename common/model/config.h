@@ -23,8 +23,18 @@ struct IncrementalAttentionConfig {
   int64_t value_dim = 32;      // d_v
   int64_t conv_width = 4;      // causal depthwise convolution on q, k, v
   int64_t decay_rank = 16;     // rank of W_up W_down in the decay gate
+  // The decay gate's function of z = W_up W_down x + b: "sigmoid", g = g_min sigmoid(exp(A_h) z),
+  // bounded below by min_log_decay (flash-linear-attention's lower-bound gate); "softplus",
+  // g = -exp(A_h) softplus(z), unbounded (Kimi Linear: A_log, dt_bias, decay_rank = head_dim).
+  std::string decay_gate = "sigmoid";
   double min_log_decay = -5.0; // g_min: g = g_min * sigmoid(...) in (g_min, 0)
   int64_t chunk_size = 64;     // training and prefill kernel chunk length
+  // Rank of the output gate: 0 for a full-rank `gate`; r > 0 for gate_up gate_down through r
+  // channels (Kimi Linear's g_b_proj g_a_proj, r = head_dim).
+  int64_t gate_rank = 0;
+  // Epsilon of the gated output norm; 0 takes the model's norm_epsilon. vLLM's KDA layer uses
+  // 1e-5 whatever rms_norm_eps says, transformers' kimi_linear rms_norm_eps.
+  double output_norm_epsilon = 0.0;
 };
 
 // Gated multi-head latent attention (docs/model_math.md#latent-attention).

@@ -61,7 +61,12 @@ std::vector<ParameterSpec> ModelParameterSpecs(const ModelConfig& c) {
       add(p + "decay_bias", {hk}, "incremental_attention", ParameterInit::kDecayBias);
       add(p + "decay_log_scale", {a.heads}, "incremental_attention", ParameterInit::kZeros);
       add(p + "output_norm", {a.value_dim}, "incremental_attention", ParameterInit::kOnes);
-      add(p + "gate", {hv, d}, "incremental_attention");
+      if (a.gate_rank > 0) {
+        add(p + "gate_down", {a.gate_rank, d}, "incremental_attention");
+        add(p + "gate_up", {hv, a.gate_rank}, "incremental_attention");
+      } else {
+        add(p + "gate", {hv, d}, "incremental_attention");
+      }
       add(p + "output", {d, hv}, "incremental_attention", ParameterInit::kNormal, branch_scale);
     } else {
       const auto& a = c.latent;
