@@ -87,6 +87,15 @@ void ReadModel(ConfigReader& model, ModelConfig* config) {
   ffn.Optional("shared_hidden", &ff.shared_hidden);
   ffn.Optional("gate_cap", &ff.gate_cap);
   ffn.Optional("up_cap", &ff.up_cap);
+  ffn.Optional("latent_experts", &ff.latent_experts);
+  ffn.Optional("activation", &ff.activation);
+  ffn.Optional("router_activation", &ff.router_activation);
+  ffn.Optional("renormalize", &ff.renormalize);
+  ffn.Optional("renormalize_epsilon", &ff.renormalize_epsilon);
+  ffn.Optional("routed_scaling_factor", &ff.routed_scaling_factor);
+  ffn.Optional("expert_groups", &ff.expert_groups);
+  ffn.Optional("groups_per_token", &ff.groups_per_token);
+  ffn.Optional("quantile_balancing", &ff.quantile_balancing);
 
   ConfigReader vision = model.Section("vision");
   auto& vis = config->vision;
@@ -198,7 +207,9 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& origin) {
     STRIDER_RETURN_IF_ERROR(positive(ff.dense_hidden, "feed_forward.dense_hidden"));
   }
   if (ff.dense_layers < c.layers) {
-    STRIDER_RETURN_IF_ERROR(positive(ff.latent_width, "feed_forward.latent_width"));
+    if (ff.latent_experts) {
+      STRIDER_RETURN_IF_ERROR(positive(ff.latent_width, "feed_forward.latent_width"));
+    }
     STRIDER_RETURN_IF_ERROR(positive(ff.expert_hidden, "feed_forward.expert_hidden"));
     STRIDER_RETURN_IF_ERROR(positive(ff.routed_experts, "feed_forward.routed_experts"));
     STRIDER_RETURN_IF_ERROR(positive(ff.experts_per_token, "feed_forward.experts_per_token"));
@@ -213,6 +224,46 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& origin) {
     if (ff.shared_experts > 0) {
       STRIDER_RETURN_IF_ERROR(positive(ff.shared_hidden, "feed_forward.shared_hidden"));
     }
+    if (ff.router_activation != "sigmoid" && ff.router_activation != "softmax") {
+      return bad("feed_forward.router_activation",
+                 "must be sigmoid or softmax, got '" + ff.router_activation + "'");
+    }
+    if (!std::isfinite(ff.renormalize_epsilon) || ff.renormalize_epsilon < 0) {
+      return bad("feed_forward.renormalize_epsilon",
+                 "must be finite and not negative, got " + std::to_string(ff.renormalize_epsilon));
+    }
+    STRIDER_RETURN_IF_ERROR(
+        finite_positive(ff.routed_scaling_factor, "feed_forward.routed_scaling_factor"));
+    STRIDER_RETURN_IF_ERROR(positive(ff.expert_groups, "feed_forward.expert_groups"));
+    if (ff.routed_experts % ff.expert_groups != 0) {
+      return bad("feed_forward.expert_groups",
+                 "must divide feed_forward.routed_experts (" + std::to_string(ff.routed_experts) +
+                     "), got " + std::to_string(ff.expert_groups));
+    }
+    const int64_t group_size = ff.routed_experts / ff.expert_groups;
+    if (ff.expert_groups > 1 && group_size < 2) {
+      // A group's score is the sum of its two best experts' scores.
+      return bad("feed_forward.expert_groups",
+                 "must leave at least two experts per group, got " +
+                     std::to_string(ff.expert_groups) + " groups of " +
+                     std::to_string(ff.routed_experts) + " experts");
+    }
+    if (ff.groups_per_token < 1 || ff.groups_per_token > ff.expert_groups) {
+      return bad("feed_forward.groups_per_token",
+                 "must be between 1 and feed_forward.expert_groups (" +
+                     std::to_string(ff.expert_groups) + "), got " +
+                     std::to_string(ff.groups_per_token));
+    }
+    if (ff.experts_per_token > ff.groups_per_token * group_size) {
+      return bad("feed_forward.experts_per_token",
+                 "must fit in the groups a token keeps (" +
+                     std::to_string(ff.groups_per_token * group_size) + " experts), got " +
+                     std::to_string(ff.experts_per_token));
+    }
+  }
+  if (ff.activation != "situ" && ff.activation != "silu") {
+    return bad("feed_forward.activation",
+               "must be situ (SiTU-GLU) or silu (SwiGLU), got '" + ff.activation + "'");
   }
   // Each SiTU cap is named on its own, so the message points at the key that is wrong.
   STRIDER_RETURN_IF_ERROR(finite_positive(ff.gate_cap, "feed_forward.gate_cap"));

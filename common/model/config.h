@@ -55,18 +55,39 @@ struct LatentAttentionConfig {
   double norm_epsilon = 0.0;
 };
 
-// Feed-forward layers: dense SiTU-GLU for the first layers, latent sparse experts after.
+// Feed-forward layers: dense SiTU-GLU for the first layers, latent sparse experts after
+// (docs/model_math.md#sparse-experts-and-routing). The options after the dimensions express Kimi
+// Linear's feed-forward (SwiGLU, full-width experts, its router); their defaults are Strider's.
 struct FeedForwardConfig {
   int64_t dense_layers = 1;        // the first layers use a dense feed-forward
   int64_t dense_hidden = 128;
+  // Routed experts in a shared latent space (latent_down, latent_norm, latent_up around them);
+  // false: full-width experts on x as Kimi Linear's w1, w3, w2, and no latent projections.
+  bool latent_experts = true;
   int64_t latent_width = 32;       // l: routed experts work in this shared latent space
   int64_t expert_hidden = 32;
   int64_t routed_experts = 8;      // n
   int64_t experts_per_token = 2;   // k
   int64_t shared_experts = 1;      // full width, always active
   int64_t shared_hidden = 64;
+  // The gated activation of every feed-forward block (dense, shared, routed): "situ" (SiTU-GLU)
+  // or "silu" (SwiGLU, silu(a) * b: Kimi Linear's hidden_act).
+  std::string activation = "situ";
   double gate_cap = 4.0;           // SiTU c1
   double up_cap = 25.0;            // SiTU c2
+  // Router scores from the logits W_r x: "sigmoid" or "softmax" (moe_router_activation_func).
+  std::string router_activation = "sigmoid";
+  bool renormalize = true;         // chosen scores / their sum (moe_renormalize)
+  double renormalize_epsilon = 0;  // added to that sum; transformers' kimi_linear adds 1e-20
+  double routed_scaling_factor = 1.0;  // multiplies the routed experts' weights
+  // Grouped top-k (DeepSeek-V3's, Kimi's num_expert_group and topk_group): the n experts form
+  // `expert_groups` groups of consecutive ids, each token keeps the `groups_per_token` groups
+  // with the largest sum of their two best biased scores, and picks its k experts there.
+  int64_t expert_groups = 1;
+  int64_t groups_per_token = 1;
+  // Whether UpdateRoutingBalance moves the router bias (quantile balancing); false holds it as
+  // loaded (an imported e_score_correction_bias). The bias takes part in selection either way.
+  bool quantile_balancing = true;
 };
 
 // Native vision input by patch embedding (docs/model_math.md#vision-input).
