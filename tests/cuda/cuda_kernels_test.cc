@@ -25,9 +25,9 @@ namespace {
 // Relative to the largest reference magnitude of each row (head): fp32 against fp64.
 constexpr double kTolerance = 1e-5;
 
-#define STRIDER_SKIP_WITHOUT_DEVICE()                                   \
-  do {                                                                  \
-    std::string why;                                                    \
+#define STRIDER_SKIP_WITHOUT_DEVICE()                                          \
+  do {                                                                         \
+    std::string why;                                                           \
     if (!CudaDeviceAvailable(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
   } while (false)
 
@@ -119,6 +119,8 @@ double MaxRowRelativeError(const std::vector<float>& gpu, const std::vector<doub
   return worst;
 }
 
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // Runs fn(i) for i in [0, n) on all hardware threads: the long-context reference is ~2 GFMA.
 template <typename Fn>
 void ParallelFor(int64_t n, Fn fn) {
@@ -196,9 +198,9 @@ void ReferenceDecodeStep(const GatedDeltaRuleDecodeDims& d, const DecodeInputs& 
 struct GpuDecodeInputs {
   DeviceArray<float> query, key, value, log_decay, beta;
   ::testing::AssertionResult Upload(const DecodeInputs& in) {
-    for (auto [dev, host] : {std::pair{&query, &in.query}, std::pair{&key, &in.key},
-                             std::pair{&value, &in.value}, std::pair{&log_decay, &in.log_decay},
-                             std::pair{&beta, &in.beta}}) {
+    for (auto [dev, host] :
+         {std::pair{&query, &in.query}, std::pair{&key, &in.key}, std::pair{&value, &in.value},
+          std::pair{&log_decay, &in.log_decay}, std::pair{&beta, &in.beta}}) {
       auto uploaded = dev->Upload(*host);
       if (!uploaded) return uploaded;
     }
@@ -226,9 +228,9 @@ TEST_P(GatedDeltaRuleDecodeShapes, MatchesFp64RecurrenceOverSteps) {
     const DecodeInputs in = RandomDecodeInputs(d, rng);
     GpuDecodeInputs gpu;
     ASSERT_TRUE(gpu.Upload(in));
-    const Status status = GatedDeltaRuleDecodeStep(
-        d, state.get(), gpu.query.get(), gpu.key.get(), gpu.value.get(), gpu.log_decay.get(),
-        gpu.beta.get(), output.get(), nullptr);
+    const Status status =
+        GatedDeltaRuleDecodeStep(d, state.get(), gpu.query.get(), gpu.key.get(), gpu.value.get(),
+                                 gpu.log_decay.get(), gpu.beta.get(), output.get(), nullptr);
     ASSERT_TRUE(status.ok()) << status.ToString();
     ASSERT_TRUE(Synchronize());
     std::vector<double> ref_output;
@@ -244,12 +246,11 @@ TEST_P(GatedDeltaRuleDecodeShapes, MatchesFp64RecurrenceOverSteps) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GatedDeltaRuleDecodeShapes,
     ::testing::Values(GatedDeltaRuleDecodeDims{96, 4, 128, 128},  // reference widths
-                      GatedDeltaRuleDecodeDims{4, 96, 128, 128},   // reference heads
+                      GatedDeltaRuleDecodeDims{4, 96, 128, 128},  // reference heads
                       GatedDeltaRuleDecodeDims{2, 3, 64, 32},
-                      GatedDeltaRuleDecodeDims{3, 2, 100, 72},     // widths not powers of 2
+                      GatedDeltaRuleDecodeDims{3, 2, 100, 72},  // widths not powers of 2
                       GatedDeltaRuleDecodeDims{1, 5, 17, 128},
-                      GatedDeltaRuleDecodeDims{2, 2, 128, 1},
-                      GatedDeltaRuleDecodeDims{1, 1, 1, 1}),
+                      GatedDeltaRuleDecodeDims{2, 2, 128, 1}, GatedDeltaRuleDecodeDims{1, 1, 1, 1}),
     [](const auto& info) {
       const auto& d = info.param;
       return "B" + std::to_string(d.batch) + "H" + std::to_string(d.heads) + "Dk" +
@@ -490,14 +491,203 @@ INSTANTIATE_TEST_SUITE_P(
         LatentCase{"EmptySequence", LatentDims(2, 4, 512, 64, 64), {0, 10}}),
     [](const auto& info) { return info.param.name; });
 
+// ---------------------------------------------------------------------------------------------
+// Paged latent attention: the rollout engine's layout (rollout_engine/paged_cache.h). One pool of
+// blocks, each (block_tokens, Dc + Dr) with the latent and rope parts side by side in a row;
+// every sequence owns a table of blocks in position order, blocks are scattered through the
+// pool, and forked sequences share their prefix's blocks.
+
+struct PagedCase {
+  std::string name;
+  int64_t heads, dc, dr, page_rows;
+  std::vector<int32_t> lengths;  // (B)
+  bool share_prefix;             // sequence 1 reads sequence 0's first blocks (a fork)
+};
+
+void PrintTo(const PagedCase& c, std::ostream* os) { *os << c.name; }
+
+class LatentAttentionDecodePagedCases : public ::testing::TestWithParam<PagedCase> {};
+
+TEST_P(LatentAttentionDecodePagedCases, MatchesFp64AndTheContiguousKernel) {
+  STRIDER_SKIP_WITHOUT_DEVICE();
+  const PagedCase& c = GetParam();
+  const int64_t batch = static_cast<int64_t>(c.lengths.size());
+  const int64_t width = c.dc + c.dr;
+  int64_t max_pages = 1;
+  for (int32_t length : c.lengths)
+    max_pages = std::max<int64_t>(max_pages, CeilDiv(length, c.page_rows));
+  // A pool larger than the tables need, block order shuffled: neighbouring positions live in
+  // unrelated blocks, and a wrong page index reads some other sequence's values.
+  const int64_t pool_blocks = batch * max_pages + 7;
+  Rng rng(31 + c.dc + c.page_rows);
+  const float a = std::sqrt(3.0f);
+  const std::vector<float> pool = rng.Vector(pool_blocks * c.page_rows * width, -a, a);
+  std::vector<int64_t> order(pool_blocks);
+  for (int64_t i = 0; i < pool_blocks; ++i) order[i] = i;
+  for (int64_t i = pool_blocks - 1; i > 0; --i) {
+    std::swap(order[i], order[static_cast<int64_t>(rng.Next() % static_cast<uint64_t>(i + 1))]);
+  }
+  std::vector<int64_t> table(batch * max_pages, -1);  // block ids; -1 past a sequence's end
+  int64_t next = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t p = 0; p < CeilDiv(c.lengths[b], c.page_rows); ++p) {
+      table[b * max_pages + p] =
+          (c.share_prefix && b == 1 && p + 1 < CeilDiv(c.lengths[0], c.page_rows)) ? table[p]
+                                                                                   : order[next++];
+    }
+  }
+
+  // The same rows gathered into a contiguous cache, for the fp64 reference and the contiguous
+  // kernel; padding past each length is poison that must never be read.
+  LatentAttentionDecodeDims d = LatentDims(batch, c.heads, c.dc, c.dr, max_pages * c.page_rows);
+  std::vector<float> latent(batch * d.capacity * c.dc, std::nanf(""));
+  std::vector<float> rope(batch * d.capacity * c.dr, std::nanf(""));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t s = 0; s < c.lengths[b]; ++s) {
+      const float* row =
+          pool.data() +
+          (table[b * max_pages + s / c.page_rows] * c.page_rows + s % c.page_rows) * width;
+      std::copy(row, row + c.dc, latent.begin() + (b * d.capacity + s) * c.dc);
+      std::copy(row + c.dc, row + width, rope.begin() + (b * d.capacity + s) * c.dr);
+    }
+  }
+  const std::vector<float> aq = rng.Vector(batch * c.heads * c.dc, -1, 1);
+  const std::vector<float> rq = rng.Vector(batch * c.heads * c.dr, -1, 1);
+
+  DeviceArray<float> pool_d, aq_d, rq_d, latent_d, rope_d, out_d, lse_d, out_contig_d, lse_contig_d;
+  DeviceArray<int32_t> lengths_d;
+  DeviceArray<const float*> latent_pages_d, rope_pages_d;
+  DeviceArray<char> workspace;
+  ASSERT_TRUE(pool_d.Upload(pool));
+  ASSERT_TRUE(aq_d.Upload(aq));
+  ASSERT_TRUE(rq_d.Upload(rq));
+  ASSERT_TRUE(latent_d.Upload(latent));
+  ASSERT_TRUE(rope_d.Upload(rope));
+  ASSERT_TRUE(lengths_d.Upload(c.lengths));
+  std::vector<const float*> latent_pages(batch * max_pages, nullptr);
+  std::vector<const float*> rope_pages(batch * max_pages, nullptr);
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (table[i] < 0) continue;
+    latent_pages[i] = pool_d.get() + table[i] * c.page_rows * width;
+    rope_pages[i] = latent_pages[i] + c.dc;
+  }
+  ASSERT_TRUE(latent_pages_d.Upload(latent_pages));
+  ASSERT_TRUE(rope_pages_d.Upload(rope_pages));
+  for (auto* out : {&out_d, &out_contig_d}) ASSERT_TRUE(out->Allocate(batch * c.heads * c.dc));
+  for (auto* out : {&lse_d, &lse_contig_d}) ASSERT_TRUE(out->Allocate(batch * c.heads));
+  const size_t workspace_bytes = LatentAttentionDecodeWorkspaceBytes(d);
+  ASSERT_TRUE(workspace.Allocate(workspace_bytes));
+
+  LatentAttentionPagedCache cache;
+  cache.latent_pages = latent_pages_d.get();
+  cache.rope_pages = rope_pages_d.get();
+  cache.max_pages = max_pages;
+  cache.page_rows = c.page_rows;
+  cache.latent_row_stride = width;
+  cache.rope_row_stride = width;
+  Status status =
+      LatentAttentionDecodePaged(d, aq_d.get(), rq_d.get(), cache, lengths_d.get(), out_d.get(),
+                                 lse_d.get(), workspace.get(), workspace_bytes, nullptr);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_TRUE(Synchronize());
+  std::vector<float> got, got_lse;
+  ASSERT_TRUE(out_d.Download(&got));
+  ASSERT_TRUE(lse_d.Download(&got_lse));
+  status = LatentAttentionDecode(d, aq_d.get(), rq_d.get(), latent_d.get(), rope_d.get(),
+                                 lengths_d.get(), out_contig_d.get(), lse_contig_d.get(),
+                                 workspace.get(), workspace_bytes, nullptr);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_TRUE(Synchronize());
+  std::vector<float> contiguous, contiguous_lse;
+  ASSERT_TRUE(out_contig_d.Download(&contiguous));
+  ASSERT_TRUE(lse_contig_d.Download(&contiguous_lse));
+
+  std::vector<double> ref, ref_lse;
+  ReferenceLatentDecode(d, aq, rq, latent, rope, c.lengths, &ref, &ref_lse);
+  for (int64_t b = 0; b < batch; ++b) {
+    SCOPED_TRACE("sequence " + std::to_string(b) + " of length " + std::to_string(c.lengths[b]));
+    const size_t row = b * c.heads * c.dc;
+    const size_t size = c.heads * c.dc;
+    if (c.lengths[b] <= 0) {
+      for (size_t i = row; i < row + size; ++i) ASSERT_EQ(got[i], 0.0f);
+      continue;
+    }
+    const std::vector<float> got_b(got.begin() + row, got.begin() + row + size);
+    const std::vector<double> ref_b(ref.begin() + row, ref.begin() + row + size);
+    EXPECT_LE(MaxRowRelativeError(got_b, ref_b, c.dc), kTolerance);
+    for (int64_t h = 0; h < c.heads; ++h) {
+      const double want = ref_lse[b * c.heads + h];
+      EXPECT_NEAR(got_lse[b * c.heads + h], want, kTolerance * std::max(1.0, std::abs(want)));
+    }
+  }
+  // Same split plan, same sums in the same order: the paged form equals the contiguous one.
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], contiguous[i]) << "value " << i;
+  for (size_t i = 0; i < got_lse.size(); ++i) ASSERT_EQ(got_lse[i], contiguous_lse[i]);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, LatentAttentionDecodePagedCases,
+    ::testing::Values(
+        // The engine's default blocks (256 tokens) at the reference widths; lengths ending
+        // inside, at and just past a block; one empty sequence.
+        PagedCase{"EngineBlocks", 16, 512, 64, 256, {1, 255, 256, 257, 5000, 0}, false},
+        // A fork: sequence 1 reads sequence 0's full blocks, then its own.
+        PagedCase{"SharedPrefix", 8, 512, 64, 256, {1000, 1300}, true},
+        // Pages smaller and not a multiple of the kernel's 32-row tile: tiles span pages.
+        PagedCase{"OddPages", 5, 40, 7, 13, {1, 33, 70, 129}, false},
+        // A long context over many pages with all reference heads.
+        PagedCase{"LongContext", 96, 512, 64, 256, {60000, 3}, false},
+        // No rope part.
+        PagedCase{"NoRope", 3, 64, 0, 16, {5, 300}, false}),
+    [](const auto& info) { return info.param.name; });
+
+// Runs without a device: the page geometry is checked before any CUDA call.
+TEST(LatentAttentionDecodePaged, RejectsBadPages) {
+  float dummy = 0;
+  float* p = &dummy;
+  const float* page = p;
+  int32_t length = 1;
+  const LatentAttentionDecodeDims d = LatentDims(1, 8, 512, 64, 512);
+  const size_t bytes = LatentAttentionDecodeWorkspaceBytes(d);
+  LatentAttentionPagedCache good;
+  good.latent_pages = &page;
+  good.rope_pages = &page;
+  good.max_pages = 2;
+  good.page_rows = 256;
+  good.latent_row_stride = 576;
+  good.rope_row_stride = 576;
+  auto call = [&](const LatentAttentionPagedCache& cache, size_t workspace_bytes) {
+    return LatentAttentionDecodePaged(d, p, p, cache, &length, p, nullptr, p, workspace_bytes,
+                                      nullptr);
+  };
+  EXPECT_TRUE(call(good, bytes - 1).IsInvalidArgument());
+  LatentAttentionPagedCache bad = good;
+  bad.page_rows = 0;
+  EXPECT_TRUE(call(bad, bytes).IsInvalidArgument());
+  bad = good;
+  bad.max_pages = 3;  // capacity is not max_pages x page_rows
+  EXPECT_TRUE(call(bad, bytes).IsInvalidArgument());
+  bad = good;
+  bad.latent_row_stride = 511;
+  EXPECT_TRUE(call(bad, bytes).IsInvalidArgument());
+  bad = good;
+  bad.rope_row_stride = 63;
+  EXPECT_TRUE(call(bad, bytes).IsInvalidArgument());
+  bad = good;
+  bad.rope_pages = nullptr;
+  EXPECT_TRUE(call(bad, bytes).IsInvalidArgument());
+  bad = good;
+  bad.latent_pages = nullptr;
+  EXPECT_TRUE(call(bad, bytes).IsInvalidArgument());
+}
+
 // Runs without a device: shapes and workspace are checked before any CUDA call.
 TEST(LatentAttentionDecode, RejectsBadDims) {
   float dummy = 0;
   float* p = &dummy;
   int32_t length = 1;
   auto call = [&](const LatentAttentionDecodeDims& d, size_t workspace_bytes) {
-    return LatentAttentionDecode(d, p, p, p, p, &length, p, nullptr, p, workspace_bytes,
-                                 nullptr);
+    return LatentAttentionDecode(d, p, p, p, p, &length, p, nullptr, p, workspace_bytes, nullptr);
   };
   const LatentAttentionDecodeDims good = LatentDims(2, 8, 512, 64, 100);
   const size_t bytes = LatentAttentionDecodeWorkspaceBytes(good);
@@ -511,8 +701,7 @@ TEST(LatentAttentionDecode, RejectsBadDims) {
   LatentAttentionDecodeDims no_scale = good;
   no_scale.scale = std::numeric_limits<float>::quiet_NaN();
   EXPECT_TRUE(call(no_scale, bytes).IsInvalidArgument());
-  EXPECT_TRUE(LatentAttentionDecode(good, nullptr, p, p, p, &length, p, nullptr, p, bytes,
-                                    nullptr)
+  EXPECT_TRUE(LatentAttentionDecode(good, nullptr, p, p, p, &length, p, nullptr, p, bytes, nullptr)
                   .IsInvalidArgument());
   // Nothing to do: no workspace, no CUDA call.
   EXPECT_EQ(LatentAttentionDecodeWorkspaceBytes(LatentDims(0, 8, 512, 64, 100)), 0u);

@@ -93,4 +93,34 @@ Status LatentAttentionDecode(const LatentAttentionDecodeDims& dims,
                              float* lse,                   // (B, H) or null
                              void* workspace, size_t workspace_bytes, void* stream);
 
+// The same decode over a paged cache (the rollout engine's, rollout_engine/paged_cache.h): a
+// sequence's rows live in pages of `page_rows` rows each, found through its row of a page table
+// of device addresses, so the kernel reads the blocks where they are, with no gather into a
+// contiguous copy first. Row r of sequence b is row r % page_rows of page
+// table[b * max_pages + r / page_rows]; consecutive rows of a page are `row_stride` floats
+// apart. The latent and rope parts may share a page (the engine's rows are [c_kv; k_rope], so
+// the rope table holds the latent addresses plus Dc) or live apart. Only the pages that hold
+// rows below lengths[b] are read; other table entries may be anything, null included.
+struct LatentAttentionPagedCache {
+  const float* const* latent_pages = nullptr;  // (B, max_pages) device addresses, in device memory
+  const float* const* rope_pages = nullptr;    // (B, max_pages), or null when Dr = 0
+  int64_t max_pages = 0;                       // table columns per sequence
+  int64_t page_rows = 0;                       // rows per page, >= 1
+  int64_t latent_row_stride = 0;               // floats between rows of a page, >= Dc
+  int64_t rope_row_stride = 0;                 // likewise, >= Dr
+};
+
+// dims.capacity must equal max_pages * page_rows (lengths are clamped to it, as above), and the
+// workspace is LatentAttentionDecodeWorkspaceBytes(dims): for equal dims the split plan, and so
+// every sum's order, is that of the contiguous kernel, whose results this one reproduces
+// exactly on the same rows.
+Status LatentAttentionDecodePaged(const LatentAttentionDecodeDims& dims,
+                                  const float* absorbed_query,  // (B, H, Dc)
+                                  const float* rope_query,      // (B, H, Dr)
+                                  const LatentAttentionPagedCache& cache,
+                                  const int32_t* lengths,  // (B)
+                                  float* output,           // (B, H, Dc)
+                                  float* lse,              // (B, H) or null
+                                  void* workspace, size_t workspace_bytes, void* stream);
+
 }  // namespace strider::kernels::cuda

@@ -15,6 +15,10 @@
 //     the 32 lanes of a warp, one row each, hit 32 different banks); warp w scores its two
 //     heads against the tile with lane = row; then every thread accumulates 4 heads x
 //     kCols latent columns, reading each staged value once for 4 multiply-adds.
+//   - Where the rows live is a policy (ContiguousRows, PagedRows): at the start of each tile the
+//     first kTile threads resolve the addresses of the tile's rows into shared memory, so the
+//     paged form costs one table read per row, not per value, and both forms share every
+//     arithmetic step (the paged form reproduces the contiguous one exactly).
 //   - fp32 throughout with plain expf: the tests hold the kernel to 1e-5 of an fp64 reference.
 //     With many heads the kernel does about 2 H FLOP per cached byte, so fp32 on CUDA cores is
 //     compute bound; a bf16 tensor-core variant is future work (docs/cuda.md).
@@ -74,17 +78,50 @@ SplitPlan PlanSplits(const LatentAttentionDecodeDims& dims) {
 // different banks.
 __host__ __device__ constexpr int RowStride(int width) { return width | 1; }
 
+// The tile's row addresses (latent and rope, kTile each) come first, then the floats.
+constexpr size_t kRowAddressBytes = 2 * kTile * sizeof(const float*);
+
 size_t SharedBytes(int width) {
   const int64_t ld = RowStride(width);
-  return sizeof(float) * static_cast<size_t>((kHeadsPerBlock + kTile) * ld +
+  return kRowAddressBytes +
+         sizeof(float) * static_cast<size_t>((kHeadsPerBlock + kTile) * ld +
                                              kHeadsPerBlock * (kTile + 1) + kHeadsPerBlock);
 }
 
+// Rows of one contiguous (B, S, .) cache per part.
+struct ContiguousRows {
+  const float* latent;    // (B, S, Dc)
+  const float* rope_key;  // (B, S, Dr)
+  int64_t capacity;
+  int latent_dim, rope_dim;
+  __device__ const float* Latent(int64_t b, int64_t s) const {
+    return latent + (b * capacity + s) * latent_dim;
+  }
+  __device__ const float* Rope(int64_t b, int64_t s) const {
+    return rope_key == nullptr ? nullptr : rope_key + (b * capacity + s) * rope_dim;
+  }
+};
+
+// Rows found through a page table (LatentAttentionPagedCache).
+struct PagedRows {
+  const float* const* latent_pages;  // (B, max_pages)
+  const float* const* rope_pages;    // (B, max_pages) or null
+  int64_t max_pages, page_rows, latent_row_stride, rope_row_stride;
+  __device__ const float* Latent(int64_t b, int64_t s) const {
+    return latent_pages[b * max_pages + s / page_rows] + (s % page_rows) * latent_row_stride;
+  }
+  __device__ const float* Rope(int64_t b, int64_t s) const {
+    return rope_pages == nullptr
+               ? nullptr
+               : rope_pages[b * max_pages + s / page_rows] + (s % page_rows) * rope_row_stride;
+  }
+};
+
+template <typename Rows>
 struct SplitArgs {
   const float* absorbed_query;  // (B, H, Dc)
   const float* rope_query;      // (B, H, Dr)
-  const float* latent;          // (B, S, Dc)
-  const float* rope_key;        // (B, S, Dr)
+  Rows rows;                    // the cached rows of every sequence
   const int32_t* lengths;       // (B)
   float* partial_out;           // (B, splits, H, Dc) unnormalised sum_s p_s c_s
   float* partial_ml;            // (B, splits, H, 2) running max m and sum l
@@ -106,9 +143,12 @@ __device__ __forceinline__ float WarpSum(float x) {
 }
 
 // One (split, head group, sequence) per block. kCols latent columns per thread: Dc <= 64 kCols.
-template <int kCols>
-__global__ void __launch_bounds__(kThreads) LatentDecodeSplitKernel(SplitArgs a) {
-  extern __shared__ float smem[];
+template <int kCols, typename Rows>
+__global__ void __launch_bounds__(kThreads) LatentDecodeSplitKernel(SplitArgs<Rows> a) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  const float** latent_row_s = reinterpret_cast<const float**>(smem_bytes);  // (kTile)
+  const float** rope_row_s = latent_row_s + kTile;                           // (kTile)
+  float* smem = reinterpret_cast<float*>(smem_bytes + kRowAddressBytes);
   const int dc = a.latent_dim;
   const int dr = a.rope_dim;
   const int width = dc + dr;
@@ -168,14 +208,16 @@ __global__ void __launch_bounds__(kThreads) LatentDecodeSplitKernel(SplitArgs a)
   for (int64_t tile = begin; tile < end; tile += kTile) {
     const int valid = end - tile < kTile ? static_cast<int>(end - tile) : kTile;
     __syncthreads();  // the previous tile's c_s and p_s are no longer read (and q_s is stored)
+    if (tid < valid) {
+      latent_row_s[tid] = a.rows.Latent(b, tile + tid);
+      rope_row_s[tid] = a.rows.Rope(b, tile + tid);
+    }
+    __syncthreads();
     for (int idx = tid; idx < kTile * width; idx += kThreads) {
       const int s = idx / width;
       const int d = idx - s * width;
       float value = 0.0f;
-      if (s < valid) {
-        const int64_t row = b * a.capacity + tile + s;
-        value = d < dc ? a.latent[row * dc + d] : a.rope_key[row * dr + (d - dc)];
-      }
+      if (s < valid) value = d < dc ? latent_row_s[s][d] : rope_row_s[s][d - dc];
       c_s[s * ld + d] = value;
     }
     __syncthreads();
@@ -336,33 +378,20 @@ size_t LatentAttentionDecodeWorkspaceBytes(const LatentAttentionDecodeDims& dims
   return sizeof(float) * static_cast<size_t>(rows * (dims.latent_dim + 2));
 }
 
-Status LatentAttentionDecode(const LatentAttentionDecodeDims& dims, const float* absorbed_query,
-                             const float* rope_query, const float* latent,
-                             const float* rope_key, const int32_t* lengths, float* output,
-                             float* lse, void* workspace, size_t workspace_bytes,
-                             void* stream) {
-  STRIDER_RETURN_IF_ERROR(CheckDims(dims));
-  if (dims.batch == 0 || dims.heads == 0) return Status::Ok();
-  const size_t needed = LatentAttentionDecodeWorkspaceBytes(dims);
-  if (workspace_bytes < needed) {
-    return Status::InvalidArgument("latent attention decode: workspace of " +
-                                   std::to_string(workspace_bytes) + " bytes, " +
-                                   std::to_string(needed) + " needed");
-  }
-  const bool has_rope = dims.rope_dim > 0;
-  if (absorbed_query == nullptr || latent == nullptr || lengths == nullptr ||
-      output == nullptr || workspace == nullptr ||
-      (has_rope && (rope_query == nullptr || rope_key == nullptr))) {
-    return Status::InvalidArgument("latent attention decode: a device pointer is null");
-  }
+namespace {
 
+// Both launchers after their own checks: dims are valid, the workspace is large enough and
+// there is work to do.
+template <typename Rows>
+Status LaunchDecode(const LatentAttentionDecodeDims& dims, const float* absorbed_query,
+                    const float* rope_query, const Rows& rows, const int32_t* lengths,
+                    float* output, float* lse, void* workspace, void* stream) {
   const SplitPlan plan = PlanSplits(dims);
   const int64_t partial_rows = dims.batch * plan.splits * dims.heads;
-  SplitArgs args;
+  SplitArgs<Rows> args;
   args.absorbed_query = absorbed_query;
   args.rope_query = rope_query;
-  args.latent = latent;
-  args.rope_key = rope_key;
+  args.rows = rows;
   args.lengths = lengths;
   args.partial_out = static_cast<float*>(workspace);
   args.partial_ml = args.partial_out + partial_rows * dims.latent_dim;
@@ -401,9 +430,9 @@ Status LatentAttentionDecode(const LatentAttentionDecodeDims& dims, const float*
     return LaunchStatus("latent attention decode split kernel launch");
   };
   if (dims.latent_dim <= 8 * kColumnThreads) {
-    STRIDER_RETURN_IF_ERROR(launch(LatentDecodeSplitKernel<8>));
+    STRIDER_RETURN_IF_ERROR(launch(LatentDecodeSplitKernel<8, Rows>));
   } else {
-    STRIDER_RETURN_IF_ERROR(launch(LatentDecodeSplitKernel<16>));
+    STRIDER_RETURN_IF_ERROR(launch(LatentDecodeSplitKernel<16, Rows>));
   }
 
   LatentDecodeCombineKernel<<<dim3(static_cast<unsigned>(dims.heads),
@@ -411,6 +440,86 @@ Status LatentAttentionDecode(const LatentAttentionDecodeDims& dims, const float*
                               kCombineThreads, 0, cuda_stream>>>(
       args.partial_out, args.partial_ml, args.heads, args.latent_dim, plan.splits, output, lse);
   return LaunchStatus("latent attention decode combine kernel launch");
+}
+
+Status CheckWorkspace(const LatentAttentionDecodeDims& dims, size_t workspace_bytes) {
+  const size_t needed = LatentAttentionDecodeWorkspaceBytes(dims);
+  if (workspace_bytes < needed) {
+    return Status::InvalidArgument("latent attention decode: workspace of " +
+                                   std::to_string(workspace_bytes) + " bytes, " +
+                                   std::to_string(needed) + " needed");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status LatentAttentionDecode(const LatentAttentionDecodeDims& dims, const float* absorbed_query,
+                             const float* rope_query, const float* latent,
+                             const float* rope_key, const int32_t* lengths, float* output,
+                             float* lse, void* workspace, size_t workspace_bytes,
+                             void* stream) {
+  STRIDER_RETURN_IF_ERROR(CheckDims(dims));
+  if (dims.batch == 0 || dims.heads == 0) return Status::Ok();
+  STRIDER_RETURN_IF_ERROR(CheckWorkspace(dims, workspace_bytes));
+  const bool has_rope = dims.rope_dim > 0;
+  if (absorbed_query == nullptr || latent == nullptr || lengths == nullptr ||
+      output == nullptr || workspace == nullptr ||
+      (has_rope && (rope_query == nullptr || rope_key == nullptr))) {
+    return Status::InvalidArgument("latent attention decode: a device pointer is null");
+  }
+  ContiguousRows rows;
+  rows.latent = latent;
+  rows.rope_key = has_rope ? rope_key : nullptr;
+  rows.capacity = dims.capacity;
+  rows.latent_dim = static_cast<int>(dims.latent_dim);
+  rows.rope_dim = static_cast<int>(dims.rope_dim);
+  return LaunchDecode(dims, absorbed_query, rope_query, rows, lengths, output, lse, workspace,
+                      stream);
+}
+
+Status LatentAttentionDecodePaged(const LatentAttentionDecodeDims& dims,
+                                  const float* absorbed_query, const float* rope_query,
+                                  const LatentAttentionPagedCache& cache,
+                                  const int32_t* lengths, float* output, float* lse,
+                                  void* workspace, size_t workspace_bytes, void* stream) {
+  STRIDER_RETURN_IF_ERROR(CheckDims(dims));
+  auto bad = [](const std::string& what) {
+    return Status::InvalidArgument("paged latent attention decode: " + what);
+  };
+  if (cache.page_rows < 1 || cache.max_pages < 0) {
+    return bad("page_rows must be >= 1 and max_pages >= 0");
+  }
+  if (cache.max_pages * cache.page_rows != dims.capacity) {
+    return bad("capacity " + std::to_string(dims.capacity) + " is not max_pages x page_rows = " +
+               std::to_string(cache.max_pages) + " x " + std::to_string(cache.page_rows));
+  }
+  const bool has_rope = dims.rope_dim > 0;
+  if (cache.latent_row_stride < dims.latent_dim ||
+      (has_rope && cache.rope_row_stride < dims.rope_dim)) {
+    return bad("a row stride is shorter than its part (latent " +
+               std::to_string(cache.latent_row_stride) + " < " +
+               std::to_string(dims.latent_dim) + " or rope " +
+               std::to_string(cache.rope_row_stride) + " < " + std::to_string(dims.rope_dim) +
+               ")");
+  }
+  if (dims.batch == 0 || dims.heads == 0) return Status::Ok();
+  STRIDER_RETURN_IF_ERROR(CheckWorkspace(dims, workspace_bytes));
+  if (absorbed_query == nullptr || lengths == nullptr || output == nullptr ||
+      workspace == nullptr || (dims.capacity > 0 && cache.latent_pages == nullptr) ||
+      (has_rope && (rope_query == nullptr ||
+                    (dims.capacity > 0 && cache.rope_pages == nullptr)))) {
+    return bad("a device pointer is null");
+  }
+  PagedRows rows;
+  rows.latent_pages = cache.latent_pages;
+  rows.rope_pages = has_rope ? cache.rope_pages : nullptr;
+  rows.max_pages = cache.max_pages;
+  rows.page_rows = cache.page_rows;
+  rows.latent_row_stride = cache.latent_row_stride;
+  rows.rope_row_stride = cache.rope_row_stride;
+  return LaunchDecode(dims, absorbed_query, rope_query, rows, lengths, output, lse, workspace,
+                      stream);
 }
 
 }  // namespace strider::kernels::cuda
