@@ -43,7 +43,9 @@ void ReadModel(ConfigReader& model, ModelConfig* config) {
   model.Required("layers", &config->layers);
   model.Optional("layer_pattern", &config->layer_pattern);
   model.Optional("last_layer", &config->last_layer);
+  model.Optional("attention_residuals", &config->attention_residuals);
   model.Optional("residual_block", &config->residual_block);
+  model.Optional("tie_embeddings", &config->tie_embeddings);
   model.Optional("context", &config->context);
   model.Optional("init_std", &config->init_std);
   model.Optional("norm_epsilon", &config->norm_epsilon);

@@ -109,7 +109,13 @@ struct ModelConfig {
   // (the reference ends with two latent layers: ...IIIG G).
   std::string layer_pattern = "IIIG";
   std::string last_layer;          // "", "I" or "G"
+  // Attention residuals (docs/model_math.md#attention-residuals): every sublayer reads a
+  // learned mix of the earlier outputs, sealed in blocks of `residual_block` layers. false: plain
+  // residual connections, h <- h + sublayer(norm(h)), and no residual_queries (Kimi Linear).
+  bool attention_residuals = true;
   int64_t residual_block = 2;      // attention residuals: layers per block
+  // The output head reuses the embedding table (logits = h E^T) instead of its own `output`.
+  bool tie_embeddings = false;
   int64_t context = 4096;          // longest sequence the model is meant for
   double init_std = 0.02;
   double norm_epsilon = 1e-6;

@@ -39,7 +39,7 @@ struct Model::Layers {
     model::SparseExpertWeights experts;
   };
   at::Tensor embedding;         // (V, d)
-  at::Tensor residual_queries;  // (2L+1, d)
+  at::Tensor residual_queries;  // (2L+1, d); undefined with plain residuals
   at::Tensor final_norm;        // (d)
   at::Tensor output;            // (V, d)
   at::Tensor value_weight;      // (1, d)
@@ -433,9 +433,12 @@ void Model::Bind() {
   for (auto& [name, tensor] : tensors_) tensor = map.at(name);
   auto layers = std::make_unique<Layers>();
   layers->embedding = model::Lookup(map, "embedding");
-  layers->residual_queries = model::Lookup(map, "residual_queries");
+  if (config_.attention_residuals) {
+    layers->residual_queries = model::Lookup(map, "residual_queries");
+  }
   layers->final_norm = model::Lookup(map, "final_norm");
-  layers->output = model::Lookup(map, "output");
+  // Tied: the head reads the embedding table itself, so an optimiser step updates both.
+  layers->output = model::Lookup(map, config_.tie_embeddings ? "embedding" : "output");
   layers->value_weight = model::Lookup(map, "value_head.weight");
   layers->value_bias = model::Lookup(map, "value_head.bias");
   if (config_.vision.enabled) layers->vision = model::VisionWeights::Bind(map, "vision.");
@@ -556,14 +559,21 @@ ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
     x = x.index_put({at::cat(rows), at::cat(columns)}, at::cat(vectors).to(x.scalar_type()));
   }
 
+  // With attention residuals each sublayer reads a learned mix of the earlier outputs; with
+  // plain residuals (attention_residuals: false) `stream` carries the running sum instead.
+  const bool mixed = config_.attention_residuals;
   model::ResidualSources sources(x);
+  at::Tensor stream = x;
   ForwardOutput out;
   int64_t sparse_index = 0;
   const int64_t block = config_.residual_block;
   for (int64_t i = 0; i < config_.layers; ++i) {
     const Layers::Layer& layer = w.layers[i];
-    at::Tensor h = i == 0 ? x : model::ReadResidual(sources, w.residual_queries[2 * i], epsilon);
-    if (i % block == 0) sources.Seal();
+    at::Tensor h = stream;
+    if (mixed) {
+      h = i == 0 ? x : model::ReadResidual(sources, w.residual_queries[2 * i], epsilon);
+      if (i % block == 0) sources.Seal();
+    }
     at::Tensor normed = model::RmsNorm(h, layer.attention_norm, epsilon);
     at::Tensor attention;
     if (layer.kind == 'I') {
@@ -588,8 +598,13 @@ ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
               ? model::LatentAttentionForm::kAbsorbed
               : model::LatentAttentionForm::kExplicit);
     }
-    sources.Add(attention);
-    h = model::ReadResidual(sources, w.residual_queries[2 * i + 1], epsilon);
+    if (mixed) {
+      sources.Add(attention);
+      h = model::ReadResidual(sources, w.residual_queries[2 * i + 1], epsilon);
+    } else {
+      stream = stream + attention;
+      h = stream;
+    }
     normed = model::RmsNorm(h, layer.feed_forward_norm, epsilon);
     at::Tensor feed_forward;
     if (layer.sparse) {
@@ -621,10 +636,15 @@ ForwardOutput Model::Run(const ModelInput& input, InferenceState* state,
     } else {
       feed_forward = model::DenseFeedForward(layer.dense, config_.feed_forward, normed);
     }
-    sources.Add(feed_forward);
+    if (mixed) {
+      sources.Add(feed_forward);
+    } else {
+      stream = stream + feed_forward;
+    }
   }
   at::Tensor final_read =
-      model::ReadResidual(sources, w.residual_queries[2 * config_.layers], epsilon);
+      mixed ? model::ReadResidual(sources, w.residual_queries[2 * config_.layers], epsilon)
+            : stream;
   if (options.last_position_only) final_read = final_read.narrow(1, length - 1, 1);
   at::Tensor final_hidden = model::RmsNorm(final_read, w.final_norm, epsilon);
   out.logits = model::Linear(final_hidden, w.output);

@@ -37,7 +37,9 @@ std::vector<ParameterSpec> ModelParameterSpecs(const ModelConfig& c) {
   }
   // Pseudo-queries of the attention-residual reads: two per layer and the final one. Zero at
   // start, so every read begins as a uniform average of its sources.
-  add("residual_queries", {2 * c.layers + 1, d}, "attention_residuals", ParameterInit::kZeros);
+  if (c.attention_residuals) {
+    add("residual_queries", {2 * c.layers + 1, d}, "attention_residuals", ParameterInit::kZeros);
+  }
 
   const std::vector<char> kinds = c.LayerKinds();
   for (int64_t i = 0; i < c.layers; ++i) {
@@ -120,7 +122,7 @@ std::vector<ParameterSpec> ModelParameterSpecs(const ModelConfig& c) {
     }
   }
   add("final_norm", {d}, "norms", ParameterInit::kOnes);
-  add("output", {c.vocabulary, d}, "output");
+  if (!c.tie_embeddings) add("output", {c.vocabulary, d}, "output");
   add("value_head.weight", {1, d}, "value_head");
   add("value_head.bias", {1}, "value_head", ParameterInit::kZeros);
   return specs;
