@@ -20,8 +20,9 @@ import sys
 # components it may include and link directly. Folders are matched longest first.
 DEPENDS_ON = {
     'common': [],
-    'common/kernels': ['common'],
-    'common/kernels/cuda': ['common', 'common/kernels'],
+    # The raw CUDA kernels sit below the ATen ones: decode on a GPU calls them with tensor data.
+    'common/kernels': ['common', 'common/kernels/cuda'],
+    'common/kernels/cuda': ['common'],
     'common/schema': ['common'],
     'common/transport': ['common', 'common/schema'],
     'common/model': ['common', 'common/kernels'],

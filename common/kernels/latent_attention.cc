@@ -8,6 +8,9 @@
 #include <limits>
 
 #include "common/kernels/latent_attention_prefill.h"
+#if defined(STRIDER_CUDA_DECODE)
+#include "common/kernels/latent_attention_cuda.h"
+#endif
 
 namespace strider::kernels {
 namespace {
@@ -343,6 +346,14 @@ at::Tensor LatentAttentionOverPages(const at::Tensor& query, const LatentAttenti
 at::Tensor LatentAttentionDecode(const at::Tensor& query, const LatentAttentionPages& pages,
                                  const at::Tensor& new_latent, const at::Tensor& new_rope_key) {
   CheckArguments(query, pages, new_latent, new_rope_key);
+#if defined(STRIDER_CUDA_DECODE)
+  // On a GPU the paged CUDA kernel reads every page in one launch (docs/cuda.md); the tile
+  // kernel below would launch ATen operations per page.
+  if (query.is_cuda()) {
+    at::Tensor out = internal::LatentAttentionDecodeCuda(query, pages, new_latent, new_rope_key);
+    if (out.defined()) return out;
+  }
+#endif
   // The loop kernel reads the rows through host pointers.
   if (!query.device().is_cpu()) return TileKernel(query, pages, new_latent, new_rope_key);
   return query.scalar_type() == at::kDouble
