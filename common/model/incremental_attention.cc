@@ -24,7 +24,13 @@ IncrementalAttentionWeights IncrementalAttentionWeights::Bind(const TensorMap& t
   w.decay_log_scale = Lookup(t, p + "decay_log_scale");
   if (auto it = t.find(p + "joined_input"); it != t.end()) w.joined_input = it->second;
   w.output_norm = Lookup(t, p + "output_norm");
-  w.gate = Lookup(t, p + "gate");
+  // A low-rank output gate (gate_rank > 0) replaces the full-rank one.
+  if (t.count(p + "gate_down") > 0) {
+    w.gate_down = Lookup(t, p + "gate_down");
+    w.gate_up = Lookup(t, p + "gate_up");
+  } else {
+    w.gate = Lookup(t, p + "gate");
+  }
   w.output = Lookup(t, p + "output");
   return w;
 }
@@ -43,14 +49,27 @@ IncrementalAttentionState IncrementalAttentionState::Zeros(const IncrementalAtte
   return state;
 }
 
+namespace {
+
+// exp(A_h) broadcast over the head's Dk channels: (H*Dk). Expanded, not repeat_interleave'd:
+// that sizes its output from a tensor of repeats, read on the host (a sync per layer on a GPU).
+at::Tensor HeadScale(const at::Tensor& decay_log_scale, int64_t heads, int64_t width) {
+  const int64_t key_dim = width / heads;
+  return at::exp(decay_log_scale.reshape({heads})).unsqueeze(-1).expand({heads, key_dim})
+      .reshape({-1});
+}
+
+}  // namespace
+
 at::Tensor DecayGate(const at::Tensor& z, const at::Tensor& decay_log_scale, int64_t heads,
                      double min_log_decay) {
-  const int64_t key_dim = z.size(-1) / heads;
-  // exp(A_h) broadcast over the head's Dk channels. Expanded, not repeat_interleave'd: that
-  // sizes its output from a tensor of repeats, read on the host (a sync per layer on a GPU).
-  at::Tensor scale =
-      at::exp(decay_log_scale).unsqueeze(-1).expand({heads, key_dim}).reshape({-1});  // (H*Dk)
-  return min_log_decay * at::sigmoid(scale * z);
+  return min_log_decay * at::sigmoid(HeadScale(decay_log_scale, heads, z.size(-1)) * z);
+}
+
+at::Tensor SoftplusDecayGate(const at::Tensor& z, const at::Tensor& decay_log_scale,
+                             int64_t heads) {
+  // Threshold 20 as torch's default and the published kernels: above it softplus(z) = z.
+  return -HeadScale(decay_log_scale, heads, z.size(-1)) * at::softplus(z, 1, 20);
 }
 
 namespace {
@@ -90,8 +109,9 @@ at::Tensor IncrementalAttentionForward(const IncrementalAttentionWeights& w,
 
   // q, k, v projections share one convolution call: their channels are concatenated so the
   // state keeps one tail.
+  const at::Tensor& gate_input = w.gate.defined() ? w.gate : w.gate_down;
   const std::vector<at::Tensor> inputs = LinearParts(
-      x, w.joined_input, {&w.query, &w.key, &w.value, &w.gate, &w.beta, &w.decay_down});
+      x, w.joined_input, {&w.query, &w.key, &w.value, &gate_input, &w.beta, &w.decay_down});
   at::Tensor projected = at::cat({inputs[0], inputs[1], inputs[2]}, -1);
   at::Tensor conv_weight = at::cat({w.query_conv, w.key_conv, w.value_conv}, 0);
   at::Tensor tail = state != nullptr
@@ -112,7 +132,10 @@ at::Tensor IncrementalAttentionForward(const IncrementalAttentionWeights& w,
 
   at::Tensor beta = at::sigmoid(inputs[4]).transpose(1, 2);  // (B, H, T)
   at::Tensor z = Linear(inputs[5], w.decay_up) + w.decay_bias;
-  at::Tensor g = SplitHeads(DecayGate(z, w.decay_log_scale, c.heads, c.min_log_decay), c.heads);
+  at::Tensor g = SplitHeads(c.decay_gate == "softplus"
+                                ? SoftplusDecayGate(z, w.decay_log_scale, c.heads)
+                                : DecayGate(z, w.decay_log_scale, c.heads, c.min_log_decay),
+                            c.heads);
   if (trace != nullptr) {
     trace->log_decay = g;
     trace->beta = beta;
@@ -142,8 +165,10 @@ at::Tensor IncrementalAttentionForward(const IncrementalAttentionWeights& w,
   }
 
   at::Tensor o = result.output.to(x.scalar_type()).transpose(1, 2);  // (B, T, H, Dv)
-  o = RmsNorm(o, w.output_norm, norm_epsilon).reshape({batch, length, hv});
-  o = at::sigmoid(inputs[3]) * o;
+  const double output_epsilon = c.output_norm_epsilon > 0 ? c.output_norm_epsilon : norm_epsilon;
+  o = RmsNorm(o, w.output_norm, output_epsilon).reshape({batch, length, hv});
+  const at::Tensor gate = w.gate.defined() ? inputs[3] : Linear(inputs[3], w.gate_up);
+  o = at::sigmoid(gate) * o;
   return Linear(o, w.output);
 }
 

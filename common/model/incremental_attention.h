@@ -29,10 +29,12 @@ struct IncrementalAttentionWeights {
   at::Tensor decay_bias;       // (H*Dk)
   at::Tensor decay_log_scale;  // (H) A_h, exp(A_h) scales the gate's input
   at::Tensor output_norm;      // (Dv) RMSNorm weight shared by heads
-  at::Tensor gate;             // (H*Dv, d)
+  at::Tensor gate;             // (H*Dv, d) full rank, or undefined when low rank:
+  at::Tensor gate_down;        // (r, d)     gate_rank > 0
+  at::Tensor gate_up;          // (H*Dv, r)
   at::Tensor output;           // (d, H*Dv)
-  // query, key, value, gate, beta, decay_down as row blocks of one matrix (Model::Bind), or
-  // undefined: what inference multiplies x by.
+  // query, key, value, gate (or gate_down), beta, decay_down as row blocks of one matrix
+  // (Model::Bind), or undefined: what inference multiplies x by.
   at::Tensor joined_input;
 
   static IncrementalAttentionWeights Bind(const TensorMap& tensors, const std::string& prefix);
@@ -63,5 +65,9 @@ at::Tensor IncrementalAttentionForward(const IncrementalAttentionWeights& weight
 // g = g_min * sigmoid(exp(A_h) * z), z: (B, T, H*Dk), A: (H). Returns (B, T, H*Dk).
 at::Tensor DecayGate(const at::Tensor& z, const at::Tensor& decay_log_scale, int64_t heads,
                      double min_log_decay);
+
+// g = -exp(A_h) * softplus(z) (decay_gate: softplus), same shapes as DecayGate.
+at::Tensor SoftplusDecayGate(const at::Tensor& z, const at::Tensor& decay_log_scale,
+                             int64_t heads);
 
 }  // namespace strider::model

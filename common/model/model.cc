@@ -410,8 +410,9 @@ void Model::Bind() {
     const std::string prefix = "layers." + std::to_string(i) + ".";
     if (layer_kinds[i] == 'I') {
       const std::string p = prefix + "incremental.";
+      const std::string gate = config_.incremental.gate_rank > 0 ? "gate_down" : "gate";
       map[p + "joined_input"] = model::JoinRows(
-          &map, {p + "query", p + "key", p + "value", p + "gate", p + "beta", p + "decay_down"});
+          &map, {p + "query", p + "key", p + "value", p + gate, p + "beta", p + "decay_down"});
     } else {
       const std::string p = prefix + "latent.";
       map[p + "joined_input"] =
