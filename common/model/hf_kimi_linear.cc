@@ -20,12 +20,15 @@ int64_t MlaQuery(const C& c) {
 }
 
 // Why rows do not map yet: each names the configuration option the model lacks.
+// The KDA gates map under incremental_attention's Kimi options (decay_gate: softplus, decay_rank
+// and gate_rank = head_dim; docs/model_math.md#kimi-linears-kda-layer).
 constexpr std::string_view kKdaGate =
-    "KDA decay gate: Kimi computes g = -exp(A_log) softplus(f_b(f_a(x)) + dt_bias), Strider "
-    "g = g_min sigmoid(exp(A) (W_up W_down x + b)); the shapes of f_a/f_b and dt_bias match "
-    "decay_down/decay_up/decay_bias but the function does not";
+    "decay gate with decay_gate: softplus and decay_rank = head_dim: "
+    "g = -exp(A_log) softplus(f_b(f_a(x)) + dt_bias)";
+constexpr std::string_view kKdaLogScale =
+    "decay gate's A_h with decay_gate: softplus; [1, 1, H, 1] reshaped to [H]";
 constexpr std::string_view kKdaOutputGate =
-    "KDA output gate: Kimi's is low rank (g_b_proj g_a_proj), Strider's full rank (gate)";
+    "low-rank output gate with gate_rank = head_dim: sigmoid(g_b_proj g_a_proj x)";
 constexpr std::string_view kMlaQuery =
     "MLA query: q_lora_rank is null, a full-rank q_proj; Strider's latent attention always "
     "compresses the query (query_down, query_norm, query_up)";
@@ -63,20 +66,23 @@ const std::vector<KimiTensorRule>& Table() {
        [](const C& c) { return Shape{Projection(c), 1, c.kda_conv_width}; },
        "[P, 1, w] reshaped to [P, w]"},
       {KimiPart::kKda, "model.layers.{L}.self_attn.A_log", "layers.{L}.incremental.decay_log_scale",
-       false, "kda_attention", [](const C& c) { return Shape{1, 1, c.kda_heads, 1}; }, kKdaGate},
+       true, "kda_attention", [](const C& c) { return Shape{1, 1, c.kda_heads, 1}; },
+       kKdaLogScale},
       {KimiPart::kKda, "model.layers.{L}.self_attn.f_a_proj.weight",
-       "layers.{L}.incremental.decay_down", false, "kda_attention",
+       "layers.{L}.incremental.decay_down", true, "kda_attention",
        [](const C& c) { return Shape{c.kda_head_dim, c.hidden_size}; }, kKdaGate},
       {KimiPart::kKda, "model.layers.{L}.self_attn.f_b_proj.weight",
-       "layers.{L}.incremental.decay_up", false, "kda_attention",
+       "layers.{L}.incremental.decay_up", true, "kda_attention",
        [](const C& c) { return Shape{Projection(c), c.kda_head_dim}; }, kKdaGate},
       {KimiPart::kKda, "model.layers.{L}.self_attn.dt_bias", "layers.{L}.incremental.decay_bias",
-       false, "kda_attention", [](const C& c) { return Shape{Projection(c)}; }, kKdaGate},
+       true, "kda_attention", [](const C& c) { return Shape{Projection(c)}; }, kKdaGate},
       {KimiPart::kKda, "model.layers.{L}.self_attn.b_proj.weight", "layers.{L}.incremental.beta",
        true, "kda_attention", [](const C& c) { return Shape{c.kda_heads, c.hidden_size}; }, ""},
-      {KimiPart::kKda, "model.layers.{L}.self_attn.g_a_proj.weight", "", false, "kda_attention",
+      {KimiPart::kKda, "model.layers.{L}.self_attn.g_a_proj.weight",
+       "layers.{L}.incremental.gate_down", true, "kda_attention",
        [](const C& c) { return Shape{c.kda_head_dim, c.hidden_size}; }, kKdaOutputGate},
-      {KimiPart::kKda, "model.layers.{L}.self_attn.g_b_proj.weight", "", false, "kda_attention",
+      {KimiPart::kKda, "model.layers.{L}.self_attn.g_b_proj.weight",
+       "layers.{L}.incremental.gate_up", true, "kda_attention",
        [](const C& c) { return Shape{Projection(c), c.kda_head_dim}; }, kKdaOutputGate},
       {KimiPart::kKda, "model.layers.{L}.self_attn.o_norm.weight",
        "layers.{L}.incremental.output_norm", true, "kda_attention",
@@ -331,7 +337,9 @@ const std::vector<KimiTensorRule>& KimiLinearTensorTable() { return Table(); }
 const std::vector<StriderOnlyParameter>& StriderParametersWithoutKimiCounterpart() {
   static const auto* list = new std::vector<StriderOnlyParameter>{
       {"residual_queries", "attention residuals: Kimi Linear has plain residual connections"},
-      {"layers.{L}.incremental.gate", kKdaOutputGate},
+      {"layers.{L}.incremental.gate",
+       "a full-rank KDA output gate (gate_rank: 0): Kimi Linear's is low rank (gate_rank: "
+       "head_dim)"},
       {"layers.{L}.latent.gate",
        "MLA output gate: Kimi Linear has none (mla_use_output_gate is a Kimi K3 field)"},
       {"layers.{L}.latent.query_down, query_norm, query_up", kMlaQuery},
