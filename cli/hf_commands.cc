@@ -1,14 +1,17 @@
-// `strider model info --from-hf`, `model import --from-hf` and `model export --from-hf --to-hf`.
+// `strider model info --from-hf`, `model import --from-hf`, `model export ... --to-hf` and the
+// checkpoint loading behind `model eval --from-hf`.
 #include "cli/hf_commands.h"
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "cli/commands.h"
 #include "common/model/hf_checkpoint.h"
+#include "common/model/model.h"
 #include "common/process_memory.h"
 
 namespace strider::cli {
@@ -89,25 +92,64 @@ Status PrintHfModelInfo(const std::string& directory, int64_t expert_parallel) {
   return Status::Ok();
 }
 
+Result<std::unique_ptr<Model>> LoadHfModel(const std::string& directory,
+                                            const std::string& device, ModelConfig* config) {
+  STRIDER_ASSIGN_OR_RETURN(HfModelWeights loaded, LoadHfCheckpoint(directory, DType::kF32));
+  if (!device.empty()) loaded.config.device = device;
+  *config = loaded.config;
+  return Model::LoadFromBytes(loaded.config, loaded.weights, directory);
+}
+
 void AddHfModelCommands(CLI::App* model, int& exit_code) {
   // model export
   struct ExportArgs {
-    std::string from_hf, to_hf;
+    std::string from_hf, to_hf, config, hf_layout;
+    std::vector<std::string> weights;
   };
   auto export_args = std::make_shared<ExportArgs>();
   CLI::App* exporter = model->add_subcommand(
       "export", "Write a checkpoint in the Hugging Face layout, streaming shard by shard");
-  exporter->add_option("--from-hf", export_args->from_hf, "Hugging Face checkpoint directory")
-      ->required();
+  auto* from_hf = exporter->add_option("--from-hf", export_args->from_hf,
+                                       "Hugging Face checkpoint directory (rewritten as it is)");
+  auto* config = exporter->add_option("--config", export_args->config,
+                                      "Strider model config (an import's model.yaml)");
+  exporter
+      ->add_option("--weights", export_args->weights,
+                   "Strider weights: one file, or every rank's model.safetensors of an "
+                   "expert-parallel learner checkpoint")
+      ->needs(config);
+  exporter
+      ->add_option("--hf-layout", export_args->hf_layout,
+                   "The published layout an import recorded (default: hf/ beside --config)")
+      ->needs(config);
+  from_hf->excludes(config);
   exporter->add_option("--to-hf", export_args->to_hf, "Output directory")->required();
   exporter->callback([export_args, &exit_code] {
     auto run = [&]() -> Status {
       ResetPeakResident();
-      STRIDER_ASSIGN_OR_RETURN(HfCheckpoint checkpoint, OpenChecked(export_args->from_hf, true));
-      STRIDER_ASSIGN_OR_RETURN(HfExportReport report,
-                               ExportHfCheckpoint(checkpoint, export_args->to_hf));
+      HfExportReport report;
       Json json;
-      json["from_hf"] = export_args->from_hf;
+      if (!export_args->from_hf.empty()) {
+        STRIDER_ASSIGN_OR_RETURN(HfCheckpoint checkpoint, OpenChecked(export_args->from_hf, true));
+        STRIDER_ASSIGN_OR_RETURN(report, ExportHfCheckpoint(checkpoint, export_args->to_hf));
+        json["from_hf"] = export_args->from_hf;
+      } else if (!export_args->config.empty()) {
+        if (export_args->weights.empty()) {
+          return Status::InvalidArgument("model export: --config needs --weights");
+        }
+        STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(export_args->config));
+        const std::string layout =
+            !export_args->hf_layout.empty()
+                ? export_args->hf_layout
+                : std::filesystem::path(export_args->config).parent_path().append("hf").string();
+        STRIDER_ASSIGN_OR_RETURN(report, ExportStriderWeightsToHf(config, export_args->weights,
+                                                                  layout, export_args->to_hf));
+        json["config"] = export_args->config;
+        json["weights"] = export_args->weights;
+        json["hf_layout"] = layout;
+      } else {
+        return Status::InvalidArgument("model export: give --from-hf DIR or --config F --weights W");
+      }
       json["to_hf"] = export_args->to_hf;
       json["shards"] = report.shards;
       json["tensors"] = report.tensors;
@@ -122,20 +164,34 @@ void AddHfModelCommands(CLI::App* model, int& exit_code) {
 
   // model import
   struct ImportArgs {
-    std::string from_hf, out;
+    std::string from_hf, out, dtype = "float32";
   };
   auto import_args = std::make_shared<ImportArgs>();
   CLI::App* importer = model->add_subcommand(
-      "import", "Check a Hugging Face checkpoint and convert it to Strider's config and weights");
+      "import", "Convert a Hugging Face checkpoint to Strider's config and weights, streaming");
   importer->add_option("--from-hf", import_args->from_hf, "Hugging Face checkpoint directory")
       ->required();
   importer->add_option("--out", import_args->out, "Output directory")->required();
+  importer->add_option("--dtype", import_args->dtype, "float32 (default) or float64")
+      ->check(CLI::IsMember({"float32", "float64"}));
   importer->callback([import_args, &exit_code] {
     auto run = [&]() -> Status {
-      STRIDER_ASSIGN_OR_RETURN(HfCheckpoint checkpoint, OpenChecked(import_args->from_hf, true));
-      // Refuses by name every published tensor whose computation the model cannot express yet
-      // (common/model/hf_kimi_linear.cc), so no conversion is guessed.
-      return PlanKimiLinearImport(checkpoint.config).status();
+      ResetPeakResident();
+      STRIDER_ASSIGN_OR_RETURN(
+          HfImportReport report,
+          ImportHfCheckpoint(import_args->from_hf, import_args->out,
+                             import_args->dtype == "float64" ? DType::kF64 : DType::kF32));
+      Json json;
+      json["from_hf"] = import_args->from_hf;
+      json["config"] = report.config_path;
+      json["weights"] = report.weights_path;
+      json["hf_layout"] = report.layout_directory;
+      json["parameters"] = report.parameters;
+      json["published_tensors"] = report.published_tensors;
+      json["weight_bytes"] = report.weight_bytes;
+      json["peak_resident_bytes"] = PeakResidentBytes();
+      std::cout << json.dump(2) << std::endl;
+      return Status::Ok();
     };
     if (Status status = run(); !status.ok()) exit_code = ReportError(status);
   });

@@ -201,13 +201,16 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
 
   // model eval
   struct EvalArgs {
-    std::string config, weights, tokens, text, path = "inference", dtype, device;
+    std::string config, weights, from_hf, tokens, text, path = "inference", dtype, device;
     int64_t chunk = 0;
   };
   auto eval_args = std::make_shared<EvalArgs>();
   CLI::App* eval = model->add_subcommand("eval", "Per-token log-probabilities as JSON");
-  eval->add_option("--config", eval_args->config, "Model config YAML")->required();
-  eval->add_option("--weights", eval_args->weights, "Weights (.safetensors)")->required();
+  auto* eval_config = eval->add_option("--config", eval_args->config, "Model config YAML");
+  eval->add_option("--weights", eval_args->weights, "Weights (.safetensors)")->needs(eval_config);
+  eval->add_option("--from-hf", eval_args->from_hf,
+                   "Hugging Face checkpoint directory, converted in memory (fp32)")
+      ->excludes(eval_config);
   auto* tokens_option = eval->add_option(
       "--tokens", eval_args->tokens, "Token ids: \"1,2,3\" or @file with ids");
   eval->add_option("--text", eval_args->text, "Text, encoded with the byte-level tokenizer")
@@ -224,8 +227,15 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
                    "cpu, cuda or cuda:N (default: the config's device:, else cpu)");
   eval->callback([eval_args, &exit_code] {
     auto run = [&]() -> Status {
-      STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(eval_args->config));
-      STRIDER_RETURN_IF_ERROR(ApplyDevice(eval_args->device, &config));
+      const bool from_hf = !eval_args->from_hf.empty();
+      if (!from_hf && (eval_args->config.empty() || eval_args->weights.empty())) {
+        return Status::InvalidArgument("model eval: give --config and --weights, or --from-hf");
+      }
+      ModelConfig config;
+      if (!from_hf) {
+        STRIDER_ASSIGN_OR_RETURN(config, LoadModelConfig(eval_args->config));
+        STRIDER_RETURN_IF_ERROR(ApplyDevice(eval_args->device, &config));
+      }
       ConfigureRuntime(config.threads);
       std::vector<int64_t> ids;
       if (!eval_args->text.empty()) {
@@ -239,8 +249,12 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
       if (eval_args->chunk > 0 && eval_args->path != "inference") {
         return Status::InvalidArgument("--chunk applies to --path inference only");
       }
-      STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                               Model::Load(config, eval_args->weights));
+      std::unique_ptr<Model> model;
+      if (from_hf) {
+        STRIDER_ASSIGN_OR_RETURN(model, LoadHfModel(eval_args->from_hf, eval_args->device, &config));
+      } else {
+        STRIDER_ASSIGN_OR_RETURN(model, Model::Load(config, eval_args->weights));
+      }
       if (eval_args->dtype == "float64") {
         STRIDER_RETURN_IF_ERROR(model->ConvertTo(at::kDouble));
       } else if (eval_args->dtype == "float32") {

@@ -1,8 +1,8 @@
 // A Hugging Face checkpoint directory (config.json, model.safetensors.index.json and its shards,
 // or a single model.safetensors, plus the files that travel with them) read without loading its
 // weights: the figures of `strider model info --from-hf`, the checks every command makes before
-// it trusts the tensors, and the streaming export that rewrites the shards one tensor at a time.
-// No LibTorch here.
+// it trusts the tensors, the streaming import into Strider's config and weights, and the
+// streaming export that writes the shards back one tensor at a time. No LibTorch here.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model/config.h"
 #include "common/model/hf_kimi_linear.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -98,24 +99,89 @@ struct HfExportReport {
 };
 Result<HfExportReport> ExportHfCheckpoint(const HfCheckpoint& checkpoint, const std::string& out);
 
-// One tensor of an import: the published tensor and the Strider parameter it becomes, in the
-// Strider shape (the same elements in the same order: [P, 1, w] convolutions become [P, w]).
+// One Strider parameter of an import: the published tensors it is made of, concatenated in
+// order (a layer's routed experts stack along the first dimension), in the Strider shape. Every
+// conversion Kimi Linear needs keeps the elements in order: [P, 1, w] convolutions become
+// [P, w], A_log [1, 1, H, 1] becomes [H], a shared expert [S, d] becomes [1, S, d]. No published
+// tensor: a Strider parameter the checkpoint does not carry (the learner's value head), written
+// as zeros.
 struct HfImportTensor {
-  std::string hf_name;
+  std::vector<std::string> hf_names;
   std::string strider_name;
   std::vector<int64_t> shape;
 };
 // Writes `tensors` to `path` as one safetensors file in `dtype` (F32 or F64), converting each
-// from its mapped shard a slice at a time and releasing its pages after: memory stays at a slice
+// from its mapped shards a slice at a time and releasing its pages after: memory stays at a slice
 // whatever the checkpoint's size. Refuses a tensor the checkpoint lacks, an element count the
 // Strider shape does not match (both shapes), and a dtype that does not convert (BOOL).
 Status ConvertHfTensors(const HfCheckpoint& checkpoint, const std::vector<HfImportTensor>& tensors,
-                        DType dtype, const std::string& path);
+                        DType dtype, const std::string& path,
+                        const std::map<std::string, std::string>& metadata = {});
+// The same in memory: the safetensors bytes Model::LoadFromBytes reads.
+Result<std::string> ConvertHfTensorsToBytes(const HfCheckpoint& checkpoint,
+                                            const std::vector<HfImportTensor>& tensors,
+                                            DType dtype,
+                                            const std::map<std::string, std::string>& metadata = {});
 
-// What `strider model import --from-hf` can copy today: (published name, Strider name) for every
-// tensor whose row maps. Refuses, naming each published tensor pattern the model cannot express
-// yet and each Strider parameter no published tensor fills, with the reason, rather than guessing.
-Result<std::vector<std::pair<std::string, std::string>>> PlanKimiLinearImport(
-    const KimiLinearConfig& config);
+// Strider's model config for a Kimi Linear config.json: every option set as the serving engines
+// (vLLM, SGLang) compute (docs/models.md#kimi-linear-options). Refuses, by field, what the
+// model does not express: moe_layer_freq other than 1, attention biases, grouped-query MLA
+// (num_key_value_heads != num_attention_heads), rotary MLA (mla_use_nope false), a hidden_act
+// other than silu.
+Result<ModelConfig> KimiLinearModelConfig(const KimiLinearConfig& config);
+
+// What an import writes: the model config, and each Strider parameter (in the parameter table's
+// order) from its published tensors. Refuses, naming each, the published tensor patterns the
+// model cannot express, the Strider parameters no published tensor fills (the value head
+// apart), and any parameter whose published tensors do not hold its elements.
+struct HfImportPlan {
+  ModelConfig model;
+  std::vector<HfImportTensor> tensors;
+};
+Result<HfImportPlan> PlanKimiLinearImport(const KimiLinearConfig& config);
+
+// A checkpoint directory read and converted in memory: the model config and the weights as
+// safetensors bytes in `dtype` (F32 or F64), for Model::LoadFromBytes(config, weights). Checks
+// the tensors against the config first (CheckKimiLinearTensors).
+struct HfModelWeights {
+  ModelConfig config;
+  std::string weights;
+};
+Result<HfModelWeights> LoadHfCheckpoint(const std::string& directory, DType dtype = DType::kF32);
+
+// The model config as the `model:` section LoadModelConfig reads back (every key written).
+std::string ModelConfigYaml(const ModelConfig& config);
+
+// `strider model import`: writes into `out`
+//   model.yaml           the Strider model config (ModelConfigYaml)
+//   weights.safetensors  the weights in `dtype`, streamed tensor by tensor (ConvertHfTensors)
+//   hf/                  what export needs to write the published layout back: config.json, the
+//                        index, every other file of the checkpoint (generation_config.json,
+//                        tokenizer files, ...) as they are, and layout.json, each shard's tensor
+//                        names, dtypes and shapes in file order with its header metadata.
+struct HfImportReport {
+  std::string config_path;
+  std::string weights_path;
+  std::string layout_directory;
+  int64_t parameters = 0;  // Strider tensors written
+  int64_t published_tensors = 0;
+  uint64_t weight_bytes = 0;
+};
+constexpr const char* kHfLayoutFile = "layout.json";
+Result<HfImportReport> ImportHfCheckpoint(const std::string& directory, const std::string& out,
+                                          DType dtype = DType::kF32);
+
+// `strider model export --config F --weights W... --to-hf OUT`: the published layout back from
+// Strider weights, as `layout_directory` (an import's hf/) recorded it: the same shards with the
+// same tensor names, dtypes (cast back from fp32 or fp64; bf16 values come back bit for bit),
+// shapes and header metadata, the index, and the published files copied through. `weights` is
+// one file, or an expert-parallel learner's files, one per rank, each holding its slice of the
+// routed experts (metadata expert_shard); together they must cover every expert. Streams shard
+// by shard and tensor by tensor from the mapped weights. Refuses a model config whose
+// parameters differ from the layout's (named, both shapes), and a tensor no file holds.
+Result<HfExportReport> ExportStriderWeightsToHf(const ModelConfig& model,
+                                                const std::vector<std::string>& weights,
+                                                const std::string& layout_directory,
+                                                const std::string& out);
 
 }  // namespace strider

@@ -113,6 +113,10 @@ const std::vector<KimiTensorRule>& Table() {
          return Shape{c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank};
        },
        ""},
+      {KimiPart::kMlaOutputGate, "model.layers.{L}.self_attn.g_proj.weight",
+       "layers.{L}.latent.gate", true, "mla_attention",
+       [](const C& c) { return Shape{c.num_attention_heads * c.v_head_dim, c.hidden_size}; },
+       "Kimi K3's mla_use_output_gate: o_proj(sigmoid(g_proj x) * attention), Strider's gate"},
       {KimiPart::kMla, "model.layers.{L}.self_attn.o_proj.weight", "layers.{L}.latent.output",
        true, "mla_attention",
        [](const C& c) { return Shape{c.hidden_size, c.num_attention_heads * c.v_head_dim}; }, ""},
@@ -198,6 +202,36 @@ Result<int64_t> Integer(const Json& json, const char* key, const std::string& or
                     origin, key, value.dump()));
   }
   return value.get<int64_t>();
+}
+
+// Optional fields of other types: absent or null takes `fallback`; a mistyped one is refused.
+Result<double> Number(const Json& json, const char* key, const std::string& origin,
+                      double fallback) {
+  if (!json.contains(key) || json[key].is_null()) return fallback;
+  if (!json[key].is_number()) {
+    return Status::InvalidArgument(fmt::format("{}: field '{}' is {}, expected a number", origin,
+                                               key, json[key].dump()));
+  }
+  return json[key].get<double>();
+}
+
+Result<bool> Flag(const Json& json, const char* key, const std::string& origin, bool fallback) {
+  if (!json.contains(key) || json[key].is_null()) return fallback;
+  if (!json[key].is_boolean()) {
+    return Status::InvalidArgument(
+        fmt::format("{}: field '{}' is {}, expected true or false", origin, key, json[key].dump()));
+  }
+  return json[key].get<bool>();
+}
+
+Result<std::string> Text(const Json& json, const char* key, const std::string& origin,
+                         const std::string& fallback) {
+  if (!json.contains(key) || json[key].is_null()) return fallback;
+  if (!json[key].is_string()) {
+    return Status::InvalidArgument(
+        fmt::format("{}: field '{}' is {}, expected a string", origin, key, json[key].dump()));
+  }
+  return json[key].get<std::string>();
 }
 
 Result<std::vector<int64_t>> LayerList(const Json& json, const char* key,
@@ -287,6 +321,38 @@ Result<KimiLinearConfig> ParseKimiLinearConfig(std::string_view json_text,
   if (json.contains("rms_norm_eps") && json["rms_norm_eps"].is_number()) {
     c.rms_norm_eps = json["rms_norm_eps"].get<double>();
   }
+  STRIDER_ASSIGN_OR_RETURN(c.initializer_range,
+                           Number(json, "initializer_range", origin, c.initializer_range));
+  for (const char* key : {"model_max_length", "max_position_embeddings"}) {
+    if (json.contains(key) && !json[key].is_null()) {
+      STRIDER_ASSIGN_OR_RETURN(c.max_length, Integer(json, key, origin));
+      break;
+    }
+  }
+  STRIDER_ASSIGN_OR_RETURN(c.hidden_act, Text(json, "hidden_act", origin, c.hidden_act));
+  STRIDER_ASSIGN_OR_RETURN(
+      c.router_activation,
+      Text(json, "moe_router_activation_func", origin, c.router_activation));
+  STRIDER_ASSIGN_OR_RETURN(
+      c.renormalize,
+      Flag(json, json.contains("moe_renormalize") ? "moe_renormalize" : "norm_topk_prob", origin,
+           c.renormalize));
+  STRIDER_ASSIGN_OR_RETURN(c.routed_scaling_factor, Number(json, "routed_scaling_factor", origin,
+                                                           c.routed_scaling_factor));
+  STRIDER_ASSIGN_OR_RETURN(c.use_grouped_topk,
+                           Flag(json, "use_grouped_topk", origin, c.use_grouped_topk));
+  STRIDER_ASSIGN_OR_RETURN(c.num_expert_group, Integer(json, "num_expert_group", origin, 1));
+  STRIDER_ASSIGN_OR_RETURN(c.topk_group, Integer(json, "topk_group", origin, 1));
+  STRIDER_ASSIGN_OR_RETURN(c.num_key_value_heads, Integer(json, "num_key_value_heads", origin, 0));
+  STRIDER_ASSIGN_OR_RETURN(c.attention_bias,
+                           Flag(json, "attention_bias", origin, c.attention_bias));
+  STRIDER_ASSIGN_OR_RETURN(c.mla_use_nope, Flag(json, "mla_use_nope", origin, c.mla_use_nope));
+  STRIDER_ASSIGN_OR_RETURN(c.mla_use_output_gate,
+                           Flag(json, "mla_use_output_gate", origin, c.mla_use_output_gate));
+  STRIDER_ASSIGN_OR_RETURN(c.use_full_rank_gate,
+                           Flag(json, "use_full_rank_gate", origin, c.use_full_rank_gate));
+  STRIDER_ASSIGN_OR_RETURN(c.attn_res_block_size,
+                           Integer(json, "attn_res_block_size", origin, 0));
   for (const char* key : {"dtype", "torch_dtype"}) {
     if (json.contains(key) && json[key].is_string()) {
       c.dtype = json[key].get<std::string>();
@@ -336,17 +402,17 @@ const std::vector<KimiTensorRule>& KimiLinearTensorTable() { return Table(); }
 
 const std::vector<StriderOnlyParameter>& StriderParametersWithoutKimiCounterpart() {
   static const auto* list = new std::vector<StriderOnlyParameter>{
-      {"residual_queries", "attention residuals: Kimi Linear has plain residual connections"},
+      {"residual_queries",
+       "attention residuals (Kimi K3's attn_res_block_size): no published tensor name is known "
+       "yet; Kimi Linear has plain residuals (attention_residuals: false)"},
       {"layers.{L}.incremental.gate",
-       "a full-rank KDA output gate (gate_rank: 0): Kimi Linear's is low rank (gate_rank: "
-       "head_dim)"},
-      {"layers.{L}.latent.gate",
-       "MLA output gate: Kimi Linear has none (mla_use_output_gate is a Kimi K3 field)"},
-      {"layers.{L}.latent.query_down, query_norm, query_up", kMlaQuery},
       {"layers.{L}.experts.latent_down, latent_norm, latent_up", kRoutedExperts},
       {"layers.{L}.experts.routed_gate, routed_up, routed_down", kRoutedExperts},
+       "a full-rank KDA output gate (Kimi K3's use_full_rank_gate): no published tensor name is "
+       "known yet; Kimi Linear's is low rank (gate_rank: head_dim)"},
       {"vision.*", "native vision input: Kimi Linear is text only (vision.enabled: false)"},
-      {"value_head.*", "the learner's value head: not part of a published checkpoint"},
+      {"value_head.*", "the learner's value head: not part of a published checkpoint; an "
+                       "import starts it at zero and an export leaves it out"},
   };
   return *list;
 }
@@ -393,6 +459,9 @@ std::vector<KimiTensor> KimiLinearTensors(const KimiLinearConfig& c) {
           break;
         case KimiPart::kMlaLowRankQuery:
           applies = !c.kda[i] && c.q_lora_rank > 0;
+          break;
+        case KimiPart::kMlaOutputGate:
+          applies = !c.kda[i] && c.mla_use_output_gate;
           break;
         case KimiPart::kDenseMlp:
           applies = !moe;

@@ -44,8 +44,27 @@ struct KimiLinearConfig {
   int64_t kda_conv_width = 0;  // linear_attn_config.short_conv_kernel_size
   bool tie_word_embeddings = false;
   double rms_norm_eps = 1e-6;
+  double initializer_range = 0.02;
+  int64_t max_length = 0;  // model_max_length, else max_position_embeddings; 0 where neither
   std::string dtype = "bfloat16";  // dtype (or torch_dtype) of the published weights
   std::vector<bool> kda;           // per layer: KDA (true) or MLA (false)
+  // The feed-forward and router (absent fields take the published defaults).
+  std::string hidden_act = "silu";
+  std::string router_activation = "sigmoid";  // moe_router_activation_func
+  bool renormalize = true;                    // moe_renormalize (transformers: norm_topk_prob)
+  double routed_scaling_factor = 1.0;
+  bool use_grouped_topk = true;
+  int64_t num_expert_group = 1;
+  int64_t topk_group = 1;
+  // MLA: fields Strider does not model are read so that import can refuse them by name.
+  int64_t num_key_value_heads = 0;  // 0 where absent: the same as num_attention_heads
+  bool attention_bias = false;
+  bool mla_use_nope = true;
+  // Kimi K3's fields, the seed's own features: an MLA output gate, a full-rank KDA output gate,
+  // and attention residuals in blocks of this many layers (0: none, plain residuals).
+  bool mla_use_output_gate = false;
+  bool use_full_rank_gate = false;
+  int64_t attn_res_block_size = 0;
 
   bool IsMoeLayer(int64_t layer) const {
     return num_experts > 0 && layer >= first_k_dense_replace &&
@@ -70,6 +89,7 @@ enum class KimiPart {
   kMla,              // MLA layers
   kMlaFullQuery,     // MLA layers with q_lora_rank null
   kMlaLowRankQuery,  // MLA layers with a q_lora_rank
+  kMlaOutputGate,    // MLA layers with mla_use_output_gate (Kimi K3)
   kDenseMlp,         // layers before first_k_dense_replace (and off the MoE frequency)
   kMoe,              // MoE layers, once per layer
   kRoutedExpert,     // MoE layers, once per routed expert

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/model/config.h"
+#include "common/model/parameters.h"
 #include "tests/file_contents.h"
 #include "tests/scratch_dir.h"
 
@@ -95,7 +97,7 @@ TEST(HfCheckpointTest, PublishedKimiLinear48bFigures) {
 
 // A small kimi_linear config: layers 1-3 KDA and 4 MLA (1-based), one dense layer first.
 constexpr const char* kTinyConfig = R"({
-  "model_type": "kimi_linear", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 4,
+  "model_type": "kimi_linear", "vocab_size": 320, "hidden_size": 16, "num_hidden_layers": 4,
   "intermediate_size": 24, "moe_intermediate_size": 8, "num_experts": 4,
   "num_experts_per_token": 2, "num_shared_experts": 1, "first_k_dense_replace": 1,
   "moe_layer_freq": 1, "num_attention_heads": 2, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2,
@@ -252,9 +254,9 @@ TEST(HfCheckpointTest, ConvertsMappedTensorsToStriderNamesAndShapes) {
   Result<HfCheckpoint> checkpoint = OpenHfCheckpoint(dir.Sub("a"));
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
   const std::vector<HfImportTensor> plan = {
-      {"model.embed_tokens.weight", "embedding", {64, 16}},
-      {"model.layers.0.self_attn.q_conv1d.weight", "layers.0.incremental.query_conv", {8, 3}},
-      {"model.layers.0.self_attn.A_log", "layers.0.incremental.decay_log_scale", {2}}};
+      {{"model.embed_tokens.weight"}, "embedding", {320, 16}},
+      {{"model.layers.0.self_attn.q_conv1d.weight"}, "layers.0.incremental.query_conv", {8, 3}},
+      {{"model.layers.0.self_attn.A_log"}, "layers.0.incremental.decay_log_scale", {2}}};
   ASSERT_TRUE(
       ConvertHfTensors(*checkpoint, plan, DType::kF32, dir.Sub("strider.safetensors")).ok());
   Result<SafetensorsContents> written = ReadSafetensors(dir.Sub("strider.safetensors"));
@@ -266,7 +268,7 @@ TEST(HfCheckpointTest, ConvertsMappedTensorsToStriderNamesAndShapes) {
     EXPECT_EQ(out.shape, tensor.shape);
     const TensorView* source = nullptr;
     for (const TensorView& view : g.views) {
-      if (view.name == tensor.hf_name) source = &view;
+      if (view.name == tensor.hf_names.front()) source = &view;
     }
     ASSERT_NE(source, nullptr);
     const auto* in = static_cast<const uint8_t*>(source->data);
@@ -282,19 +284,19 @@ TEST(HfCheckpointTest, ConvertsMappedTensorsToStriderNamesAndShapes) {
         std::memcpy(&expected, in + 4 * i, 4);
       }
       std::memcpy(&got, out.bytes.data() + 4 * i, 4);
-      ASSERT_EQ(got, expected) << tensor.hf_name << " element " << i;
+      ASSERT_EQ(got, expected) << tensor.strider_name << " element " << i;
     }
   }
 
   Status shape = ConvertHfTensors(
       *checkpoint,
-      {{"model.layers.0.self_attn.q_conv1d.weight", "layers.0.incremental.query_conv", {8, 4}}},
+      {{{"model.layers.0.self_attn.q_conv1d.weight"}, "layers.0.incremental.query_conv", {8, 4}}},
       DType::kF32, dir.Sub("x.safetensors"));
   EXPECT_NE(shape.message().find("is [8, 1, 3], which does not hold the elements of "
                                  "layers.0.incremental.query_conv [8, 4]"),
             std::string::npos)
       << shape.ToString();
-  EXPECT_TRUE(ConvertHfTensors(*checkpoint, {{"model.absent", "x", {1}}}, DType::kF32,
+  EXPECT_TRUE(ConvertHfTensors(*checkpoint, {{{"model.absent"}, "x", {1}}}, DType::kF32,
                                dir.Sub("x.safetensors"))
                   .IsNotFound());
   EXPECT_FALSE(ConvertHfTensors(*checkpoint, plan, DType::kBF16, dir.Sub("x.safetensors")).ok());
@@ -394,23 +396,89 @@ TEST(HfCheckpointTest, RefusesUnreadableDtypesTruncatedShardsAndDisagreeingIndex
   EXPECT_NE(disagree.message().find(moved), std::string::npos) << disagree.ToString();
 }
 
-TEST(HfCheckpointTest, ImportNamesWhatTheModelCannotExpressYet) {
-  Result<KimiLinearConfig> config = ParseKimiLinearConfig(kTinyConfig, "tiny");
-  ASSERT_TRUE(config.ok());
-  Status refused = PlanKimiLinearImport(*config).status();
-  ASSERT_EQ(refused.code(), StatusCode::kUnimplemented);
-  const std::string& m = refused.message();
-  for (const char* named :
-       {"model.layers.{L}.self_attn.q_proj.weight: MLA query",
-        "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight",
-        "model.layers.{L}.mlp.gate_proj.weight", "residual_queries", "layers.{L}.latent.gate"}) {
-    EXPECT_NE(m.find(named), std::string::npos) << named << " in\n" << m;
-  }
-  // Rows that compute the same thing are not in the list.
-  EXPECT_EQ(m.find("model.embed_tokens.weight"), std::string::npos) << m;
-  EXPECT_EQ(m.find("A_log"), std::string::npos) << m;
-  EXPECT_EQ(m.find("g_a_proj"), std::string::npos) << m;
-  EXPECT_EQ(m.find("kv_a_proj_with_mqa"), std::string::npos) << m;
+// Kimi Linear's config.json onto Strider's options, as the serving engines compute.
+TEST(HfCheckpointTest, MapsTheConfigOntoStriderOptions) {
+  Result<KimiLinearConfig> published =
+      ParseKimiLinearConfig(ReadFileBytes(FixtureDir() + "/config.json"), "config.json");
+  ASSERT_TRUE(published.ok());
+  Result<ModelConfig> m = KimiLinearModelConfig(*published);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->vocabulary, 163840);
+  EXPECT_EQ(m->width, 2304);
+  EXPECT_EQ(m->layer_pattern, "IIIGIIIGIIIGIIIGIIIGIIIGIIG");  // full_attn_layers 4, 8, ..., 27
+  EXPECT_FALSE(m->attention_residuals);
+  EXPECT_FALSE(m->tie_embeddings);
+  EXPECT_FALSE(m->vision.enabled);
+  EXPECT_EQ(m->norm_epsilon, 1e-5);
+  EXPECT_EQ(m->context, 1048576);
+  EXPECT_EQ(m->incremental.heads, 32);
+  EXPECT_EQ(m->incremental.key_dim, 128);
+  EXPECT_EQ(m->incremental.decay_gate, "softplus");
+  EXPECT_EQ(m->incremental.gate_rank, 128);
+  EXPECT_EQ(m->latent.query_rank, 0);  // q_lora_rank null
+  EXPECT_FALSE(m->latent.output_gate);
+  EXPECT_EQ(m->feed_forward.dense_layers, 1);
+  EXPECT_EQ(m->feed_forward.activation, "silu");
+  EXPECT_FALSE(m->feed_forward.latent_experts);
+  EXPECT_EQ(m->feed_forward.routed_experts, 256);
+  EXPECT_EQ(m->feed_forward.experts_per_token, 8);
+  EXPECT_EQ(m->feed_forward.shared_hidden, 1024);
+  EXPECT_EQ(m->feed_forward.routed_scaling_factor, 2.446);
+  EXPECT_FALSE(m->feed_forward.quantile_balancing);
+  // Strider's parameter count of the imported config is the published one, less nothing but
+  // the learner's value head.
+  EXPECT_EQ(CountParameters(*m).total - CountParameters(*m).total_by_component.at("value_head"),
+            49122681728.0);
+
+  // The YAML an import writes reads back to the same config.
+  TempDir dir;
+  WriteFileBytes(dir.Sub("model.yaml"), ModelConfigYaml(*m));
+  Result<ModelConfig> again = LoadModelConfig(dir.Sub("model.yaml"));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(ModelConfigYaml(*again), ModelConfigYaml(*m));
+  Result<ModelConfig> tiny = LoadModelConfig(std::string(std::getenv("STRIDER_SOURCE_DIR")
+                                                             ? std::getenv("STRIDER_SOURCE_DIR")
+                                                             : ".") +
+                                             "/configs/model/tiny.yaml");
+  ASSERT_TRUE(tiny.ok());
+  WriteFileBytes(dir.Sub("tiny.yaml"), ModelConfigYaml(*tiny));
+  Result<ModelConfig> tiny_again = LoadModelConfig(dir.Sub("tiny.yaml"));
+  ASSERT_TRUE(tiny_again.ok()) << tiny_again.status().ToString();
+  EXPECT_EQ(ModelConfigYaml(*tiny_again), ModelConfigYaml(*tiny));
+  EXPECT_EQ(CountParameters(*tiny_again).total, CountParameters(*tiny).total);
+}
+
+TEST(HfCheckpointTest, RefusesConfigsTheModelDoesNotExpressByField) {
+  auto refused = [](const std::string& from, const std::string& to) {
+    std::string text = kTinyConfig;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    Result<KimiLinearConfig> config = ParseKimiLinearConfig(text, "config.json");
+    if (!config.ok()) return config.status();
+    return PlanKimiLinearImport(*config).status();
+  };
+  EXPECT_NE(refused("\"moe_layer_freq\": 1", "\"moe_layer_freq\": 2").message().find(
+                "moe_layer_freq 2"),
+            std::string::npos);
+  EXPECT_NE(refused("\"dtype\"", "\"hidden_act\": \"gelu\", \"dtype\"").message().find(
+                "hidden_act 'gelu'"),
+            std::string::npos);
+  EXPECT_NE(refused("\"dtype\"", "\"mla_use_nope\": false, \"dtype\"").message().find(
+                "mla_use_nope"),
+            std::string::npos);
+  EXPECT_NE(refused("\"dtype\"", "\"num_key_value_heads\": 1, \"dtype\"").message().find(
+                "num_key_value_heads 1"),
+            std::string::npos);
+  EXPECT_NE(refused("\"dtype\"", "\"use_grouped_topk\": 3, \"dtype\"").message().find(
+                "'use_grouped_topk' is 3"),
+            std::string::npos);
+  // Kimi K3's attention residuals are the seed's own; with no published tensor for their
+  // queries the import names the parameter it cannot fill.
+  Status k3 = refused("\"dtype\"", "\"attn_res_block_size\": 2, \"dtype\"");
+  EXPECT_EQ(k3.code(), StatusCode::kUnimplemented) << k3.ToString();
+  EXPECT_NE(k3.message().find("residual_queries"), std::string::npos) << k3.ToString();
+  EXPECT_TRUE(refused("\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 1e-05").ok());
 
   // Every row of the table that maps names a Strider parameter; every row that does not says why.
   for (const KimiTensorRule& rule : KimiLinearTensorTable()) {
@@ -420,6 +488,166 @@ TEST(HfCheckpointTest, ImportNamesWhatTheModelCannotExpressYet) {
       EXPECT_FALSE(rule.note.empty()) << rule.hf;
     }
   }
+}
+
+// Splits a Strider weights file into the files of an expert-parallel learner's ranks: each
+// holds everything but the routed experts whole, and rows [r n/R, (r+1) n/R) of those.
+void SplitExperts(const std::string& path, int ranks, const std::string& prefix) {
+  Result<SafetensorsContents> whole = ReadSafetensors(path);
+  ASSERT_TRUE(whole.ok());
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::vector<uint8_t>> keep;
+    std::vector<TensorView> views;
+    int64_t first = 0, count = 0;
+    for (const auto& [name, tensor] : whole->tensors) {
+      TensorView view{name, tensor.dtype, tensor.shape, tensor.bytes.data(), tensor.bytes.size()};
+      if (name.find(".routed_") != std::string::npos) {
+        count = tensor.shape[0] / ranks;
+        first = r * count;
+        const size_t row = tensor.bytes.size() / static_cast<size_t>(tensor.shape[0]);
+        keep.emplace_back(tensor.bytes.begin() + first * row,
+                          tensor.bytes.begin() + (first + count) * row);
+        view.shape[0] = count;
+        view.data = keep.back().data();
+        view.byte_size = keep.back().size();
+      }
+      views.push_back(view);
+    }
+    std::map<std::string, std::string> metadata = whole->metadata;
+    metadata["expert_shard"] = fmt::format("{}:{}", first, count);
+    keep.reserve(keep.size());
+    ASSERT_TRUE(WriteSafetensors(fmt::format("{}{}.safetensors", prefix, r), views, metadata).ok());
+  }
+}
+
+// Import then export gives the published shards back byte for byte: the same names, dtypes
+// (bf16, with A_log and dt_bias in fp32), shapes, header metadata and bytes, NaN patterns among
+// the generated bytes included; from one weights file and from an expert-parallel learner's.
+TEST(HfCheckpointTest, ImportThenExportGivesThePublishedShardsBackByteForByte) {
+  TempDir dir;
+  const std::string source = dir.Sub("source"), imported = dir.Sub("imported");
+  const Generated g = Tensors();
+  WriteCheckpoint(source, g);
+  WriteFileBytes(source + "/generation_config.json", R"({"eos_token_id": 163586})");
+  WriteFileBytes(source + "/tiktoken.model", std::string(3000, 'x'));
+  Result<HfImportReport> report = ImportHfCheckpoint(source, imported);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->published_tensors, static_cast<int64_t>(g.views.size()));
+
+  Result<ModelConfig> config = LoadModelConfig(report->config_path);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->name, "source");
+  Result<SafetensorsContents> weights = ReadSafetensors(report->weights_path);
+  ASSERT_TRUE(weights.ok());
+  std::set<std::string> expected;
+  for (const ParameterSpec& spec : ModelParameterSpecs(*config)) {
+    expected.insert(spec.name);
+    ASSERT_TRUE(weights->tensors.count(spec.name)) << spec.name;
+    EXPECT_EQ(weights->tensors.at(spec.name).shape, spec.shape) << spec.name;
+    EXPECT_EQ(weights->tensors.at(spec.name).dtype, DType::kF32) << spec.name;
+  }
+  EXPECT_EQ(weights->tensors.size(), expected.size());
+  // Expert 3 of layer 2's w2 is the fourth row block of routed_down, widened from bf16.
+  {
+    const TensorView* w2 = nullptr;
+    for (const TensorView& view : g.views) {
+      if (view.name == "model.layers.2.block_sparse_moe.experts.3.w2.weight") w2 = &view;
+    }
+    ASSERT_NE(w2, nullptr);
+    const LoadedTensor& down = weights->tensors.at("layers.2.experts.routed_down");
+    ASSERT_EQ(down.shape, (std::vector<int64_t>{4, 16, 8}));
+    const size_t per_expert = 16 * 8;
+    for (size_t i = 0; i < per_expert; ++i) {
+      uint16_t half;
+      std::memcpy(&half, static_cast<const uint8_t*>(w2->data) + 2 * i, 2);
+      uint32_t got;
+      std::memcpy(&got, down.bytes.data() + 4 * (3 * per_expert + i), 4);
+      ASSERT_EQ(got, static_cast<uint32_t>(half) << 16) << i;
+    }
+  }
+  // The value head starts at zero.
+  for (uint8_t byte : weights->tensors.at("value_head.weight").bytes) ASSERT_EQ(byte, 0);
+
+  auto same_as_source = [&](const std::string& out, const std::vector<std::string>& files) {
+    Result<HfExportReport> exported =
+        ExportStriderWeightsToHf(*config, files, report->layout_directory, out);
+    ASSERT_TRUE(exported.ok()) << exported.status().ToString();
+    Result<HfCheckpoint> original = OpenHfCheckpoint(source);
+    ASSERT_TRUE(original.ok());
+    EXPECT_EQ(exported->shards, static_cast<int64_t>(original->shards.size()));
+    for (const std::string& shard : original->shards) {
+      EXPECT_EQ(ReadFileBytes(out + "/" + shard), ReadFileBytes(source + "/" + shard)) << shard;
+    }
+    for (const char* file : {"config.json", "generation_config.json", "tiktoken.model"}) {
+      EXPECT_EQ(ReadFileBytes(out + "/" + file), ReadFileBytes(source + "/" + file)) << file;
+    }
+    EXPECT_FALSE(fs::exists(out + "/" + kHfLayoutFile));
+    Result<SafetensorsIndex> a = ReadSafetensorsIndex(source + "/" + kSafetensorsIndexName);
+    Result<SafetensorsIndex> b = ReadSafetensorsIndex(out + "/" + kSafetensorsIndexName);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(b->weight_map, a->weight_map);
+    EXPECT_EQ(b->total_size, a->total_size);
+    EXPECT_EQ(b->total_parameters, a->total_parameters);
+    Result<HfCheckpoint> reopened = OpenHfCheckpoint(out);
+    ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+    EXPECT_TRUE(CheckKimiLinearTensors(*reopened).ok());
+  };
+  same_as_source(dir.Sub("exported"), {report->weights_path});
+
+  // An expert-parallel learner's checkpoint: two ranks, each with half of every routed tensor.
+  SplitExperts(report->weights_path, 2, dir.Sub("rank"));
+  same_as_source(dir.Sub("exported_ep"),
+                 {dir.Sub("rank1.safetensors"), dir.Sub("rank0.safetensors")});
+  Status half = ExportStriderWeightsToHf(*config, {dir.Sub("rank1.safetensors")},
+                                         report->layout_directory, dir.Sub("half"))
+                    .status();
+  EXPECT_TRUE(half.IsNotFound()) << half.ToString();
+  EXPECT_NE(half.message().find("layers.1.experts.routed_"), std::string::npos)
+      << half.ToString();
+
+  // A model config that is not the checkpoint's is refused with both shapes.
+  ModelConfig other = *config;
+  other.feed_forward.expert_hidden = 6;
+  Status mismatch = ExportStriderWeightsToHf(other, {report->weights_path},
+                                             report->layout_directory, dir.Sub("x"))
+                        .status();
+  EXPECT_NE(mismatch.message().find("layers.1.experts.routed_gate is [4, 6, 16], the published "
+                                    "layout needs [4, 8, 16]"),
+            std::string::npos)
+      << mismatch.ToString();
+
+  // The in-memory conversion gives the bytes of the imported file's tensors.
+  Result<HfModelWeights> loaded = LoadHfCheckpoint(source);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  Result<SafetensorsContents> decoded = DecodeSafetensors(loaded->weights);
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(decoded->tensors.size(), weights->tensors.size());
+  for (const auto& [name, tensor] : weights->tensors) {
+    EXPECT_EQ(decoded->tensors.at(name).bytes, tensor.bytes) << name;
+  }
+  EXPECT_EQ(ModelConfigYaml(loaded->config).substr(ModelConfigYaml(loaded->config).find("vocab")),
+            ModelConfigYaml(*config).substr(ModelConfigYaml(*config).find("vocab")));
+}
+
+// The refusals of an import: missing and unexpected tensors (named) and misshapen ones (both
+// shapes) stop it before anything is written.
+TEST(HfCheckpointTest, ImportRefusesBeforeWritingAnything) {
+  TempDir dir;
+  WriteCheckpoint(dir.Sub("a"), Tensors([](TensorView& view) {
+                    if (view.name == "model.layers.1.self_attn.dt_bias") return false;
+                    if (view.name == "model.layers.3.self_attn.kv_b_proj.weight")
+                      view.shape = {16, 7};
+                    return true;
+                  }));
+  Status status = ImportHfCheckpoint(dir.Sub("a"), dir.Sub("out")).status();
+  EXPECT_NE(status.message().find("missing tensor(s): model.layers.1.self_attn.dt_bias"),
+            std::string::npos)
+      << status.ToString();
+  EXPECT_NE(status.message().find("model.layers.3.self_attn.kv_b_proj.weight is [16, 7]"),
+            std::string::npos)
+      << status.ToString();
+  EXPECT_FALSE(fs::exists(dir.Sub("out/weights.safetensors")));
+  EXPECT_FALSE(LoadHfCheckpoint(dir.Sub("a")).ok());
 }
 
 }  // namespace
