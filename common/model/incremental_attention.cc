@@ -55,7 +55,9 @@ namespace {
 // that sizes its output from a tensor of repeats, read on the host (a sync per layer on a GPU).
 at::Tensor HeadScale(const at::Tensor& decay_log_scale, int64_t heads, int64_t width) {
   const int64_t key_dim = width / heads;
-  return at::exp(decay_log_scale.reshape({heads})).unsqueeze(-1).expand({heads, key_dim})
+  return at::exp(decay_log_scale.reshape({heads}))
+      .unsqueeze(-1)
+      .expand({heads, key_dim})
       .reshape({-1});
 }
 

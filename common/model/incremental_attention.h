@@ -67,7 +67,6 @@ at::Tensor DecayGate(const at::Tensor& z, const at::Tensor& decay_log_scale, int
                      double min_log_decay);
 
 // g = -exp(A_h) * softplus(z) (decay_gate: softplus), same shapes as DecayGate.
-at::Tensor SoftplusDecayGate(const at::Tensor& z, const at::Tensor& decay_log_scale,
-                             int64_t heads);
+at::Tensor SoftplusDecayGate(const at::Tensor& z, const at::Tensor& decay_log_scale, int64_t heads);
 
 }  // namespace strider::model

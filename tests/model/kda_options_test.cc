@@ -109,14 +109,14 @@ at::Tensor Weight(const TensorMap& map, const std::string& name) {
 // ------------------------------------------------------------------------------------------
 
 struct KimiKdaWeights {
-  at::Tensor q_proj, k_proj, v_proj;           // (H*D, d)
-  at::Tensor q_conv1d, k_conv1d, v_conv1d;     // (H*D, 1, w)
-  at::Tensor A_log;                            // (1, 1, H, 1)
-  at::Tensor f_a_proj, f_b_proj, dt_bias;      // (D, d), (H*D, D), (H*D)
-  at::Tensor b_proj;                           // (H, d)
-  at::Tensor g_a_proj, g_b_proj;               // (D, d), (H*D, D)
-  at::Tensor o_norm;                           // (D)
-  at::Tensor o_proj;                           // (d, H*D)
+  at::Tensor q_proj, k_proj, v_proj;        // (H*D, d)
+  at::Tensor q_conv1d, k_conv1d, v_conv1d;  // (H*D, 1, w)
+  at::Tensor A_log;                         // (1, 1, H, 1)
+  at::Tensor f_a_proj, f_b_proj, dt_bias;   // (D, d), (H*D, D), (H*D)
+  at::Tensor b_proj;                        // (H, d)
+  at::Tensor g_a_proj, g_b_proj;            // (D, d), (H*D, D)
+  at::Tensor o_norm;                        // (D)
+  at::Tensor o_proj;                        // (d, H*D)
 };
 
 // Strider's tensors under Kimi Linear's names: the import's conversion, run backwards.
@@ -165,22 +165,22 @@ at::Tensor KimiKdaReference(const KimiKdaWeights& w, const at::Tensor& x, int64_
   at::Tensor state = at::zeros({batch, heads, dim, dim}, x.options());  // S: (B, H, Dk, Dv)
   std::vector<at::Tensor> outputs;
   for (int64_t t = 0; t < length; ++t) {
-    const at::Tensor x_t = x.select(1, t);                                 // (B, d)
-    const at::Tensor q = l2norm(q_all.select(1, t).view({batch, heads, dim})) /
-                         std::sqrt(static_cast<double>(dim));
+    const at::Tensor x_t = x.select(1, t);  // (B, d)
+    const at::Tensor q =
+        l2norm(q_all.select(1, t).view({batch, heads, dim})) / std::sqrt(static_cast<double>(dim));
     const at::Tensor k = l2norm(k_all.select(1, t).view({batch, heads, dim}));
     const at::Tensor v = v_all.select(1, t).view({batch, heads, dim});
-    const at::Tensor beta = at::sigmoid(at::matmul(x_t, w.b_proj.t()));   // (B, H)
-    const at::Tensor f = (at::matmul(at::matmul(x_t, w.f_a_proj.t()), w.f_b_proj.t()) +
-                          w.dt_bias).view({batch, heads, dim});
+    const at::Tensor beta = at::sigmoid(at::matmul(x_t, w.b_proj.t()));  // (B, H)
+    const at::Tensor f = (at::matmul(at::matmul(x_t, w.f_a_proj.t()), w.f_b_proj.t()) + w.dt_bias)
+                             .view({batch, heads, dim});
     const at::Tensor softplus = at::where(f > 20.0, f, at::log1p(at::exp(f)));
     const at::Tensor g = -at::exp(w.A_log.view({1, heads, 1})) * softplus;  // (B, H, Dk)
 
     state = state * at::exp(g).unsqueeze(-1);
-    const at::Tensor remembered = (state * k.unsqueeze(-1)).sum(-2);      // S^T k: (B, H, Dv)
+    const at::Tensor remembered = (state * k.unsqueeze(-1)).sum(-2);  // S^T k: (B, H, Dv)
     const at::Tensor delta = (v - remembered) * beta.unsqueeze(-1);
     state = state + k.unsqueeze(-1) * delta.unsqueeze(-2);
-    at::Tensor o = (state * q.unsqueeze(-1)).sum(-2);                     // S^T q: (B, H, Dv)
+    at::Tensor o = (state * q.unsqueeze(-1)).sum(-2);  // S^T q: (B, H, Dv)
 
     const at::Tensor gate =
         at::matmul(at::matmul(x_t, w.g_a_proj.t()), w.g_b_proj.t()).view({batch, heads, dim});
@@ -219,8 +219,8 @@ LayerPaths RunPaths(const ModelConfig& config, const TensorMap& tensors, const a
     start += take;
   }
   if (start < x.size(1)) {
-    outs.push_back(model::IncrementalAttentionForward(
-        w, c, x.narrow(1, start, x.size(1) - start), &p.chunked_state, eps));
+    outs.push_back(model::IncrementalAttentionForward(w, c, x.narrow(1, start, x.size(1) - start),
+                                                      &p.chunked_state, eps));
   }
   p.chunked = at::cat(outs, 1);
   p.token_state = model::IncrementalAttentionState::Zeros(c, batch, options);
@@ -280,8 +280,7 @@ TEST(KdaOptions, TrainingAndInferencePathsAgreeUnderStrongDecayFp32) {
   EXPECT_GT(p.whole_state.recurrent.abs().max().item<double>(), 1e-2);
   model::IncrementalAttentionTrace trace;
   model::IncrementalAttentionForward(model::IncrementalAttentionWeights::Bind(tensors, kPrefix),
-                                     config.incremental, x, nullptr, config.norm_epsilon,
-                                     &trace);
+                                     config.incremental, x, nullptr, config.norm_epsilon, &trace);
   EXPECT_LT(trace.log_decay.min().item<double>(), -10.0);  // below any sigmoid gate's g_min
 }
 
@@ -289,8 +288,8 @@ TEST(KdaOptions, SoftplusGateValues) {
   const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble);
   const int64_t heads = 2, width = 2 * 3;
   // At A = 0 and z = 0: g = -log 2, alpha = 1/2.
-  at::Tensor g = model::SoftplusDecayGate(at::zeros({1, 2, width}, f64), at::zeros({heads}, f64),
-                                          heads);
+  at::Tensor g =
+      model::SoftplusDecayGate(at::zeros({1, 2, width}, f64), at::zeros({heads}, f64), heads);
   EXPECT_EQ(g.sizes().vec(), (std::vector<int64_t>{1, 2, width}));
   EXPECT_NEAR(g.min().item<double>(), -std::log(2.0), 1e-15);
   EXPECT_NEAR(g.max().item<double>(), -std::log(2.0), 1e-15);
@@ -307,10 +306,9 @@ TEST(KdaOptions, SoftplusGateValues) {
   EXPECT_NEAR(g[0][0][5].item<double>(), -300.0, 1e-12);
   EXPECT_LT(g.max().item<double>(), 0.0);
   // Kimi Linear's A_log layout (1, 1, H, 1) gives the same gate as (H).
-  EXPECT_TRUE(at::equal(
-      model::SoftplusDecayGate(z, at::tensor({0.0, std::log(3.0)}, f64).view({1, 1, heads, 1}),
-                               heads),
-      g));
+  EXPECT_TRUE(at::equal(model::SoftplusDecayGate(
+                            z, at::tensor({0.0, std::log(3.0)}, f64).view({1, 1, heads, 1}), heads),
+                        g));
 
   // The layer wires z = W_up W_down x + b into this gate, not the sigmoid one: with those
   // weights and A zero, every channel of every position has g = -log 2.
@@ -320,10 +318,9 @@ TEST(KdaOptions, SoftplusGateValues) {
     tensors.at(std::string(kPrefix) + name).zero_();
   }
   model::IncrementalAttentionTrace trace;
-  model::IncrementalAttentionForward(model::IncrementalAttentionWeights::Bind(tensors, kPrefix),
-                                     config.incremental, Randn({1, 5, config.width}, 62,
-                                                               at::kDouble),
-                                     nullptr, config.norm_epsilon, &trace);
+  model::IncrementalAttentionForward(
+      model::IncrementalAttentionWeights::Bind(tensors, kPrefix), config.incremental,
+      Randn({1, 5, config.width}, 62, at::kDouble), nullptr, config.norm_epsilon, &trace);
   EXPECT_NEAR(trace.log_decay.min().item<double>(), -std::log(2.0), 1e-15);
   EXPECT_NEAR(trace.log_decay.max().item<double>(), -std::log(2.0), 1e-15);
 }
@@ -341,11 +338,11 @@ TEST(KdaOptions, LowRankGateEqualsFullRankGateOfItsProduct) {
       at::matmul(Weight(low_tensors, "gate_up"), Weight(low_tensors, "gate_down"));
   const at::Tensor x = Randn({2, 37, low.width}, 72, at::kDouble);
   const at::Tensor low_out = model::IncrementalAttentionForward(
-      model::IncrementalAttentionWeights::Bind(low_tensors, kPrefix), low.incremental, x,
-      nullptr, low.norm_epsilon);
+      model::IncrementalAttentionWeights::Bind(low_tensors, kPrefix), low.incremental, x, nullptr,
+      low.norm_epsilon);
   const at::Tensor full_out = model::IncrementalAttentionForward(
-      model::IncrementalAttentionWeights::Bind(full_tensors, kPrefix), full.incremental, x,
-      nullptr, full.norm_epsilon);
+      model::IncrementalAttentionWeights::Bind(full_tensors, kPrefix), full.incremental, x, nullptr,
+      full.norm_epsilon);
   EXPECT_LT(RelativeError(low_out, full_out), 1e-12);
 }
 
