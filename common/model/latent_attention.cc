@@ -15,17 +15,30 @@
 namespace strider::model {
 
 LatentAttentionWeights LatentAttentionWeights::Bind(const TensorMap& t, const std::string& p) {
+  const auto optional = [&](const std::string& name) {
+    auto it = t.find(p + name);
+    return it != t.end() ? it->second : at::Tensor();
+  };
   LatentAttentionWeights w;
-  w.query_down = Lookup(t, p + "query_down");
-  w.query_norm = Lookup(t, p + "query_norm");
-  w.query_up = Lookup(t, p + "query_up");
+  w.query_down = optional("query_down");
+  w.query_norm = optional("query_norm");
+  w.query_up = optional("query_up");
+  w.query = optional("query");
   w.kv_down = Lookup(t, p + "kv_down");
   w.kv_norm = Lookup(t, p + "kv_norm");
   w.kv_up = Lookup(t, p + "kv_up");
-  w.gate = Lookup(t, p + "gate");
+  w.gate = optional("gate");
   w.output = Lookup(t, p + "output");
-  if (auto it = t.find(p + "joined_input"); it != t.end()) w.joined_input = it->second;
+  w.joined_input = optional("joined_input");
   return w;
+}
+
+std::vector<std::string> LatentAttentionInputNames(const LatentAttentionConfig& c,
+                                                   const std::string& prefix) {
+  std::vector<std::string> names = {prefix + (c.query_rank > 0 ? "query_down" : "query"),
+                                    prefix + "kv_down"};
+  if (c.output_gate) names.push_back(prefix + "gate");
+  return names;
 }
 
 LatentAttentionCache LatentAttentionCache::Empty(const LatentAttentionConfig& c, int64_t batch,
@@ -155,14 +168,27 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
   const int64_t heads = c.heads;
   const int64_t qk_dim = c.nope_dim + c.rope_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(qk_dim));
+  if (c.norm_epsilon > 0) norm_epsilon = c.norm_epsilon;
+  const bool compressed = c.query_rank > 0;
+  TORCH_CHECK(compressed
+                  ? (w.query_down.defined() && w.query_norm.defined() && w.query_up.defined())
+                  : w.query.defined(),
+              "latent attention with query_rank ", c.query_rank, " needs the weights ",
+              compressed ? "query_down, query_norm and query_up" : "query");
+  TORCH_CHECK(!c.output_gate || w.gate.defined(),
+              "latent attention with an output gate needs the weight gate");
 
-  // c_q = RMSNorm(W_dq x); [q_nope_h; q_rope_h] = (W_uq c_q)_h. W_dq, W_dkv and W_g read the
-  // same x, so inference applies them as one product.
+  // c_q = RMSNorm(W_dq x); [q_nope_h; q_rope_h] = (W_uq c_q)_h, or (W_q x)_h for a full-rank
+  // query. The query's first map, W_dkv and W_g read the same x, so inference applies them as
+  // one product (LatentAttentionInputNames).
+  const at::Tensor& query_in = compressed ? w.query_down : w.query;
   const std::vector<at::Tensor> inputs =
-      LinearParts(x, w.joined_input, {&w.query_down, &w.kv_down, &w.gate});
-  at::Tensor compressed_query = RmsNorm(inputs[0], w.query_norm, norm_epsilon);
-  at::Tensor query = Linear(compressed_query, w.query_up).view({batch, length, heads, qk_dim});
-  at::Tensor query_nope = query.narrow(-1, 0, c.nope_dim);          // (B, T, H, Dn)
+      c.output_gate ? LinearParts(x, w.joined_input, {&query_in, &w.kv_down, &w.gate})
+                    : LinearParts(x, w.joined_input, {&query_in, &w.kv_down});
+  at::Tensor query =
+      (compressed ? Linear(RmsNorm(inputs[0], w.query_norm, norm_epsilon), w.query_up) : inputs[0])
+          .reshape({batch, length, heads, qk_dim});
+  at::Tensor query_nope = query.narrow(-1, 0, c.nope_dim);           // (B, T, H, Dn)
   at::Tensor query_rope = query.narrow(-1, c.nope_dim, c.rope_dim);  // (B, T, H, Dr)
 
   // [c_kv; k_rope] = W_dkv x, c_kv <- RMSNorm(c_kv): what the cache stores.
@@ -178,7 +204,7 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
   at::Tensor value_up = kv_up.narrow(1, c.nope_dim, c.value_dim);  // (H, Dv, Dc)
 
   const bool records = at::GradMode::is_enabled() &&
-                       (x.requires_grad() || w.query_down.requires_grad() ||
+                       (x.requires_grad() || query_in.requires_grad() ||
                         w.kv_up.requires_grad() ||
                         (past.latent.defined() && past.latent.requires_grad()));
   // Off the CPU a padded past with per-row lengths stays one tensor: cutting it into pages would
@@ -251,14 +277,18 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
       // Absorbed while autograd records (chunked training through the inference path): the
       // differentiable blockwise kernel, whose memory is one tile of scores, not (T x S).
       at::Tensor absorbed_query = at::einsum("bthn,hnc->bthc", {query_nope, key_up});
-      at::Tensor scaled_query = at::cat({absorbed_query, query_rope}, -1) * scale;
+      // The kernel computes in fp32 or fp64: a bf16 model's rows enter it widened (casts are
+      // free for fp32) and its output returns to the model's dtype.
+      const at::ScalarType compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      at::Tensor scaled_query = (at::cat({absorbed_query, query_rope}, -1) * scale).to(compute);
       at::Tensor latent_output =
           separate_past
-              ? kernels::LatentAttentionBlockwise(scaled_query, latent, rope_key,
-                                                  past_latent.to(x.scalar_type()),
-                                                  past_rope_key.to(x.scalar_type()))
-              : kernels::LatentAttentionBlockwise(scaled_query, all_latent, all_rope_key);
-      head_output = at::einsum("bthc,hvc->bthv", {latent_output, value_up});
+              ? kernels::LatentAttentionBlockwise(scaled_query, latent.to(compute),
+                                                  rope_key.to(compute), past_latent.to(compute),
+                                                  past_rope_key.to(compute))
+              : kernels::LatentAttentionBlockwise(scaled_query, all_latent.to(compute),
+                                                  all_rope_key.to(compute));
+      head_output = at::einsum("bthc,hvc->bthv", {latent_output.to(x.scalar_type()), value_up});
     } else {
       // Ragged rows while autograd records (not a training path today), or a padded ragged past
       // off the CPU: materialised scores, masked on the device.
@@ -272,10 +302,11 @@ at::Tensor Attend(const LatentAttentionWeights& w, const LatentAttentionConfig& 
       head_output = at::einsum("bhtc,hvc->bthv", {latent_output, value_up});
     }
   }
-  // y = W_o [sigmoid(W_g x) * concat_h o_h]: the gate sits between W_uv and W_o.
-  at::Tensor gated =
-      at::sigmoid(inputs[2]) * head_output.reshape({batch, length, heads * c.value_dim});
-  return Linear(gated, w.output);
+  // y = W_o [sigmoid(W_g x) * concat_h o_h]: the gate sits between W_uv and W_o. Without it,
+  // y = W_o concat_h o_h.
+  at::Tensor heads_output = head_output.reshape({batch, length, heads * c.value_dim});
+  if (c.output_gate) heads_output = at::sigmoid(inputs[2]) * heads_output;
+  return Linear(heads_output, w.output);
 }
 
 }  // namespace
@@ -295,8 +326,8 @@ at::Tensor LatentAttentionForward(const LatentAttentionWeights& w, const LatentA
     past_rope_key = cache->rope_key_graph;
   } else if (have_graph) {
     const int64_t detached = cache->graph_begin;
-    past_latent = at::cat(
-        {cache->latent.narrow(1, 0, detached).to(x.scalar_type()), cache->latent_graph}, 1);
+    past_latent =
+        at::cat({cache->latent.narrow(1, 0, detached).to(x.scalar_type()), cache->latent_graph}, 1);
     past_rope_key = at::cat(
         {cache->rope_key.narrow(1, 0, detached).to(x.scalar_type()), cache->rope_key_graph}, 1);
   } else if (cache != nullptr) {

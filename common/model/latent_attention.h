@@ -10,6 +10,11 @@
 // A sigmoid gate computed from x multiplies each head's output before W_o, which is why W_uv
 // cannot be folded into W_o. No position encoding: the "rope" part is cached but not rotated;
 // the incremental layers carry position.
+//
+// Two options express Kimi Linear's MLA (docs/model_math.md#latent-attention): query_rank 0, a
+// full-rank query projection W_q in place of W_uq RMSNorm(W_dq x); output_gate false, no gate.
+// Neither touches what is cached, so every form below (and the paged cache) computes the same
+// attention as before from a different query and output.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,20 +30,29 @@
 namespace strider::model {
 
 struct LatentAttentionWeights {
-  at::Tensor query_down;  // (Rq, d)
-  at::Tensor query_norm;  // (Rq)
-  at::Tensor query_up;    // (H*(Dn+Dr), Rq)
+  at::Tensor query_down;  // (Rq, d)            query_rank > 0, else undefined
+  at::Tensor query_norm;  // (Rq)               query_rank > 0, else undefined
+  at::Tensor query_up;    // (H*(Dn+Dr), Rq)    query_rank > 0, else undefined
+  at::Tensor query;       // (H*(Dn+Dr), d)     query_rank == 0, else undefined
   at::Tensor kv_down;     // (Dc+Dr, d)
   at::Tensor kv_norm;     // (Dc)
   at::Tensor kv_up;       // (H*(Dn+Dv), Dc)
-  at::Tensor gate;        // (H*Dv, d)
+  at::Tensor gate;        // (H*Dv, d)          output_gate, else undefined
   at::Tensor output;      // (d, H*Dv)
-  // query_down, kv_down, gate as row blocks of one matrix (Model::Bind), or undefined: what
-  // inference multiplies x by.
+  // The weights that read x (LatentAttentionInputNames) as row blocks of one matrix
+  // (Model::Bind), or undefined: what inference multiplies x by.
   at::Tensor joined_input;
 
+  // The query and gate weights a configuration lacks are left undefined; the forward checks that
+  // those it needs are there.
   static LatentAttentionWeights Bind(const TensorMap& tensors, const std::string& prefix);
 };
+
+// The names, under `prefix`, of the weights that read the layer input x, in the order the
+// forward applies them: the query's first map (query_down, or query when query_rank is 0),
+// kv_down, then gate when there is an output gate. Model::Bind joins them into joined_input.
+std::vector<std::string> LatentAttentionInputNames(const LatentAttentionConfig& config,
+                                                   const std::string& prefix);
 
 // The compressed cache of one layer for a batch of sequences of equal length. Storage grows by
 // doubling so appending one token is amortised O(1).

@@ -416,7 +416,7 @@ void Model::Bind() {
     } else {
       const std::string p = prefix + "latent.";
       map[p + "joined_input"] =
-          model::JoinRows(&map, {p + "query_down", p + "kv_down", p + "gate"});
+          model::JoinRows(&map, model::LatentAttentionInputNames(config_.latent, p));
     }
     if (config_.IsMoeLayer(i)) {
       const std::string p = prefix + "experts.";
