@@ -29,9 +29,8 @@ constexpr std::string_view kKdaLogScale =
     "decay gate's A_h with decay_gate: softplus; [1, 1, H, 1] reshaped to [H]";
 constexpr std::string_view kKdaOutputGate =
     "low-rank output gate with gate_rank = head_dim: sigmoid(g_b_proj g_a_proj x)";
-constexpr std::string_view kMlaQuery =
-    "MLA query: q_lora_rank is null, a full-rank q_proj; Strider's latent attention always "
-    "compresses the query (query_down, query_norm, query_up)";
+constexpr std::string_view kMlaFullQuery =
+    "full-rank MLA query with latent_attention.query_rank: 0 (q_lora_rank null)";
 constexpr std::string_view kSiluMlp =
     "feed-forward activation: Kimi Linear's hidden_act is silu (SwiGLU), Strider's SiTU-GLU";
 constexpr std::string_view kRoutedExperts =
@@ -90,8 +89,9 @@ const std::vector<KimiTensorRule>& Table() {
       {KimiPart::kKda, "model.layers.{L}.self_attn.o_proj.weight", "layers.{L}.incremental.output",
        true, "kda_attention", [](const C& c) { return Shape{c.hidden_size, Projection(c)}; }, ""},
       // MLA layers: no rotary embedding (mla_use_nope), as Strider's latent layers.
-      {KimiPart::kMlaFullQuery, "model.layers.{L}.self_attn.q_proj.weight", "", false,
-       "mla_attention", [](const C& c) { return Shape{MlaQuery(c), c.hidden_size}; }, kMlaQuery},
+      {KimiPart::kMlaFullQuery, "model.layers.{L}.self_attn.q_proj.weight",
+       "layers.{L}.latent.query", true, "mla_attention",
+       [](const C& c) { return Shape{MlaQuery(c), c.hidden_size}; }, kMlaFullQuery},
       {KimiPart::kMlaLowRankQuery, "model.layers.{L}.self_attn.q_a_proj.weight",
        "layers.{L}.latent.query_down", true, "mla_attention",
        [](const C& c) { return Shape{c.q_lora_rank, c.hidden_size}; }, ""},
