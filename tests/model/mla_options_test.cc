@@ -432,6 +432,62 @@ TEST(MlaOptions, MissingWeightsAreNamed) {
   EXPECT_NE(no_gate.message().find("gate"), std::string::npos) << no_gate.ToString();
 }
 
+// Device independence (docs/cuda.md): with the options on, every form runs where its tensors
+// are, here the meta device, creating nothing on the CPU beside them.
+TEST(MlaOptions, EveryFormRunsOnTheMetaDevice) {
+  const ModelConfig config = KimiConfig();
+  const LatentAttentionConfig& c = config.latent;
+  const at::TensorOptions meta = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+  TensorMap map;
+  for (const ParameterSpec& spec : ModelParameterSpecs(config)) {
+    if (spec.name.rfind(kPrefix, 0) == 0) map[spec.name] = at::empty(spec.shape, meta);
+  }
+  const auto w = model::LatentAttentionWeights::Bind(map, kPrefix);
+  const int64_t batch = 2, length = 5;
+  const at::Tensor x = at::empty({batch, length, config.width}, meta);
+  const double eps = config.norm_epsilon;
+  const auto expect_meta = [&](const at::Tensor& t, int64_t tokens, const char* what) {
+    EXPECT_TRUE(t.is_meta()) << what;
+    EXPECT_EQ(t.sizes().vec(), (std::vector<int64_t>{batch, tokens, config.width})) << what;
+  };
+  {
+    at::NoGradGuard no_grad;
+    expect_meta(
+        model::LatentAttentionForward(w, c, x, nullptr, eps, model::LatentAttentionForm::kExplicit),
+        length, "training path");
+    auto cache = model::LatentAttentionCache::Empty(c, batch, meta);
+    expect_meta(model::LatentAttentionForward(w, c, x, &cache, eps), length, "prefill");
+    expect_meta(model::LatentAttentionForward(w, c, x.narrow(1, 0, 1), &cache, eps), 1, "decode");
+    model::LatentAttentionPast paged;
+    paged.pages.resize(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      paged.pages[b].push_back(
+          {at::empty({3 + b, c.kv_rank}, meta), at::empty({3 + b, c.rope_dim}, meta)});
+    }
+    model::LatentAttentionPast padded;
+    padded.latent = at::empty({batch, 6, c.kv_rank}, meta);
+    padded.rope_key = at::empty({batch, 6, c.rope_dim}, meta);
+    padded.lengths = at::empty({batch}, meta.dtype(at::kLong));
+    for (const auto& past : {paged, padded}) {
+      for (const auto form :
+           {model::LatentAttentionForm::kAbsorbed, model::LatentAttentionForm::kExplicit}) {
+        model::LatentAttentionRows rows;
+        expect_meta(model::LatentAttentionForwardRagged(w, c, x, past, eps, form, &rows), length,
+                    "ragged");
+      }
+    }
+  }
+  // Recording gradients: the differentiable blockwise kernel.
+  for (auto& [name, tensor] : map) tensor.requires_grad_(true);
+  const auto recording = model::LatentAttentionWeights::Bind(map, kPrefix);
+  auto cache = model::LatentAttentionCache::Empty(c, batch, meta);
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    const at::Tensor out = model::LatentAttentionForward(recording, c, x, &cache, eps);
+    expect_meta(out, length, "blockwise chunk");
+    EXPECT_TRUE(out.requires_grad());
+  }
+}
+
 std::unique_ptr<Model> KimiModel(uint64_t seed) {
   ConfigureRuntime(2);
   Result<std::unique_ptr<Model>> model = Model::Create(KimiConfig(), seed);
