@@ -5,6 +5,7 @@
 // training and inference paths to each other.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
