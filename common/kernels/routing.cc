@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 
 namespace strider::kernels {
 namespace {
@@ -35,35 +36,77 @@ at::Tensor TokenThresholds(const at::Tensor& biased, int64_t k) {           // b
   return std::get<0>(at::kthvalue(biased, biased.size(1) - k, /*dim=*/1));  // (M)
 }
 
-// Renormalised weights of the given experts. The gather is the only place scores enter, so
-// the gradient wrt scores is that of s_j / sum_r s_r and nothing else.
-at::Tensor GatherWeights(const at::Tensor& scores, const at::Tensor& experts) {
-  at::Tensor chosen = scores.gather(1, experts);  // (M, k)
-  return chosen / chosen.sum(-1, /*keepdim=*/true);
+// Weights of the given experts. The gather is the only place scores enter, so the gradient wrt
+// scores is that of s_j / sum_r s_r (times the scale) and nothing else. The default options take
+// exactly the operations Strider's router always took, so its figures stay bit-identical.
+at::Tensor GatherWeights(const at::Tensor& scores, const at::Tensor& experts,
+                         const RouterOptions& options) {
+  at::Tensor weights = scores.gather(1, experts);  // (M, k)
+  if (options.renormalize) {
+    at::Tensor sum = weights.sum(-1, /*keepdim=*/true);
+    if (options.renormalize_epsilon != 0) sum = sum + options.renormalize_epsilon;
+    weights = weights / sum;
+  }
+  if (options.scaling != 1) weights = weights * options.scaling;
+  return weights;
+}
+
+// Grouped top-k's first stage: `biased` (M, N) with every expert outside the token's kept groups
+// set to -inf, so the top-k that follows picks only inside them. A group's score is the sum of
+// its two largest biased scores (the serving engines' rule when a correction bias is present,
+// which Strider's router always has); values, not indices, so ties cannot make it ambiguous.
+at::Tensor MaskToKeptGroups(const at::Tensor& biased, const RouterOptions& options) {
+  const int64_t m = biased.size(0);
+  const int64_t n = biased.size(1);
+  const int64_t groups = options.groups;
+  TORCH_CHECK(n % groups == 0 && n / groups >= 2, "RouteTopK: ", groups,
+              " expert groups do not split ", n, " experts into groups of two or more");
+  TORCH_CHECK(options.groups_per_token >= 1 && options.groups_per_token <= groups,
+              "RouteTopK: groups_per_token = ", options.groups_per_token, " outside [1, ", groups,
+              "]");
+  const at::Tensor grouped = biased.reshape({m, groups, n / groups});
+  const at::Tensor group_scores = std::get<0>(grouped.topk(2, /*dim=*/-1)).sum(-1);  // (M, G)
+  // As for experts below: a stable sort keeps the lower group id first among equal scores.
+  const at::Tensor group_order =
+      std::get<1>(at::sort(group_scores, /*stable=*/true, /*dim=*/1, /*descending=*/true));
+  const at::Tensor dropped = at::ones({m, groups}, biased.options().dtype(at::kBool))
+                                 .scatter_(1, group_order.narrow(1, 0, options.groups_per_token),
+                                           false);
+  const at::Tensor expert_dropped =
+      dropped.unsqueeze(-1).expand({m, groups, n / groups}).reshape({m, n});
+  return biased.masked_fill(expert_dropped, -std::numeric_limits<double>::infinity());
 }
 
 }  // namespace
 
-RoutingDecision RouteTopK(const at::Tensor& scores, const at::Tensor& bias, int64_t k) {
+RoutingDecision RouteTopK(const at::Tensor& scores, const at::Tensor& bias, int64_t k,
+                          const RouterOptions& options) {
   CheckScoresAndBias(scores, bias);
   TORCH_CHECK(k >= 1 && k <= scores.size(1), "RouteTopK: k = ", k, " outside [1, ", scores.size(1),
               "]");
   // Selection only: no graph through the bias or through the sort.
   at::Tensor biased = scores.detach() + bias.detach();  // (M, N)
+  if (options.groups > 1) {
+    TORCH_CHECK(k <= options.groups_per_token * (scores.size(1) / options.groups), "RouteTopK: k = ",
+                k, " experts do not fit in ", options.groups_per_token, " groups of ",
+                scores.size(1) / options.groups);
+    biased = MaskToKeptGroups(biased, options);
+  }
   // topk does not specify which index wins a tie; a stable descending sort keeps the lower
   // expert id first, so routing (and therefore replay and checkpoints) is reproducible. The
   // full sort costs N log N per token, small next to the expert matmuls.
   at::Tensor order = std::get<1>(at::sort(biased, /*stable=*/true, /*dim=*/1, /*descending=*/true));
   at::Tensor experts = order.narrow(1, 0, k).contiguous();  // (M, k)
-  return {experts, GatherWeights(scores, experts)};
+  return {experts, GatherWeights(scores, experts, options)};
 }
 
-RoutingDecision RouteWithExperts(const at::Tensor& scores, const at::Tensor& experts) {
+RoutingDecision RouteWithExperts(const at::Tensor& scores, const at::Tensor& experts,
+                                 const RouterOptions& options) {
   TORCH_CHECK(scores.dim() == 2 && experts.dim() == 2 && experts.size(0) == scores.size(0),
               "RouteWithExperts: scores (M, N) and experts (M, k) expected, got ", scores.sizes(),
               " and ", experts.sizes());
   at::Tensor ids = experts.to(scores.device(), at::kLong);
-  return {ids, GatherWeights(scores, ids)};
+  return {ids, GatherWeights(scores, ids, options)};
 }
 
 at::Tensor QuantileBalanceBias(const at::Tensor& scores, const at::Tensor& bias, int64_t k) {

@@ -1,9 +1,13 @@
 // Sparse expert routing and quantile balancing (docs/model_math.md#sparse-experts-and-routing and
 // #quantile-balancing).
 //
-// The router's scores are sigmoid(W_r x). Experts are chosen by top-k over scores + bias; the
-// weights are the chosen scores renormalised to sum to one. The bias only changes which experts
-// are chosen, never the weights or the gradients (it enters through argmax, not arithmetic).
+// The router's scores are sigmoid(W_r x) (or softmax, model config). Experts are chosen by top-k
+// over scores + bias; the weights are the chosen scores renormalised to sum to one. The bias only
+// changes which experts are chosen, never the weights or the gradients (it enters through
+// argmax, not arithmetic). RouterOptions add what DeepSeek-V3-style routers (Kimi Linear's)
+// also do: renormalisation optional and with an epsilon, a constant scale on the weights, and
+// grouped top-k, where a token first keeps the groups of experts whose two best biased scores
+// sum highest and then picks its k experts inside them.
 //
 // Quantile balancing computes the bias from the dual of the balanced assignment problem
 //
@@ -38,13 +42,31 @@ struct RoutingDecision {
   at::Tensor weights;  // (M, k) scores of the chosen experts / their sum; differentiable
 };
 
-// scores: (M, N) in (0, 1); bias: (N). k in [1, N]. Ties in scores + bias go to the lower expert
-// id, so the choice is deterministic on every platform and thread count.
-RoutingDecision RouteTopK(const at::Tensor& scores, const at::Tensor& bias, int64_t k);
+// The defaults are Strider's router; Kimi Linear's config names are beside each field.
+struct RouterOptions {
+  // weights = s_chosen / (sum of s_chosen + epsilon) when true, s_chosen as they are when false
+  // (moe_renormalize).
+  bool renormalize = true;
+  double renormalize_epsilon = 0;
+  double scaling = 1;  // then times this (routed_scaling_factor)
+  // Grouped top-k: N / groups consecutive experts per group (num_expert_group); each token keeps
+  // the groups_per_token groups (topk_group) whose two best biased scores sum highest. groups
+  // must divide N with at least two experts per group when groups > 1, and k must fit in the
+  // kept groups.
+  int64_t groups = 1;
+  int64_t groups_per_token = 1;
+};
+
+// scores: (M, N) router scores; bias: (N). k in [1, N]. Ties in scores + bias go to the lower
+// expert id (and ties between group scores to the lower group), so the choice is deterministic
+// on every platform and thread count.
+RoutingDecision RouteTopK(const at::Tensor& scores, const at::Tensor& bias, int64_t k,
+                          const RouterOptions& options = {});
 
 // Chosen experts given from outside (routing replay): the weights are recomputed from `scores`
-// so gradients flow, but the choice is exactly `experts` (M, k).
-RoutingDecision RouteWithExperts(const at::Tensor& scores, const at::Tensor& experts);
+// with the same options so gradients flow, but the choice is exactly `experts` (M, k).
+RoutingDecision RouteWithExperts(const at::Tensor& scores, const at::Tensor& experts,
+                                 const RouterOptions& options = {});
 
 // One quantile-balancing update. scores: (M, N) (detached internally); bias: (N) current bias.
 // k in [1, N - 1] (the threshold is the (k+1)-th score). Returns the new bias (N) in bias's

@@ -115,4 +115,8 @@ at::Tensor SituGlu(const at::Tensor& gate_preactivation, const at::Tensor& up_pr
   return gate * up;
 }
 
+at::Tensor SwiGlu(const at::Tensor& gate_preactivation, const at::Tensor& up_preactivation) {
+  return at::silu(gate_preactivation) * up_preactivation;
+}
+
 }  // namespace strider::kernels

@@ -72,7 +72,8 @@ at::Tensor RoutedExpertsParallel(const SparseExpertWeights& w, const FeedForward
       exchange.AllToAll((sorted - owner * per_rank).reshape({-1, 1}), send_counts, recv_counts)
           .reshape({-1});
 
-  // The latent rows there, this rank's experts over what came, the outputs back.
+  // The expert inputs there (latent rows, or the tokens for full-width experts), this rank's
+  // experts over what came, the outputs back.
   const at::Tensor rows = latent.index_select(0, token_index);
   const at::Tensor arrived = ExchangeRows::apply(rows, &exchange, send_counts, recv_counts);
   // Zeros tied to `arrived`, so that the return exchange is in the graph (and its backward
@@ -87,9 +88,8 @@ at::Tensor RoutedExpertsParallel(const SparseExpertWeights& w, const FeedForward
       if (n == 0) continue;
       const at::Tensor index = by_expert.narrow(0, begin, n);
       begin += n;
-      const at::Tensor output =
-          SituGluFeedForward(arrived.index_select(0, index), w.routed_gate[e], w.routed_up[e],
-                             w.routed_down[e], c.gate_cap, c.up_cap);
+      const at::Tensor output = GatedFeedForward(arrived.index_select(0, index), w.routed_gate[e],
+                                                 w.routed_up[e], w.routed_down[e], c);
       computed = computed.index_add(0, index, output);
     }
   }

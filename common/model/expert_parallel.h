@@ -4,9 +4,9 @@
 // Rank r of W holds experts [r n / W, (r + 1) n / W) of each layer (n divisible by W) and
 // everything else whole (router, latent projections, shared experts, attention). A sparse
 // layer on rank r routes its own tokens as the unsharded layer would, sends each (token,
-// expert) pair's latent row to the rank holding the expert (all-to-all), runs its experts on
-// the rows it received, and sends the outputs back (all-to-all); the sender weighs and sums
-// them. The exchange is differentiable: its backward is the reverse all-to-all, so expert
+// expert) pair's expert input (its latent row, or the token itself for full-width experts) to
+// the rank holding the expert (all-to-all), runs its experts on the rows it received, and sends
+// the outputs back (all-to-all); the sender weighs and sums them. The exchange is differentiable: its backward is the reverse all-to-all, so expert
 // weights collect gradients from every rank's tokens. Forward and backward equal the unsharded
 // layer's within fp32 rounding (tests/learner/expert_parallel_test.cc).
 //
@@ -40,9 +40,10 @@ class ExpertExchange {
 // The shard of each layer's experts a rank holds, and what it costs per rank:
 // ExpertShardOf and ExpertParallelFootprintOf in common/model/parameters.h (no LibTorch).
 
-// The routed experts' weighted sum in the latent width across ranks: what SparseExpertForward
+// The routed experts' weighted sum in their input width across ranks: what SparseExpertForward
 // (sparse_experts.h) computes when given an exchange. w.routed_* hold this rank's shard only;
-// latent (M, l), experts and weights (M, k) are this rank's tokens' routing.
+// latent (M, l) (the tokens (M, d) for full-width experts) is what the experts read, experts
+// and weights (M, k) are this rank's tokens' routing.
 at::Tensor RoutedExpertsParallel(const SparseExpertWeights& w, const FeedForwardConfig& c,
                                  const at::Tensor& latent, const at::Tensor& experts,
                                  const at::Tensor& weights, ExpertExchange& exchange);

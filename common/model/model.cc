@@ -389,8 +389,10 @@ void Model::ServeExperts(model::ExpertExchange& exchange, bool backward) const {
   for (const Layers::Layer& layer : layers_->layers) {
     if (!layer.sparse) continue;
     // No rows of its own: the layer only computes what the other ranks send. The empty latent
-    // requires a gradient so that backward runs the reverse exchanges too.
-    const at::Tensor latent = at::zeros({0, c.latent_width}, options).requires_grad_(backward);
+    // requires a gradient so that backward runs the reverse exchanges too. Full-width experts
+    // read the tokens themselves.
+    const int64_t expert_input = c.latent_experts ? c.latent_width : config_.width;
+    const at::Tensor latent = at::zeros({0, expert_input}, options).requires_grad_(backward);
     const at::Tensor experts = at::zeros({0, c.experts_per_token}, options.dtype(at::kLong));
     const at::Tensor weights = at::zeros({0, c.experts_per_token}, options);
     const at::Tensor out =
@@ -420,7 +422,8 @@ void Model::Bind() {
     }
     if (config_.IsMoeLayer(i)) {
       const std::string p = prefix + "experts.";
-      std::vector<std::string> names = {p + "router", p + "latent_down"};
+      std::vector<std::string> names = {p + "router"};
+      if (config_.feed_forward.latent_experts) names.push_back(p + "latent_down");
       if (config_.feed_forward.shared_experts > 0) {
         names.push_back(p + "shared_gate");
         names.push_back(p + "shared_up");
@@ -458,7 +461,8 @@ void Model::Bind() {
     layer.sparse = config_.IsMoeLayer(i);
     if (layer.sparse) {
       layer.experts = model::SparseExpertWeights::Bind(map, prefix + "experts.",
-                                                       config_.feed_forward.shared_experts > 0);
+                                                       config_.feed_forward.shared_experts > 0,
+                                                       config_.feed_forward.latent_experts);
     } else {
       layer.dense = model::DenseFeedForwardWeights::Bind(map, prefix + "dense.");
     }
@@ -762,6 +766,8 @@ Result<std::vector<double>> Model::UpdateRoutingBalance(const RoutingRecord& rec
       at::Tensor scores = entry.scores.reshape({-1, experts});
       violations.push_back(
           kernels::MaxViolation(entry.experts.reshape({scores.size(0), -1}), experts));
+      // Held as loaded (an imported correction bias): measured, not moved.
+      if (!config_.feed_forward.quantile_balancing) continue;
       at::Tensor bias = kernels::QuantileBalanceBias(scores, layer.experts.router_bias,
                                                      config_.feed_forward.experts_per_token);
       layer.experts.router_bias.copy_(bias);

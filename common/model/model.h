@@ -218,7 +218,7 @@ class Model {
 
   // One quantile-balancing update of every sparse layer's router bias from the scores of a
   // record (docs/model_math.md#quantile-balancing). Returns the MaxVio of each layer's recorded
-  // choices.
+  // choices; with feed_forward.quantile_balancing false it only measures them.
   Result<std::vector<double>> UpdateRoutingBalance(const RoutingRecord& record);
 
   Status CheckInput(const ModelInput& input) const;

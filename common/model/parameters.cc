@@ -102,17 +102,24 @@ std::vector<ParameterSpec> ModelParameterSpecs(const ModelConfig& c) {
     ParameterSpec* bias = add(p + "router_bias", {f.routed_experts}, "router_bias",
                               ParameterInit::kZeros);
     bias->trainable = false;
-    add(p + "latent_down", {f.latent_width, d}, "expert_latent_projections");
-    add(p + "latent_norm", {f.latent_width}, "expert_latent_projections", ParameterInit::kOnes);
-    add(p + "latent_up", {d, f.latent_width}, "expert_latent_projections",
-        ParameterInit::kNormal, branch_scale);
+    if (f.latent_experts) {
+      add(p + "latent_down", {f.latent_width, d}, "expert_latent_projections");
+      add(p + "latent_norm", {f.latent_width}, "expert_latent_projections", ParameterInit::kOnes);
+      add(p + "latent_up", {d, f.latent_width}, "expert_latent_projections",
+          ParameterInit::kNormal, branch_scale);
+    }
+    // Full-width experts read and write x themselves, so their down projection is the branch's
+    // output projection.
+    const int64_t expert_input = f.latent_experts ? f.latent_width : d;
+    const double down_scale = f.latent_experts ? 1.0 : branch_scale;
     const double routed_fraction =
         static_cast<double>(f.experts_per_token) / static_cast<double>(f.routed_experts);
     for (const char* part : {"routed_gate", "routed_up"}) {
-      add(p + part, {f.routed_experts, f.expert_hidden, f.latent_width}, "routed_experts")
+      add(p + part, {f.routed_experts, f.expert_hidden, expert_input}, "routed_experts")
           ->active_fraction = routed_fraction;
     }
-    add(p + "routed_down", {f.routed_experts, f.latent_width, f.expert_hidden}, "routed_experts")
+    add(p + "routed_down", {f.routed_experts, expert_input, f.expert_hidden}, "routed_experts",
+        ParameterInit::kNormal, down_scale)
         ->active_fraction = routed_fraction;
     if (f.shared_experts > 0) {
       add(p + "shared_gate", {f.shared_experts, f.shared_hidden, d}, "shared_experts");

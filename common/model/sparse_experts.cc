@@ -14,12 +14,14 @@
 namespace strider::model {
 namespace {
 
-// The routed experts' weighted sum in the latent width, for inference (no autograd): the
+// The routed experts' weighted sum in their input width (l, or d for full-width experts), for
+// inference (no autograd): the
 // (token, slot) pairs are bucketed by expert on the host from the chosen ids, so there is no
 // argsort, bincount or copy of the counts per layer. An expert chosen by one token runs as
 // matrix-vector products on that token's row (what batch-1 decode does in every layer). Experts
 // are visited in ascending id, the order the training path adds them in, so both paths sum each
-// token's contributions in the same order. latent: (M, l); experts, weights: (M, k) on the CPU.
+// token's contributions in the same order. latent: (M, l) (the tokens themselves, (M, d), for
+// full-width experts); experts, weights: (M, k) on the CPU.
 at::Tensor RoutedExpertsInference(const SparseExpertWeights& w, const FeedForwardConfig& c,
                                   const at::Tensor& latent, const at::Tensor& experts,
                                   const at::Tensor& weights) {
@@ -70,12 +72,11 @@ at::Tensor RoutedExpertsInference(const SparseExpertWeights& w, const FeedForwar
       const at::Tensor down = w.routed_down.select(0, item.expert);
       if (item.tokens.size() == 1) {
         // One token: matrix-vector products on its row.
-        item.output = SituGluFeedForward(latent.select(0, item.tokens.front()), gate, up, down,
-                                         c.gate_cap, c.up_cap)
+        item.output = GatedFeedForward(latent.select(0, item.tokens.front()), gate, up, down, c)
                           .mul_(flat_weights.select(0, pairs_of[item.expert].front()));
       } else {
-        item.output = SituGluFeedForward(latent.index_select(0, item.token_index), gate, up,
-                                         down, c.gate_cap, c.up_cap);
+        item.output =
+            GatedFeedForward(latent.index_select(0, item.token_index), gate, up, down, c);
         item.output.mul_(flat_weights.index_select(0, item.pair_index).unsqueeze(1));
       }
     }
@@ -96,8 +97,8 @@ at::Tensor RoutedExpertsInference(const SparseExpertWeights& w, const FeedForwar
   return combined;
 }
 
-// The routed experts' weighted sum in the latent width, differentiable (training, and any
-// caller with grad mode on). latent: (M, l).
+// The routed experts' weighted sum in their input width, differentiable (training, and any
+// caller with grad mode on). latent: (M, l), or (M, d) for full-width experts.
 at::Tensor RoutedExpertsGrouped(const SparseExpertWeights& w, const FeedForwardConfig& c,
                                 const at::Tensor& latent,
                                 const kernels::RoutingDecision& decision) {
@@ -118,8 +119,8 @@ at::Tensor RoutedExpertsGrouped(const SparseExpertWeights& w, const FeedForwardC
     begin += n;
     at::Tensor token_index = at::floor_divide(pairs, k);
     at::Tensor input = latent.index_select(0, token_index);  // (n, l)
-    at::Tensor output = SituGluFeedForward(input, w.routed_gate[expert], w.routed_up[expert],
-                                           w.routed_down[expert], c.gate_cap, c.up_cap);
+    at::Tensor output = GatedFeedForward(input, w.routed_gate[expert], w.routed_up[expert],
+                                         w.routed_down[expert], c);
     output = output * flat_weights.index_select(0, pairs).unsqueeze(1);
     combined = combined.index_add(0, token_index, output);
   }
@@ -134,20 +135,46 @@ DenseFeedForwardWeights DenseFeedForwardWeights::Bind(const TensorMap& t, const 
   return w;
 }
 
+at::Tensor GatedActivation(const at::Tensor& gate_preactivation,
+                           const at::Tensor& up_preactivation, const FeedForwardConfig& c) {
+  if (c.activation == "silu") return kernels::SwiGlu(gate_preactivation, up_preactivation);
+  return kernels::SituGlu(gate_preactivation, up_preactivation, c.gate_cap, c.up_cap);
+}
+
+at::Tensor GatedFeedForward(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
+                            const at::Tensor& down, const FeedForwardConfig& c) {
+  if (c.activation == "silu") {
+    return Linear(kernels::SwiGlu(Linear(x, gate), Linear(x, up)), down);
+  }
+  return SituGluFeedForward(x, gate, up, down, c.gate_cap, c.up_cap);
+}
+
+kernels::RouterOptions RouterOptionsOf(const FeedForwardConfig& c) {
+  kernels::RouterOptions options;
+  options.renormalize = c.renormalize;
+  options.renormalize_epsilon = c.renormalize_epsilon;
+  options.scaling = c.routed_scaling_factor;
+  options.groups = c.expert_groups;
+  options.groups_per_token = c.groups_per_token;
+  return options;
+}
+
 at::Tensor DenseFeedForward(const DenseFeedForwardWeights& w, const FeedForwardConfig& c,
                             const at::Tensor& x) {
   const std::vector<at::Tensor> inputs = LinearParts(x, w.joined_input, {&w.gate, &w.up});
-  return Linear(kernels::SituGlu(inputs[0], inputs[1], c.gate_cap, c.up_cap), w.down);
+  return Linear(GatedActivation(inputs[0], inputs[1], c), w.down);
 }
 
 SparseExpertWeights SparseExpertWeights::Bind(const TensorMap& t, const std::string& p,
-                                              bool has_shared_experts) {
+                                              bool has_shared_experts, bool latent_experts) {
   SparseExpertWeights w;
   w.router = Lookup(t, p + "router");
   w.router_bias = Lookup(t, p + "router_bias");
-  w.latent_down = Lookup(t, p + "latent_down");
-  w.latent_norm = Lookup(t, p + "latent_norm");
-  w.latent_up = Lookup(t, p + "latent_up");
+  if (latent_experts) {
+    w.latent_down = Lookup(t, p + "latent_down");
+    w.latent_norm = Lookup(t, p + "latent_norm");
+    w.latent_up = Lookup(t, p + "latent_up");
+  }
   w.routed_gate = Lookup(t, p + "routed_gate");
   w.routed_up = Lookup(t, p + "routed_up");
   w.routed_down = Lookup(t, p + "routed_down");
@@ -169,22 +196,36 @@ at::Tensor SparseExpertForward(const SparseExpertWeights& w, const FeedForwardCo
   const int64_t width = x.size(2);
   at::Tensor tokens = x.reshape({batch * length, width});  // (M, d)
 
-  const std::vector<at::Tensor> inputs =
-      w.shared_gate.defined()
-          ? LinearParts(tokens, w.joined_input,
-                        {&w.router, &w.latent_down, &w.shared_gate, &w.shared_up})
-          : LinearParts(tokens, w.joined_input, {&w.router, &w.latent_down});
-  at::Tensor scores = at::sigmoid(inputs[0]);  // (M, n)
+  // The products that read the tokens, in Model::Bind's row order: router, latent_down (latent
+  // experts only), then the shared experts' gate and up.
+  const bool latent_experts = w.latent_down.defined();
+  const bool shared = w.shared_gate.defined();
+  std::vector<at::Tensor> inputs;
+  if (latent_experts && shared) {
+    inputs = LinearParts(tokens, w.joined_input,
+                         {&w.router, &w.latent_down, &w.shared_gate, &w.shared_up});
+  } else if (latent_experts) {
+    inputs = LinearParts(tokens, w.joined_input, {&w.router, &w.latent_down});
+  } else if (shared) {
+    inputs = LinearParts(tokens, w.joined_input, {&w.router, &w.shared_gate, &w.shared_up});
+  } else {
+    inputs = LinearParts(tokens, w.joined_input, {&w.router});
+  }
+  const at::Tensor& logits = inputs[0];  // (M, n)
+  const at::Tensor scores =
+      c.router_activation == "softmax" ? at::softmax(logits, -1) : at::sigmoid(logits);
+  const kernels::RouterOptions options = RouterOptionsOf(c);
   kernels::RoutingDecision decision =
       replay_experts.defined()
-          ? kernels::RouteWithExperts(scores, replay_experts)
-          : kernels::RouteTopK(scores, w.router_bias, c.experts_per_token);
+          ? kernels::RouteWithExperts(scores, replay_experts, options)
+          : kernels::RouteTopK(scores, w.router_bias, c.experts_per_token, options);
   if (record != nullptr) {
     record->experts = decision.experts;
     record->scores = scores.detach();
   }
 
-  at::Tensor latent = inputs[1];  // (M, l)
+  // The routed experts read the latent projection, or the tokens themselves at full width.
+  const at::Tensor latent = latent_experts ? inputs[1] : tokens;  // (M, l) or (M, d)
   at::Tensor combined;
   if (exchange != nullptr) {
     combined = RoutedExpertsParallel(w, c, latent, decision.experts, decision.weights, *exchange);
@@ -193,13 +234,16 @@ at::Tensor SparseExpertForward(const SparseExpertWeights& w, const FeedForwardCo
   } else {
     combined = RoutedExpertsGrouped(w, c, latent, decision);
   }
-  at::Tensor y = Linear(RmsNorm(combined, w.latent_norm, norm_epsilon), w.latent_up);
-  if (w.shared_gate.defined()) {
+  at::Tensor y =
+      latent_experts ? Linear(RmsNorm(combined, w.latent_norm, norm_epsilon), w.latent_up)
+                     : combined;
+  if (shared) {
+    const at::Tensor& shared_gate = inputs[latent_experts ? 2 : 1];
+    const at::Tensor& shared_up = inputs[latent_experts ? 3 : 2];
     const int64_t hidden = w.shared_gate.size(1);
     for (int64_t j = 0; j < w.shared_gate.size(0); ++j) {
-      at::Tensor activation =
-          kernels::SituGlu(inputs[2].narrow(-1, j * hidden, hidden),
-                           inputs[3].narrow(-1, j * hidden, hidden), c.gate_cap, c.up_cap);
+      at::Tensor activation = GatedActivation(shared_gate.narrow(-1, j * hidden, hidden),
+                                              shared_up.narrow(-1, j * hidden, hidden), c);
       y = y + Linear(activation, w.shared_down[j]);
     }
   }
