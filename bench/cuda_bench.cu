@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -211,6 +212,127 @@ void BenchLatent(const char* name, int64_t batch, int64_t heads, int64_t context
   if (ws != nullptr) CHECK_CUDA(cudaFree(ws));
 }
 
+// Gathers scattered pages into a contiguous (S, W) cache, one block per page: the alternative
+// to reading the pages in place (the paged kernel), timed with the contiguous kernel after it.
+__global__ void GatherPagesKernel(const float* const* pages, int64_t page_rows, int64_t width,
+                                  float* out) {
+  const float* page = pages[blockIdx.x];
+  float* target = out + static_cast<int64_t>(blockIdx.x) * page_rows * width;
+  for (int64_t i = threadIdx.x; i < page_rows * width; i += blockDim.x) target[i] = page[i];
+}
+
+// The latent decode over the rollout engine's layout (256-row blocks of [c_kv; k_rope] rows,
+// scattered through a pool) against the contiguous kernel on the same rows, and against
+// gathering the pages into a contiguous cache first.
+void BenchLatentPaged(const char* name, int64_t batch, int64_t heads, int64_t context,
+                      double copy_bw, int reps) {
+  constexpr int64_t kPageRows = 256;
+  LatentAttentionDecodeDims dims;
+  dims.batch = batch;
+  dims.heads = heads;
+  dims.latent_dim = 512;
+  dims.rope_dim = 64;
+  const int64_t width = dims.latent_dim + dims.rope_dim;
+  const int64_t pages_per_row = (context + kPageRows - 1) / kPageRows;
+  dims.capacity = pages_per_row * kPageRows;
+  dims.scale = 1.0f / std::sqrt(192.0f);
+  const int64_t blocks = batch * pages_per_row;
+  float* pool = DeviceRandom(size_t(blocks) * kPageRows * width, 21);
+  float* aq = DeviceRandom(batch * heads * dims.latent_dim, 22);
+  float* rq = DeviceRandom(batch * heads * dims.rope_dim, 23);
+  float* out = DeviceRandom(batch * heads * dims.latent_dim, 24);
+  float* gathered = nullptr;
+  CHECK_CUDA(cudaMalloc(&gathered, size_t(blocks) * kPageRows * width * sizeof(float)));
+  // Sequence b's page p is pool block (p * batch + b) reversed: no two neighbours adjacent.
+  std::vector<const float*> latent_pages(blocks), rope_pages(blocks);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t p = 0; p < pages_per_row; ++p) {
+      const int64_t block = blocks - 1 - (p * batch + b);
+      latent_pages[b * pages_per_row + p] = pool + block * kPageRows * width;
+      rope_pages[b * pages_per_row + p] = latent_pages[b * pages_per_row + p] + dims.latent_dim;
+    }
+  }
+  const float** tables = nullptr;
+  CHECK_CUDA(cudaMalloc(&tables, 2 * blocks * sizeof(float*)));
+  CHECK_CUDA(cudaMemcpy(tables, latent_pages.data(), blocks * sizeof(float*),
+                        cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(tables + blocks, rope_pages.data(), blocks * sizeof(float*),
+                        cudaMemcpyHostToDevice));
+  int32_t* lengths = nullptr;
+  CHECK_CUDA(cudaMalloc(&lengths, batch * sizeof(int32_t)));
+  std::vector<int32_t> host_lengths(batch, static_cast<int32_t>(context));
+  CHECK_CUDA(cudaMemcpy(lengths, host_lengths.data(), batch * sizeof(int32_t),
+                        cudaMemcpyHostToDevice));
+  const size_t ws_bytes = LatentAttentionDecodeWorkspaceBytes(dims);
+  void* ws = nullptr;
+  if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  LatentAttentionPagedCache cache;
+  cache.latent_pages = tables;
+  cache.rope_pages = tables + blocks;
+  cache.max_pages = pages_per_row;
+  cache.page_rows = kPageRows;
+  cache.latent_row_stride = width;
+  cache.rope_row_stride = width;
+  const double paged_ms = MedianMs(3, reps, [&] {
+    CheckStatus(LatentAttentionDecodePaged(dims, aq, rq, cache, lengths, out, nullptr, ws,
+                                           ws_bytes, nullptr),
+                "LatentAttentionDecodePaged");
+  });
+  // The same rows gathered once, read contiguously: [c_kv; k_rope] rows of one buffer, so the
+  // contiguous kernel's separate latent and rope arrays are strided views it cannot take; the
+  // paged kernel with one page per sequence reads exactly the contiguous layout instead.
+  GatherPagesKernel<<<static_cast<unsigned>(blocks), 256>>>(tables, kPageRows, width, gathered);
+  CHECK_CUDA(cudaGetLastError());
+  std::vector<const float*> whole(2 * batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    whole[b] = gathered + b * pages_per_row * kPageRows * width;
+    whole[batch + b] = whole[b] + dims.latent_dim;
+  }
+  const float** whole_tables = nullptr;
+  CHECK_CUDA(cudaMalloc(&whole_tables, 2 * batch * sizeof(float*)));
+  CHECK_CUDA(cudaMemcpy(whole_tables, whole.data(), 2 * batch * sizeof(float*),
+                        cudaMemcpyHostToDevice));
+  LatentAttentionPagedCache contiguous = cache;
+  contiguous.latent_pages = whole_tables;
+  contiguous.rope_pages = whole_tables + batch;
+  contiguous.max_pages = 1;
+  contiguous.page_rows = dims.capacity;
+  const double contiguous_ms = MedianMs(3, reps, [&] {
+    CheckStatus(LatentAttentionDecodePaged(dims, aq, rq, contiguous, lengths, out, nullptr, ws,
+                                           ws_bytes, nullptr),
+                "LatentAttentionDecodePaged (one page)");
+  });
+  const double gather_ms = MedianMs(3, reps, [&] {
+    GatherPagesKernel<<<static_cast<unsigned>(blocks), 256>>>(tables, kPageRows, width, gathered);
+    CheckStatus(LatentAttentionDecodePaged(dims, aq, rq, contiguous, lengths, out, nullptr, ws,
+                                           ws_bytes, nullptr),
+                "LatentAttentionDecodePaged after a gather");
+  });
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const double cache_bytes = 4.0 * double(batch) * context * width;
+  const bench::JsonFields fields = {{"batch", JsonNumber(batch)},
+                                    {"heads", JsonNumber(heads)},
+                                    {"context", JsonNumber(context)},
+                                    {"page_rows", JsonNumber(kPageRows)},
+                                    {"cache_bytes", JsonNumber(cache_bytes)}};
+  bench::JsonFields paged_fields = fields;
+  paged_fields.push_back({"baseline_is", JsonString("the same rows read contiguously (one page "
+                                                    "per sequence); ratio 1: paging is free")});
+  PrintResult("cuda_bench", std::string("latent_decode_paged_") + name, paged_ms, "ms",
+              contiguous_ms, paged_fields);
+  bench::JsonFields gather_fields = fields;
+  gather_fields.push_back({"baseline_is", JsonString("the paged kernel reading the pages in "
+                                                     "place; ratio > 1: gathering first costs")});
+  gather_fields.push_back({"gather_copy_bound_ms", JsonNumber(1e3 * 2 * cache_bytes / copy_bw)});
+  PrintResult("cuda_bench", std::string("latent_decode_gather_then_contiguous_") + name,
+              gather_ms, "ms", paged_ms, gather_fields);
+  for (float* p : {pool, aq, rq, out, gathered}) CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaFree(tables));
+  CHECK_CUDA(cudaFree(whole_tables));
+  CHECK_CUDA(cudaFree(lengths));
+  if (ws != nullptr) CHECK_CUDA(cudaFree(ws));
+}
+
 int Main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   std::string why;
@@ -220,15 +342,20 @@ int Main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  int driver = 0;
+  CHECK_CUDA(cudaDriverGetVersion(&driver));
+  const char* commit = std::getenv("STRIDER_COMMIT");
+  bench::EveryLineFields() = {
+      {"device", JsonString(prop.name)},
+      {"cuda_driver_api", JsonNumber(driver)},
+      {"commit", JsonString(commit != nullptr ? commit : "unknown")}};
   const int reps = quick ? 5 : 20;
   const double copy_bw = CopyBandwidth(size_t{1} << 30, reps);
   const double fma_peak = FmaPeak(prop.multiProcessorCount);
   PrintResult("cuda_bench", "copy_bandwidth", copy_bw / 1e9, "GB/s", std::nullopt,
-              {{"device", JsonString(prop.name)},
-               {"sms", JsonNumber(prop.multiProcessorCount)},
+              {{"sms", JsonNumber(prop.multiProcessorCount)},
                {"l2_bytes", JsonNumber(prop.l2CacheSize)}});
-  PrintResult("cuda_bench", "fp32_fma_peak", fma_peak / 1e12, "TFLOP/s", std::nullopt,
-              {{"device", JsonString(prop.name)}});
+  PrintResult("cuda_bench", "fp32_fma_peak", fma_peak / 1e12, "TFLOP/s", std::nullopt);
 
   // States well beyond L2, so the step really goes to memory: 4096 and 1024 heads of 128 x 128.
   BenchDeltaRule(64, 64, 128, 128, copy_bw, reps);
@@ -239,6 +366,10 @@ int Main(int argc, char** argv) {
   BenchLatent("1M_context_96_heads", 1, 96, 1 << 20, copy_bw, fma_peak, reps);
   BenchLatent("64K_context_16_heads", 1, 16, 1 << 16, copy_bw, fma_peak, reps);
   BenchLatent("batch32_32K_16_heads", 32, 16, 1 << 15, copy_bw, fma_peak, reps);
+
+  BenchLatentPaged("1M_context_16_heads", 1, 16, 1 << 20, copy_bw, reps);
+  BenchLatentPaged("batch32_32K_16_heads", 32, 16, 1 << 15, copy_bw, reps);
+  BenchLatentPaged("batch64_4K_12_heads", 64, 12, 4096, copy_bw, reps);
   return 0;
 }
 

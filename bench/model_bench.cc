@@ -17,6 +17,11 @@
 //
 //   model_bench [--quick] [--only train|decode|cache|attention] [--config PATH] [--threads N]
 //               [--mha-budget-gib G] [--max-context N] [--hybrid-max-context N]
+//
+// With --device cuda[:N], the GPU sections instead (bench/model_bench_gpu.h, docs/cuda.md):
+// device ceilings, then decode, prefill, a training step and the weight publish on the GPU.
+//   model_bench --device cuda [--quick] [--gpu-sections decode,prefill,train,publish]
+//               [--gpu-configs gpu_1b,small]
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -40,6 +45,7 @@
 #include "bench/bench_json.h"
 #include "bench/bench_util.h"
 #include "bench/ceiling.h"
+#include "bench/model_bench_gpu.h"
 #include "common/kernels/latent_attention.h"
 #include "common/model/config.h"
 #include "common/model/model.h"
@@ -70,7 +76,18 @@ struct Options {
   // grows linearly (incremental) or quadratically (hybrid) with them.
   int64_t max_context = 0;
   int64_t hybrid_max_context = 0;
+  std::string device;  // cuda[:N]: the GPU sections (model_bench_gpu.h) instead of the above
+  bench::GpuBenchOptions gpu;
 };
+
+std::vector<std::string> SplitCommas(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream stream(text);
+  for (std::string item; std::getline(stream, item, ',');) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
 
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -772,7 +789,10 @@ Options ParseOptions(int argc, char** argv) {
   auto usage = [&]() {
     std::cerr << "usage: " << argv[0]
               << " [--quick] [--only train|decode|cache|attention] [--config PATH] [--threads N]"
-                 " [--mha-budget-gib G] [--max-context N] [--hybrid-max-context N]\n";
+                 " [--mha-budget-gib G] [--max-context N] [--hybrid-max-context N]\n"
+              << "       " << argv[0]
+              << " --device cuda[:N] [--quick] [--gpu-sections decode,prefill,train,publish]"
+                 " [--gpu-configs gpu_1b,small]\n";
     std::exit(2);
   };
   for (int i = 1; i < argc; ++i) {
@@ -799,6 +819,13 @@ Options ParseOptions(int argc, char** argv) {
       options.hybrid_max_context = std::stoll(next());
     } else if (arg == "--mha-budget-gib") {
       options.mha_budget_gib = std::stod(next());
+    } else if (arg == "--device") {
+      options.device = next();
+    } else if (arg == "--gpu-sections") {
+      options.gpu.sections = SplitCommas(next());
+    } else if (arg == "--gpu-configs") {
+      options.gpu.configs = SplitCommas(next());
+      if (options.gpu.configs.empty()) usage();
     } else {
       usage();
     }
@@ -813,7 +840,13 @@ int main(int argc, char** argv) {
   using namespace strider;
   if (std::optional<int> child = bench::RunCeilingChild(argc, argv)) return *child;
   bench::EveryLineFields() = bench::RunPolicyFields();
-  const Options options = ParseOptions(argc, argv);
+  Options options = ParseOptions(argc, argv);
+  if (!options.device.empty() && options.device != "cpu") {
+    options.gpu.device = options.device;
+    options.gpu.quick = options.quick;
+    bench::EveryLineFields().clear();  // the CPU's OpenMP wait policy says nothing here
+    return bench::RunGpuSections(options.gpu);
+  }
   ConfigureRuntime(options.threads);
   at::manual_seed(0);
   const double start = Seconds();
