@@ -108,9 +108,17 @@ class Trainer {
                                                  const TrainerOptions& options,
                                                  const std::string& checkpoint = "");
 
-  // Owned by the Trainer; the references stay valid for its lifetime.
+  // Owned by the Trainer; the references stay valid for its lifetime. model() holds the weights
+  // the optimiser updates, saves and publishes (fp32, the masters, in either precision).
   Model& model() { return *model_; }
   const Model& model() const { return *model_; }
+  // What the passes run: model() in float32; in bfloat16 a bf16 copy of it, refreshed after
+  // every update (SyncComputeWeights), whose gradients reach model()'s .grad in fp32 as
+  // backward produces them (so chunks and mini-batches accumulate in fp32).
+  Model& compute_model() { return compute_ ? *compute_ : *model_; }
+  // After anything but Step, FitRoutingBalance and BalanceRouting (which do it themselves)
+  // wrote model()'s weights: copies them into the compute model, on the device.
+  Status SyncComputeWeights();
   AdamW& optimizer() { return *optimizer_; }
   // The mode's source of randomness (mini-batch order, sampling), saved with checkpoints so a
   // resumed run draws what an uninterrupted one would.
@@ -143,9 +151,11 @@ class Trainer {
 
  private:
   Trainer() = default;
+  Status MakeComputeModel();
 
   TrainerOptions options_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> compute_;  // bfloat16 only
   std::unique_ptr<AdamW> optimizer_;
   at::Generator generator_;
   std::deque<RoutingRecord> balance_window_;

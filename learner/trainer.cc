@@ -2,6 +2,7 @@
 // taken out of the pretraining loop so every mode steps a model the same way.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -75,6 +76,8 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
                                                  const std::string& checkpoint) {
   std::unique_ptr<Trainer> trainer(new Trainer());
   trainer->options_ = options;
+  // Before the first pass; the model's weights stay fp32 (the masters) in either precision.
+  ConfigurePrecision(options.precision);
   CheckpointState state;
   if (checkpoint.empty() && !options.initial_weights.empty()) {
     STRIDER_ASSIGN_OR_RETURN(trainer->model_, Model::Load(config, options.initial_weights));
@@ -134,11 +137,64 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
     }
     return Status::Ok();
   }));
+  if (options.precision == Precision::kBFloat16) {
+    STRIDER_RETURN_IF_ERROR(trainer->MakeComputeModel());
+  }
   trainer->started_ = Clock::now();
   return trainer;
 }
 
-void Trainer::ZeroGrad() { optimizer_->ZeroGrad(); }
+Status Trainer::MakeComputeModel() {
+  // Through host memory one tensor at a time (as a published version travels), so the device
+  // holds the masters and the bf16 copy, never a second fp32 one.
+  STRIDER_ASSIGN_OR_RETURN(std::string bytes, model_->SaveToBytes());
+  STRIDER_ASSIGN_OR_RETURN(compute_, Model::LoadFromBytes(model_->config(), bytes, "masters"));
+  bytes.clear();
+  STRIDER_RETURN_IF_ERROR(ApplyWeightPrecision(compute_.get(), Precision::kBFloat16));
+  return model::Guarded("bf16 compute weights", [&]() -> Status {
+    compute_->SetRequiresGrad(true);
+    const std::vector<std::pair<std::string, at::Tensor>> masters = NamedTrainable(*model_);
+    for (const auto& [name, weight] : NamedTrainable(*compute_)) {
+      auto master = std::find_if(masters.begin(), masters.end(),
+                                 [&](const auto& entry) { return entry.first == name; });
+      if (master == masters.end()) {
+        return Status::Internal("bf16 compute weight " + name + " has no master");
+      }
+      // The gradient of each bf16 product lands in the master's fp32 .grad as backward makes
+      // it: accumulation over chunks and mini-batches never rounds to bf16.
+      weight.register_hook([master = master->second](const at::Tensor& grad) {
+        at::Tensor& sum = master.mutable_grad();
+        if (sum.defined()) {
+          sum.add_(grad);
+        } else {
+          sum = grad.to(at::kFloat);
+        }
+      });
+    }
+    return Status::Ok();
+  });
+}
+
+Status Trainer::SyncComputeWeights() {
+  if (!compute_) return Status::Ok();
+  return model::Guarded("bf16 compute weights", [&] {
+    at::NoGradGuard no_grad;
+    const auto& masters = model_->tensors();
+    const auto& copies = compute_->tensors();
+    for (size_t i = 0; i < masters.size(); ++i) copies[i].second.copy_(masters[i].second);
+  });
+}
+
+void Trainer::ZeroGrad() {
+  optimizer_->ZeroGrad();
+  if (compute_) {
+    // The bf16 weights' own .grad is never read (the hooks feed the masters); dropped here so
+    // it does not hold memory between steps.
+    for (const auto& [name, tensor] : compute_->tensors()) {
+      if (tensor.grad().defined()) tensor.mutable_grad() = at::Tensor();
+    }
+  }
+}
 
 Result<TrainerStep> Trainer::Step(int64_t step) {
   TrainerStep result;
@@ -153,6 +209,7 @@ Result<TrainerStep> Trainer::Step(int64_t step) {
   } else {
     return norm.status();
   }
+  if (result.applied) STRIDER_RETURN_IF_ERROR(SyncComputeWeights());
   last_step_ = result;
   return result;
 }
@@ -161,7 +218,7 @@ Status Trainer::FitRoutingBalance(const RoutingRecord& record, int64_t sweeps) {
   for (int64_t sweep = 0; sweep < sweeps; ++sweep) {
     STRIDER_RETURN_IF_ERROR(model_->UpdateRoutingBalance(record).status());
   }
-  return Status::Ok();
+  return SyncComputeWeights();
 }
 
 Result<double> Trainer::BalanceRouting(RoutingRecord record) {
@@ -184,6 +241,7 @@ Result<double> Trainer::BalanceRouting(RoutingRecord record) {
           ->UpdateRoutingBalance(RoutingRecord::Concatenate(
               std::vector<RoutingRecord>(balance_window_.begin(), balance_window_.end())))
           .status());
+  STRIDER_RETURN_IF_ERROR(SyncComputeWeights());
   return violation;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "common/model/precision.h"
 #include "learner/optimizer.h"
 
 namespace strider {
@@ -24,6 +25,11 @@ struct TrainerConfig {
   // The biases are fitted before each step's training pass (FitRoutingBalance) instead of
   // after it: BalanceRouting then only measures.
   bool balance_prepass = false;
+
+  // The passes' compute precision (common/model/precision.h). In bfloat16 the model's weights,
+  // their gradients and the AdamW moments stay fp32 (the masters); the scoring and update
+  // passes run their matrix products in bf16.
+  Precision precision = Precision::kFloat32;
 };
 
 }  // namespace strider

@@ -342,7 +342,9 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
         MakeTrainerOptions(config.trainer, StageSchedule(config, stage, steps));
     STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                              Trainer::Create(config.model, trainer_options, from));
-    Model& model = trainer->model();
+    // The passes run the compute model (the bf16 copy in bfloat16); the optimiser and
+    // checkpoints the masters.
+    Model& model = trainer->compute_model();
     LossOptions loss_options;
     loss_options.path =
         stage.paths == "inference" ? TrainingPath::kInference : TrainingPath::kTraining;

@@ -137,6 +137,15 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
   root.Optional("device", &device);
   root.Check(device.empty() || ValidDeviceName(device), "device",
              "must be cpu, cuda or cuda:N, got '" + device + "'");
+  // float32 or bfloat16 (fp32 masters, gradients and moments, passes on a bf16 copy;
+  // docs/cuda.md).
+  std::string precision = PrecisionName(trainer.precision);
+  root.Optional("precision", &precision);
+  if (Result<Precision> parsed = ParsePrecision(precision); parsed.ok()) {
+    trainer.precision = *parsed;
+  } else {
+    root.Fail("precision", parsed.status().message());
+  }
   {
     ConfigReader optimizer = root.Section("optimizer");
     ReadAdamWOptions(optimizer, &trainer.optimizer);

@@ -190,10 +190,25 @@ Result<RlLearnerConfig> LoadRlLearnerConfig(const std::string& path) {
   root.Optional("device", &device);
   root.Check(device.empty() || ValidDeviceName(device), "device",
              "must be cpu, cuda or cuda:N, got '" + device + "'");
+  // float32 (the exactness contracts) or bfloat16: fp32 masters, gradients and moments, the
+  // passes on a bf16 copy (common/model/precision.h, docs/cuda.md).
+  std::string precision = PrecisionName(config.trainer.precision);
+  root.Optional("precision", &precision);
+  if (Result<Precision> parsed = ParsePrecision(precision); parsed.ok()) {
+    config.trainer.precision = *parsed;
+  } else {
+    root.Fail("precision", parsed.status().message());
+  }
   ReadTrainerSections(root, &config.trainer);
   ReadReplay(root.Section("replay"), &config.replay);
   ReadPublish(root.Section("publish"), &config.publish);
   ReadTrain(root.Section("train"), &config.train);
+  if (config.trainer.precision == Precision::kBFloat16) {
+    // The actor's and the learner's bf16 products of the same bf16 weights round apart on
+    // every token: the check is left to catch wrong weights, and the loss's truncated
+    // importance weights (and masks) take the rounding (docs/cuda.md). The key still wins.
+    config.scoring.mismatch_threshold = kBFloat16MismatchThreshold;
+  }
   ReadScoring(root.Section("scoring"), &config.scoring);
   // An error here is the document's too (config.h): root.Finish() below reports it first, with
   // the unknown keys of every section checked.

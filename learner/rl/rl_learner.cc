@@ -220,6 +220,7 @@ Result<std::unique_ptr<LearnerGroup>> JoinLearnerGroup(const RlLearnerConfig& co
     if (replicated(named[i % named.size()].first)) tensors.push_back(moments[i]);
   }
   STRIDER_RETURN_IF_ERROR(group->Broadcast(tensors, 0));
+  STRIDER_RETURN_IF_ERROR(trainer.SyncComputeWeights());
   return group;
 }
 
@@ -348,7 +349,7 @@ Status RlLearner::JoinGroup() {
     }
   }
   if (expert_parallel_) {
-    rounds_ = group_->ExpertRounds({&trainer_->model(), reference_.get()});
+    rounds_ = group_->ExpertRounds({&trainer_->compute_model(), reference_.get()});
     // Clipping's global norm adds every rank's experts.
     LearnerGroup* group = group_.get();
     trainer_->optimizer().ShardNorm(IsRoutedExpertTensor, [group](double own) -> Result<double> {
@@ -564,8 +565,8 @@ Result<RlLearner::PreparedStep> RlLearner::Prepare(replay::SampleBatch sampled) 
   OrderByProvenance(groups);
 
   PreparedStep out;
-  STRIDER_ASSIGN_OR_RETURN(out.batch, PrepareBatch(trainer_->model(), reference_.get(), groups,
-                                                   settings_));
+  STRIDER_ASSIGN_OR_RETURN(
+      out.batch, PrepareBatch(trainer_->compute_model(), reference_.get(), groups, settings_));
   if (rounds_ != nullptr) STRIDER_RETURN_IF_ERROR(rounds_->Drain());
   double reward_sum = 0, staleness_sum = 0;
   int64_t successes = 0, finished = 0, kept = 0;
@@ -675,7 +676,7 @@ Result<bool> RlLearner::UpdateMinibatch(std::span<const TrainingTrajectory* cons
   if (settings_.recorder != nullptr) settings_.recorder->BeginUpdate(epoch, update->updates);
   STRIDER_ASSIGN_OR_RETURN(
       UpdateMetrics metrics,
-      AccumulateGradients(trainer_->model(), part, settings_,
+      AccumulateGradients(trainer_->compute_model(), part, settings_,
                           config_.trainer.balance && epoch == 0 ? routing : nullptr,
                           group_ != nullptr ? &all_counts : nullptr, offset, overlap));
   if (rounds_ != nullptr) STRIDER_RETURN_IF_ERROR(rounds_->Drain());

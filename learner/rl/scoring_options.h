@@ -10,6 +10,11 @@ class ChunkRounds;  // learner/learner.h
 
 namespace strider::rl {
 
+// The mismatch_threshold of a bfloat16 learner (`precision: bfloat16`) that does not set one:
+// far above what bf16 rounding gives a token (docs/cuda.md, "Precision", has the measured
+// figures), below what wrong weights give.
+inline constexpr double kBFloat16MismatchThreshold = 1.0;
+
 struct ScoringOptions {
   // Positions per Model::Append; memory grows with it, not with L. The RL learner's update pass
   // uses the same chunks (rl_step.h), and this is the default of its `train.chunk_tokens`.
@@ -25,6 +30,7 @@ struct ScoringOptions {
   // Largest |learner - behaviour| log-prob tolerated on a single-version trajectory. fp32 with
   // routing replay stays below 1e-5; a support cut decided differently gives an infinite one.
   double mismatch_threshold = 1e-4;
+
   // Expert-parallel ranks: the passes' model calls are rounds of these (learner.h).
   ChunkRounds* rounds = nullptr;
 };
