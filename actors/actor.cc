@@ -118,7 +118,8 @@ class ActorImpl final : public Actor {
         sender_(std::move(sender)),
         weights_(WeightReceiverOptions{options_.weights_endpoint,
                                        milliseconds(options_.weights_poll_ms),
-                                       options_.weights_auth, options_.policy_version},
+                                       options_.weights_auth, options_.policy_version,
+                                       options_.precision},
                  config_, [calls = &env_calls_] { calls->wake().Notify(); }),
         reporter_(options_) {
     const bool moe = config_.feed_forward.routed_experts > 0 &&
@@ -975,6 +976,7 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
     STRIDER_ASSIGN_OR_RETURN(sender, Sender::Start(sender_options));
   }
   return std::unique_ptr<Actor>(new ActorImpl(options, std::move(config), std::move(shared),
+  ConfigurePrecision(options.precision);
                                               std::move(engine), std::move(sender)));
 }
 
@@ -988,8 +990,12 @@ uint64_t EvaluationSeed(uint64_t seed, int64_t problem) {
 
 rollout::EngineOptions EngineOptionsFor(const ActorOptions& options) {
   rollout::EngineOptions engine_options;
-  engine_options.cache_budget_bytes = options.cache_budget_bytes;
+  engine_options.cache_budget_bytes =
+      options.cache_budget_cap_bytes > 0
+          ? std::min(options.cache_budget_bytes, options.cache_budget_cap_bytes)
+          : options.cache_budget_bytes;
   engine_options.block_tokens = options.block_tokens;
+    STRIDER_RETURN_IF_ERROR(ApplyWeightPrecision(model.get(), options.precision));
   engine_options.max_batch = options.max_batch;
   engine_options.prefill_chunk_tokens = options.prefill_chunk_tokens;
   engine_options.prefill_tokens_per_step = options.prefill_tokens_per_step;

@@ -31,6 +31,7 @@
 #include <stop_token>
 #include <string>
 
+#include "common/model/precision.h"
 #include "common/status.h"
 #include "common/transport/auth.h"
 #include "envs/environment.h"
@@ -103,6 +104,10 @@ struct ActorOptions {
   // cpu, cuda or cuda:N for the weights, the engine's cache and sampling; empty: the model
   // config's device:. Several actors and a learner may share one GPU.
   std::string device;
+  // float32, or bfloat16: the weights (the initial ones and every published version) are held
+  // and computed with in bf16 (common/model/precision.h); the latent cache keeps the model
+  // config's cache_dtype. A `model` handed in is used as it is.
+  Precision precision = Precision::kFloat32;
 
   // --- Episodes ---
   envs::EnvironmentConfig env;
@@ -117,6 +122,9 @@ struct ActorOptions {
 
   // --- Engine ---
   int64_t cache_budget_bytes = int64_t{256} << 20;
+  // > 0: the engine's page pool takes at most this, whatever cache_budget_bytes says: a fleet's
+  // share of a GPU the actor shares (`--cache-budget-mb`, the fleet file's gpu_budget).
+  int64_t cache_budget_cap_bytes = 0;
   int64_t block_tokens = 256;
   int64_t max_batch = 64;
   int64_t prefill_chunk_tokens = 4096;

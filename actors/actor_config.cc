@@ -81,6 +81,13 @@ Result<ActorOptions> LoadActorConfig(const std::string& path) {
   actor.Optional("policy_version", &policy_version);
   actor.Optional("threads", &o.threads);
   actor.Optional("device", &o.device);
+  std::string precision = PrecisionName(o.precision);
+  actor.Optional("precision", &precision);
+  if (Result<Precision> parsed = ParsePrecision(precision); parsed.ok()) {
+    o.precision = *parsed;
+  } else {
+    actor.Fail("precision", parsed.status().message());
+  }
   actor.Optional("episodes", &o.episodes);
   actor.Optional("episodes_in_flight", &o.episodes_in_flight);
   actor.Optional("group_size", &o.group_size);

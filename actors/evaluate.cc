@@ -268,6 +268,7 @@ Result<EvalResult> Evaluate(const EvaluateOptions& options) {
       return Status::Internal(model.status().message())
           .WithContext("weights from " + options.weights_endpoint);
     }
+    STRIDER_RETURN_IF_ERROR(ApplyWeightPrecision(model->get(), actor.precision));
     actor.model = std::shared_ptr<const Model>(std::move(*model));
     actor.policy_version = update.version;
     result.weights = options.weights_endpoint;

@@ -57,6 +57,13 @@ void WeightReceiver::Loop(std::stop_token stop) {
         // Loaded straight from the checked bytes: no file per update.
         Result<std::unique_ptr<Model>> loaded = Model::LoadFromBytes(
             config_, (*update)->bytes, "weights version " + std::to_string((*update)->version));
+        if (loaded.ok()) {
+          // Converted here, on the weight thread, so the swap in the decode loop stays a pointer.
+          if (Status converted = ApplyWeightPrecision(loaded->get(), options_.precision);
+              !converted.ok()) {
+            loaded = converted;
+          }
+        }
         if (!loaded.ok()) {
           ++errors_;
           spdlog::error("weights: version {} does not load into model '{}': {}", (*update)->version,

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/model/model.h"
+#include "common/model/precision.h"
 #include "common/mutex.h"
 #include "common/transport/auth.h"
 
@@ -25,6 +26,7 @@ struct WeightReceiverOptions {
   std::chrono::milliseconds poll{1000};
   transport::ClientAuth auth;
   uint64_t initial_version = 0;  // the version the actor starts with: only newer ones come
+  Precision precision = Precision::kFloat32;  // each version's weights are held in this
 };
 
 class WeightReceiver {

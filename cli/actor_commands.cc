@@ -30,6 +30,7 @@ struct ActorArgs {
   std::string id;
   std::string http;
   std::string device;
+  int64_t cache_budget_mb = 0;
   int64_t episodes = -1;
   int64_t seed = -1;
   bool no_progress = false;
@@ -50,6 +51,7 @@ Status RunActor(const ActorArgs& args) {
   if (args.seed >= 0) options.seed = static_cast<uint64_t>(args.seed);
   if (args.no_progress) options.progress = false;
   if (!args.device.empty()) options.device = args.device;
+  if (args.cache_budget_mb > 0) options.cache_budget_cap_bytes = args.cache_budget_mb << 20;
   Status valid = actors::ValidateActorOptions(options);
   if (!valid.ok()) return valid.WithContext(args.config);
   // Before the pages and the model: a device this host lacks is a usage error.
@@ -121,6 +123,9 @@ void AddActorCommands(CLI::App& app, int& exit_code) {
   actor->add_option("--id", args->id, "Actor id (overrides the file)");
   actor->add_option("--device", args->device,
                     "cpu, cuda or cuda:N for the model and its cache (overrides actor.device)");
+  actor->add_option("--cache-budget-mb", args->cache_budget_mb,
+                    "Caps the engine's page pool (engine.cache_budget_mb) on a shared GPU")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   actor->add_option("--episodes", args->episodes, "Episodes to run, 0: until stopped (overrides)");
   actor->add_option("--seed", args->seed, "Episode seed (overrides)");
   actor->add_flag("--no-progress", args->no_progress, "No progress line on a terminal");

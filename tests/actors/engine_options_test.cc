@@ -36,6 +36,38 @@ TEST(EngineOptionsFor, CarriesTheEngineKeysAndRoomForEveryEpisodeAndItsGroupProm
   }
 }
 
+// A fleet's share of a shared GPU (`--cache-budget-mb`): the page pool is sized by the cap
+// when it is below the actor's own budget, by the budget otherwise.
+TEST(EngineOptionsFor, ACacheCapSizesThePagePool) {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  Result<ModelConfig> config =
+      LoadModelConfig(std::string(source ? source : ".") + "/configs/model/tiny.yaml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ConfigureRuntime(2);
+  Result<std::unique_ptr<Model>> created = Model::Create(*config, 1);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  const std::shared_ptr<const Model> model(std::move(created).value());
+  ActorOptions options;
+  options.threads = 2;
+  options.block_tokens = 16;
+  const int64_t block_bytes = config->CountLayers('G') * options.block_tokens *
+                              (config->latent.kv_rank + config->latent.rope_dim) *
+                              config->CacheDtypeBytes();
+  options.cache_budget_bytes = 64 * block_bytes;
+  const auto capacity = [&]() -> int64_t {
+    Result<std::unique_ptr<rollout::Engine>> engine =
+        rollout::Engine::Create(EngineOptionsFor(options), model, 0);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    return engine.ok() ? (*engine)->Stats().capacity_blocks : -1;
+  };
+  EXPECT_EQ(capacity(), 64);
+  options.cache_budget_cap_bytes = 10 * block_bytes + block_bytes / 2;
+  EXPECT_EQ(EngineOptionsFor(options).cache_budget_bytes, options.cache_budget_cap_bytes);
+  EXPECT_EQ(capacity(), 10);
+  options.cache_budget_cap_bytes = 100 * block_bytes;  // above the budget: the budget stands
+  EXPECT_EQ(capacity(), 64);
+}
+
 TEST(EngineOptionsFor, ATurnThatDoesNotFitTheCacheWaitsInsteadOfFailing) {
   const char* source = std::getenv("STRIDER_SOURCE_DIR");
   Result<ModelConfig> config =
