@@ -251,8 +251,8 @@ export -f configure_and_build run_test bench_into_results gpu_fleet
 if [ -n "${STRIDER_GPU_BUILD:-}" ]; then
   stage_line build skipped null 0 0 "prebuilt tree $build"
 else
-  # About 1,100 CPU-seconds of compiling at -O2 for these targets (a third of the 2-core clean
-  # build's 775 s x 2): a minute and a half on 16 cores, plus configuring.
+  # 157 of the tree's 281 compile steps; at the 2-core clean build's average of about 4
+  # CPU-seconds a step, some 600 CPU-seconds: about a minute on 16 cores, plus configuring.
   run_stage build 200 60 configure_and_build
   rc=$?
   if [ $rc -eq 125 ] && [ -n "${STRIDER_GPU_STAGES:-}" ] && [ -x "$build/bench/model_bench" ]; then
