@@ -81,6 +81,9 @@ std::vector<std::string> ActorCommand(const CommandBase& base, const std::string
                                    Under(dir, "metrics.jsonl"),
                                    "--no-progress"};
   if (!base.weights.empty()) args.insert(args.end(), {"--weights", base.weights});
+  if (base.actor_cache_mb > 0) {
+    args.insert(args.end(), {"--cache-budget-mb", std::to_string(base.actor_cache_mb)});
+  }
   if (!http.empty()) args.insert(args.end(), {"--http", http});
   return args;
 }

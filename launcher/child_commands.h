@@ -20,6 +20,7 @@ struct CommandBase {
   std::string learner_config;
   std::string actor_config;
   std::string weights;  // empty: each config's own
+  int64_t actor_cache_mb = 0;  // > 0: every actor's page pool capped to it (GpuBudget)
 };
 
 // tcp://HOST:PORT, an IPv6 address in brackets.

@@ -302,6 +302,39 @@ Result<FleetConfig> LoadFleetConfig(const std::string& path, FleetUse use) {
     fleet.evaluation = eval;
   }
 
+  if (root.Has("gpu_budget")) {
+    ConfigReader section = root.Section("gpu_budget");
+    GpuBudget budget;
+    section.Required("actor_cache_mb", &budget.actor_cache_mb);
+    section.Optional("device_mb", &budget.device_mb);
+    section.Optional("reserved_mb", &budget.reserved_mb);
+    section.Check(budget.actor_cache_mb >= 1, "actor_cache_mb", "must be at least 1");
+    section.Check(budget.device_mb >= 0, "device_mb", "must not be negative (0: not stated)");
+    section.Check(budget.reserved_mb >= 0, "reserved_mb", "must not be negative");
+    if (section.status().ok() && budget.device_mb > 0) {
+      // The actors that share one device: all of them on this machine, the most any one host
+      // runs in a fleet with hosts.
+      int64_t sharing = fleet.actor_count;
+      if (fleet.hosts) {
+        std::map<std::string, int64_t> per_host;
+        sharing = 0;
+        for (const ActorHost& host : fleet.hosts->actors) {
+          sharing = std::max(sharing, per_host[host.host] += host.count);
+        }
+      }
+      const int64_t needed = sharing * budget.actor_cache_mb + budget.reserved_mb;
+      if (needed > budget.device_mb) {
+        section.Fail("actor_cache_mb",
+                     std::to_string(sharing) + " actors x " +
+                         std::to_string(budget.actor_cache_mb) + " MiB + reserved_mb " +
+                         std::to_string(budget.reserved_mb) + " MiB = " + std::to_string(needed) +
+                         " MiB exceeds device_mb " + std::to_string(budget.device_mb) +
+                         " MiB; lower actor_cache_mb or actors.count");
+      }
+    }
+    fleet.gpu_budget = budget;
+  }
+
   ConfigReader stop = root.Section("stop");
   stop.Optional("learner_steps", &fleet.stop.learner_steps);
   stop.Check(fleet.stop.learner_steps >= 0, "learner_steps", "must not be negative");

@@ -54,7 +54,7 @@ std::vector<HostCommand> HostCommands(const FleetConfig& fleet, uint64_t actor_b
   const FleetHosts hosts = loopback ? Loopback(fleet.actor_count) : *fleet.hosts;
   // Here the resolved paths are the ones that work from this directory; elsewhere only the
   // fleet file's own words mean anything.
-  const CommandBase base =
+  CommandBase base =
       loopback ? CommandBase{fleet.binary,         fleet.run_dir,      fleet.replay_config,
                              fleet.learner_config, fleet.actor_config, fleet.weights}
                : CommandBase{fleet.binary,
@@ -63,6 +63,7 @@ std::vector<HostCommand> HostCommands(const FleetConfig& fleet, uint64_t actor_b
                              fleet.as_written.learner_config,
                              fleet.as_written.actor_config,
                              fleet.as_written.weights};
+  if (fleet.gpu_budget) base.actor_cache_mb = fleet.gpu_budget->actor_cache_mb;
   std::map<std::string, int64_t> http_taken;  // pages already served on each host
   const auto http = [&](const std::string& host, const std::string& bind) -> std::string {
     if (!fleet.http) return "";

@@ -261,7 +261,8 @@ std::vector<std::string> Supervisor::Arguments(const Child& child) const {
                             fleet_.replay_config,
                             fleet_.learner_config,
                             fleet_.actor_config,
-                            fleet_.weights};
+                            fleet_.weights,
+                            fleet_.gpu_budget ? fleet_.gpu_budget->actor_cache_mb : 0};
   switch (child.role) {
     case Role::kReplay:
       return ReplayServeCommand(base, actor_endpoint_.empty() ? any_port : actor_endpoint_,

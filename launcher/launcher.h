@@ -86,6 +86,19 @@ struct FleetHosts {
   std::vector<ActorHost> actors;  // in order: actor ids count up through them
 };
 
+// Memory of a GPU that actors share with the learner or with each other (docs/fleet.md, "A
+// shared GPU"). Each actor's engine sizes its page pool of latent cache blocks from its
+// budget; on a shared device the fleet caps it, so the actors' pools and the learner fit
+// together. MiB throughout.
+struct GpuBudget {
+  int64_t actor_cache_mb = 0;  // each actor's page pool at most (`actor --cache-budget-mb`)
+  // The shared device's memory (nvidia-smi's memory.total); 0: not stated, nothing checked.
+  int64_t device_mb = 0;
+  // What else lives on that device: the learner's weights, fp32 masters, AdamW moments and
+  // activations, the actors' weights, LibTorch's CUDA context per process.
+  int64_t reserved_mb = 0;
+};
+
 struct FleetConfig {
   std::string origin;  // the fleet file read
   std::string run_dir = "runs/fleet";
@@ -96,6 +109,7 @@ struct FleetConfig {
   std::string actor_config;
   int64_t actor_count = 1;
   std::optional<EvaluationConfig> evaluation;
+  std::optional<GpuBudget> gpu_budget;
   StopRules stop;
   RestartPolicy restart;
   double ready_timeout_s = 120;  // a child that prints no ready line this long has failed

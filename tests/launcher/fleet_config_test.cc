@@ -117,6 +117,56 @@ TEST(FleetConfig, EachMistakeIsNamedWithItsKey) {
       << typo;
 }
 
+// A GPU the actors share with the learner: every actor's command caps its page pool, and a
+// budget that cannot fit the device's stated memory is refused with the figures.
+TEST(FleetConfig, AGpuBudgetCapsEveryActorsCacheAndMustFitTheDevice) {
+  TempDir dir;
+  Result<FleetConfig> fleet = LoadFleetConfig(
+      WriteFleet(dir,
+                 "gpu_budget: {actor_cache_mb: 8192, device_mb: 81559, reserved_mb: 40960}\n"
+                 "stop: {wall_time_s: 60}\n",
+                 "", "", "count: 4"));
+  ASSERT_TRUE(fleet.ok()) << fleet.status().ToString();
+  ASSERT_TRUE(fleet->gpu_budget.has_value());
+  const std::vector<HostCommand> commands = HostCommands(*fleet, 0);
+  int actors = 0;
+  for (const HostCommand& command : commands) {
+    if (command.role == "actor") {
+      ++actors;
+      EXPECT_EQ(After(command.argv, "--cache-budget-mb"), "8192") << command.name;
+    } else {
+      EXPECT_FALSE(Has(command.argv, "--cache-budget-mb")) << command.name;
+    }
+  }
+  EXPECT_EQ(actors, 4);
+
+  // Without the section the actors keep their own engine.cache_budget_mb.
+  Result<FleetConfig> plain = LoadFleetConfig(WriteFleet(dir, "stop: {wall_time_s: 60}\n"));
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(Has(HostCommands(*plain, 0)[2].argv, "--cache-budget-mb"));
+
+  // 4 x 16384 + 40960 = 106496 MiB does not fit an 80 GB H100.
+  Result<FleetConfig> too_big = LoadFleetConfig(
+      WriteFleet(dir,
+                 "gpu_budget: {actor_cache_mb: 16384, device_mb: 81559, reserved_mb: 40960}\n"
+                 "stop: {wall_time_s: 60}\n",
+                 "", "", "count: 4"));
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.status().ToString().find(
+                "gpu_budget.actor_cache_mb: 4 actors x 16384 MiB + reserved_mb 40960 MiB = "
+                "106496 MiB exceeds device_mb 81559 MiB"),
+            std::string::npos)
+      << too_big.status().ToString();
+  // Unstated device memory is not checked; a cap is required in the section.
+  EXPECT_EQ(Problem("gpu_budget: {actor_cache_mb: 1000000}\nstop: {wall_time_s: 60}\n"), "OK");
+  EXPECT_NE(Problem("gpu_budget: {device_mb: 81559}\nstop: {wall_time_s: 60}\n")
+                .find("gpu_budget.actor_cache_mb"),
+            std::string::npos);
+  EXPECT_NE(Problem("gpu_budget: {actor_cache_mb: 0}\nstop: {wall_time_s: 60}\n")
+                .find("gpu_budget.actor_cache_mb: must be at least 1"),
+            std::string::npos);
+}
+
 TEST(FleetConfig, TheStatusPageNeedsHttpAndANumericAddress) {
   TempDir dir;
   Result<FleetConfig> fleet =
