@@ -226,7 +226,18 @@ setup_environment() {
   local deps=${STRIDER_GPU_DEPS:-$root/.gpu-deps}
   if [ -d "$deps" ] && compgen -G "$deps/*.deb" >/dev/null; then
     rm -rf "$deps_root" && mkdir -p "$deps_root"
-    for deb in "$deps"/*.deb; do dpkg -x "$deb" "$deps_root" || return 1; done
+    for deb in "$deps"/*.deb; do
+      if command -v dpkg >/dev/null; then
+        dpkg -x "$deb" "$deps_root" || return 1
+      else  # a .deb is an ar archive whose data.tar.* holds the files
+        local member
+        member=$(ar t "$deb" | grep '^data\.tar')
+        case "$member" in
+          *.zst) ar p "$deb" "$member" | tar -x --zstd -C "$deps_root" -f - ;;
+          *) ar p "$deb" "$member" | tar -x --xz -C "$deps_root" -f - ;;
+        esac || return 1
+      fi
+    done
   fi
   return 0
 }
