@@ -144,7 +144,8 @@ configure_and_build() {
 run_test() {  # binary [gtest args...]
   local binary=$build/tests/cuda/$1
   shift
-  STRIDER_SOURCE_DIR=$root "$binary" "$@" 2>&1 | tee -a "$checks.raw"
+  # What ctest would set (cmake/StriderHelpers.cmake): the tests find configs and `strider` so.
+  STRIDER_SOURCE_DIR=$root STRIDER_BINARY_DIR=$build "$binary" "$@" 2>&1 | tee -a "$checks.raw"
 }
 collect_checks() {
   [ -f "$checks.raw" ] && grep '^{"check"' "$checks.raw" >>"$checks"
