@@ -196,7 +196,7 @@ fi
 find_torch() {  # the torch package folder under $1
   local candidate
   for candidate in "$1" "$1"/lib/python3*/site-packages/torch "$1"/torch; do
-    [ -d "$candidate/share/cmake/Torch" ] && { echo "$candidate"; return 0; }
+    [ -d "$candidate/share/cmake/Torch" ] && { (cd "$candidate" && pwd); return 0; }
   done
   return 1
 }
