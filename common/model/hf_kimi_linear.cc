@@ -31,11 +31,27 @@ constexpr std::string_view kKdaOutputGate =
     "low-rank output gate with gate_rank = head_dim: sigmoid(g_b_proj g_a_proj x)";
 constexpr std::string_view kMlaFullQuery =
     "full-rank MLA query with latent_attention.query_rank: 0 (q_lora_rank null)";
-constexpr std::string_view kSiluMlp =
-    "feed-forward activation: Kimi Linear's hidden_act is silu (SwiGLU), Strider's SiTU-GLU";
-constexpr std::string_view kRoutedExperts =
-    "routed experts: Kimi's work at full width (w1, w3, w2 per expert), Strider's in a shared "
-    "latent space (latent_down, routed_*, latent_up)";
+// The feed-forward maps under feed_forward's Kimi options (activation: silu, latent_experts:
+// false; docs/model_math.md#kimi-linears-feed-forward).
+constexpr std::string_view kSiluMlp = "SwiGLU with feed_forward.activation: silu";
+constexpr std::string_view kRoutedGate =
+    "full-width experts (feed_forward.latent_experts: false): expert E's w1 [E_h, d] is "
+    "routed_gate[E], stacked to [n, E_h, d]";
+constexpr std::string_view kRoutedDown =
+    "full-width experts (feed_forward.latent_experts: false): expert E's w2 [d, E_h] is "
+    "routed_down[E], stacked to [n, d, E_h]";
+constexpr std::string_view kRoutedUp =
+    "full-width experts (feed_forward.latent_experts: false): expert E's w3 [E_h, d] is "
+    "routed_up[E], stacked to [n, E_h, d]";
+constexpr std::string_view kSharedInput =
+    "one shared expert (shared_experts: 1, shared_hidden: num_shared_experts * "
+    "moe_intermediate_size, activation: silu): [S, d] gains a leading axis, [1, S, d]";
+constexpr std::string_view kSharedDown =
+    "one shared expert (shared_experts: 1, shared_hidden: num_shared_experts * "
+    "moe_intermediate_size, activation: silu): [d, S] gains a leading axis, [1, d, S]";
+constexpr std::string_view kLatentExperts =
+    "latent experts (Kimi K3's routed_expert_hidden_size): no published tensor name is known "
+    "yet; Kimi Linear's experts are full width (feed_forward.latent_experts: false)";
 
 // One row per tensor reads better than the formatter's layout of these lambdas.
 // clang-format off
@@ -124,13 +140,13 @@ const std::vector<KimiTensorRule>& Table() {
        "layers.{L}.feed_forward_norm", true, "norms",
        [](const C& c) { return Shape{c.hidden_size}; }, ""},
       // Dense MLP layers.
-      {KimiPart::kDenseMlp, "model.layers.{L}.mlp.gate_proj.weight", "layers.{L}.dense.gate", false,
+      {KimiPart::kDenseMlp, "model.layers.{L}.mlp.gate_proj.weight", "layers.{L}.dense.gate", true,
        "dense_mlp", [](const C& c) { return Shape{c.intermediate_size, c.hidden_size}; },
        kSiluMlp},
-      {KimiPart::kDenseMlp, "model.layers.{L}.mlp.up_proj.weight", "layers.{L}.dense.up", false,
+      {KimiPart::kDenseMlp, "model.layers.{L}.mlp.up_proj.weight", "layers.{L}.dense.up", true,
        "dense_mlp", [](const C& c) { return Shape{c.intermediate_size, c.hidden_size}; },
        kSiluMlp},
-      {KimiPart::kDenseMlp, "model.layers.{L}.mlp.down_proj.weight", "layers.{L}.dense.down", false,
+      {KimiPart::kDenseMlp, "model.layers.{L}.mlp.down_proj.weight", "layers.{L}.dense.down", true,
        "dense_mlp", [](const C& c) { return Shape{c.hidden_size, c.intermediate_size}; },
        kSiluMlp},
       // MoE layers: sigmoid router with a selection-only bias, as Strider's.
@@ -139,33 +155,33 @@ const std::vector<KimiTensorRule>& Table() {
       {KimiPart::kMoe, "model.layers.{L}.block_sparse_moe.gate.e_score_correction_bias",
        "layers.{L}.experts.router_bias", true, "router",
        [](const C& c) { return Shape{c.num_experts}; }, ""},
-      {KimiPart::kRoutedExpert, "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight", "",
-       false, "routed_experts",
-       [](const C& c) { return Shape{c.moe_intermediate_size, c.hidden_size}; }, kRoutedExperts},
-      {KimiPart::kRoutedExpert, "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight", "",
-       false, "routed_experts",
-       [](const C& c) { return Shape{c.hidden_size, c.moe_intermediate_size}; }, kRoutedExperts},
-      {KimiPart::kRoutedExpert, "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight", "",
-       false, "routed_experts",
-       [](const C& c) { return Shape{c.moe_intermediate_size, c.hidden_size}; }, kRoutedExperts},
+      {KimiPart::kRoutedExpert, "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight",
+       "layers.{L}.experts.routed_gate", true, "routed_experts",
+       [](const C& c) { return Shape{c.moe_intermediate_size, c.hidden_size}; }, kRoutedGate},
+      {KimiPart::kRoutedExpert, "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight",
+       "layers.{L}.experts.routed_down", true, "routed_experts",
+       [](const C& c) { return Shape{c.hidden_size, c.moe_intermediate_size}; }, kRoutedDown},
+      {KimiPart::kRoutedExpert, "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight",
+       "layers.{L}.experts.routed_up", true, "routed_experts",
+       [](const C& c) { return Shape{c.moe_intermediate_size, c.hidden_size}; }, kRoutedUp},
       {KimiPart::kSharedExpert, "model.layers.{L}.block_sparse_moe.shared_experts.gate_proj.weight",
-       "layers.{L}.experts.shared_gate", false, "shared_experts",
+       "layers.{L}.experts.shared_gate", true, "shared_experts",
        [](const C& c) {
          return Shape{c.num_shared_experts * c.moe_intermediate_size, c.hidden_size};
        },
-       kSiluMlp},
+       kSharedInput},
       {KimiPart::kSharedExpert, "model.layers.{L}.block_sparse_moe.shared_experts.up_proj.weight",
-       "layers.{L}.experts.shared_up", false, "shared_experts",
+       "layers.{L}.experts.shared_up", true, "shared_experts",
        [](const C& c) {
          return Shape{c.num_shared_experts * c.moe_intermediate_size, c.hidden_size};
        },
-       kSiluMlp},
+       kSharedInput},
       {KimiPart::kSharedExpert, "model.layers.{L}.block_sparse_moe.shared_experts.down_proj.weight",
-       "layers.{L}.experts.shared_down", false, "shared_experts",
+       "layers.{L}.experts.shared_down", true, "shared_experts",
        [](const C& c) {
          return Shape{c.hidden_size, c.num_shared_experts * c.moe_intermediate_size};
        },
-       kSiluMlp},
+       kSharedDown},
       {KimiPart::kModel, "model.norm.weight", "final_norm", true, "norms",
        [](const C& c) { return Shape{c.hidden_size}; }, ""},
       {KimiPart::kModel, "lm_head.weight", "output", true, "lm_head",
@@ -406,10 +422,9 @@ const std::vector<StriderOnlyParameter>& StriderParametersWithoutKimiCounterpart
        "attention residuals (Kimi K3's attn_res_block_size): no published tensor name is known "
        "yet; Kimi Linear has plain residuals (attention_residuals: false)"},
       {"layers.{L}.incremental.gate",
-      {"layers.{L}.experts.latent_down, latent_norm, latent_up", kRoutedExperts},
-      {"layers.{L}.experts.routed_gate, routed_up, routed_down", kRoutedExperts},
        "a full-rank KDA output gate (Kimi K3's use_full_rank_gate): no published tensor name is "
        "known yet; Kimi Linear's is low rank (gate_rank: head_dim)"},
+      {"layers.{L}.experts.latent_down, latent_norm, latent_up", kLatentExperts},
       {"vision.*", "native vision input: Kimi Linear is text only (vision.enabled: false)"},
       {"value_head.*", "the learner's value head: not part of a published checkpoint; an "
                        "import starts it at zero and an export leaves it out"},
