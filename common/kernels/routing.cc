@@ -87,9 +87,9 @@ RoutingDecision RouteTopK(const at::Tensor& scores, const at::Tensor& bias, int6
   // Selection only: no graph through the bias or through the sort.
   at::Tensor biased = scores.detach() + bias.detach();  // (M, N)
   if (options.groups > 1) {
-    TORCH_CHECK(k <= options.groups_per_token * (scores.size(1) / options.groups), "RouteTopK: k = ",
-                k, " experts do not fit in ", options.groups_per_token, " groups of ",
-                scores.size(1) / options.groups);
+    const int64_t group_size = scores.size(1) / options.groups;
+    TORCH_CHECK(k <= options.groups_per_token * group_size, "RouteTopK: k = ", k,
+                " experts do not fit in ", options.groups_per_token, " groups of ", group_size);
     biased = MaskToKeptGroups(biased, options);
   }
   // topk does not specify which index wins a tie; a stable descending sort keeps the lower

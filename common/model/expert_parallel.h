@@ -6,9 +6,10 @@
 // layer on rank r routes its own tokens as the unsharded layer would, sends each (token,
 // expert) pair's expert input (its latent row, or the token itself for full-width experts) to
 // the rank holding the expert (all-to-all), runs its experts on the rows it received, and sends
-// the outputs back (all-to-all); the sender weighs and sums them. The exchange is differentiable: its backward is the reverse all-to-all, so expert
-// weights collect gradients from every rank's tokens. Forward and backward equal the unsharded
-// layer's within fp32 rounding (tests/learner/expert_parallel_test.cc).
+// the outputs back (all-to-all); the sender weighs and sums them. The exchange is
+// differentiable: its backward is the reverse all-to-all, so expert weights collect gradients
+// from every rank's tokens. Forward and backward equal the unsharded layer's within fp32
+// rounding (tests/learner/expert_parallel_test.cc).
 //
 // The collective is behind ExpertExchange, so model code stays free of c10d; the learner's
 // LearnerGroup (learner/distributed.h) provides one over Gloo.

@@ -608,7 +608,8 @@ TEST(MoeOptions, ShardedFullWidthExpertsEqualTheUnshardedLayer) {
   at::Tensor loss = at::zeros({}, at::kDouble);
   for (int r = 0; r < kWorld; ++r) {
     at::Tensor x = inputs[r].clone().requires_grad_(true);
-    at::Tensor y = model::SparseExpertForward(Bind(reference, c), c, x, at::Tensor(), nullptr, 1e-6);
+    at::Tensor y =
+        model::SparseExpertForward(Bind(reference, c), c, x, at::Tensor(), nullptr, 1e-6);
     loss = loss + (y * y).sum();
     reference_y.push_back(y.detach());
     reference_dx.push_back(x);
