@@ -29,12 +29,17 @@
 //
 //   learner_bench [--quick] [--model NAME|PATH] [--members N] [--turn-tokens N] [--repeats N]
 //                 [--long] [--no-long] [--long-tokens N] [--long-chunk N] [--busy-steps N]
-//                 [--long-model NAME|PATH --long-store DIR]
+//                 [--long-model NAME|PATH --long-store DIR] [--device cuda[:N]]
+//
+// --device cuda: part 1 alone with the model on that GPU (playing, scoring, update, AdamW), its
+// FLOP rates against the GPU's bf16 matrix peak measured in the same run (8192-cube products on
+// random data) instead of the CPU's fp32 peak (docs/cuda.md, "Baseline figures").
 //
 // A model NAME is configs/model/NAME.yaml. --quick: the tiny config, 2 members, no long run
 // unless --long asks for it.
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -276,6 +281,7 @@ struct StepBenchOptions {
   int64_t turn_tokens = 64;
   int64_t repeats = 1;
   int64_t chunk_tokens = 512;
+  std::string device;  // empty: the config's
 };
 
 // Model FLOPs of a pass over a sequence of `length` tokens: 2 x active parameters per token
@@ -292,7 +298,8 @@ double PassFlops(const ModelConfig& m, int64_t length, bool backward) {
 // `played` gets the group the step ran on (the busy-fraction run fills a table with it).
 int RunStepBench(const StepBenchOptions& o, const bench::Ceiling& ceiling,
                  std::vector<rl::SampledGroup>* played_groups) {
-  const ModelConfig config = bench::Unwrap(LoadModelConfig(ModelPath(o.model)), "model config");
+  ModelConfig config = bench::Unwrap(LoadModelConfig(ModelPath(o.model)), "model config");
+  if (!o.device.empty()) config.device = o.device;
   const std::string bench = "learner_" + config.name;
   const double peak = ceiling.value * 1e9;
   const TrainerOptions trainer_options = MakeTrainerOptions({.seed = 1}, {});
@@ -943,8 +950,33 @@ struct Arguments {
   int64_t long_child = 0;
   std::string long_store;  // a replay store of one long trajectory (actor_bench --long-keep)
   int64_t busy_steps = 0;
-  std::string only;  // step | publish | busy | long; empty: all of them
+  std::string only;    // step | publish | busy | long; empty: all of them
+  std::string device;  // cuda[:N]: the step alone, on that GPU
 };
+
+// The GPU's bf16 matrix peak (GFLOP/s): median of 10 products of random 8192 x 8192 matrices.
+bench::Ceiling GpuBf16Peak(const std::string& device) {
+  const at::Device where = bench::Unwrap(ResolveDevice(device), "device");
+  const int64_t n = 8192;
+  const auto options = at::TensorOptions().device(where).dtype(at::kBFloat16);
+  at::Tensor a = at::randn({n, n}, options);
+  at::Tensor b = at::randn({n, n}, options);
+  at::Tensor out = at::empty({n, n}, options);
+  std::vector<double> times;
+  for (int i = 0; i < 12; ++i) {
+    torch::cuda::synchronize();
+    const auto started = Clock::now();
+    at::mm_out(out, a, b);
+    torch::cuda::synchronize();
+    if (i >= 2) times.push_back(Seconds(started));
+  }
+  std::sort(times.begin(), times.end());
+  bench::Ceiling ceiling;
+  ceiling.value = 2.0 * n * n * n / times[times.size() / 2] / 1e9;
+  ceiling.policy = "gpu";
+  ceiling.in_process = ceiling.value;
+  return ceiling;
+}
 
 int Run(const Arguments& a) {
   if (a.long_child > 0) return RunLongChild(a.long_model, a.long_child, a.long_chunk);
@@ -954,6 +986,22 @@ int Run(const Arguments& a) {
   step.members = a.members > 0 ? a.members : a.quick ? 2 : 4;
   step.turn_tokens = a.turn_tokens > 0 ? a.turn_tokens : a.quick ? 16 : 64;
   step.repeats = a.repeats;
+  step.device = a.device;
+  if (!a.device.empty() && a.device != "cpu") {
+    if (!torch::cuda::is_available()) {
+      std::fprintf(stderr, "learner_bench: no CUDA device (torch::cuda::is_available())\n");
+      return 2;
+    }
+    const ModelConfig config =
+        bench::Unwrap(LoadModelConfig(ModelPath(step.model)), "model config");
+    ConfigureRuntime(config.threads);
+    bench::EveryLineFields().clear();  // the CPU's OpenMP wait policy says nothing here
+    const bench::Ceiling peak = GpuBf16Peak(a.device);
+    bench::PrintResult("learner_" + config.name, "matmul_peak_bf16_gpu", peak.value, "GFLOP/s",
+                       std::nullopt, {{"note", bench::JsonString("8192-cube, random data")}});
+    std::vector<rl::SampledGroup> played;
+    return RunStepBench(step, peak, &played);
+  }
   const ModelConfig config =
       bench::Unwrap(LoadModelConfig(ModelPath(step.model)), "model config");
   ConfigureRuntime(config.threads);
@@ -1019,12 +1067,14 @@ int main(int argc, char** argv) {
       a.busy_steps = std::stoll(argv[++i]);
     } else if (!std::strcmp(argv[i], "--only") && has_value) {
       a.only = argv[++i];
+    } else if (!std::strcmp(argv[i], "--device") && has_value) {
+      a.device = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: learner_bench [--quick] [--model NAME|PATH] [--members N] "
                    "[--turn-tokens N] [--repeats N] [--long] [--no-long] [--long-tokens N] "
                    "[--long-chunk N] [--long-model NAME|PATH] [--long-store DIR] [--busy-steps N] "
-                   "[--only step|publish|busy|long]\n");
+                   "[--only step|publish|busy|long] [--device cuda[:N]]\n");
       return 2;
     }
   }

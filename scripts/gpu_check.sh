@@ -17,7 +17,8 @@
 #   STRIDER_GPU_BUILD    a build tree made elsewhere for this machine's torch: no build stage
 #   STRIDER_GPU_BUDGET_S the whole run's budget in seconds (default 300)
 #   STRIDER_GPU_STAGES   comma-separated stages to run (build, kernels, model, fleet, cuda_bench,
-#                        model_bench_decode, model_bench_train, fleet_bench); default all
+#                        model_bench_decode, model_bench_train, learner_bench, fleet_bench);
+#                        default all
 #   STRIDER_GPU_DRY_RUN  1: no GPU needed, nothing built or run; each stage's command is
 #                        printed and the staging (budget, timeouts, lines) runs as for real
 #
@@ -56,7 +57,7 @@ if [ "${1:-}" = "--fetch-deps" ]; then
 fi
 
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
-  sed -n '2,33p' "$0" >&2
+  sed -n '2,34p' "$0" >&2
   exit 2
 fi
 out=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu_check: cannot create $1" >&2; exit 2; }
@@ -125,7 +126,7 @@ run_stage() {
 # --- what the stages run (each in a shell of its own under run_stage's timeout) -----------------
 configure_and_build() {
   local targets=(cuda_kernels_test gpu_model_test gpu_fleet_test strider strider_letter_env
-    cuda_bench model_bench fleet_bench)
+    cuda_bench model_bench learner_bench fleet_bench)
   local prefix=() pkg=()
   if [ -d "$deps_root/usr" ]; then
     prefix=(-DCMAKE_PREFIX_PATH="$deps_root/usr" -DBOOST_ROOT="$deps_root/usr"
@@ -263,7 +264,7 @@ export -f configure_and_build run_test bench_into_results gpu_fleet
 if [ -n "${STRIDER_GPU_BUILD:-}" ]; then
   stage_line build skipped null 0 0 "prebuilt tree $build"
 else
-  # 157 of the tree's 281 compile steps; at the 2-core clean build's average of about 4
+  # About 160 of the tree's 281 compile steps; at the 2-core clean build's average of about 4
   # CPU-seconds a step, some 600 CPU-seconds: about a minute on 16 cores, plus configuring.
   run_stage build 200 60 configure_and_build
   rc=$?
@@ -289,6 +290,8 @@ run_stage model_bench_decode 90 20 bench_into_results "$build/bench/model_bench"
   --quick --gpu-sections decode,prefill --gpu-configs gpu_1b,small
 run_stage model_bench_train 60 20 bench_into_results "$build/bench/model_bench" --device cuda \
   --quick --gpu-sections train,publish --gpu-configs gpu_1b
+run_stage learner_bench 60 20 bench_into_results "$build/bench/learner_bench" --device cuda \
+  --model gpu_1b --members 2 --turn-tokens 32
 
 run_stage fleet_bench 70 50 gpu_fleet
 
