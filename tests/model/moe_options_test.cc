@@ -661,6 +661,75 @@ TEST(MoeOptions, ShardedFullWidthExpertsEqualTheUnshardedLayer) {
   }
 }
 
+// A rank with no tokens of its own serves its full-width experts to the others
+// (Model::ServeExperts, what the learner's lockstep rounds call): the working rank's logits and
+// the serving rank's expert gradients equal the whole model's, fp64.
+TEST(MoeOptions, ARankWithoutTokensServesItsFullWidthExperts) {
+  constexpr int kWorld = 2;
+  const ModelConfig config = KimiFeedForwardModel();
+  auto make = [&]() {
+    std::unique_ptr<Model> model = Make(config, 81);
+    EXPECT_TRUE(model->ConvertTo(at::kDouble).ok());
+    model->SetRequiresGrad(true);
+    return model;
+  };
+  const at::Tensor tokens = RandomIds(1, 14, 82);
+  std::unique_ptr<Model> whole = make();
+  Result<ForwardOutput> reference = whole->Forward({tokens});
+  ASSERT_TRUE(reference.ok()) << reference.status().ToString();
+  NextTokenLogProbs(reference->logits, tokens).sum().backward();
+
+  const uint16_t port = strider::testing::FreeLoopbackPort();
+  std::vector<std::unique_ptr<Model>> shards;
+  for (int r = 0; r < kWorld; ++r) {
+    shards.push_back(make());
+    ASSERT_TRUE(shards.back()->ShardExperts(r, kWorld).ok());
+  }
+  at::Tensor logits;
+  std::vector<std::string> errors(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      LearnerGroupOptions options;
+      options.rank = r;
+      options.world_size = kWorld;
+      options.host = "127.0.0.1";
+      options.port = port;
+      options.timeout_s = 60;
+      auto group = LearnerGroup::Join(options);
+      if (!group.ok()) {
+        errors[r] = group.status().ToString();
+        return;
+      }
+      const Status ran = model::Guarded("a working and a serving rank", [&] {
+        if (r == 1) {
+          shards[r]->ServeExperts((*group)->experts(), /*backward=*/true);
+          return;
+        }
+        ForwardOptions forward;
+        forward.expert_exchange = &(*group)->experts();
+        Result<ForwardOutput> out = shards[r]->Forward({tokens}, forward);
+        TORCH_CHECK(out.ok(), out.status().ToString());
+        NextTokenLogProbs(out->logits, tokens).sum().backward();
+        logits = out->logits.detach();
+      });
+      if (!ran.ok()) errors[r] = ran.ToString();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(errors[r].empty()) << errors[r];
+  EXPECT_LT((logits - reference->logits).abs().max().item<double>(), 1e-10);
+  const ExpertShard shard = ExpertShardOf(config.feed_forward.routed_experts, 1, kWorld);
+  for (const char* part : {"routed_gate", "routed_up", "routed_down"}) {
+    const std::string name = std::string("layers.2.experts.") + part;
+    const at::Tensor expected = Find(*whole, name).grad().narrow(0, shard.first, shard.count);
+    const at::Tensor served = Find(*shards[1], name).grad();
+    ASSERT_TRUE(served.defined()) << name;
+    EXPECT_GT(expected.abs().max().item<double>(), 0.0) << name;
+    EXPECT_LT((served - expected).abs().max().item<double>(), 1e-10) << name;
+  }
+}
+
 // ---- The configuration ----
 
 TEST(MoeOptions, ConfigReadsTheKeysAndRefusesWhatTheRouterCannotDo) {
