@@ -155,8 +155,9 @@ Status Trainer::MakeComputeModel() {
     compute_->SetRequiresGrad(true);
     const std::vector<std::pair<std::string, at::Tensor>> masters = NamedTrainable(*model_);
     for (const auto& [name, weight] : NamedTrainable(*compute_)) {
+      const std::string& key = name;  // a structured binding cannot be captured in C++20
       auto master = std::find_if(masters.begin(), masters.end(),
-                                 [&](const auto& entry) { return entry.first == name; });
+                                 [&key](const auto& entry) { return entry.first == key; });
       if (master == masters.end()) {
         return Status::Internal("bf16 compute weight " + name + " has no master");
       }
@@ -268,6 +269,8 @@ Result<RoutingRecord> RealTokenRouting(const RoutingRecord& record, const at::Te
   STRIDER_RETURN_IF_ERROR(model::Guarded("routing balance", [&] {
     at::Tensor keep = (tokens.reshape({-1}) != token::kPad).nonzero().reshape({-1});
     for (const RoutingRecord::Layer& layer : record.layers) {
+      // The tokens are the host's; the record is where the model ran.
+      keep = keep.to(layer.experts.device());
       RoutingRecord::Layer entry;
       entry.experts =
           layer.experts.reshape({-1, layer.experts.size(-1)}).index_select(0, keep).unsqueeze(0);

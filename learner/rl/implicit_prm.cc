@@ -129,7 +129,7 @@ Result<std::vector<float>> ImplicitPrm::Pass(const PreparedTrajectory& trajector
     const at::Tensor lp = ChunkActionLogProbs(chunk.logits, chunk.begin, trajectory, &slots,
                                               /*entropy=*/nullptr, /*full_distribution=*/true);
     if (slots.empty()) return at::Tensor();
-    const at::Tensor values = lp.detach().to(at::kFloat).contiguous();
+    const at::Tensor values = lp.detach().to(at::kCPU, at::kFloat).contiguous();
     const float* p = values.data_ptr<float>();
     for (size_t i = 0; i < slots.size(); ++i) logprobs[slots[i]] = p[i];
     if (slope == nullptr) return at::Tensor();

@@ -130,7 +130,8 @@ Result<PolicyLossResult> PolicyLoss(const PolicyLossInputs& in, const PolicyLoss
     if (in.row_weight.defined()) {
       row_weight = as(in.row_weight);
     } else {
-      const at::Tensor counts = keep.sum(1).to(at::kLong).contiguous();
+      // Each row's token count to the host, where the aggregation's weights are chosen.
+      const at::Tensor counts = keep.sum(1).to(at::kCPU, at::kLong).contiguous();
       const std::vector<int64_t> counts_vector(counts.data_ptr<int64_t>(),
                                                counts.data_ptr<int64_t>() + counts.numel());
       STRIDER_ASSIGN_OR_RETURN(

@@ -83,12 +83,14 @@ Result<std::unique_ptr<Model>> LoadReference(const RlLearnerConfig& config) {
 // positions, so the rank still takes part in gathering the group's record.
 RoutingRecord EmptyRouting(const Model& model) {
   const ModelConfig& c = model.config();
+  // Where the other ranks' records are, for the gather's joins.
+  const at::TensorOptions options = at::TensorOptions().device(model.device());
   RoutingRecord record;
   for (int64_t layer = 0; layer < c.layers; ++layer) {
     if (!c.IsMoeLayer(layer)) continue;
     record.layers.push_back(
-        {at::zeros({1, 0, c.feed_forward.experts_per_token}, at::kLong),
-         at::zeros({1, 0, c.feed_forward.routed_experts}, at::TensorOptions(model.dtype()))});
+        {at::zeros({1, 0, c.feed_forward.experts_per_token}, options.dtype(at::kLong)),
+         at::zeros({1, 0, c.feed_forward.routed_experts}, options.dtype(model.dtype()))});
   }
   return record;
 }
@@ -118,7 +120,9 @@ Result<std::vector<std::vector<int64_t>>> ExpertLoad(const RoutingRecord& record
   STRIDER_RETURN_IF_ERROR(model::Guarded("expert load", [&] {
     for (const RoutingRecord::Layer& layer : record.layers) {
       const at::Tensor counts =
-          at::bincount(layer.experts.reshape({-1}).to(at::kLong), {}, experts).contiguous();
+          at::bincount(layer.experts.reshape({-1}).to(at::kLong), {}, experts)
+              .to(at::kCPU)
+              .contiguous();
       load.emplace_back(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
     }
   }));
@@ -715,7 +719,7 @@ Status RlLearner::Balance(RoutingRecord routing, StepUpdate* update) {
   const int64_t experts = trainer_->model().config().feed_forward.routed_experts;
   if (group_ != nullptr) {
     STRIDER_ASSIGN_OR_RETURN(RoutingRecord joined,
-                             GatherRouting(*group_, trainer_->model(), std::move(routing)));
+                             GatherRouting(*group_, trainer_->compute_model(), std::move(routing)));
     STRIDER_ASSIGN_OR_RETURN(update->expert_load, ExpertLoad(joined, experts));
     STRIDER_ASSIGN_OR_RETURN(update->violation, trainer_->BalanceRouting(std::move(joined)));
   } else if (!routing.layers.empty()) {

@@ -455,7 +455,9 @@ Result<UpdateMetrics> AccumulateGradients(const Model& model,
         if (values) {
           std::vector<int64_t> rows;
           for (int64_t slot : slots) rows.push_back(t.prepared.positions[slot] - 1 - chunk.begin);
-          in.values = chunk.values[0].index_select(0, at::tensor(rows, at::kLong)).unsqueeze(0);
+          in.values = chunk.values[0]
+                          .index_select(0, at::tensor(rows, at::kLong).to(chunk.values.device()))
+                          .unsqueeze(0);
           in.old_values = old_values.index_select(0, index).unsqueeze(0);
           in.returns = returns.index_select(0, index).unsqueeze(0);
         }

@@ -128,16 +128,17 @@ Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajector
   auto objective = [&](const ChunkView& chunk) -> Result<at::Tensor> {
     if (values) value_chunks.push_back(chunk.values[0].to(at::kFloat));
     std::vector<int64_t> slots;
+    // The scored log-probs come to the host, one copy per chunk (docs/cuda.md).
     const at::Tensor lp = ChunkActionLogProbs(chunk.logits, chunk.begin, trajectory, &slots,
                                               /*entropy=*/nullptr, full)
-                              .to(at::kFloat)
+                              .to(at::kCPU, at::kFloat)
                               .contiguous();
     const float* p = lp.data_ptr<float>();
     for (size_t i = 0; i < slots.size(); ++i) out.logprobs[slots[i]] = p[i];
     if (also_full) {
       const at::Tensor full_lp = ChunkActionLogProbs(chunk.logits, chunk.begin, trajectory,
                                                      &slots, /*entropy=*/nullptr, true)
-                                     .to(at::kFloat)
+                                     .to(at::kCPU, at::kFloat)
                                      .contiguous();
       const float* f = full_lp.data_ptr<float>();
       for (size_t i = 0; i < slots.size(); ++i) out.full_logprobs[slots[i]] = f[i];
@@ -147,7 +148,7 @@ Result<ScoredPass> Score(const Model& model, const PreparedTrajectory& trajector
   STRIDER_RETURN_IF_ERROR(model::Guarded("scoring", [&]() -> Status {
     // Only the objective's log-probs and values are wanted, not the pass's own result.
     STRIDER_RETURN_IF_ERROR(RunChunkedPass(model, trajectory.input, pass, objective).status());
-    if (values) out.values = at::cat(value_chunks).contiguous();
+    if (values) out.values = at::cat(value_chunks).to(at::kCPU).contiguous();
     return Status::Ok();
   }));
   return out;
@@ -313,9 +314,13 @@ at::Tensor ChunkActionLogProbs(const at::Tensor& logits, int64_t chunk_begin,
       slots->push_back(action);
     }
     if (rows.empty()) continue;
+    // Positions are chosen on the host; the rows are picked where the logits are.
     const at::Tensor chosen =
-        rows_logits.index_select(0, at::tensor(rows, at::kLong)).to(at::kDouble);
-    const at::Tensor target = tokens.index_select(0, at::tensor(targets, at::kLong));
+        rows_logits.index_select(0, at::tensor(rows, at::kLong).to(logits.device()))
+            .to(at::kDouble);
+    const at::Tensor target =
+        tokens.index_select(0, at::tensor(targets, at::kLong).to(tokens.device()))
+            .to(logits.device());
     const model::SamplingSettings settings =
         full_distribution ? FullDistribution(d.settings) : d.settings;
     if (entropy != nullptr) {

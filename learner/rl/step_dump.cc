@@ -24,7 +24,7 @@ constexpr float kMissing = std::numeric_limits<float>::quiet_NaN();
 
 // A (1, T) tensor's entries as floats.
 std::vector<float> Row(const at::Tensor& tensor) {
-  const at::Tensor row = tensor.detach().reshape({-1}).to(at::kFloat).contiguous();
+  const at::Tensor row = tensor.detach().reshape({-1}).to(at::kCPU, at::kFloat).contiguous();
   return std::vector<float>(row.data_ptr<float>(), row.data_ptr<float>() + row.numel());
 }
 
