@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,16 +21,18 @@
 #include "common/model/model.h"
 #include "learner/language_model_loss.h"
 #include "learner/learner.h"
+#include "learner/rl/rl_config.h"
 #include "learner/rl/scoring_options.h"
 #include "rollout_engine/engine.h"
+#include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {
 
+std::string SourceDir();
+
 ModelConfig TinyConfig() {
-  const char* source = std::getenv("STRIDER_SOURCE_DIR");
-  Result<ModelConfig> config =
-      LoadModelConfig(std::string(source ? source : ".") + "/configs/model/tiny.yaml");
+  Result<ModelConfig> config = LoadModelConfig(SourceDir() + "/configs/model/tiny.yaml");
   EXPECT_TRUE(config.ok()) << config.status().ToString();
   return *config;
 }
@@ -42,6 +45,46 @@ TEST(Precision, NamesRoundTripAndOthersAreRefused) {
   }
   EXPECT_FALSE(ParsePrecision("float16").ok());
   EXPECT_FALSE(ParsePrecision("bf16").ok());
+}
+
+std::string SourceDir() {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  return source ? source : ".";
+}
+
+// `precision:` of an RL learner config: float32 by default; bfloat16 brings the bf16 mismatch
+// threshold unless scoring names one; anything else is refused by its key.
+TEST(Precision, TheRlLearnerConfigChoosesItAndABf16ThresholdComesWithIt) {
+  Result<rl::RlLearnerConfig> fp32 =
+      rl::LoadRlLearnerConfig(SourceDir() + "/configs/rl/calculator.yaml");
+  ASSERT_TRUE(fp32.ok()) << fp32.status().ToString();
+  EXPECT_EQ(fp32->trainer.precision, Precision::kFloat32);
+  EXPECT_EQ(fp32->scoring.mismatch_threshold, 1e-4);
+  Result<rl::RlLearnerConfig> bf16 =
+      rl::LoadRlLearnerConfig(SourceDir() + "/configs/rl/calculator_bf16.yaml");
+  ASSERT_TRUE(bf16.ok()) << bf16.status().ToString();
+  EXPECT_EQ(bf16->trainer.precision, Precision::kBFloat16);
+  EXPECT_EQ(bf16->scoring.mismatch_threshold, rl::kBFloat16MismatchThreshold);
+  EXPECT_TRUE(bf16->objective.loss.token_mask);
+
+  strider::testing::TempDir dir;
+  const std::string model = SourceDir() + "/configs/model/tiny.yaml";
+  const auto load = [&](const std::string& extra) {
+    std::ofstream(dir.Sub("rl.yaml")) << "mode: rl\nmodel_config: " << model << "\n" << extra;
+    return rl::LoadRlLearnerConfig(dir.Sub("rl.yaml"));
+  };
+  Result<rl::RlLearnerConfig> defaulted = load("precision: bfloat16\n");
+  ASSERT_TRUE(defaulted.ok()) << defaulted.status().ToString();
+  EXPECT_EQ(defaulted->scoring.mismatch_threshold, rl::kBFloat16MismatchThreshold);
+  Result<rl::RlLearnerConfig> own =
+      load("precision: bfloat16\nscoring: {mismatch_threshold: 0.25}\n");
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  EXPECT_EQ(own->scoring.mismatch_threshold, 0.25);
+  Result<rl::RlLearnerConfig> bad = load("precision: float16\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().ToString().find("precision: must be float32 or bfloat16, got 'float16'"),
+            std::string::npos)
+      << bad.status().ToString();
 }
 
 TEST(Precision, Float32TurnsTf32OffForMatmulsAndConvolutions) {
