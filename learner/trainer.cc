@@ -273,10 +273,9 @@ Result<RoutingRecord> RealTokenRouting(const RoutingRecord& record, const at::Te
       keep = keep.to(layer.experts.device());
       RoutingRecord::Layer entry;
       entry.experts =
-          layer.experts.reshape({-1, layer.experts.size(-1)}).index_select(0, keep).unsqueeze(0);
+          layer.experts.reshape({-1, layer.experts.size(-1)}).index({keep}).unsqueeze(0);
       if (layer.scores.defined()) {
-        entry.scores =
-            layer.scores.reshape({-1, layer.scores.size(-1)}).index_select(0, keep).unsqueeze(0);
+        entry.scores = layer.scores.reshape({-1, layer.scores.size(-1)}).index({keep}).unsqueeze(0);
       }
       real.layers.push_back(std::move(entry));
     }
