@@ -92,8 +92,8 @@ Status PrintHfModelInfo(const std::string& directory, int64_t expert_parallel) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Model>> LoadHfModel(const std::string& directory,
-                                            const std::string& device, ModelConfig* config) {
+Result<std::unique_ptr<Model>> LoadHfModel(const std::string& directory, const std::string& device,
+                                           ModelConfig* config) {
   STRIDER_ASSIGN_OR_RETURN(HfModelWeights loaded, LoadHfCheckpoint(directory, DType::kF32));
   if (!device.empty()) loaded.config.device = device;
   *config = loaded.config;
@@ -148,7 +148,8 @@ void AddHfModelCommands(CLI::App* model, int& exit_code) {
         json["weights"] = export_args->weights;
         json["hf_layout"] = layout;
       } else {
-        return Status::InvalidArgument("model export: give --from-hf DIR or --config F --weights W");
+        return Status::InvalidArgument(
+            "model export: give --from-hf DIR or --config F --weights W");
       }
       json["to_hf"] = export_args->to_hf;
       json["shards"] = report.shards;

@@ -23,7 +23,7 @@ Status PrintHfModelInfo(const std::string& directory, int64_t expert_parallel);
 // the imported config's cpu): what `model eval --from-hf` runs. `config` receives the model
 // config.
 Result<std::unique_ptr<Model>> LoadHfModel(const std::string& directory, const std::string& device,
-                                            ModelConfig* config);
+                                           ModelConfig* config);
 
 // Registers `import` and `export` under `model`.
 void AddHfModelCommands(CLI::App* model, int& exit_code);

@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -390,12 +390,11 @@ Result<OpenedImport> OpenImport(const HfCheckpoint& checkpoint,
     }
     if (!tensor.hf_names.empty() && held != Elements(tensor.shape)) {
       return Status::InvalidArgument(fmt::format(
-          "{}: tensor '{}' is {}, which does not hold the elements of {} {}",
-          checkpoint.directory, fmt::join(tensor.hf_names.size() > 3
-                                              ? std::vector<std::string>{tensor.hf_names.front(),
-                                                                         "..."}
-                                              : tensor.hf_names,
-                                          "' + '"),
+          "{}: tensor '{}' is {}, which does not hold the elements of {} {}", checkpoint.directory,
+          fmt::join(tensor.hf_names.size() > 3
+                        ? std::vector<std::string>{tensor.hf_names.front(), "..."}
+                        : tensor.hf_names,
+                    "' + '"),
           fmt::join(shapes.size() > 3 ? std::vector<std::string>{shapes.front(), "..."} : shapes,
                     " + "),
           tensor.strider_name, ShapeText(tensor.shape)));
@@ -433,10 +432,10 @@ Status ProduceImported(const OpenedImport& opened, const TensorView& view,
     const uint64_t elements = source.entry->Elements();
     for (uint64_t at = 0; at < elements; at += kSlice) {
       const size_t count = static_cast<size_t>(std::min<uint64_t>(kSlice, elements - at));
-      STRIDER_RETURN_IF_ERROR(ConvertElements(source.entry->dtype, bytes.data() + at * width,
-                                              count, view.dtype, buffer.data()));
-      STRIDER_RETURN_IF_ERROR(append(std::string_view(
-          reinterpret_cast<const char*>(buffer.data()), count * DTypeSize(view.dtype))));
+      STRIDER_RETURN_IF_ERROR(ConvertElements(source.entry->dtype, bytes.data() + at * width, count,
+                                              view.dtype, buffer.data()));
+      STRIDER_RETURN_IF_ERROR(append(std::string_view(reinterpret_cast<const char*>(buffer.data()),
+                                                      count * DTypeSize(view.dtype))));
     }
     source.shard->Release(*source.entry);
   }
@@ -488,7 +487,7 @@ uint16_t FloatToHalf(float value) {
     return sign | 0x7c00u | (mantissa ? mantissa : 0x200u);
   }
   if (magnitude >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504: infinity
-  if (magnitude < 0x38800000u) {                         // below 2^-14: subnormal or zero
+  if (magnitude < 0x38800000u) {                        // below 2^-14: subnormal or zero
     float absolute;
     std::memcpy(&absolute, &magnitude, 4);
     return sign | static_cast<uint16_t>(std::nearbyint(absolute * 16777216.0f));  // x 2^24, exact
@@ -545,8 +544,8 @@ Status NarrowElements(DType from, const void* source, size_t count, DType to, vo
       }
       return Status::Ok();
     default:
-      return Status::InvalidArgument(
-          fmt::format("cannot write {} from Strider's weights: floating point only", DTypeName(to)));
+      return Status::InvalidArgument(fmt::format(
+          "cannot write {} from Strider's weights: floating point only", DTypeName(to)));
   }
 }
 
@@ -580,8 +579,7 @@ Status ConvertHfTensors(const HfCheckpoint& checkpoint, const std::vector<HfImpo
 }
 
 Result<std::string> ConvertHfTensorsToBytes(const HfCheckpoint& checkpoint,
-                                            const std::vector<HfImportTensor>& tensors,
-                                            DType dtype,
+                                            const std::vector<HfImportTensor>& tensors, DType dtype,
                                             const std::map<std::string, std::string>& metadata) {
   STRIDER_ASSIGN_OR_RETURN(OpenedImport opened,
                            OpenImport(checkpoint, tensors, dtype, checkpoint.directory));
@@ -757,9 +755,9 @@ Result<HfModelWeights> LoadHfCheckpoint(const std::string& directory, DType dtyp
   STRIDER_RETURN_IF_ERROR(CheckKimiLinearTensors(checkpoint));
   STRIDER_ASSIGN_OR_RETURN(HfImportPlan plan, PlanKimiLinearImport(checkpoint.config));
   HfModelWeights loaded;
-  STRIDER_ASSIGN_OR_RETURN(loaded.weights,
-                           ConvertHfTensorsToBytes(checkpoint, plan.tensors, dtype,
-                                                   StriderMetadata(plan.model.name)));
+  STRIDER_ASSIGN_OR_RETURN(
+      loaded.weights,
+      ConvertHfTensorsToBytes(checkpoint, plan.tensors, dtype, StriderMetadata(plan.model.name)));
   loaded.config = std::move(plan.model);
   return loaded;
 }
@@ -901,15 +899,14 @@ Result<HfExportReport> ExportStriderWeightsToHf(const ModelConfig& model,
       if (it == given.end()) {
         if (!tensor.hf_names.empty()) differ.push_back(tensor.strider_name + " is absent");
       } else if (it->second != tensor.shape) {
-        differ.push_back(fmt::format("{} is {}, the published layout needs {}",
-                                     tensor.strider_name, ShapeText(it->second),
-                                     ShapeText(tensor.shape)));
+        differ.push_back(fmt::format("{} is {}, the published layout needs {}", tensor.strider_name,
+                                     ShapeText(it->second), ShapeText(tensor.shape)));
       }
     }
     if (!differ.empty()) {
-      return Status::InvalidArgument(fmt::format(
-          "export: the model config does not describe {}'s checkpoint: {}", layout_directory,
-          Some(differ)));
+      return Status::InvalidArgument(
+          fmt::format("export: the model config does not describe {}'s checkpoint: {}",
+                      layout_directory, Some(differ)));
     }
   }
   // Published name -> its Strider tensor and the element range it occupies there.
@@ -946,20 +943,20 @@ Result<HfExportReport> ExportStriderWeightsToHf(const ModelConfig& model,
       }
       const std::vector<int64_t>& whole = it->second->shape;
       if (entry.dtype != DType::kF32 && entry.dtype != DType::kF64) {
-        return Status::InvalidArgument(fmt::format("{}: tensor '{}' is {}, Strider's weights are "
-                                                   "F32 or F64",
-                                                   path, entry.name, DTypeName(entry.dtype)));
+        return Status::InvalidArgument(
+            fmt::format("{}: tensor '{}' is {}, Strider's weights are "
+                        "F32 or F64",
+                        path, entry.name, DTypeName(entry.dtype)));
       }
       Piece piece{file.get(), &entry, 0, Elements(whole)};
       if (entry.shape != whole) {
         std::vector<int64_t> part = whole;
         if (sharded && !part.empty()) part[0] = count;
         if (!sharded || entry.shape != part || first + count > whole[0]) {
-          return Status::InvalidArgument(
-              fmt::format("{}: tensor '{}' is {}, the model config gives {}{}", path, entry.name,
-                          ShapeText(entry.shape), ShapeText(whole),
-                          sharded ? fmt::format(" (rows {}..{} of it)", first, first + count)
-                                  : std::string()));
+          return Status::InvalidArgument(fmt::format(
+              "{}: tensor '{}' is {}, the model config gives {}{}", path, entry.name,
+              ShapeText(entry.shape), ShapeText(whole),
+              sharded ? fmt::format(" (rows {}..{} of it)", first, first + count) : std::string()));
         }
         const uint64_t row = Elements(whole) / static_cast<uint64_t>(whole[0]);
         piece.begin = static_cast<uint64_t>(first) * row;
@@ -1002,8 +999,7 @@ Result<HfExportReport> ExportStriderWeightsToHf(const ModelConfig& model,
       }
     }
   } catch (const nlohmann::json::exception& e) {
-    return Status::Corruption(
-        fmt::format("{}/{}: {}", layout_directory, kHfLayoutFile, e.what()));
+    return Status::Corruption(fmt::format("{}/{}: {}", layout_directory, kHfLayoutFile, e.what()));
   }
   for (const HfImportTensor& tensor : plan.tensors) {
     uint64_t offset = 0;
@@ -1017,10 +1013,10 @@ Result<HfExportReport> ExportStriderWeightsToHf(const ModelConfig& model,
       offset += Elements(shape->second);
     }
     if (!tensor.hf_names.empty() && offset != Elements(tensor.shape)) {
-      return Status::InvalidArgument(fmt::format(
-          "{}: the published tensors of {} hold {} elements, its shape {} needs {}",
-          layout_directory, tensor.strider_name, offset, ShapeText(tensor.shape),
-          Elements(tensor.shape)));
+      return Status::InvalidArgument(
+          fmt::format("{}: the published tensors of {} hold {} elements, its shape {} needs {}",
+                      layout_directory, tensor.strider_name, offset, ShapeText(tensor.shape),
+                      Elements(tensor.shape)));
     }
   }
   for (const auto& shard : layout["shards"]) {
@@ -1075,9 +1071,9 @@ Result<HfExportReport> ExportStriderWeightsToHf(const ModelConfig& model,
             for (uint64_t from = at; from < stop; from += kSlice) {
               const size_t count = static_cast<size_t>(std::min<uint64_t>(kSlice, stop - from));
               buffer.resize(count * DTypeSize(view.dtype));
-              STRIDER_RETURN_IF_ERROR(NarrowElements(
-                  piece->entry->dtype, bytes.data() + (from - piece->begin) * width, count,
-                  view.dtype, buffer.data()));
+              STRIDER_RETURN_IF_ERROR(NarrowElements(piece->entry->dtype,
+                                                     bytes.data() + (from - piece->begin) * width,
+                                                     count, view.dtype, buffer.data()));
               STRIDER_RETURN_IF_ERROR(append(
                   std::string_view(reinterpret_cast<const char*>(buffer.data()), buffer.size())));
             }
@@ -1099,8 +1095,7 @@ Result<HfExportReport> ExportStriderWeightsToHf(const ModelConfig& model,
   }
   std::set<std::string> skip = written_shards;
   skip.insert(kHfLayoutFile);
-  STRIDER_ASSIGN_OR_RETURN(std::vector<std::string> others,
-                           PublishedFiles(layout_directory, skip));
+  STRIDER_ASSIGN_OR_RETURN(std::vector<std::string> others, PublishedFiles(layout_directory, skip));
   for (const std::string& name : others) {
     STRIDER_RETURN_IF_ERROR(CopyFileDurably(layout_directory + "/" + name, out + "/" + name));
     report.copied_files.push_back(name);

@@ -118,10 +118,9 @@ Status ConvertHfTensors(const HfCheckpoint& checkpoint, const std::vector<HfImpo
                         DType dtype, const std::string& path,
                         const std::map<std::string, std::string>& metadata = {});
 // The same in memory: the safetensors bytes Model::LoadFromBytes reads.
-Result<std::string> ConvertHfTensorsToBytes(const HfCheckpoint& checkpoint,
-                                            const std::vector<HfImportTensor>& tensors,
-                                            DType dtype,
-                                            const std::map<std::string, std::string>& metadata = {});
+Result<std::string> ConvertHfTensorsToBytes(
+    const HfCheckpoint& checkpoint, const std::vector<HfImportTensor>& tensors, DType dtype,
+    const std::map<std::string, std::string>& metadata = {});
 
 // Strider's model config for a Kimi Linear config.json: every option set as the serving engines
 // (vLLM, SGLang) compute (docs/models.md#kimi-linear-options). Refuses, by field, what the

@@ -52,19 +52,19 @@ TEST_F(HfCommands, ImportEvalAndExportTheReferenceCheckpoints) {
   for (const char* name : {"kimi_sharded_f32", "kimi_low_rank_query_bf16"}) {
     SCOPED_TRACE(name);
     const std::string source = Fixture(name), out = Path(std::string(name) + "_strider");
-    nlohmann::json imported = Json(RunCommand(
-        {StriderBinary(), "model", "import", "--from-hf", source, "--out", out}));
+    nlohmann::json imported =
+        Json(RunCommand({StriderBinary(), "model", "import", "--from-hf", source, "--out", out}));
     ASSERT_FALSE(imported.is_null());
     EXPECT_EQ(imported["config"], out + "/model.yaml");
     EXPECT_GT(imported["peak_resident_bytes"].get<int64_t>(), 0);
 
     // Evaluating the import and the checkpoint directly gives the same log-probs.
     const std::string tokens = "1,17,200,33,5,90,91,250,12,7,7,64";
-    nlohmann::json from_files = Json(RunCommand(
-        {StriderBinary(), "model", "eval", "--config", out + "/model.yaml", "--weights",
-         out + "/weights.safetensors", "--tokens", tokens, "--path", "train"}));
-    nlohmann::json direct = Json(RunCommand({StriderBinary(), "model", "eval", "--from-hf",
-                                             source, "--tokens", tokens, "--chunk", "5"}));
+    nlohmann::json from_files = Json(
+        RunCommand({StriderBinary(), "model", "eval", "--config", out + "/model.yaml", "--weights",
+                    out + "/weights.safetensors", "--tokens", tokens, "--path", "train"}));
+    nlohmann::json direct = Json(RunCommand({StriderBinary(), "model", "eval", "--from-hf", source,
+                                             "--tokens", tokens, "--chunk", "5"}));
     ASSERT_FALSE(from_files.is_null() || direct.is_null());
     ASSERT_EQ(from_files["logprobs"].size(), 12u);
     for (size_t t = 1; t < 12; ++t) {
@@ -75,9 +75,9 @@ TEST_F(HfCommands, ImportEvalAndExportTheReferenceCheckpoints) {
 
     // Export writes the published files back: every shard byte for byte, the rest copied.
     const std::string back = Path(std::string(name) + "_back");
-    nlohmann::json exported = Json(RunCommand(
-        {StriderBinary(), "model", "export", "--config", out + "/model.yaml", "--weights",
-         out + "/weights.safetensors", "--to-hf", back}));
+    nlohmann::json exported =
+        Json(RunCommand({StriderBinary(), "model", "export", "--config", out + "/model.yaml",
+                         "--weights", out + "/weights.safetensors", "--to-hf", back}));
     ASSERT_FALSE(exported.is_null());
     int compared = 0;
     for (const fs::directory_entry& entry : fs::directory_iterator(source)) {
@@ -101,8 +101,8 @@ TEST_F(HfCommands, RefusalsNameWhatIsWrong) {
     text.replace(text.find("\"kimi_linear\""), 13, "\"llama\"");
     testing::WriteFileBytes(Path("llama/config.json"), text);
   }
-  RunResult llama =
-      RunShell({StriderBinary(), "model", "import", "--from-hf", Path("llama"), "--out", Path("x")});
+  RunResult llama = RunShell(
+      {StriderBinary(), "model", "import", "--from-hf", Path("llama"), "--out", Path("x")});
   EXPECT_NE(llama.exit_code, 0);
   EXPECT_NE(llama.output.find("model_type 'llama' is not supported"), std::string::npos)
       << llama.output;

@@ -436,10 +436,9 @@ TEST(HfCheckpointTest, MapsTheConfigOntoStriderOptions) {
   Result<ModelConfig> again = LoadModelConfig(dir.Sub("model.yaml"));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(ModelConfigYaml(*again), ModelConfigYaml(*m));
-  Result<ModelConfig> tiny = LoadModelConfig(std::string(std::getenv("STRIDER_SOURCE_DIR")
-                                                             ? std::getenv("STRIDER_SOURCE_DIR")
-                                                             : ".") +
-                                             "/configs/model/tiny.yaml");
+  Result<ModelConfig> tiny = LoadModelConfig(
+      std::string(std::getenv("STRIDER_SOURCE_DIR") ? std::getenv("STRIDER_SOURCE_DIR") : ".") +
+      "/configs/model/tiny.yaml");
   ASSERT_TRUE(tiny.ok());
   WriteFileBytes(dir.Sub("tiny.yaml"), ModelConfigYaml(*tiny));
   Result<ModelConfig> tiny_again = LoadModelConfig(dir.Sub("tiny.yaml"));
@@ -458,20 +457,23 @@ TEST(HfCheckpointTest, RefusesConfigsTheModelDoesNotExpressByField) {
     if (!config.ok()) return config.status();
     return PlanKimiLinearImport(*config).status();
   };
-  EXPECT_NE(refused("\"moe_layer_freq\": 1", "\"moe_layer_freq\": 2").message().find(
-                "moe_layer_freq 2"),
+  EXPECT_NE(
+      refused("\"moe_layer_freq\": 1", "\"moe_layer_freq\": 2").message().find("moe_layer_freq 2"),
+      std::string::npos);
+  EXPECT_NE(refused("\"dtype\"", "\"hidden_act\": \"gelu\", \"dtype\"")
+                .message()
+                .find("hidden_act 'gelu'"),
             std::string::npos);
-  EXPECT_NE(refused("\"dtype\"", "\"hidden_act\": \"gelu\", \"dtype\"").message().find(
-                "hidden_act 'gelu'"),
+  EXPECT_NE(
+      refused("\"dtype\"", "\"mla_use_nope\": false, \"dtype\"").message().find("mla_use_nope"),
+      std::string::npos);
+  EXPECT_NE(refused("\"dtype\"", "\"num_key_value_heads\": 1, \"dtype\"")
+                .message()
+                .find("num_key_value_heads 1"),
             std::string::npos);
-  EXPECT_NE(refused("\"dtype\"", "\"mla_use_nope\": false, \"dtype\"").message().find(
-                "mla_use_nope"),
-            std::string::npos);
-  EXPECT_NE(refused("\"dtype\"", "\"num_key_value_heads\": 1, \"dtype\"").message().find(
-                "num_key_value_heads 1"),
-            std::string::npos);
-  EXPECT_NE(refused("\"dtype\"", "\"use_grouped_topk\": 3, \"dtype\"").message().find(
-                "'use_grouped_topk' is 3"),
+  EXPECT_NE(refused("\"dtype\"", "\"use_grouped_topk\": 3, \"dtype\"")
+                .message()
+                .find("'use_grouped_topk' is 3"),
             std::string::npos);
   // Kimi K3's attention residuals are the seed's own; with no published tensor for their
   // queries the import names the parameter it cannot fill.
@@ -602,8 +604,7 @@ TEST(HfCheckpointTest, ImportThenExportGivesThePublishedShardsBackByteForByte) {
                                          report->layout_directory, dir.Sub("half"))
                     .status();
   EXPECT_TRUE(half.IsNotFound()) << half.ToString();
-  EXPECT_NE(half.message().find("layers.1.experts.routed_"), std::string::npos)
-      << half.ToString();
+  EXPECT_NE(half.message().find("layers.1.experts.routed_"), std::string::npos) << half.ToString();
 
   // A model config that is not the checkpoint's is refused with both shapes.
   ModelConfig other = *config;

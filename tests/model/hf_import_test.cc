@@ -85,8 +85,8 @@ void WriteCheckpoint(const std::string& dir) {
         std::memcpy(bytes.data() + 2 * i, &h, 2);
       }
     }
-    views.push_back({t.hf_name, fp32 ? DType::kF32 : DType::kBF16, t.shape, bytes.data(),
-                     bytes.size()});
+    views.push_back(
+        {t.hf_name, fp32 ? DType::kF32 : DType::kBF16, t.shape, bytes.data(), bytes.size()});
   }
   ASSERT_TRUE(WriteShardedSafetensors(dir, views, 20000, {{"format", "pt"}}).ok());
 }

@@ -117,9 +117,9 @@ TEST(ModelOptions, PlainResidualStreamIsTheEmbeddingWhenSublayersAreSilent) {
   const at::Tensor expected_hidden =
       model::RmsNorm(at::embedding(embedding, tokens), Find(*model, "final_norm"), 1e-5);
   EXPECT_LE((training->hidden - expected_hidden).abs().max().item<double>(), 1e-6);
-  EXPECT_LE((training->logits - at::matmul(expected_hidden, embedding.t())).abs().max()
-                .item<double>(),
-            1e-5);
+  EXPECT_LE(
+      (training->logits - at::matmul(expected_hidden, embedding.t())).abs().max().item<double>(),
+      1e-5);
   Result<InferenceState> state = model->NewState(1);
   ASSERT_TRUE(state.ok());
   Result<ForwardOutput> inference = model->Append(&*state, {tokens}, options);
