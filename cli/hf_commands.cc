@@ -173,7 +173,9 @@ void AddHfModelCommands(CLI::App* model, int& exit_code) {
   importer->add_option("--from-hf", import_args->from_hf, "Hugging Face checkpoint directory")
       ->required();
   importer->add_option("--out", import_args->out, "Output directory")->required();
-  importer->add_option("--dtype", import_args->dtype, "float32 (default) or float64")
+  importer
+      ->add_option("--dtype", import_args->dtype,
+                   "float32 (default; float64 wherever the checkpoint holds float64) or float64")
       ->check(CLI::IsMember({"float32", "float64"}));
   importer->callback([import_args, &exit_code] {
     auto run = [&]() -> Status {

@@ -76,6 +76,22 @@ Status CopyFileDurably(const std::string& from, const std::string& to) {
   });
 }
 
+// The files of a checkpoint directory other than its shards and index: what travels unchanged.
+Result<std::vector<std::string>> PublishedFiles(const std::string& directory,
+                                                const std::set<std::string>& skip) {
+  std::error_code error;
+  std::vector<std::string> others;
+  for (const fs::directory_entry& entry : fs::directory_iterator(directory, error)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || name.empty() || name[0] == '.') continue;
+    if (skip.count(name) || name == kSafetensorsIndexName) continue;
+    others.push_back(name);
+  }
+  if (error) return Status::IoError(fmt::format("{}: cannot list: {}", directory, error.message()));
+  std::sort(others.begin(), others.end());
+  return others;
+}
+
 // "a, b, c and 12 more"
 std::string Some(const std::vector<std::string>& names) {
   std::vector<std::string> shown(names.begin(),
@@ -311,18 +327,8 @@ Result<HfExportReport> ExportHfCheckpoint(const HfCheckpoint& checkpoint, const 
   // Everything else Strider does not change travels as it is: config.json,
   // generation_config.json, tokenizer and chat template files, the modelling code.
   const std::set<std::string> written(checkpoint.shards.begin(), checkpoint.shards.end());
-  std::vector<std::string> others;
-  for (const fs::directory_entry& entry : fs::directory_iterator(checkpoint.directory, error)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file() || name.empty() || name[0] == '.') continue;
-    if (written.count(name) || name == kSafetensorsIndexName) continue;
-    others.push_back(name);
-  }
-  if (error) {
-    return Status::IoError(
-        fmt::format("{}: cannot list: {}", checkpoint.directory, error.message()));
-  }
-  std::sort(others.begin(), others.end());
+  STRIDER_ASSIGN_OR_RETURN(std::vector<std::string> others,
+                           PublishedFiles(checkpoint.directory, written));
   for (const std::string& name : others) {
     STRIDER_RETURN_IF_ERROR(CopyFileDurably(checkpoint.directory + "/" + name, out + "/" + name));
     report.copied_files.push_back(name);
@@ -444,22 +450,6 @@ Status ProduceImported(const OpenedImport& opened, const TensorView& view,
 
 std::map<std::string, std::string> StriderMetadata(const std::string& name) {
   return {{"format", "strider"}, {"model", name}, {"version", "1"}};
-}
-
-// The files of a checkpoint directory other than its shards and index: what travels unchanged.
-Result<std::vector<std::string>> PublishedFiles(const std::string& directory,
-                                                const std::set<std::string>& skip) {
-  std::error_code error;
-  std::vector<std::string> others;
-  for (const fs::directory_entry& entry : fs::directory_iterator(directory, error)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file() || name.empty() || name[0] == '.') continue;
-    if (skip.count(name) || name == kSafetensorsIndexName) continue;
-    others.push_back(name);
-  }
-  if (error) return Status::IoError(fmt::format("{}: cannot list: {}", directory, error.message()));
-  std::sort(others.begin(), others.end());
-  return others;
 }
 
 // ---- Narrowing for export: fp32 or fp64 back to the published dtype ----
@@ -819,6 +809,10 @@ Result<HfImportReport> ImportHfCheckpoint(const std::string& directory, const st
   STRIDER_RETURN_IF_ERROR(RequireShards(checkpoint));
   STRIDER_RETURN_IF_ERROR(CheckKimiLinearTensors(checkpoint));
   STRIDER_ASSIGN_OR_RETURN(HfImportPlan plan, PlanKimiLinearImport(checkpoint.config));
+  // fp32 loses the low bits of an fp64 tensor, which export could then not give back.
+  for (const auto& [hf_name, tensor] : checkpoint.tensors) {
+    if (tensor.dtype == DType::kF64) dtype = DType::kF64;
+  }
   const std::string name = fs::path(directory).lexically_normal().filename().string();
   if (!name.empty() && name != "." && name.find_first_of(": \t\"'#") == std::string::npos) {
     plan.model.name = name;

@@ -153,7 +153,8 @@ std::string ModelConfigYaml(const ModelConfig& config);
 
 // `strider model import`: writes into `out`
 //   model.yaml           the Strider model config (ModelConfigYaml)
-//   weights.safetensors  the weights in `dtype`, streamed tensor by tensor (ConvertHfTensors)
+//   weights.safetensors  the weights in `dtype` (F64 wherever the checkpoint holds an F64
+//                        tensor, so nothing is lost), streamed tensor by tensor (ConvertHfTensors)
 //   hf/                  what export needs to write the published layout back: config.json, the
 //                        index, every other file of the checkpoint (generation_config.json,
 //                        tokenizer files, ...) as they are, and layout.json, each shard's tensor
