@@ -17,6 +17,7 @@
 #include "common/model/config.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
+#include "common/model/precision.h"
 #include "common/model/two_path_check.h"
 #include "common/tokenizer.h"
 
@@ -237,6 +238,7 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
         STRIDER_RETURN_IF_ERROR(ApplyDevice(eval_args->device, &config));
       }
       ConfigureRuntime(config.threads);
+      ConfigurePrecision(Precision::kFloat32);  // the contracts are fp32: no TF32
       std::vector<int64_t> ids;
       if (!eval_args->text.empty()) {
         ids.push_back(token::kBeginOfText);
@@ -328,6 +330,7 @@ void AddModelCommands(CLI::App& app, int& exit_code) {
       STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(check_args->config));
       STRIDER_RETURN_IF_ERROR(ApplyDevice(check_args->device, &config));
       ConfigureRuntime(config.threads);
+      ConfigurePrecision(Precision::kFloat32);  // the contracts are fp32: no TF32
       if (check_args->tokens > config.context) {
         return Status::InvalidArgument("--tokens " + std::to_string(check_args->tokens) +
                                        " exceeds model.context " + std::to_string(config.context));

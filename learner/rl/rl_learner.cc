@@ -346,6 +346,13 @@ Status RlLearner::CreateTrainer() {
 }
 
 Status RlLearner::JoinGroup() {
+  if (distributed_ && config_.trainer.precision == Precision::kBFloat16) {
+    // The gradient buckets learn which parameters have a gradient from the masters' grad
+    // accumulators, which the bf16 passes never reach (their gradients come by hooks).
+    return Status::InvalidArgument(
+        "precision: bfloat16 with learner ranks (world size > 1) is not supported yet; use "
+        "float32 or one rank (docs/cuda.md, \"Precision\")");
+  }
   if (distributed_) {
     STRIDER_ASSIGN_OR_RETURN(group_, JoinLearnerGroup(config_, &start_, *trainer_));
     for (const auto& [name, tensor] : trainer_->optimizer().parameters()) {
