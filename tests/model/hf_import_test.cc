@@ -2,7 +2,8 @@
 // the weights an import writes load with the config it writes, the training and inference paths
 // agree within 1e-5 in fp32 on the imported config, the in-memory conversion behind
 // `model eval --from-hf` gives the same log-probs as the files, and export from the loaded
-// model's own Save gives the published bf16 tensors back.
+// model's own Save, whole or as expert-parallel ranks' shards, gives the published bf16 tensors
+// back.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -145,6 +146,24 @@ TEST(HfImport, ImportedModelHoldsTheTwoPathContractAndExportsBack) {
   ASSERT_TRUE(original.ok());
   for (const std::string& shard : original->shards) {
     EXPECT_EQ(ReadFileBytes(dir.Sub("exported/") + shard), ReadFileBytes(source + "/" + shard))
+        << shard;
+  }
+
+  // An expert-parallel learner's ranks save their own slices of the routed experts
+  // (Model::ShardExperts, metadata expert_shard); the export gathers them back.
+  std::vector<std::string> ranks;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    Result<std::unique_ptr<Model>> part = Model::Load(*config, report->weights_path);
+    ASSERT_TRUE(part.ok());
+    ASSERT_TRUE((*part)->ShardExperts(rank, 2).ok());
+    ranks.push_back(dir.Sub("rank" + std::to_string(rank) + ".safetensors"));
+    ASSERT_TRUE((*part)->Save(ranks.back()).ok());
+  }
+  Result<HfExportReport> gathered =
+      ExportStriderWeightsToHf(*config, ranks, report->layout_directory, dir.Sub("exported_ep"));
+  ASSERT_TRUE(gathered.ok()) << gathered.status().ToString();
+  for (const std::string& shard : original->shards) {
+    EXPECT_EQ(ReadFileBytes(dir.Sub("exported_ep/") + shard), ReadFileBytes(source + "/" + shard))
         << shard;
   }
 }
