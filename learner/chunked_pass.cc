@@ -92,14 +92,15 @@ int64_t ChunkCount(const std::vector<std::pair<int64_t, int64_t>>& runs, int64_t
 }
 
 // The replay record's positions [begin, begin + count), its experts as the model indexes them
-// (int64): a record may be held narrower (the RL learner's is int16) and is widened a chunk at
-// a time.
-RoutingRecord SliceRouting(const RoutingRecord& record, int64_t begin, int64_t count) {
+// (int64) where the model runs: a record may be held narrower (the RL learner's is int16) and on
+// the host (built from segments), and is widened and sent a chunk at a time.
+RoutingRecord SliceRouting(const RoutingRecord& record, int64_t begin, int64_t count,
+                           const c10::Device& device) {
   RoutingRecord slice;
   for (const RoutingRecord::Layer& layer : record.layers) {
     RoutingRecord::Layer part;
-    part.experts = layer.experts.narrow(1, begin, count).to(at::kLong);
-    if (layer.scores.defined()) part.scores = layer.scores.narrow(1, begin, count);
+    part.experts = layer.experts.narrow(1, begin, count).to(device, at::kLong);
+    if (layer.scores.defined()) part.scores = layer.scores.narrow(1, begin, count).to(device);
     slice.layers.push_back(std::move(part));
   }
   return slice;
@@ -181,7 +182,7 @@ Result<ChunkedPassResult> RunChunkedPass(const Model& model, const ModelInput& i
       STRIDER_ASSIGN_OR_RETURN(part.images, ImagesInChunk(input, begin, begin + count));
       RoutingRecord replay;
       if (options.replay_routing != nullptr) {
-        replay = SliceRouting(*options.replay_routing, begin, count);
+        replay = SliceRouting(*options.replay_routing, begin, count, model.device());
         forward.replay_routing = &replay;
       }
       ForwardOutput out;
