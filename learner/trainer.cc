@@ -145,8 +145,9 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config,
 }
 
 Status Trainer::MakeComputeModel() {
-  // Through host memory one tensor at a time (as a published version travels), so the device
-  // holds the masters and the bf16 copy, never a second fp32 one.
+  // Once, at the start, the way an actor makes its weights from a published version: through
+  // host memory, loaded (in fp32) and then rounded to bf16, so for that moment the device holds
+  // the masters twice; from then on the masters and the bf16 copy.
   STRIDER_ASSIGN_OR_RETURN(std::string bytes, model_->SaveToBytes());
   STRIDER_ASSIGN_OR_RETURN(compute_, Model::LoadFromBytes(model_->config(), bytes, "masters"));
   bytes.clear();
