@@ -27,6 +27,7 @@
 #include "common/clock.h"
 #include "common/model/model.h"
 #include "common/tokenizer.h"
+#include "common/tokenizer/chat_format.h"
 #include "common/transcript.h"
 #include "envs/tools.h"
 #include "rollout_engine/engine.h"
@@ -110,9 +111,11 @@ schema::EndReason EndReasonOf(const std::string& status) {
 class ActorImpl final : public Actor {
  public:
   ActorImpl(ActorOptions options, ModelConfig config, std::shared_ptr<const Model> model,
-            std::unique_ptr<rollout::Engine> engine, std::unique_ptr<Sender> sender)
+            std::unique_ptr<rollout::Engine> engine, std::unique_ptr<Sender> sender,
+            std::shared_ptr<const transcript::Format> format)
       : options_(std::move(options)),
         config_(std::move(config)),
+        format_(std::move(format)),
         model_(std::move(model)),
         engine_(std::move(engine)),
         sender_(std::move(sender)),
@@ -174,6 +177,8 @@ class ActorImpl final : public Actor {
 
   ActorOptions options_;
   ModelConfig config_;
+  // The model's own transcript format when its config names a tokenizer; null: the byte format.
+  std::shared_ptr<const transcript::Format> format_;
   std::shared_ptr<const Model> model_;
   std::unique_ptr<rollout::Engine> engine_;
   std::unique_ptr<Sender> sender_;
@@ -207,7 +212,12 @@ class ActorImpl final : public Actor {
 
 rollout::SamplingParams ActorImpl::TurnSampling(const Episode& episode) const {
   rollout::SamplingParams sampling = options_.sampling;
-  sampling.stop_tokens = {token::kEndOfTurn, token::kEndOfText};
+  if (format_) {
+    const std::vector<int32_t> stops = format_->stop_tokens();
+    sampling.stop_tokens.assign(stops.begin(), stops.end());
+  } else {
+    sampling.stop_tokens = {token::kEndOfTurn, token::kEndOfText};
+  }
   // A fresh stream per turn: the engine restarts the counter on every request.
   sampling.seed = Mix(Mix(Mix(options_.sampling.seed, episode.seed), episode.member),
                       static_cast<uint64_t>(episode.turns));
@@ -381,11 +391,19 @@ void ActorImpl::OnResetsDone(Group& group) {
     fail_group("bad_image", images.status().ToString());
     return;
   }
-  transcript::Transcript prompt;
-  prompt.AddSystem(spec.description, envs::RenderToolList(spec.tools));
+  transcript::Transcript prompt(format_);
+  std::vector<transcript::Tool> tools;
+  for (const envs::ToolSpec& tool : spec.tools) {
+    tools.push_back({tool.name, tool.arguments, tool.description});
+  }
+  prompt.AddSystem(spec.description, envs::RenderToolList(spec.tools), tools);
   prompt.AddObservation(envs::TranscriptRole(observation.role), observation.text,
                         images->patches);
   prompt.BeginModelTurn();
+  if (!prompt.status().ok()) {
+    fail_group("transcript", prompt.status().ToString());
+    return;
+  }
   group.prompt = ToPieces(prompt.Take(), images->stored);
   group.after_prompt = prompt;
   group.prompt_pixels = std::move(images->pixels);
@@ -588,11 +606,15 @@ void ActorImpl::OnTurnEnd(Episode& e) {
   if (state.ok()) digest = *state;
   e.segmenter->MarkTurnBoundary(digest);
   std::vector<int32_t> text_tokens = e.turn_tokens;
+  const std::vector<int64_t>& stops = TurnSampling(e).stop_tokens;
   if (!text_tokens.empty() &&
-      (text_tokens.back() == token::kEndOfTurn || text_tokens.back() == token::kEndOfText)) {
+      std::find(stops.begin(), stops.end(), text_tokens.back()) != stops.end()) {
     text_tokens.pop_back();
   }
-  envs::Action action = envs::MakeAction(Tokenizer::Decode(text_tokens));
+  // A model format's call goes to the environment in the environment's syntax.
+  envs::Action action =
+      envs::MakeAction(format_ ? format_->ToEnvironmentText(format_->DecodeBytes(text_tokens))
+                               : Tokenizer::Decode(text_tokens));
   if (options_.episode_sink) e.exchange.push_back(action.text);
   ++e.turns;
   ++metrics_.turns;
@@ -641,6 +663,10 @@ void ActorImpl::OnStepResult(Episode& e, Result<envs::StepResult> result) {
   e.transcript.Take();
   e.transcript.AddStepResult(envs::TranscriptRole(r.observation.role), r.observation.text,
                              images->patches, r.done);
+  if (!e.transcript.status().ok()) {
+    FinishEpisode(index, "transcript", e.transcript.status().ToString());
+    return;
+  }
   const std::vector<PromptPiece> pieces = ToPieces(e.transcript.Take(), images->stored);
   if (r.done) {
     // The final observation (a verdict) is context after the last action; no turn follows.
@@ -950,6 +976,13 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
   STRIDER_RETURN_IF_ERROR(ValidateActorOptions(options));
   STRIDER_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_config));
   if (!options.device.empty()) config.device = options.device;
+  STRIDER_ASSIGN_OR_RETURN(std::shared_ptr<const transcript::Format> format,
+                           tokenizer::ModelFormat(config.tokenizer));
+  if (format && format->vocabulary_size() > config.vocabulary) {
+    return Status::InvalidArgument(
+        options.model_config + ": the tokenizer has " + std::to_string(format->vocabulary_size()) +
+        " ids, more than the model's vocabulary of " + std::to_string(config.vocabulary));
+  }
   std::shared_ptr<const Model> shared = options.model;
   if (!shared) {
     std::unique_ptr<Model> model;
@@ -977,7 +1010,8 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
   }
   return std::unique_ptr<Actor>(new ActorImpl(options, std::move(config), std::move(shared),
   ConfigurePrecision(options.precision);
-                                              std::move(engine), std::move(sender)));
+                                              std::move(engine), std::move(sender),
+                                              std::move(format)));
 }
 
 uint64_t TrainingSeed(uint64_t seed, int64_t group) {

@@ -101,6 +101,8 @@ class Format {
   // The special token that ends a model turn, and its text.
   virtual int32_t end_of_turn() const = 0;
   virtual const std::string& end_of_turn_text() const = 0;
+  // One past the largest id the tokenizer produces: the model's vocabulary must cover it.
+  virtual int32_t vocabulary_size() const = 0;
   // The ids a model turn stops at (end_of_turn and the end-of-text tokens).
   virtual std::vector<int32_t> stop_tokens() const = 0;
   // What opens a tool call in a model turn ("<tool_call>" for Qwen): a sampled token is

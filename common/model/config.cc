@@ -106,6 +106,16 @@ void ReadModel(ConfigReader& model, ModelConfig* config) {
   vision.Optional("max_grid_rows", &vis.max_grid_rows);
   vision.Optional("max_grid_columns", &vis.max_grid_columns);
   vision.Optional("channels", &vis.channels);
+
+  ConfigReader tok = model.Section("tokenizer");
+  auto& t = config->tokenizer;
+  tok.Optional("file", &t.file);
+  tok.Optional("format", &t.format);
+  tok.Optional("chat_template", &t.chat_template);
+  tok.Optional("template_name", &t.template_name);
+  tok.Optional("pattern", &t.pattern);
+  t.file = ResolveConfigPath(t.file, model.origin());
+  t.chat_template = ResolveConfigPath(t.chat_template, model.origin());
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace strider {
 
@@ -130,6 +131,9 @@ struct ModelConfig {
   LatentAttentionConfig latent;
   FeedForwardConfig feed_forward;
   VisionConfig vision;
+  // The model's own tokenizer and chat template (`tokenizer:`, docs/tokenizers.md); none: the
+  // byte tokenizer and Strider's transcript format.
+  tokenizer::TokenizerConfig tokenizer;
 
   // Derived: the kind of every layer after pattern expansion ('I' or 'G').
   std::vector<char> LayerKinds() const;

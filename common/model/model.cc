@@ -513,6 +513,9 @@ Status Model::CheckInput(const ModelInput& input) const {
                                    " is outside the vocabulary [0, " +
                                    std::to_string(config_.vocabulary) + ")");
   }
+  // Without vision the placeholder's id is an ordinary token (a real tokenizer's vocabulary
+  // has one there).
+  if (!config_.vision.enabled && input.images.empty()) return Status::Ok();
   at::Tensor placeholders = (tokens == token::kImagePatch).sum(1).cpu();
   std::vector<int64_t> patches(tokens.size(0), 0);
   for (size_t i = 0; i < input.images.size(); ++i) {

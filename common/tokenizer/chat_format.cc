@@ -95,6 +95,7 @@ class ChatFormat final : public transcript::Format {
   }
   Message ReadModelTurn(std::string_view turn_text) const override;
   int32_t end_of_turn() const override { return end_of_turn_; }
+  int32_t vocabulary_size() const override { return tokenizer_->VocabSize(); }
   const std::string& end_of_turn_text() const override { return reader_.end_of_turn(); }
   std::vector<int32_t> stop_tokens() const override { return stop_tokens_; }
   const std::string& tool_call_start() const override { return call_opener_; }

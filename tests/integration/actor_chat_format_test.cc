@@ -1,0 +1,183 @@
+// An actor whose model config names a real tokenizer and chat template (tests/tokenizer/data/
+// tiny_chat_model.yaml: the committed byte-level BPE and Qwen 2.5's template) stores
+// trajectories whose text is the template's own rendering of the conversation: the environment's
+// system prompt and tools, its first observation, and every model turn and environment answer,
+// replayed here from the episode's seed and rendered by ChatTemplate. Only the model's own
+// tokens are actions, as the format reads them back.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/model/config.h"
+#include "common/tokenizer/chat_format.h"
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
+#include "envs/environment.h"
+#include "envs/tools.h"
+#include "replay/inspect.h"
+#include "tests/integration/child_process.h"
+#include "tests/scratch_dir.h"
+
+namespace strider {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using strider::testing::ChildProcess;
+using strider::testing::SourceDir;
+using strider::testing::StriderBinary;
+using strider::testing::TempDir;
+using strider::testing::WaitEvent;
+
+struct Trajectory {
+  std::vector<int32_t> tokens;
+  std::vector<schema::Role> roles;
+  std::map<std::string, std::string> metadata;
+};
+
+std::vector<Trajectory> ReadTrajectories(const std::string& db) {
+  std::vector<Trajectory> out;
+  auto inspector = replay::Inspector::Open(db);
+  EXPECT_TRUE(inspector.ok()) << inspector.status().ToString();
+  if (!inspector.ok()) return out;
+  auto summaries = (*inspector)->List({});
+  EXPECT_TRUE(summaries.ok());
+  for (const schema::TrajectorySummary& summary : *summaries) {
+    EXPECT_TRUE(summary.complete) << summary.trajectory_id.Hex();
+    auto segments = (*inspector)->Trajectory(summary.trajectory_id);
+    EXPECT_TRUE(segments.ok());
+    Trajectory t;
+    for (const auto& stored : *segments) {
+      const schema::SegmentData& s = stored.segment;
+      EXPECT_EQ(s.token_begin, t.tokens.size());
+      t.tokens.insert(t.tokens.end(), s.tokens.begin(), s.tokens.end());
+      t.roles.insert(t.roles.end(), s.roles.begin(), s.roles.end());
+      for (const auto& [k, v] : s.metadata) t.metadata[k] = v;
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// The environment's tools as the template's tool list (docs/tokenizers.md: a flat
+// {"name": "type"} becomes an object schema with every argument required).
+Json ToolsOf(const envs::EnvironmentSpec& spec) {
+  Json tools = Json::array();
+  for (const envs::ToolSpec& tool : spec.tools) {
+    Json properties = Json::object();
+    Json required = Json::array();
+    const Json arguments = Json::parse(tool.arguments);
+    for (const auto& [name, type] : arguments.items()) {
+      properties[name] = {{"type", type}};
+      required.push_back(name);
+    }
+    tools.push_back({{"type", "function"},
+                     {"function",
+                      {{"name", tool.name},
+                       {"description", tool.description},
+                       {"parameters",
+                        {{"type", "object"}, {"properties", properties}, {"required", required}}}}}});
+  }
+  return tools;
+}
+
+TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
+  const std::string model_config = SourceDir() + "/tests/tokenizer/data/tiny_chat_model.yaml";
+  Result<ModelConfig> model = LoadModelConfig(model_config);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  Result<std::unique_ptr<tokenizer::Tokenizer>> tok =
+      tokenizer::LoadTokenizer(model->tokenizer.file);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  Result<tokenizer::ChatTemplate> chat = tokenizer::ChatTemplate::Load(model->tokenizer.chat_template);
+  ASSERT_TRUE(chat.ok()) << chat.status().ToString();
+  Result<std::shared_ptr<const transcript::Format>> format =
+      tokenizer::LoadChatFormat(model->tokenizer);
+  ASSERT_TRUE(format.ok()) << format.status().ToString();
+
+  TempDir dir;
+  ChildProcess server;
+  ASSERT_TRUE(server.Start({StriderBinary(), "replay", "serve", "--db", dir.Sub("db"), "--bind",
+                            "tcp://127.0.0.1:0", "--sample-bind", "tcp://127.0.0.1:0"}));
+  nlohmann::json ready = WaitEvent(server, "ready", 30000);
+  ASSERT_TRUE(ready.is_object()) << "no ready line from the replay server";
+  const std::string config = dir.Sub("actor.yaml");
+  {
+    std::ofstream out(config);
+    out << "actor:\n"
+        << "  model: " << model_config << "\n"
+        << "  model_seed: 0\n  threads: 2\n  episodes: 4\n  episodes_in_flight: 4\n"
+        << "  group_size: 2\n  max_turns: 3\n  max_episode_tokens: 4096\n  seed: 5\n"
+        << "  segment_tokens: 128\n  sampling: {temperature: 1.0, max_new_tokens: 24}\n"
+        << "  engine: {cache_budget_mb: 64}\n"
+        << "  replay: {endpoint: tcp://127.0.0.1:1, spill_after_ms: 1000}\n"
+        << "  metrics: {interval_s: 0.5, progress: false}\n"
+        << "env:\n  name: calculator\n  options: {difficulty: 1}\n";
+  }
+  ChildProcess actor;
+  ASSERT_TRUE(actor.Start({StriderBinary(), "actor", "--config", config, "--replay",
+                           ready["actor_endpoint"].get<std::string>(), "--spill-dir",
+                           dir.Sub("spill")}));
+  nlohmann::json finished = WaitEvent(actor, "finished", 120000);
+  ASSERT_EQ(actor.Wait(), 0);
+  ASSERT_TRUE(finished.is_object());
+  EXPECT_EQ(finished["metrics"]["episodes"], 4);
+
+  const std::vector<Trajectory> trajectories = ReadTrajectories(dir.Sub("db"));
+  ASSERT_EQ(trajectories.size(), 4u);
+  const int32_t end_of_turn = (*format)->end_of_turn();
+  for (const Trajectory& t : trajectories) {
+    EXPECT_EQ(t.metadata.at("status"), "max_turns") << "a random model never answers";
+    envs::EnvironmentConfig env_config;
+    env_config.name = "calculator";
+    env_config.options = {{"difficulty", "1"}};
+    Result<std::unique_ptr<envs::Environment>> env = envs::MakeEnvironment(env_config);
+    ASSERT_TRUE(env.ok()) << env.status().ToString();
+    const envs::EnvironmentSpec spec = (*env)->Describe();
+    Result<envs::Observation> first = (*env)->Reset(std::stoull(t.metadata.at("seed")), {});
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    Json messages = Json::array({{{"role", "system"}, {"content", spec.description}},
+                                 {{"role", "user"}, {"content", first->text}}});
+    // The model's turns are the stored action runs; the environment answers each as it did.
+    bool last_closed = false;
+    for (size_t at = 0; at < t.tokens.size();) {
+      if (!schema::IsAction(t.roles[at])) {
+        ++at;
+        continue;
+      }
+      std::vector<int32_t> turn;
+      while (at < t.tokens.size() && schema::IsAction(t.roles[at])) turn.push_back(t.tokens[at++]);
+      last_closed = turn.back() == end_of_turn;
+      if (last_closed) turn.pop_back();
+      const std::string text = (*tok)->Decode(turn);
+      messages.push_back({{"role", "assistant"}, {"content", text}});
+      Result<envs::StepResult> step =
+          (*env)->Step(envs::MakeAction((*format)->ToEnvironmentText(text)));
+      ASSERT_TRUE(step.ok()) << step.status().ToString();
+      if (at == t.tokens.size()) break;  // the last turn: the episode ended at max_turns
+      const bool tool = step->observation.role == envs::ObservationRole::kToolResult;
+      messages.push_back({{"role", tool ? "tool" : "user"}, {"content", step->observation.text}});
+    }
+    tokenizer::ChatRenderOptions options;
+    options.tools = ToolsOf(spec);
+    Result<std::string> rendered = chat->Render(messages, options);
+    ASSERT_TRUE(rendered.ok()) << rendered.status().ToString();
+    // The trajectory stops after the model's last token; the template closes that turn.
+    const std::string stored = (*tok)->Decode(t.tokens) + (last_closed ? "" : "<|im_end|>") + "\n";
+    EXPECT_EQ(stored, *rendered);
+    // Only the model's own tokens are actions, as the format reads the stream back.
+    const std::vector<transcript::Role> read = transcript::ReadRoles(format->get(), t.tokens);
+    ASSERT_EQ(read.size(), t.roles.size());
+    for (size_t i = 0; i < read.size(); ++i) {
+      // As in every format, the marker that closes a turn cut short reads as the model's.
+      if (t.tokens[i] == end_of_turn && i > 0 && schema::IsAction(t.roles[i - 1])) continue;
+      EXPECT_EQ(transcript::IsAction(read[i]), schema::IsAction(t.roles[i])) << "token " << i;
+    }
+  }
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0);
+}
+
+}  // namespace
+}  // namespace strider
