@@ -983,6 +983,12 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
         options.model_config + ": the tokenizer has " + std::to_string(format->vocabulary_size()) +
         " ids, more than the model's vocabulary of " + std::to_string(config.vocabulary));
   }
+  // The engine matches stop strings on byte ids; a real vocabulary's ids are not bytes.
+  if (format && !options.sampling.stop_strings.empty()) {
+    return Status::InvalidArgument(options.model_config +
+                                   ": sampling.stop_strings need the byte tokenizer; this model "
+                                   "names its own, whose turns stop at its template's end of turn");
+  }
   std::shared_ptr<const Model> shared = options.model;
   if (!shared) {
     std::unique_ptr<Model> model;
