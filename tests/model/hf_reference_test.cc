@@ -25,6 +25,7 @@
 #include "common/model/model.h"
 #include "common/model/two_path_check.h"
 #include "common/safetensors.h"
+#include "common/token_ids.h"
 #include "tests/file_contents.h"
 #include "tests/scratch_dir.h"
 
@@ -223,7 +224,7 @@ TEST_P(HfReference, ExportReproducesThePublishedTensors) {
 
 // The fixtures are what the script says they are: every one listed, each with sequences whose
 // reference log-probs are far from a uniform guess (a model that ignored its weights would not
-// pass by luck), and stored as described.
+// pass by luck) and one that holds the image-patch placeholder's id, and stored as described.
 TEST(HfReferenceFixtures, AreTheOnesTheScriptMade) {
   const Json& fixtures = Expected()["fixtures"];
   ASSERT_EQ(fixtures.size(), 3u);
@@ -235,10 +236,14 @@ TEST(HfReferenceFixtures, AreTheOnesTheScriptMade) {
         std::abs(fixture["mean_logprob"].get<double>() - fixture["uniform_logprob"].get<double>()),
         0.5)
         << name;
+    bool placeholder = false;
     for (const Json& sequence : fixture["sequences"]) {
       EXPECT_GT(sequence["min_routing_margin"].get<double>(), Expected()["routing_margin"]) << name;
       EXPECT_EQ(sequence["logprobs"].size() + 1, sequence["tokens"].size()) << name;
+      for (const Json& id : sequence["tokens"]) placeholder |= id == token::kImagePatch;
     }
+    // A text-only model reads the id of Strider's image-patch placeholder as text.
+    EXPECT_TRUE(placeholder) << name << " never uses token " << token::kImagePatch;
   }
   Result<SafetensorsHeader> bf16 =
       ReadSafetensorsHeader(ReferenceDirectory() + "/kimi_low_rank_query_bf16/model.safetensors");

@@ -41,9 +41,10 @@ What `generate` does, per fixture:
     equations of transformers' kimi_linear written out below (the delta rule token by token).
     transformers itself casts to float32 inside its norms, router and KDA kernels, so it is run
     too, in float32 from the same files, and must agree within 2e-5.
- 4. Draws token sequences from the ids Strider reads as text in any model (not 268, its
-    image-patch placeholder, nor the checkpoint's bos, eos and pad ids; vocabularies are at
-    least 288, the byte tokenizer's, which Strider's configs require).
+ 4. Draws token sequences from the ids other than the checkpoint's bos, eos and pad
+    (vocabularies are at least 288, the byte tokenizer's, which Strider's configs require); the
+    longest sequence of each fixture holds 268, Strider's image-patch placeholder, which a
+    text-only model must read as an ordinary token.
     Keeps a token sequence only if every routing decision has a clear margin in the float64
     reference: the gap between the k-th and (k+1)-th selection score, and between the
     topk_group-th and next group score, exceeds 1e-3 at every token of every MoE layer, so
@@ -530,9 +531,7 @@ def draw_sequences(config, W, lengths, seed):
     """Token sequences whose every routing decision clears ROUTING_MARGIN."""
     rng = np.random.default_rng(seed)
     vocab = config["vocab_size"]
-    # Not the special ids (bos 1, eos 2, pad vocab-1), nor 268: Strider reads that id as its
-    # image-patch placeholder even in a text-only model.
-    allowed = np.array([t for t in range(3, vocab - 1) if t != STRIDER_IMAGE_PATCH])
+    allowed = np.arange(3, vocab - 1)  # not the special ids: bos 1, eos 2, pad vocab-1
     chosen = []
     tries = 0
     for length in lengths:
@@ -541,6 +540,9 @@ def draw_sequences(config, W, lengths, seed):
             if tries > 5000:
                 return None
             tokens = [int(t) for t in rng.choice(allowed, size=length)]
+            if length == max(lengths):
+                # Strider's image-patch placeholder id, which a text-only model reads as text.
+                tokens[length // 2] = STRIDER_IMAGE_PATCH
             logp, margin = reference_forward(W, config, tokens)
             if margin > ROUTING_MARGIN:
                 chosen.append((tokens, logp, margin))
