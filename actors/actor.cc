@@ -970,6 +970,19 @@ Status ActorImpl::Run(std::stop_token stop) {
   return closed;
 }
 
+// Stop strings are matched on the text of the model's own tokens when it has a tokenizer.
+rollout::EngineOptions EngineOptionsWith(const ActorOptions& options,
+                                         std::shared_ptr<const transcript::Format> format) {
+  rollout::EngineOptions engine_options = EngineOptionsFor(options);
+  if (format) {
+    engine_options.token_bytes = [format = std::move(format)](int64_t id) {
+      const int32_t token = static_cast<int32_t>(id);
+      return format->DecodeBytes(std::span<const int32_t>(&token, 1));
+    };
+  }
+  return engine_options;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
@@ -983,12 +996,6 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
         options.model_config + ": the tokenizer has " + std::to_string(format->vocabulary_size()) +
         " ids, more than the model's vocabulary of " + std::to_string(config.vocabulary));
   }
-  // The engine matches stop strings on byte ids; a real vocabulary's ids are not bytes.
-  if (format && !options.sampling.stop_strings.empty()) {
-    return Status::InvalidArgument(options.model_config +
-                                   ": sampling.stop_strings need the byte tokenizer; this model "
-                                   "names its own, whose turns stop at its template's end of turn");
-  }
   std::shared_ptr<const Model> shared = options.model;
   if (!shared) {
     std::unique_ptr<Model> model;
@@ -1001,7 +1008,8 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
   }
   STRIDER_ASSIGN_OR_RETURN(
       std::unique_ptr<rollout::Engine> engine,
-      rollout::Engine::Create(EngineOptionsFor(options), shared, options.policy_version));
+      rollout::Engine::Create(EngineOptionsWith(options, format), shared,
+                              options.policy_version));
   std::unique_ptr<Sender> sender;
   if (!options.episode_sink) {
     SenderOptions sender_options;

@@ -889,8 +889,22 @@ class EngineImpl final : public Engine {
       for (const std::string& stop : params.stop_strings) {
         longest_stop = std::max(longest_stop, stop.size());
       }
-      if (step.token < token::kByteCount && longest_stop > 0) {
-        row->turn_text.push_back(static_cast<char>(step.token));
+      // A stop string may end anywhere in the new token's bytes; the kept tail is long enough
+      // for any that began before them.
+      bool stopped = false;
+      if (longest_stop > 0) {
+        const std::string piece = options_.token_bytes
+                                      ? options_.token_bytes(step.token)
+                                      : step.token < token::kByteCount
+                                            ? std::string(1, static_cast<char>(step.token))
+                                            : std::string();
+        const size_t before = row->turn_text.size();
+        row->turn_text += piece;
+        for (const std::string& stop : params.stop_strings) {
+          if (piece.empty() || stop.empty() || row->turn_text.size() < stop.size()) continue;
+          const size_t from = before + 1 >= stop.size() ? before + 1 - stop.size() : 0;
+          stopped = stopped || row->turn_text.find(stop, from) != std::string::npos;
+        }
         if (row->turn_text.size() > longest_stop) {
           row->turn_text.erase(0, row->turn_text.size() - longest_stop);
         }
@@ -898,13 +912,7 @@ class EngineImpl final : public Engine {
       if (std::find(params.stop_tokens.begin(), params.stop_tokens.end(), step.token) !=
           params.stop_tokens.end()) {
         step.finish = FinishReason::kStopToken;
-      } else if (step.token < token::kByteCount &&
-                 std::any_of(params.stop_strings.begin(), params.stop_strings.end(),
-                             [&](const std::string& stop) {
-                               return row->turn_text.size() >= stop.size() &&
-                                      row->turn_text.compare(row->turn_text.size() - stop.size(),
-                                                             stop.size(), stop) == 0;
-                             })) {
+      } else if (stopped) {
         step.finish = FinishReason::kStopString;
       } else if (row->generated >= params.max_new_tokens) {
         step.finish = FinishReason::kMaxTokens;

@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,6 +75,13 @@ struct EngineOptions {
 
   // --- Records ---
   bool record_routing = true;  // return the experts of every fed token in each StepResult
+
+  // --- Text ---
+  // The bytes a token stands for, for stop strings: they are matched on the turn's bytes as the
+  // tokens arrive, which for UTF-8 stop strings is matching on its decoded text however a
+  // character or a stop string is split across tokens. Unset: ids below 256 are bytes and other
+  // ids stand for none (the byte tokenizer).
+  std::function<std::string(int64_t)> token_bytes;
 };
 
 // The experts chosen for a run of consecutive tokens of one sequence, compact (uint16 ids).

@@ -391,6 +391,43 @@ TEST(Engine, StopTokensAndStopStringsEndTheTurn) {
   EXPECT_EQ(engine->Info(stopped)->status, SequenceStatus::kIdle);
 }
 
+// With a real tokenizer's token bytes, stop strings are matched on the turn's text: here the
+// stop string is an emoji and a tag split over three tokens, the emoji cut in half, and it ends
+// inside a token that carries a CJK character after it. The turn ends at the first token whose
+// text completes it, and only there.
+TEST(Engine, StopStringsMatchTheTextOfMultiByteTokens) {
+  std::shared_ptr<const Model> model = TinyModel(17);
+  static const std::vector<std::string> kPieces = {"\xe5\xa5\xbd", "\xf0\x9f",
+                                                   "\x99\x82</", "s>\xe4\xb8\x96"};
+  EngineOptions options;
+  options.token_bytes = [](int64_t id) { return kPieces[static_cast<size_t>(id) % kPieces.size()]; };
+  std::unique_ptr<Engine> engine = MakeEngine(model, options);
+  const std::string stop = "\xf0\x9f\x99\x82</s>";  // U+1F642 then </s>
+  int stopped = 0;
+  for (uint64_t i = 0; i < 8; ++i) {
+    Request request;
+    request.tokens = Tokens(5, i);
+    request.sampling = Turn(200, i);
+    request.sampling->stop_tokens.clear();
+    request.sampling->stop_strings = {stop};
+    const SequenceId id = *engine->Submit(request);
+    std::string text;
+    FinishReason reason = FinishReason::kNone;
+    for (int k = 0; k < 400 && reason == FinishReason::kNone; ++k) {
+      StepResult result = *engine->Step();
+      for (const SequenceStep& step : result.sequences) {
+        if (step.id != id || !step.sampled) continue;
+        text += kPieces[static_cast<size_t>(step.token) % kPieces.size()];
+        reason = step.finish;
+        EXPECT_EQ(reason == FinishReason::kStopString, text.find(stop) != std::string::npos)
+            << "after " << text.size() << " bytes";
+      }
+    }
+    if (reason == FinishReason::kStopString) ++stopped;
+  }
+  EXPECT_GT(stopped, 0);
+}
+
 TEST(Engine, BlocksReturnOnFinishAndCancelWithNoLeakOverTenThousandSequences) {
   std::shared_ptr<const Model> model = TinyModel(14);
   EngineOptions options;
