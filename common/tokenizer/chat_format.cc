@@ -120,9 +120,9 @@ class ChatFormat final : public transcript::Format {
   // that is a marker token (Kimi's <|tool_calls_section_begin|>, Qwen's added <tool_call>), so
   // the call's role is known from its first token; else the whole opening text.
   std::string call_opener_;
-  std::string call_prefix_;         // a call's text from its start to the name
-  std::string call_middle_;         // between the name and the arguments' JSON object
-  std::string call_suffix_;         // after the arguments, to the end of the turn
+  std::string call_prefix_;  // a call's text from its start to the name
+  std::string call_middle_;  // between the name and the arguments' JSON object
+  std::string call_suffix_;  // after the arguments, to the end of the turn
 };
 
 Json ChatFormat::Arguments(const Message& message, std::span<const Tool> tools) const {
@@ -157,10 +157,10 @@ Json ChatFormat::ToJson(std::span<const Message> messages, std::span<const Tool>
           // other templates ignore them or only pair a result with its call.
           last_id = "functions." + m.tool_name + ":" + std::to_string(calls++);
           last_name = m.tool_name;
-          turn["tool_calls"] = Json::array({Json{
-              {"id", last_id},
-              {"type", "function"},
-              {"function", {{"name", m.tool_name}, {"arguments", Arguments(m, tools)}}}}});
+          turn["tool_calls"] = Json::array(
+              {Json{{"id", last_id},
+                    {"type", "function"},
+                    {"function", {{"name", m.tool_name}, {"arguments", Arguments(m, tools)}}}}});
         }
         out.push_back(std::move(turn));
         break;
@@ -207,14 +207,15 @@ Status ChatFormat::Probe() {
   call_opener_ = start_text;
   const std::vector<int32_t> start_ids = tokenizer_->Encode(start_text);
   if (!start_ids.empty()) {
-    const std::string first = tokenizer_->DecodeBytes(std::span<const int32_t>(start_ids.data(), 1));
+    const std::string first =
+        tokenizer_->DecodeBytes(std::span<const int32_t>(start_ids.data(), 1));
     const std::optional<int32_t> marker = tokenizer_->SpecialTokenId(first);
     if (tokenizer_->IsSpecial(start_ids[0]) || (marker && *marker == start_ids[0])) {
       call_opener_ = first;
     }
   }
-  const Tool tool{std::string(kProbeName),
-                  "{\"" + std::string(kProbeArgument) + "\": \"string\"}", "A probe."};
+  const Tool tool{std::string(kProbeName), "{\"" + std::string(kProbeArgument) + "\": \"string\"}",
+                  "A probe."};
   const Message messages[] = {
       {Role::kUser, std::string(kProbeQuestion)},
       {Role::kModel, "", std::string(kProbeName), std::string(kProbeValue)}};
@@ -226,22 +227,27 @@ Status ChatFormat::Probe() {
   if (!rendered.ok()) return Status::Ok();
   const std::string& r = *rendered;
   const size_t question = r.find(kProbeQuestion);
-  const size_t start = r.find(reader_.tool_call_start(), question == std::string::npos ? 0 : question);
+  const size_t start =
+      r.find(reader_.tool_call_start(), question == std::string::npos ? 0 : question);
   const size_t stop = start == std::string::npos ? start : r.find(end, start);
   if (stop == std::string::npos) return Status::Ok();
   const std::string_view region = TrimRight(std::string_view(r).substr(start, stop - start));
   const size_t name = region.find(kProbeName);
   const size_t argument = region.find("\"" + std::string(kProbeArgument) + "\"");
   const size_t brace = argument == std::string::npos ? argument : region.rfind('{', argument);
-  const size_t value = argument == std::string::npos ? argument : region.find(kProbeValue, argument);
+  const size_t value =
+      argument == std::string::npos ? argument : region.find(kProbeValue, argument);
   const size_t close = value == std::string::npos ? value : region.find('}', value);
   if (name == std::string::npos || brace == std::string::npos || close == std::string::npos ||
       brace < name + kProbeName.size()) {
-    return Status::InvalidArgument("cannot find the name and arguments of the chat template's "
-                                   "tool call in '" + std::string(region) + "'");
+    return Status::InvalidArgument(
+        "cannot find the name and arguments of the chat template's "
+        "tool call in '" +
+        std::string(region) + "'");
   }
   call_prefix_ = std::string(region.substr(0, name));
-  call_middle_ = std::string(region.substr(name + kProbeName.size(), brace - name - kProbeName.size()));
+  call_middle_ =
+      std::string(region.substr(name + kProbeName.size(), brace - name - kProbeName.size()));
   call_suffix_ = std::string(Trim(region.substr(close + 1)));
   calls_ = true;
   return Status::Ok();
@@ -270,8 +276,9 @@ Message ChatFormat::ReadModelTurn(std::string_view bytes) const {
       arguments_end + call_suffix_.size() != region.size()) {
     return m;
   }
-  Json arguments = Json::parse(Trim(region.substr(arguments_begin, arguments_end - arguments_begin)),
-                               nullptr, /*allow_exceptions=*/false);
+  Json arguments =
+      Json::parse(Trim(region.substr(arguments_begin, arguments_end - arguments_begin)), nullptr,
+                  /*allow_exceptions=*/false);
   if (arguments.is_string()) {
     arguments = Json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
   }
@@ -300,8 +307,8 @@ Result<std::shared_ptr<const transcript::Format>> MakeChatFormat(
     std::shared_ptr<const Tokenizer> tokenizer, ChatTemplate chat) {
   if (!tokenizer) return Status::InvalidArgument("a chat format needs a tokenizer");
   STRIDER_ASSIGN_OR_RETURN(ChatRoleReader reader, ChatRoleReader::Create(chat, *tokenizer));
-  auto format = std::make_shared<ChatFormat>(std::move(tokenizer), std::move(chat),
-                                             std::move(reader));
+  auto format =
+      std::make_shared<ChatFormat>(std::move(tokenizer), std::move(chat), std::move(reader));
   STRIDER_RETURN_IF_ERROR(format->Probe());
   return std::shared_ptr<const transcript::Format>(std::move(format));
 }

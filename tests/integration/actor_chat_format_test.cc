@@ -73,12 +73,13 @@ Json ToolsOf(const envs::EnvironmentSpec& spec) {
       properties[name] = {{"type", type}};
       required.push_back(name);
     }
-    tools.push_back({{"type", "function"},
-                     {"function",
-                      {{"name", tool.name},
-                       {"description", tool.description},
-                       {"parameters",
-                        {{"type", "object"}, {"properties", properties}, {"required", required}}}}}});
+    tools.push_back(
+        {{"type", "function"},
+         {"function",
+          {{"name", tool.name},
+           {"description", tool.description},
+           {"parameters",
+            {{"type", "object"}, {"properties", properties}, {"required", required}}}}}});
   }
   return tools;
 }
@@ -90,7 +91,8 @@ TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
   Result<std::unique_ptr<tokenizer::Tokenizer>> tok =
       tokenizer::LoadTokenizer(model->tokenizer.file);
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  Result<tokenizer::ChatTemplate> chat = tokenizer::ChatTemplate::Load(model->tokenizer.chat_template);
+  Result<tokenizer::ChatTemplate> chat =
+      tokenizer::ChatTemplate::Load(model->tokenizer.chat_template);
   ASSERT_TRUE(chat.ok()) << chat.status().ToString();
   Result<std::shared_ptr<const transcript::Format>> format =
       tokenizer::LoadChatFormat(model->tokenizer);
@@ -116,9 +118,9 @@ TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
         << "env:\n  name: calculator\n  options: {difficulty: 1}\n";
   }
   ChildProcess actor;
-  ASSERT_TRUE(actor.Start({StriderBinary(), "actor", "--config", config, "--replay",
-                           ready["actor_endpoint"].get<std::string>(), "--spill-dir",
-                           dir.Sub("spill")}));
+  ASSERT_TRUE(
+      actor.Start({StriderBinary(), "actor", "--config", config, "--replay",
+                   ready["actor_endpoint"].get<std::string>(), "--spill-dir", dir.Sub("spill")}));
   nlohmann::json finished = WaitEvent(actor, "finished", 120000);
   ASSERT_EQ(actor.Wait(), 0);
   ASSERT_TRUE(finished.is_object());

@@ -400,7 +400,9 @@ TEST(Engine, StopStringsMatchTheTextOfMultiByteTokens) {
   static const std::vector<std::string> kPieces = {"\xe5\xa5\xbd", "\xf0\x9f",
                                                    "\x99\x82</", "s>\xe4\xb8\x96"};
   EngineOptions options;
-  options.token_bytes = [](int64_t id) { return kPieces[static_cast<size_t>(id) % kPieces.size()]; };
+  options.token_bytes = [](int64_t id) {
+    return kPieces[static_cast<size_t>(id) % kPieces.size()];
+  };
   std::unique_ptr<Engine> engine = MakeEngine(model, options);
   const std::string stop = "\xf0\x9f\x99\x82</s>";  // U+1F642 then </s>
   int stopped = 0;

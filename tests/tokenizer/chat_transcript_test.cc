@@ -2,8 +2,6 @@
 // by turn as an actor writes it (sampled tokens one at a time, observations, tool calls and
 // results) is the template's rendering of the same conversation, tokenised as the whole
 // rendering is, and every token has the role it should, recorded and read back.
-#include "common/tokenizer/chat_format.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/tokenizer/chat_format.h"
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/transcript.h"
@@ -52,14 +51,14 @@ std::shared_ptr<const Tokenizer> TokenizerWith(const std::vector<std::string>& s
     bool present = false;
     for (const Json& token : spec["added_tokens"]) present = present || token["content"] == text;
     if (present) continue;
-    spec["added_tokens"].push_back({{"id", next++},
-                                    {"content", text},
-                                    {"single_word", false},
-                                    {"lstrip", false},
-                                    {"rstrip", false},
-                                    {"normalized", false},
-                                    {"special", !text.starts_with("<tool") &&
-                                                    !text.starts_with("</tool")}});
+    spec["added_tokens"].push_back(
+        {{"id", next++},
+         {"content", text},
+         {"single_word", false},
+         {"lstrip", false},
+         {"rstrip", false},
+         {"normalized", false},
+         {"special", !text.starts_with("<tool") && !text.starts_with("</tool")}});
   }
   Result<std::unique_ptr<Tokenizer>> tok = ParseTokenizer(spec.dump(), {}, "test tokenizer");
   EXPECT_TRUE(tok.ok()) << tok.status().ToString();
@@ -115,26 +114,24 @@ Json Conversation(const Json& call_arguments, const std::string& call_id) {
     result["tool_call_id"] = call_id;
     result["name"] = "calc";
   }
-  return Json::array({{{"role", "system"}, {"content", "Be brief."}},
-                      {{"role", "user"}, {"content", "What is 12+7? 好🙂"}},
-                      {{"role", "assistant"},
-                       {"content", "Let me compute."},
-                       {"tool_calls", Json::array({call})}},
-                      result,
-                      {{"role", "assistant"}, {"content", "It is 19 🙂."}},
-                      {{"role", "user"}, {"content", "Correct."}}});
+  return Json::array(
+      {{{"role", "system"}, {"content", "Be brief."}},
+       {{"role", "user"}, {"content", "What is 12+7? 好🙂"}},
+       {{"role", "assistant"}, {"content", "Let me compute."}, {"tool_calls", Json::array({call})}},
+       result,
+       {{"role", "assistant"}, {"content", "It is 19 🙂."}},
+       {{"role", "user"}, {"content", "Correct."}}});
 }
 
 Json CalcTools() {
-  return Json::array(
-      {{{"type", "function"},
-        {"function",
-         {{"name", "calc"},
-          {"description", "Evaluates arithmetic."},
-          {"parameters",
-           {{"type", "object"},
-            {"properties", {{"expression", {{"type", "string"}}}}},
-            {"required", {"expression"}}}}}}}});
+  return Json::array({{{"type", "function"},
+                       {"function",
+                        {{"name", "calc"},
+                         {"description", "Evaluates arithmetic."},
+                         {"parameters",
+                          {{"type", "object"},
+                           {"properties", {{"expression", {{"type", "string"}}}}},
+                           {"required", {"expression"}}}}}}}});
 }
 
 // Each token's recorded role is that of the segment holding its first byte; ReadRoles agrees on
@@ -181,14 +178,17 @@ TEST(ChatTranscriptTest, QwenEpisodeIsTheTemplatesRendering) {
   const size_t tools_end = rendered->find("<|im_start|>user");
   ExpectRoles(*tok, **format, w,
               {{Role::kSystem, rendered->substr(0, tools_end)},
-               {Role::kUser, "<|im_start|>user\nWhat is 12+7? 好🙂<|im_end|>\n"
-                             "<|im_start|>assistant\n"},
+               {Role::kUser,
+                "<|im_start|>user\nWhat is 12+7? 好🙂<|im_end|>\n"
+                "<|im_start|>assistant\n"},
                {Role::kModel, "Let me compute.\n"},
-               {Role::kToolCall, "<tool_call>\n{\"name\": \"calc\", \"arguments\": "
-                                 "{\"expression\": \"12+7\"}}\n</tool_call>"},
+               {Role::kToolCall,
+                "<tool_call>\n{\"name\": \"calc\", \"arguments\": "
+                "{\"expression\": \"12+7\"}}\n</tool_call>"},
                {Role::kModel, "<|im_end|>"},
-               {Role::kToolResult, "\n<|im_start|>user\n<tool_response>\n19\n</tool_response>"
-                                   "<|im_end|>\n<|im_start|>assistant\n"},
+               {Role::kToolResult,
+                "\n<|im_start|>user\n<tool_response>\n19\n</tool_response>"
+                "<|im_end|>\n<|im_start|>assistant\n"},
                {Role::kModel, "It is 19 🙂.<|im_end|>"},
                {Role::kUser, "\n<|im_start|>user\nCorrect.<|im_end|>\n<|im_start|>assistant\n"}});
 
@@ -229,11 +229,10 @@ TEST(ChatTranscriptTest, ScriptedTurnsRenderAsSampledOnes) {
 }
 
 TEST(ChatTranscriptTest, KimiEpisodeIsTheTemplatesRendering) {
-  const auto tok = TokenizerWith({"<|im_system|>", "<|im_user|>", "<|im_assistant|>",
-                                  "<|im_middle|>", "<|tool_calls_section_begin|>",
-                                  "<|tool_calls_section_end|>", "<|tool_call_begin|>",
-                                  "<|tool_call_argument_begin|>", "<|tool_call_end|>", "[BOS]",
-                                  "[EOS]"});
+  const auto tok = TokenizerWith(
+      {"<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>",
+       "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+       "<|tool_call_argument_begin|>", "<|tool_call_end|>", "[BOS]", "[EOS]"});
   const ChatTemplate chat = LoadTemplate("kimi_k2");
   Result<std::shared_ptr<const transcript::Format>> format = MakeChatFormat(tok, chat);
   ASSERT_TRUE(format.ok()) << format.status().ToString();
