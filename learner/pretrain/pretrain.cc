@@ -272,6 +272,13 @@ Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const Pretrain
 
 Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
                                                  const PretrainOptions& options) {
+  // The corpus (retrieval and image documents, the packer's document boundaries, the loss
+  // weights' roles) is in byte ids; only the tool_use generator renders a model's own format.
+  if (config.model.tokenizer.enabled()) {
+    return Status::InvalidArgument(
+        "pretraining writes its corpus in byte ids; this model names its own tokenizer (" +
+        config.model.tokenizer.file + ")");
+  }
   ConfigureRuntime(config.threads > 0 ? config.threads : config.model.threads);
   STRIDER_ASSIGN_OR_RETURN(RunDirectory run,
                            RunDirectory::Open(options.run_dir, "pretrain", options.bar));

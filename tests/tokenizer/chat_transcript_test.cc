@@ -14,6 +14,9 @@
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/transcript.h"
+#include "envs/episode.h"
+#include "envs/tools.h"
+#include "learner/pretrain/data/generators.h"
 #include "tests/file_contents.h"
 
 namespace strider::tokenizer {
@@ -317,6 +320,88 @@ TEST(ChatTranscriptTest, LoadsWhatAModelConfigNames) {
   config.format = "sentencepiece";
   EXPECT_FALSE(LoadChatFormat(config).ok());
   EXPECT_FALSE(ModelFormat(TokenizerConfig{}).value());  // the byte format
+}
+
+// The scripted policy, keeping the turns it wrote.
+class Recording final : public envs::ScriptedPolicy {
+ public:
+  explicit Recording(std::unique_ptr<envs::ScriptedPolicy> inner) : inner_(std::move(inner)) {}
+  Result<std::string> NextTurn(const std::vector<envs::Observation>& observations) override {
+    Result<std::string> turn = inner_->NextTurn(observations);
+    if (turn.ok()) turns.push_back(*turn);
+    return turn;
+  }
+  std::vector<std::string> turns;
+
+ private:
+  std::unique_ptr<envs::ScriptedPolicy> inner_;
+};
+
+// The tool_use data generator writes its calculator transcripts in the model's format: each
+// document is the template's rendering of the episode, replayed here from its seed.
+TEST(ChatTranscriptTest, ToolUseDocumentsAreTheTemplatesRendering) {
+  TokenizerConfig config;
+  config.file = DataPath("bpe_gpt2.json");
+  config.chat_template = DataPath("chat/qwen2_5.jinja");
+  Result<std::shared_ptr<const transcript::Format>> format = LoadChatFormat(config);
+  ASSERT_TRUE(format.ok()) << format.status().ToString();
+  const ChatTemplate chat = ChatTemplate::Load(config.chat_template).value();
+  data::GeneratorOptions options;
+  options.format = *format;
+  options.flawed_fraction = 0;
+  options.environment.name = "calculator";
+  options.environment.options = {{"difficulty", "1"}};
+  for (int64_t index = 0; index < 3; ++index) {
+    const data::GeneratedDocument document =
+        data::Generate(data::GeneratorKind::kToolUse, options, 7, index);
+    auto env = envs::MakeEnvironment(options.environment).value();
+    Recording policy(envs::MakeScriptedPolicy(options.environment).value());
+    const envs::EnvironmentSpec spec = env->Describe();
+    std::vector<envs::StepResult> steps;
+    const envs::EpisodeReport report =
+        envs::PlayEpisode(*env, policy, document.episode_seed, spec.max_turns, {},
+                          [&](const envs::StepResult& step) { steps.push_back(step); });
+    ASSERT_FALSE(report.error) << report.end;
+    Json messages = Json::array({{{"role", "system"}, {"content", spec.description}},
+                                 {{"role", "user"}, {"content", report.observations[0].text}}});
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const std::string& turn = policy.turns[i];
+      Json message = {{"role", "assistant"}, {"content", turn}};
+      Result<std::optional<envs::ToolCall>> call = envs::ParseToolCall(turn);
+      ASSERT_TRUE(call.ok()) << call.status().ToString();
+      if (call->has_value()) {
+        message["content"] = turn.substr(0, turn.find(envs::kToolCallOpen));
+        message["tool_calls"] = Json::array(
+            {{{"type", "function"},
+              {"function",
+               {{"name", (*call)->name}, {"arguments", {{"expression", (*call)->arguments}}}}}}});
+      }
+      messages.push_back(message);
+      const bool tool = steps[i].observation.role == envs::ObservationRole::kToolResult;
+      if (!steps[i].observation.text.empty() || !steps[i].done) {
+        messages.push_back(
+            {{"role", tool ? "tool" : "user"}, {"content", steps[i].observation.text}});
+      }
+    }
+    ChatRenderOptions render;
+    render.tools = CalcTools();
+    render.tools[0]["function"]["description"] = spec.tools[0].description;
+    Result<std::string> rendered = chat.Render(messages, render);
+    ASSERT_TRUE(rendered.ok()) << rendered.status().ToString();
+    const std::string text = (*format)->DecodeBytes(document.tokens);
+    EXPECT_EQ(text, *rendered);
+    EXPECT_NE(text.find("<tool_call>"), std::string::npos);
+    // The model's turns, read back, are the assistant messages' text and calls.
+    const std::vector<Role> roles = (*format)->ReadRoles(document.tokens);
+    std::string actions;
+    for (size_t i = 0; i < roles.size(); ++i) {
+      if (transcript::IsAction(roles[i])) {
+        actions += (*format)->DecodeBytes(std::span<const int32_t>(&document.tokens[i], 1));
+      }
+    }
+    EXPECT_NE(actions.find("<tool_call>\n{\"name\": \"calc\""), std::string::npos) << actions;
+    EXPECT_EQ(actions.find("<|im_start|>"), std::string::npos) << actions;
+  }
 }
 
 }  // namespace

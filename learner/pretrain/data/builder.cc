@@ -108,6 +108,10 @@ Result<BuildSummary> BuildGeneratedShards(GeneratorKind kind, const GeneratorOpt
   if (documents <= 0 && tokens <= 0) {
     return Status::InvalidArgument("give a document count or a token count to generate");
   }
+  if (generator.format && kind != GeneratorKind::kToolUse) {
+    return Status::InvalidArgument(
+        "only the tool_use generator writes documents in a model's own transcript format");
+  }
   STRIDER_RETURN_IF_ERROR(PrepareDirectory(out_dir));
   ShardWriter writer(2);
   BuildSummary summary;

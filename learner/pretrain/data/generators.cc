@@ -232,8 +232,12 @@ GeneratedDocument ToolUse(const GeneratorOptions& options, uint64_t seed, int64_
                         [&](const envs::StepResult& step) { steps.push_back(step); });
   (*env)->Close();
   if (report.error) GeneratorFailed(Status::Internal(report.end));
-  transcript::Transcript transcript;
-  transcript.AddSystem(spec.description, envs::RenderToolList(spec.tools));
+  transcript::Transcript transcript(options.format);
+  std::vector<transcript::Tool> tools;
+  for (const envs::ToolSpec& tool : spec.tools) {
+    tools.push_back({tool.name, tool.arguments, tool.description});
+  }
+  transcript.AddSystem(spec.description, envs::RenderToolList(spec.tools), tools);
   const envs::Observation& first = report.observations.front();
   transcript.AddObservation(envs::TranscriptRole(first.role), first.text);
   transcript.BeginModelTurn();
@@ -243,6 +247,7 @@ GeneratedDocument ToolUse(const GeneratorOptions& options, uint64_t seed, int64_
                              steps[i].observation.text, {}, steps[i].done);
   }
   transcript.End();
+  if (!transcript.status().ok()) GeneratorFailed(transcript.status());
   document.tokens = transcript.Tokens();
   // Flawed is what the environment says: a step it labels incorrect, or an unpaid outcome.
   document.flawed = report.incorrect > 0 || report.outcome.value_or(0.0) != 1.0;

@@ -25,12 +25,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "common/status.h"
+#include "common/transcript.h"
 #include "envs/environment.h"
 
 namespace strider::data {
@@ -66,6 +68,10 @@ struct GeneratorOptions {
   envs::EnvironmentConfig environment;
   int64_t image_size = 32;        // image_text: square image side in pixels
   int64_t patch_size = 4;         // image_text: the model's patch side (placeholder count)
+  // tool_use: the model's own transcript format (docs/tokenizers.md); null: the byte format.
+  // A document is then the template's rendering of the episode, with no begin- or end-of-text
+  // tokens but those the template writes. The other generators write byte ids only.
+  std::shared_ptr<const transcript::Format> format;
 };
 
 struct GeneratedDocument {
