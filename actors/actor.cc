@@ -996,6 +996,7 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
         options.model_config + ": the tokenizer has " + std::to_string(format->vocabulary_size()) +
         " ids, more than the model's vocabulary of " + std::to_string(config.vocabulary));
   }
+  ConfigurePrecision(options.precision);
   std::shared_ptr<const Model> shared = options.model;
   if (!shared) {
     std::unique_ptr<Model> model;
@@ -1004,6 +1005,7 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
     } else {
       STRIDER_ASSIGN_OR_RETURN(model, Model::Load(config, options.weights));
     }
+    STRIDER_RETURN_IF_ERROR(ApplyWeightPrecision(model.get(), options.precision));
     shared = std::move(model);
   }
   STRIDER_ASSIGN_OR_RETURN(
@@ -1023,7 +1025,6 @@ Result<std::unique_ptr<Actor>> Actor::Create(const ActorOptions& options) {
     STRIDER_ASSIGN_OR_RETURN(sender, Sender::Start(sender_options));
   }
   return std::unique_ptr<Actor>(new ActorImpl(options, std::move(config), std::move(shared),
-  ConfigurePrecision(options.precision);
                                               std::move(engine), std::move(sender),
                                               std::move(format)));
 }
@@ -1043,7 +1044,6 @@ rollout::EngineOptions EngineOptionsFor(const ActorOptions& options) {
           ? std::min(options.cache_budget_bytes, options.cache_budget_cap_bytes)
           : options.cache_budget_bytes;
   engine_options.block_tokens = options.block_tokens;
-    STRIDER_RETURN_IF_ERROR(ApplyWeightPrecision(model.get(), options.precision));
   engine_options.max_batch = options.max_batch;
   engine_options.prefill_chunk_tokens = options.prefill_chunk_tokens;
   engine_options.prefill_tokens_per_step = options.prefill_tokens_per_step;
