@@ -17,8 +17,11 @@ constexpr std::string_view kOptionPrefix = "env_option.";
 // The patch count of each image run in tokens[begin, end), in order: the number of
 // placeholders the actor wrote, which depends on the model's vision settings, not on the
 // environment, so the replay takes it from the stored stream.
-std::vector<int64_t> ImagePatches(const schema::StoredTrajectory& t, uint64_t begin, uint64_t end) {
+std::vector<int64_t> ImagePatches(const schema::StoredTrajectory& t, uint64_t begin, uint64_t end,
+                                  const transcript::Format* format) {
   std::vector<int64_t> patches;
+  // A model format has no image runs: its ids at the byte format's image markers are text.
+  if (format != nullptr) return patches;
   for (uint64_t i = begin; i < end; ++i) {
     if (t.tokens[i] != token::kImageStart) continue;
     int64_t count = 0;
@@ -38,14 +41,15 @@ uint64_t NextAction(const schema::StoredTrajectory& t, uint64_t from) {
 
 class Replay {
  public:
-  Replay(const schema::StoredTrajectory& t, std::unique_ptr<envs::Environment> env)
-      : t_(t), env_(std::move(env)) {}
+  Replay(const schema::StoredTrajectory& t, std::unique_ptr<envs::Environment> env,
+         std::shared_ptr<const transcript::Format> format)
+      : t_(t), env_(std::move(env)), transcript_(format), format_(std::move(format)) {}
   ~Replay() { env_->Close(); }
 
   // Renders `observation` as the actor does and checks it against tokens[begin, end).
   Status Observe(const envs::Observation& observation, uint64_t begin, uint64_t end,
                  const std::string& what, bool first, bool done) {
-    const std::vector<int64_t> patches = ImagePatches(t_, begin, end);
+    const std::vector<int64_t> patches = ImagePatches(t_, begin, end, format_.get());
     if (patches.size() != observation.images.size()) {
       return Diverged(what, begin,
                       "the environment shows " + std::to_string(observation.images.size()) +
@@ -54,11 +58,19 @@ class Replay {
     const transcript::Role role = envs::TranscriptRole(observation.role);
     if (first) {
       const envs::EnvironmentSpec spec = env_->Describe();
-      transcript_.AddSystem(spec.description, envs::RenderToolList(spec.tools));
+      std::vector<transcript::Tool> tools;
+      for (const envs::ToolSpec& tool : spec.tools) {
+        tools.push_back({tool.name, tool.arguments, tool.description});
+      }
+      transcript_.AddSystem(spec.description, envs::RenderToolList(spec.tools), tools);
       transcript_.AddObservation(role, observation.text, patches);
       transcript_.BeginModelTurn();
     } else {
       transcript_.AddStepResult(role, observation.text, patches, done);
+    }
+    if (!transcript_.status().ok()) {
+      return Diverged(what, begin, "the model's format does not render it: " +
+                                       transcript_.status().ToString());
     }
     const std::vector<int32_t> tokens = transcript_.Tokens();
     const std::vector<transcript::Role> roles = transcript_.Roles();
@@ -72,9 +84,8 @@ class Replay {
       if (tokens[i] != t_.tokens[begin + i] ||
           static_cast<uint8_t>(roles[i]) != static_cast<uint8_t>(t_.roles[begin + i])) {
         return Diverged(what, begin + i,
-                        "the environment's turn has " + Tokenizer::Decode({&tokens[i], 1}) +
-                            " where " + Tokenizer::Decode({&t_.tokens[begin + i], 1}) +
-                            " is stored");
+                        "the environment's turn has " + Text(tokens[i]) + " where " +
+                            Text(t_.tokens[begin + i]) + " is stored");
       }
     }
     size_t image = 0;
@@ -91,8 +102,11 @@ class Replay {
     return Status::Ok();
   }
 
-  // Feeds the stored model turn of `step` to the transcript (the actor's roles come from it).
-  Status ModelTurn(const schema::StoredStep& step, const std::string& what) {
+  // Feeds the stored model turn of `step` to the transcript (the actor's roles come from it)
+  // and sets `action_text` to what the actor handed the environment for it.
+  Status ModelTurn(const schema::StoredStep& step, const std::string& what,
+                   std::string& action_text) {
+    std::vector<int32_t> turn;
     bool started = false;
     for (uint64_t i = step.begin; i < step.end; ++i) {
       if (!schema::IsAction(t_.roles[i])) {
@@ -100,12 +114,24 @@ class Replay {
         continue;
       }
       started = true;
+      turn.push_back(t_.tokens[i]);
       const transcript::Role role = transcript_.AddModelToken(t_.tokens[i]);
       if (static_cast<uint8_t>(role) != static_cast<uint8_t>(t_.roles[i])) {
         return Diverged(what, i, "the stored role of a sampled token is not the transcript's");
       }
     }
     (void)transcript_.Take();
+    if (format_ == nullptr) {
+      action_text = step.turn_text;
+      return Status::Ok();
+    }
+    // As the actor does (actors/actor.cc OnTurnEnd): the turn without the token it stopped at,
+    // its call in the environment's syntax.
+    const std::vector<int32_t> stops = format_->stop_tokens();
+    if (!turn.empty() && std::find(stops.begin(), stops.end(), turn.back()) != stops.end()) {
+      turn.pop_back();
+    }
+    action_text = format_->ToEnvironmentText(format_->DecodeBytes(turn));
     return Status::Ok();
   }
 
@@ -119,14 +145,21 @@ class Replay {
         " (a seed or options other than the episode's, or a changed environment)");
   }
 
+  std::string Text(int32_t token) const {
+    return format_ ? "'" + format_->DecodeBytes(std::span<const int32_t>(&token, 1)) + "'"
+                   : Tokenizer::Decode({&token, 1});
+  }
+
   const schema::StoredTrajectory& t_;
   std::unique_ptr<envs::Environment> env_;
   transcript::Transcript transcript_;
+  std::shared_ptr<const transcript::Format> format_;  // null: the byte format
 };
 
 }  // namespace
 
-Result<Rescored> Rescore(const schema::StoredTrajectory& t, const envs::EnvironmentConfig& env) {
+Result<Rescored> Rescore(const schema::StoredTrajectory& t, const envs::EnvironmentConfig& env,
+                         std::shared_ptr<const transcript::Format> format) {
   const std::string name = "trajectory " + t.id.Hex();
   envs::EnvironmentConfig config = env;
   if (config.name.empty()) config.name = t.env;
@@ -154,7 +187,7 @@ Result<Rescored> Rescore(const schema::StoredTrajectory& t, const envs::Environm
     return Status::InvalidArgument(name + ": seed metadata '" + text + "' is not a number");
   }
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<envs::Environment> made, envs::MakeEnvironment(config));
-  Replay replay(t, std::move(made));
+  Replay replay(t, std::move(made), std::move(format));
 
   // Episode options stay empty: the actor resets with the config's options only.
   Result<envs::Observation> first = replay.env().Reset(out.seed, {});
@@ -168,12 +201,12 @@ Result<Rescored> Rescore(const schema::StoredTrajectory& t, const envs::Environm
     if (done) {
       return Status::FailedPrecondition(name + ": the replayed episode ended before " + what);
     }
-    STRIDER_RETURN_IF_ERROR(replay.ModelTurn(step, what));
     StepVerdict verdict;
+    STRIDER_RETURN_IF_ERROR(replay.ModelTurn(step, what, verdict.action_text));
     verdict.begin = step.begin;
     verdict.end = step.end;
     verdict.stored_reward = step.stored_reward;
-    Result<envs::StepResult> result = replay.env().Step(envs::MakeAction(step.turn_text));
+    Result<envs::StepResult> result = replay.env().Step(envs::MakeAction(verdict.action_text));
     if (!result.ok()) {
       verdict.error = result.status().ToString();
       out.steps.push_back(std::move(verdict));
@@ -200,9 +233,10 @@ Result<Rescored> Rescore(const schema::StoredTrajectory& t, const envs::Environm
 }
 
 Result<Rescored> Rescore(std::span<const schema::SegmentData> segments,
-                         const envs::EnvironmentConfig& env) {
+                         const envs::EnvironmentConfig& env,
+                         std::shared_ptr<const transcript::Format> format) {
   STRIDER_ASSIGN_OR_RETURN(schema::StoredTrajectory trajectory, schema::JoinSegments(segments));
-  return Rescore(trajectory, env);
+  return Rescore(trajectory, env, std::move(format));
 }
 
 TrajectoryRewards RescoredRewards(const Rescored& rescored,
@@ -214,7 +248,7 @@ TrajectoryRewards RescoredRewards(const Rescored& rescored,
     StepRewards step;
     step.env_reward = rescored.steps[k].reward;
     step.label = rescored.steps[k].label;
-    if (k < trajectory.steps.size()) step.key = StepKey(trajectory.steps[k].turn_text);
+    if (k < trajectory.steps.size()) step.key = StepKey(rescored.steps[k].action_text);
     rewards.steps.push_back(std::move(step));
   }
   return rewards;
@@ -222,7 +256,8 @@ TrajectoryRewards RescoredRewards(const Rescored& rescored,
 
 Result<std::vector<StoreRescore>> RescoreStore(const std::string& store_path,
                                                const envs::EnvironmentConfig& env,
-                                               const replay::ListFilter& filter) {
+                                               const replay::ListFilter& filter,
+                                               std::shared_ptr<const transcript::Format> format) {
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::Inspector> inspector,
                            replay::Inspector::Open(store_path));
   STRIDER_ASSIGN_OR_RETURN(std::vector<schema::TrajectorySummary> summaries,
@@ -237,7 +272,7 @@ Result<std::vector<StoreRescore>> RescoreStore(const std::string& store_path,
     for (replay::StoredSegment& s : stored) segments.push_back(std::move(s.segment));
     StoreRescore entry;
     entry.id = summary.trajectory_id;
-    Result<Rescored> rescored = Rescore(segments, env);
+    Result<Rescored> rescored = Rescore(segments, env, format);
     if (rescored.ok()) {
       entry.rescored = std::move(*rescored);
     } else {

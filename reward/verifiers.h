@@ -14,6 +14,11 @@
 // other options, an environment that changed) and Rescore fails naming the first difference.
 // Turns the environment never answered (a timeout, a stop) are not replayed.
 //
+// A trajectory is read in the transcript format it was written in: the byte format, or, given
+// the model's own Format (common/tokenizer/chat_format.h, tokenizer::ModelFormat of the model
+// config the actor ran), its template's turns and tokenizer; the turn handed to Step is then
+// what the actor handed it (the model turn's text with its call in the environment's syntax).
+//
 // The environment is an envs::EnvironmentConfig as actors take it. Its name may be left empty
 // (the stored environment name is used); the seed comes from the stored `seed` metadata and the
 // options from the stored `env_option.<key>` metadata when the actor recorded them, else from
@@ -21,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,6 +34,7 @@
 
 #include "common/schema/messages.h"
 #include "common/status.h"
+#include "common/transcript.h"
 #include "envs/environment.h"
 #include "replay/inspect.h"
 #include "reward/trajectory.h"
@@ -42,6 +49,7 @@ struct StepVerdict {
   bool done = false;
   std::string error;  // the environment's Step error; the replay stops there
   float stored_reward = 0;
+  std::string action_text;  // the model turn as handed to Step
 };
 
 struct Rescored {
@@ -62,10 +70,13 @@ struct Rescored {
 // NotFound/InvalidArgument from making the environment; the environment's error when it fails
 // to reset; FailedPrecondition when the replay diverges from what is stored (the message names
 // the step and token position). A Step error is a verdict (StepVerdict::error), not a failure.
+// `format`: the transcript format the trajectory was written in; null: the byte format.
 Result<Rescored> Rescore(std::span<const schema::SegmentData> segments,
-                         const envs::EnvironmentConfig& env);
+                         const envs::EnvironmentConfig& env,
+                         std::shared_ptr<const transcript::Format> format = nullptr);
 Result<Rescored> Rescore(const schema::StoredTrajectory& trajectory,
-                         const envs::EnvironmentConfig& env);
+                         const envs::EnvironmentConfig& env,
+                         std::shared_ptr<const transcript::Format> format = nullptr);
 
 // The shaping input of a re-scored trajectory: the environment's rewards and labels as replayed,
 // the outcome when it ended, the end from the stored status.
@@ -84,6 +95,8 @@ struct StoreRescore {
 // Errors: the store cannot be opened or read.
 Result<std::vector<StoreRescore>> RescoreStore(const std::string& store_path,
                                                const envs::EnvironmentConfig& env,
-                                               const replay::ListFilter& filter = {});
+                                               const replay::ListFilter& filter = {},
+                                               std::shared_ptr<const transcript::Format> format =
+                                                   nullptr);
 
 }  // namespace strider::reward

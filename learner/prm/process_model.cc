@@ -20,6 +20,7 @@
 #include "common/model/torch_status.h"
 #include "common/random.h"
 #include "common/safetensors.h"
+#include "common/tokenizer/chat_format.h"
 #include "learner/learner.h"
 #include "learner/optimizer.h"
 #include "reward/verifiers.h"
@@ -262,9 +263,10 @@ Result<LabelledTrajectory> ReadLabelledTrajectory(std::span<const schema::Segmen
   return out;
 }
 
-Result<std::vector<schema::StepLabel>> ReplayedLabels(const schema::StoredTrajectory& trajectory,
-                                                      const envs::EnvironmentConfig& env) {
-  STRIDER_ASSIGN_OR_RETURN(Rescored rescored, Rescore(trajectory, env));
+Result<std::vector<schema::StepLabel>> ReplayedLabels(
+    const schema::StoredTrajectory& trajectory, const envs::EnvironmentConfig& env,
+    std::shared_ptr<const transcript::Format> format) {
+  STRIDER_ASSIGN_OR_RETURN(Rescored rescored, Rescore(trajectory, env, std::move(format)));
   std::vector<schema::StepLabel> labels(trajectory.steps.size(), schema::StepLabel::kUnknown);
   for (size_t k = 0; k < rescored.steps.size() && k < labels.size(); ++k) {
     const StepVerdict& verdict = rescored.steps[k];
@@ -277,7 +279,8 @@ Result<std::vector<schema::StepLabel>> ReplayedLabels(const schema::StoredTrajec
 
 Result<LabelledStore> ReadLabelledStore(const std::string& store_path,
                                         const replay::ListFilter& filter, int64_t max_trajectories,
-                                        const envs::EnvironmentConfig* relabel) {
+                                        const envs::EnvironmentConfig* relabel,
+                                        std::shared_ptr<const transcript::Format> format) {
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<replay::Inspector> inspector,
                            replay::Inspector::Open(store_path));
   STRIDER_ASSIGN_OR_RETURN(std::vector<schema::TrajectorySummary> summaries,
@@ -300,7 +303,7 @@ Result<LabelledStore> ReadLabelledStore(const std::string& store_path,
     if (!labelled.ok()) return labelled.status().WithContext(store_path);
     if (relabel != nullptr) {
       Result<std::vector<schema::StepLabel>> replayed =
-          ReplayedLabels(labelled->trajectory, *relabel);
+          ReplayedLabels(labelled->trajectory, *relabel, format);
       if (replayed.status().code() == StatusCode::kFailedPrecondition) {
         ++out.unreplayed;  // another episode than the environment plays now: no verdicts
         continue;
@@ -435,10 +438,13 @@ Result<ProcessModelReport> TrainProcessModel(const ProcessModelOptions& options)
   const Clock::time_point start = Clock::now();
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                            LoadPolicy(options.model_config, options.model_weights, options.device));
+  // The policy's actor wrote the trajectories in the policy model's format.
+  STRIDER_ASSIGN_OR_RETURN(std::shared_ptr<const transcript::Format> format,
+                           tokenizer::ModelFormat(model->config().tokenizer));
   STRIDER_ASSIGN_OR_RETURN(
       LabelledStore store,
       ReadLabelledStore(options.store_path, options.filter, options.max_trajectories,
-                        options.relabel ? &*options.relabel : nullptr));
+                        options.relabel ? &*options.relabel : nullptr, std::move(format)));
 
   ProcessModelReport report;
   report.trajectories = static_cast<int64_t>(store.trajectories.size());

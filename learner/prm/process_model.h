@@ -62,6 +62,7 @@
 #include "common/schema/messages.h"
 #include "common/schema/trajectory.h"
 #include "common/status.h"
+#include "common/transcript.h"
 #include "envs/environment.h"
 #include "replay/inspect.h"
 
@@ -96,8 +97,10 @@ Result<LabelledTrajectory> ReadLabelledTrajectory(std::span<const schema::Segmen
 // The labels of replaying a trajectory against `env` (reward::Rescore): the environment's label
 // of each step it answered; unknown for a step whose Step failed and for steps after it.
 // Errors: those of Rescore (a trajectory that does not replay is FailedPrecondition).
-Result<std::vector<schema::StepLabel>> ReplayedLabels(const schema::StoredTrajectory& trajectory,
-                                                      const envs::EnvironmentConfig& env);
+// `format`: the transcript format the trajectory was written in (Rescore); null: the byte one.
+Result<std::vector<schema::StepLabel>> ReplayedLabels(
+    const schema::StoredTrajectory& trajectory, const envs::EnvironmentConfig& env,
+    std::shared_ptr<const transcript::Format> format = nullptr);
 
 struct LabelledStore {
   std::vector<LabelledTrajectory> trajectories;  // complete ones, in the store's listing order
@@ -111,13 +114,16 @@ struct LabelledStore {
 bool HeldOut(const schema::TrajectoryId& id, uint64_t split_seed, double fraction);
 
 // Every complete trajectory `filter` selects in the store directory `store_path`, with its
-// labels (the stored ones, or ReplayedLabels against `relabel` when it is not null); at most
+// labels (the stored ones, or ReplayedLabels against `relabel`, in `format`, when it is not
+// null); at most
 // `max_trajectories` (0: all). Errors: the store cannot be opened or read, a trajectory's
 // segments do not join, the environment cannot be made.
 Result<LabelledStore> ReadLabelledStore(const std::string& store_path,
                                         const replay::ListFilter& filter = {},
                                         int64_t max_trajectories = 0,
-                                        const envs::EnvironmentConfig* relabel = nullptr);
+                                        const envs::EnvironmentConfig* relabel = nullptr,
+                                        std::shared_ptr<const transcript::Format> format =
+                                            nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Training
@@ -129,7 +135,8 @@ struct ProcessModelOptions {
   replay::ListFilter filter;
   int64_t max_trajectories = 0;  // 0: every complete trajectory
   // Labels from replaying each trajectory against this environment instead of the stored ones
-  // (ReplayedLabels); an empty name takes the stored environment's. Unset: the stored labels.
+  // (ReplayedLabels, in the policy model's transcript format); an empty name takes the stored
+  // environment's. Unset: the stored labels.
   std::optional<envs::EnvironmentConfig> relabel;
   double heldout_fraction = 0.2;  // of trajectories, in (0, 1)
   uint64_t split_seed = 0;

@@ -3,7 +3,8 @@
 // trajectories whose text is the template's own rendering of the conversation: the environment's
 // system prompt and tools, its first observation, and every model turn and environment answer,
 // replayed here from the episode's seed and rendered by ChatTemplate. Only the model's own
-// tokens are actions, as the format reads them back.
+// tokens are actions, as the format reads them back. The verifier replays the stored
+// trajectories in the same format (reward/verifiers.h).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "envs/environment.h"
 #include "envs/tools.h"
 #include "replay/inspect.h"
+#include "reward/verifiers.h"
 #include "tests/integration/child_process.h"
 #include "tests/scratch_dir.h"
 
@@ -176,6 +178,25 @@ TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
       if (t.tokens[i] == end_of_turn && i > 0 && schema::IsAction(t.roles[i - 1])) continue;
       EXPECT_EQ(transcript::IsAction(read[i]), schema::IsAction(t.roles[i])) << "token " << i;
     }
+  }
+  // The verifier reads them in the model's format: every turn replays against the environment
+  // and gets its verdict. Read as the byte format, they are not the episodes stored.
+  Result<std::vector<reward::StoreRescore>> rescored =
+      reward::RescoreStore(dir.Sub("db"), {}, {}, *format);
+  ASSERT_TRUE(rescored.ok()) << rescored.status().ToString();
+  ASSERT_EQ(rescored->size(), 4u);
+  for (const reward::StoreRescore& entry : *rescored) {
+    ASSERT_TRUE(entry.status.ok()) << entry.status.ToString();
+    EXPECT_EQ(entry.rescored.env, "calculator");
+    EXPECT_EQ(entry.rescored.steps.size(), 3u) << "max_turns";
+    for (const reward::StepVerdict& verdict : entry.rescored.steps) {
+      EXPECT_TRUE(verdict.error.empty()) << verdict.error;
+    }
+  }
+  Result<std::vector<reward::StoreRescore>> as_bytes = reward::RescoreStore(dir.Sub("db"), {});
+  ASSERT_TRUE(as_bytes.ok()) << as_bytes.status().ToString();
+  for (const reward::StoreRescore& entry : *as_bytes) {
+    EXPECT_EQ(entry.status.code(), StatusCode::kFailedPrecondition) << entry.status.ToString();
   }
   server.Signal(SIGTERM);
   EXPECT_EQ(server.Wait(), 0);

@@ -2,12 +2,15 @@
 // environments played by their scripted policies, rendered through common/transcript.h and cut
 // into segments; then replayed (reward/verifiers.h). A replay that agrees gives the
 // environment's labels and outcome; one from another seed, other options or altered tokens
-// fails and says where.
+// fails and says where. Trajectories in a model's own chat format (tests/tokenizer/data/
+// tiny_chat_model.yaml's tokenizer and template) replay through that format.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "common/tokenizer.h"
+#include "common/tokenizer/chat_format.h"
 #include "common/transcript.h"
 #include "envs/episode.h"
 #include "envs/tools.h"
@@ -47,6 +50,7 @@ struct PlayOptions {
   int64_t segment_tokens = 64;  // small: steps span segment cuts
   std::string unanswered_turn;  // a last model turn no environment answered
   bool store_options = true;    // env_option.* metadata, as the actor writes it
+  std::shared_ptr<const transcript::Format> format;  // null: the byte format
 };
 
 // Plays one episode with the environment's scripted policy and stores it as the actor would.
@@ -68,7 +72,11 @@ Played PlayAndStore(const PlayOptions& options) {
   auto patches = [](const envs::Observation& o) {
     return std::vector<int64_t>(o.images.size(), kPatchesPerImage);
   };
-  transcript::Transcript t;
+  transcript::Transcript t(options.format);
+  std::vector<transcript::Tool> tools;
+  for (const envs::ToolSpec& tool : spec.tools) {
+    tools.push_back({tool.name, tool.arguments, tool.description});
+  }
   std::vector<int32_t> tokens;
   std::vector<schema::Role> roles;
   std::vector<const envs::Image*> images;  // in stream order
@@ -83,7 +91,7 @@ Played PlayAndStore(const PlayOptions& options) {
       for (const envs::Image& image : observation->images) images.push_back(&image);
     }
   };
-  t.AddSystem(spec.description, envs::RenderToolList(spec.tools));
+  t.AddSystem(spec.description, envs::RenderToolList(spec.tools), tools);
   const envs::Observation& first = report.observations.front();
   t.AddObservation(envs::TranscriptRole(first.role), first.text, patches(first));
   t.BeginModelTurn();
@@ -104,6 +112,7 @@ Played PlayAndStore(const PlayOptions& options) {
     t.AddModelTurn(options.unanswered_turn);
     take(nullptr);
   }
+  EXPECT_TRUE(t.status().ok()) << t.status().ToString();
 
   // Cut every segment_tokens tokens; a step belongs to the segment where it ends.
   size_t step = 0, image = 0, image_start = 0;
@@ -124,7 +133,10 @@ Played PlayAndStore(const PlayOptions& options) {
                          static_cast<float>(played.results[step].reward.value_or(0.0))});
     }
     for (; image_start < end; ++image_start) {
-      if (image_start < begin || tokens[image_start] != token::kImageStart) continue;
+      // A model format has no image runs (its id at kImageStart is text).
+      if (image_start < begin || options.format || tokens[image_start] != token::kImageStart) {
+        continue;
+      }
       const envs::Image& shown = *images.at(image++);
       s.images.push_back({static_cast<uint32_t>(image_start - begin),
                           static_cast<uint32_t>(shown.width), static_cast<uint32_t>(shown.height),
@@ -328,5 +340,53 @@ TEST(Rescore, ATurnNoEnvironmentAnsweredIsNotReplayed) {
             Tokenizer::Encode("Let me see.calc(1+1)").size() + 3);
 }
 
+// The tiny model's own format: the committed byte-level BPE and Qwen 2.5's template.
+std::shared_ptr<const transcript::Format> TinyChatFormat() {
+  const char* source = std::getenv("STRIDER_SOURCE_DIR");
+  const std::string data = std::string(source ? source : ".") + "/tests/tokenizer/data/";
+  tokenizer::TokenizerConfig config;
+  config.file = data + "bpe_gpt2.json";
+  config.chat_template = data + "chat/qwen2_5.jinja";
+  Result<std::shared_ptr<const transcript::Format>> format = tokenizer::LoadChatFormat(config);
+  EXPECT_TRUE(format.ok()) << format.status().ToString();
+  return format.ok() ? *format : nullptr;
+}
+
+TEST(Rescore, AnEpisodeInTheModelsFormatReplaysThroughThatFormat) {
+  PlayOptions options;
+  options.env = Named("calculator", {{"difficulty", "3"}});
+  options.format = TinyChatFormat();
+  ASSERT_NE(options.format, nullptr);
+  Played played = PlayAndStore(options);
+  ASSERT_GT(played.segments.size(), 3u) << "the test wants steps across segment cuts";
+  Result<Rescored> rescored = Rescore(played.segments, Named(""), options.format);
+  ASSERT_TRUE(rescored.ok()) << rescored.status().ToString();
+  ASSERT_EQ(rescored->steps.size(), 5u) << "four calc calls and the answer";
+  for (size_t k = 0; k < rescored->steps.size(); ++k) {
+    const StepVerdict& v = rescored->steps[k];
+    EXPECT_EQ(v.label, StepLabel::kCorrect) << "step " << k;
+    EXPECT_EQ(v.reward, 1.0) << "step " << k;
+    EXPECT_TRUE(v.error.empty()) << v.error;
+    // The environment got the call in its own syntax, read from the template's.
+    EXPECT_EQ(envs::MakeAction(v.action_text).tool_call.has_value(), k + 1 < 5) << v.action_text;
+  }
+  EXPECT_EQ(rescored->outcome, 1.0);
+  EXPECT_EQ(rescored->stored_status, "done");
+
+  // Read as the byte format, the same tokens are not the episode.
+  EXPECT_EQ(Rescore(played.segments, Named("")).status().code(), StatusCode::kFailedPrecondition);
+  // An altered observation token is found in the model's format too.
+  Result<schema::StoredTrajectory> joined = schema::JoinSegments(played.segments);
+  ASSERT_TRUE(joined.ok());
+  const uint64_t at = rescored->steps[1].end + 2;
+  ASSERT_FALSE(schema::IsAction(joined->roles[at]));
+  joined->tokens[at] = joined->tokens[at] == 100 ? 101 : 100;
+  Result<Rescored> altered = Rescore(*joined, Named(""), options.format);
+  EXPECT_EQ(altered.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(altered.status().message().find("after step 1"), std::string::npos)
+      << altered.status().ToString();
+}
+
 }  // namespace
 }  // namespace strider::reward
+
