@@ -25,7 +25,9 @@
 #include "learner/pretrain/pretrain_config.h"
 #include "learner/rl/scoring.h"
 #include "replay/client.h"
+#include "tests/cuda/skip_without_cuda.h"
 #include "tests/integration/child_process.h"
+#include "tests/integration/letter_fleet.h"
 #include "tests/integration/sample_trajectories.h"
 #include "tests/scratch_dir.h"
 
@@ -33,18 +35,12 @@ namespace strider {
 namespace {
 
 using strider::testing::ChildProcess;
+using strider::testing::MeanOf;
 using strider::testing::RunCommand;
 using strider::testing::SourceDir;
 using strider::testing::StriderBinary;
 using strider::testing::TempDir;
 using strider::testing::WaitEvent;
-
-#define STRIDER_SKIP_WITHOUT_CUDA()                                           \
-  do {                                                                        \
-    if (!torch::cuda::is_available()) {                                       \
-      GTEST_SKIP() << "no CUDA device: torch::cuda::is_available() is false"; \
-    }                                                                         \
-  } while (false)
 
 void PrintFigure(const nlohmann::json& line) { std::printf("%s\n", line.dump().c_str()); }
 
@@ -134,6 +130,19 @@ class GpuActorLearner : public ::testing::Test {
     return worst;
   }
 
+  // RunActor `name` for 16 episodes, ScoreAll its trajectories and print the figure line for
+  // `precision`: the largest difference, the action tokens in *tokens.
+  double MeasureActor(const std::string& name, const std::string& extra,
+                      const std::string& precision, int64_t* tokens) {
+    RunActor(name, 16, extra);
+    const double worst = ScoreAll(16, tokens);
+    PrintFigure({{"check", "actor_learner_cuda"},
+                 {"actor_precision", precision},
+                 {"action_tokens", *tokens},
+                 {"max_abs_logprob_diff", worst}});
+    return worst;
+  }
+
   TempDir dir_;
   bool started_ = false;
   std::string model_config_path_;
@@ -147,13 +156,8 @@ class GpuActorLearner : public ::testing::Test {
 
 TEST_F(GpuActorLearner, LearnerLogProbsEqualTheBehaviourLogProbsInFp32) {
   STRIDER_SKIP_WITHOUT_CUDA();
-  RunActor("fp32", 16, "");
   int64_t tokens = 0;
-  const double worst = ScoreAll(16, &tokens);
-  PrintFigure({{"check", "actor_learner_cuda"},
-               {"actor_precision", "float32"},
-               {"action_tokens", tokens},
-               {"max_abs_logprob_diff", worst}});
+  const double worst = MeasureActor("fp32", "", "float32", &tokens);
   EXPECT_GT(tokens, 0);
   EXPECT_LE(worst, 1e-5);
 }
@@ -162,80 +166,25 @@ TEST_F(GpuActorLearner, LearnerLogProbsEqualTheBehaviourLogProbsInFp32) {
 // "Precision"), not a contract; it must stay finite and far below what other weights give.
 TEST_F(GpuActorLearner, Bf16ActorMismatchIsMeasured) {
   STRIDER_SKIP_WITHOUT_CUDA();
-  RunActor("bf16", 16, "  precision: bfloat16\n");
   int64_t tokens = 0;
-  const double worst = ScoreAll(16, &tokens);
-  PrintFigure({{"check", "actor_learner_cuda"},
-               {"actor_precision", "bfloat16"},
-               {"action_tokens", tokens},
-               {"max_abs_logprob_diff", worst}});
+  const double worst = MeasureActor("bf16", "  precision: bfloat16\n", "bfloat16", &tokens);
   EXPECT_GT(tokens, 0);
   EXPECT_TRUE(std::isfinite(worst));
   EXPECT_LT(worst, 1.0);
-}
-
-double MeanOf(const std::vector<nlohmann::json>& lines, size_t begin, size_t end, const char* key) {
-  double sum = 0;
-  for (size_t i = begin; i < end; ++i) sum += lines[i][key].get<double>();
-  return sum / static_cast<double>(end - begin);
 }
 
 // learner_rl_slow_test's fleet with the learner and the actor on one GPU.
 TEST(GpuFleet, RewardRisesWithLearnerAndActorSharingOneGpu) {
   STRIDER_SKIP_WITHOUT_CUDA();
   TempDir dir;
-  ChildProcess server;
-  const strider::testing::ReplayEndpoints replay = strider::testing::StartReplayServer(
-      server, dir.Sub("db"), dir.Sub("replay.yaml"),
-      "server: {stats_interval_s: 0}\n"
-      "tables:\n  - name: groups\n    unit: group\n"
-      "    sampler: fifo\n    max_staleness: 0\n    capacity: 1000\n"
-      "    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n");
-  ASSERT_FALSE(replay.learner.empty());
-
-  const std::string learner_config = dir.Sub("learner.yaml");
-  std::ofstream(learner_config)
-      << "mode: rl\nmodel_config: " << SourceDir() << "/configs/model/tiny.yaml\n"
-      << "init_seed: 0\nseed: 1\nthreads: 2\n"
-      << "replay: {table: groups, units_per_step: 4, sample_timeout_s: 120}\n"
-      << "publish: {every_steps: 1}\n"
-      << "optimizer: {learning_rate: 0.01, weight_decay: 0.0, clip_norm: 1.0}\n"
-      << "train: {steps: 40, sync: true, chunk_tokens: 256}\n"
-      << "objective:\n  advantages: {estimator: outcome_group}\n"
-      << "  policy: {eps_low: 0.2, eps_high: 0.28}\n  value: {coef: 0.0}\n";
-  ChildProcess learner;
-  ASSERT_TRUE(learner.Start({StriderBinary(), "learner", "--config", learner_config, "--run-dir",
-                             dir.Sub("run"), "--replay", replay.learner, "--publish",
-                             "tcp://127.0.0.1:0", "--device", "cuda"}));
-  nlohmann::json ready = WaitEvent(learner, "ready", 120000);
-  ASSERT_TRUE(ready.is_object());
-
-  const std::string actor_config = dir.Sub("actor.yaml");
-  std::ofstream(actor_config)
-      << "actor:\n  model: " << SourceDir() << "/configs/model/tiny.yaml\n"
-      << "  model_seed: 0\n  threads: 2\n  episodes: 0\n  episodes_in_flight: 16\n"
-      << "  group_size: 4\n  max_turns: 1\n  max_episode_tokens: 512\n  seed: 1\n"
-      << "  segment_tokens: 256\n  sampling: {temperature: 1.0, max_new_tokens: 24}\n"
-      << "  engine: {cache_budget_mb: 256}\n  replay: {endpoint: tcp://127.0.0.1:1}\n"
-      << "  weight_stream: {endpoint: " << ready["weights"].get<std::string>()
-      << ", poll_ms: 50, sync: true, round_groups: 4}\n"
-      << "  metrics: {interval_s: 5, progress: false}\n"
-      << "env:\n  library: " << STRIDER_LETTER_ENV_PATH << "\n";
-  ChildProcess actor;
-  ASSERT_TRUE(actor.Start({StriderBinary(), "actor", "--config", actor_config, "--replay",
-                           replay.actor, "--spill-dir", dir.Sub("spill"), "--device", "cuda"}));
-
-  nlohmann::json finished = WaitEvent(learner, "finished", 600000);
-  EXPECT_EQ(learner.Wait(), 0);
-  actor.Signal(SIGTERM);
-  EXPECT_EQ(actor.Wait(), 0);
-  server.Signal(SIGTERM);
-  EXPECT_EQ(server.Wait(), 0);
-  ASSERT_TRUE(finished.is_object());
-
+  strider::testing::LetterFleetOptions options;
+  options.letter_env_path = STRIDER_LETTER_ENV_PATH;
+  options.threads = 2;
+  options.cache_budget_mb = 256;
+  options.ready_timeout_ms = 120000;
+  options.device = "cuda";
   std::vector<nlohmann::json> lines;
-  std::ifstream in(dir.Sub("run/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_NO_FATAL_FAILURE(strider::testing::RunLetterFleet(dir, options, &lines));
   ASSERT_EQ(lines.size(), 40u);
   for (const nlohmann::json& m : lines) {
     EXPECT_EQ(m["staleness_mean"], 0);

@@ -25,17 +25,11 @@
 #include "common/model/parameters.h"
 #include "common/model/two_path_check.h"
 #include "common/tokenizer.h"
+#include "tests/cuda/skip_without_cuda.h"
 #include "tests/shipped_config.h"
 
 namespace strider {
 namespace {
-
-#define STRIDER_SKIP_WITHOUT_CUDA()                                           \
-  do {                                                                        \
-    if (!torch::cuda::is_available()) {                                       \
-      GTEST_SKIP() << "no CUDA device: torch::cuda::is_available() is false"; \
-    }                                                                         \
-  } while (false)
 
 at::Tensor RandomTokens(int64_t batch, int64_t length, uint64_t seed) {
   at::Generator generator = at::detail::createCPUGenerator(seed);

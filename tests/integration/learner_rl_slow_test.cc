@@ -5,83 +5,25 @@
 // version's trajectories only.
 #include <gtest/gtest.h>
 
-#include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
-#include <numeric>
+#include <vector>
 
-#include "tests/integration/child_process.h"
+#include "tests/integration/letter_fleet.h"
 #include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {
 
-using strider::testing::ChildProcess;
-using strider::testing::SourceDir;
-using strider::testing::StriderBinary;
+using strider::testing::MeanOf;
 using strider::testing::TempDir;
-using strider::testing::WaitEvent;
-
-double MeanOf(const std::vector<nlohmann::json>& lines, size_t begin, size_t end,
-              const char* key) {
-  double sum = 0;
-  for (size_t i = begin; i < end; ++i) sum += lines[i][key].get<double>();
-  return sum / static_cast<double>(end - begin);
-}
 
 TEST(RlRun, RewardRisesOnAnEasyEnvironmentInSyncRounds) {
   TempDir dir;
-  ChildProcess server;
-  const strider::testing::ReplayEndpoints replay = strider::testing::StartReplayServer(
-      server, dir.Sub("db"), dir.Sub("replay.yaml"),
-      "server: {stats_interval_s: 0}\n"
-      "tables:\n  - name: groups\n    unit: group\n"
-      "    sampler: fifo\n    max_staleness: 0\n    capacity: 1000\n"
-      "    rate_limiter: {min_fill: 1, max_times_sampled: 1}\n");
-  ASSERT_FALSE(replay.learner.empty());
-
-  const std::string learner_config = dir.Sub("learner.yaml");
-  std::ofstream(learner_config)
-      << "mode: rl\nmodel_config: " << SourceDir() << "/configs/model/tiny.yaml\n"
-      << "init_seed: 0\nseed: 1\nthreads: 1\n"
-      << "replay: {table: groups, units_per_step: 4, sample_timeout_s: 120}\n"
-      << "publish: {every_steps: 1}\n"
-      << "optimizer: {learning_rate: 0.01, weight_decay: 0.0, clip_norm: 1.0}\n"
-      << "train: {steps: 40, sync: true, chunk_tokens: 256}\n"
-      << "objective:\n  advantages: {estimator: outcome_group}\n"
-      << "  policy: {eps_low: 0.2, eps_high: 0.28}\n  value: {coef: 0.0}\n";
-  ChildProcess learner;
-  ASSERT_TRUE(learner.Start({StriderBinary(), "learner", "--config", learner_config, "--run-dir",
-                             dir.Sub("run"), "--replay", replay.learner, "--publish",
-                             "tcp://127.0.0.1:0"}));
-  nlohmann::json ready = WaitEvent(learner, "ready", 60000);
-  ASSERT_TRUE(ready.is_object());
-
-  const std::string actor_config = dir.Sub("actor.yaml");
-  std::ofstream(actor_config)
-      << "actor:\n  model: " << SourceDir() << "/configs/model/tiny.yaml\n"
-      << "  model_seed: 0\n  threads: 1\n  episodes: 0\n  episodes_in_flight: 16\n"
-      << "  group_size: 4\n  max_turns: 1\n  max_episode_tokens: 512\n  seed: 1\n"
-      << "  segment_tokens: 256\n  sampling: {temperature: 1.0, max_new_tokens: 24}\n"
-      << "  engine: {cache_budget_mb: 64}\n  replay: {endpoint: tcp://127.0.0.1:1}\n"
-      << "  weight_stream: {endpoint: " << ready["weights"].get<std::string>()
-      << ", poll_ms: 50, sync: true, round_groups: 4}\n"
-      << "  metrics: {interval_s: 5, progress: false}\n"
-      << "env:\n  library: " << STRIDER_LETTER_ENV_PATH << "\n";
-  ChildProcess actor;
-  ASSERT_TRUE(actor.Start({StriderBinary(), "actor", "--config", actor_config, "--replay",
-                           replay.actor, "--spill-dir", dir.Sub("spill")}));
-
-  nlohmann::json finished = WaitEvent(learner, "finished", 600000);
-  EXPECT_EQ(learner.Wait(), 0);
-  actor.Signal(SIGTERM);
-  EXPECT_EQ(actor.Wait(), 0);
-  server.Signal(SIGTERM);
-  EXPECT_EQ(server.Wait(), 0);
-  ASSERT_TRUE(finished.is_object());
-
+  strider::testing::LetterFleetOptions options;
+  options.letter_env_path = STRIDER_LETTER_ENV_PATH;
   std::vector<nlohmann::json> lines;
-  std::ifstream in(dir.Sub("run/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_NO_FATAL_FAILURE(strider::testing::RunLetterFleet(dir, options, &lines));
   ASSERT_EQ(lines.size(), 40u);
   for (const nlohmann::json& m : lines) {
     EXPECT_EQ(m["staleness_mean"], 0) << "sync mode trained on another version's trajectories";
