@@ -14,11 +14,16 @@
 #include "common/model/parameters.h"
 #include "common/model/two_path_check.h"
 #include "common/tokenizer.h"
+#include "tests/model/model_helpers.h"
 #include "tests/scratch_dir.h"
 #include "tests/shipped_config.h"
 
 namespace strider {
 namespace {
+
+using testing::FindTensor;
+using testing::MakeModel;
+using testing::RandomTokens;
 
 // Kimi Linear's model-level shape on tiny's dimensions: KDA, KDA, MLA, KDA, MLA.
 ModelConfig PublishedStyleConfig() {
@@ -31,25 +36,6 @@ ModelConfig PublishedStyleConfig() {
   c.norm_epsilon = 1e-5;
   c.vision.enabled = false;
   return c;
-}
-
-std::unique_ptr<Model> Make(const ModelConfig& config, uint64_t seed) {
-  ConfigureRuntime(2);
-  Result<std::unique_ptr<Model>> model = Model::Create(config, seed);
-  EXPECT_TRUE(model.ok()) << model.status().ToString();
-  return model.ok() ? std::move(model).value() : nullptr;
-}
-
-at::Tensor RandomTokens(int64_t batch, int64_t length, uint64_t seed) {
-  at::Generator generator = at::detail::createCPUGenerator(seed);
-  return at::randint(0, token::kByteCount, {batch, length}, generator, at::kLong);
-}
-
-at::Tensor Find(const Model& model, const std::string& name) {
-  for (const auto& [tensor_name, tensor] : model.tensors()) {
-    if (tensor_name == name) return tensor;
-  }
-  return at::Tensor();
 }
 
 TEST(ModelOptions, ParameterTableDropsResidualQueriesAndTheOutputHead) {
@@ -76,7 +62,7 @@ TEST(ModelOptions, ParameterTableDropsResidualQueriesAndTheOutputHead) {
 }
 
 TEST(ModelOptions, TwoPathsAgreeInFp32WithPlainResidualsAndTiedEmbeddings) {
-  std::unique_ptr<Model> model = Make(PublishedStyleConfig(), 11);
+  std::unique_ptr<Model> model = MakeModel(PublishedStyleConfig(), 11);
   ASSERT_NE(model, nullptr);
   Result<TwoPathReport> report = CheckTwoPaths(*model, RandomTokens(2, 300, 12));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -85,7 +71,7 @@ TEST(ModelOptions, TwoPathsAgreeInFp32WithPlainResidualsAndTiedEmbeddings) {
 
   ModelConfig untied = PublishedStyleConfig();
   untied.tie_embeddings = false;
-  model = Make(untied, 13);
+  model = MakeModel(untied, 13);
   ASSERT_NE(model, nullptr);
   report = CheckTwoPaths(*model, RandomTokens(1, 200, 14), std::vector<int64_t>(200, 1));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -97,7 +83,7 @@ TEST(ModelOptions, TwoPathsAgreeInFp32WithPlainResidualsAndTiedEmbeddings) {
 // gives logits = hidden E^T. Attention residuals would mix in the (zero) sublayer sums and
 // scale the embedding, so this tells the two residual forms apart.
 TEST(ModelOptions, PlainResidualStreamIsTheEmbeddingWhenSublayersAreSilent) {
-  std::unique_ptr<Model> model = Make(PublishedStyleConfig(), 21);
+  std::unique_ptr<Model> model = MakeModel(PublishedStyleConfig(), 21);
   ASSERT_NE(model, nullptr);
   for (const auto& [name, tensor] : model->tensors()) {
     for (const char* suffix : {".output", ".down", ".latent_up", ".shared_down"}) {
@@ -113,9 +99,9 @@ TEST(ModelOptions, PlainResidualStreamIsTheEmbeddingWhenSublayersAreSilent) {
   options.return_hidden = true;
   Result<ForwardOutput> training = model->Forward({tokens}, options);
   ASSERT_TRUE(training.ok()) << training.status().ToString();
-  const at::Tensor embedding = Find(*model, "embedding");
+  const at::Tensor embedding = FindTensor(*model, "embedding");
   const at::Tensor expected_hidden =
-      model::RmsNorm(at::embedding(embedding, tokens), Find(*model, "final_norm"), 1e-5);
+      model::RmsNorm(at::embedding(embedding, tokens), FindTensor(*model, "final_norm"), 1e-5);
   EXPECT_LE((training->hidden - expected_hidden).abs().max().item<double>(), 1e-6);
   EXPECT_LE(
       (training->logits - at::matmul(expected_hidden, embedding.t())).abs().max().item<double>(),
@@ -128,7 +114,7 @@ TEST(ModelOptions, PlainResidualStreamIsTheEmbeddingWhenSublayersAreSilent) {
 
   ModelConfig mixed = PublishedStyleConfig();
   mixed.attention_residuals = true;
-  std::unique_ptr<Model> other = Make(mixed, 21);
+  std::unique_ptr<Model> other = MakeModel(mixed, 21);
   ASSERT_NE(other, nullptr);
   for (const auto& [name, tensor] : other->tensors()) {
     if (name.rfind("layers.", 0) == 0 && name.find("output") != std::string::npos) {
@@ -137,8 +123,8 @@ TEST(ModelOptions, PlainResidualStreamIsTheEmbeddingWhenSublayersAreSilent) {
   }
   Result<ForwardOutput> mixed_out = other->Forward({tokens}, options);
   ASSERT_TRUE(mixed_out.ok());
-  EXPECT_GT((mixed_out->hidden - model::RmsNorm(at::embedding(Find(*other, "embedding"), tokens),
-                                                Find(*other, "final_norm"), 1e-5))
+  EXPECT_GT((mixed_out->hidden - model::RmsNorm(at::embedding(FindTensor(*other, "embedding"), tokens),
+                                                FindTensor(*other, "final_norm"), 1e-5))
                 .abs()
                 .max()
                 .item<double>(),
@@ -148,16 +134,16 @@ TEST(ModelOptions, PlainResidualStreamIsTheEmbeddingWhenSublayersAreSilent) {
 // The tied head is the embedding table itself: a step on one is a step on the other, and a
 // checkpoint of the tied model holds no `output` (one with it is refused by name).
 TEST(ModelOptions, TiedHeadSharesTheEmbeddingThroughSaveAndLoad) {
-  std::unique_ptr<Model> model = Make(PublishedStyleConfig(), 31);
+  std::unique_ptr<Model> model = MakeModel(PublishedStyleConfig(), 31);
   ASSERT_NE(model, nullptr);
   const at::Tensor tokens = RandomTokens(1, 16, 32);
   ForwardOptions options;
   options.return_hidden = true;
-  Find(*model, "embedding").detach().mul_(2.0);
+  FindTensor(*model, "embedding").detach().mul_(2.0);
   Result<ForwardOutput> after = model->Forward({tokens}, options);
   ASSERT_TRUE(after.ok());
   // The head reads the table as it is now, after the in-place step.
-  EXPECT_LE((after->logits - at::matmul(after->hidden, Find(*model, "embedding").t()))
+  EXPECT_LE((after->logits - at::matmul(after->hidden, FindTensor(*model, "embedding").t()))
                 .abs()
                 .max()
                 .item<double>(),
@@ -178,7 +164,7 @@ TEST(ModelOptions, TiedHeadSharesTheEmbeddingThroughSaveAndLoad) {
 
   ModelConfig untied = PublishedStyleConfig();
   untied.tie_embeddings = false;
-  std::unique_ptr<Model> separate = Make(untied, 33);
+  std::unique_ptr<Model> separate = MakeModel(untied, 33);
   ASSERT_TRUE(separate->Save(dir.Sub("untied.safetensors")).ok());
   Status refused = Model::Load(PublishedStyleConfig(), dir.Sub("untied.safetensors")).status();
   EXPECT_NE(refused.message().find("'output' is not part of the model config"), std::string::npos)

@@ -32,11 +32,16 @@
 #include "common/tokenizer.h"
 #include "learner/distributed.h"
 #include "tests/free_port.h"
+#include "tests/model/model_helpers.h"
 #include "tests/scratch_dir.h"
 #include "tests/shipped_config.h"
 
 namespace strider {
 namespace {
+
+using testing::FindTensor;
+using testing::MakeModel;
+using testing::RandomTokens;
 
 using model::TensorMap;
 
@@ -438,25 +443,6 @@ ModelConfig KimiFeedForwardModel() {
   return config;
 }
 
-std::unique_ptr<Model> Make(const ModelConfig& config, uint64_t seed) {
-  ConfigureRuntime(2);
-  Result<std::unique_ptr<Model>> model = Model::Create(config, seed);
-  EXPECT_TRUE(model.ok()) << model.status().ToString();
-  return model.ok() ? std::move(model).value() : nullptr;
-}
-
-at::Tensor RandomIds(int64_t batch, int64_t length, uint64_t seed) {
-  at::Generator generator = at::detail::createCPUGenerator(seed);
-  return at::randint(0, token::kByteCount, {batch, length}, generator, at::kLong);
-}
-
-at::Tensor Find(const Model& model, const std::string& name) {
-  for (const auto& [tensor_name, tensor] : model.tensors()) {
-    if (tensor_name == name) return tensor;
-  }
-  return at::Tensor();
-}
-
 TEST(MoeOptions, FullWidthExpertsHaveKimisShapesAndNoLatentProjections) {
   const ModelConfig c = KimiFeedForwardModel();
   const FeedForwardConfig& f = c.feed_forward;
@@ -484,9 +470,9 @@ TEST(MoeOptions, FullWidthExpertsHaveKimisShapesAndNoLatentProjections) {
 
 TEST(MoeOptions, TwoPathsAgreeInFp32WithKimisFeedForward) {
   ModelConfig config = KimiFeedForwardModel();
-  std::unique_ptr<Model> model = Make(config, 31);
+  std::unique_ptr<Model> model = MakeModel(config, 31);
   ASSERT_NE(model, nullptr);
-  Result<TwoPathReport> report = CheckTwoPaths(*model, RandomIds(2, 160, 32));
+  Result<TwoPathReport> report = CheckTwoPaths(*model, RandomTokens(2, 160, 32));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_LE(report->max_abs_logprob_diff, 1e-5);
   EXPECT_GE(report->routing_agreement, 0.99);
@@ -494,17 +480,17 @@ TEST(MoeOptions, TwoPathsAgreeInFp32WithKimisFeedForward) {
   config.feed_forward.router_activation = "softmax";
   config.feed_forward.renormalize = false;
   config.feed_forward.latent_experts = true;
-  model = Make(config, 33);
+  model = MakeModel(config, 33);
   ASSERT_NE(model, nullptr);
-  report = CheckTwoPaths(*model, RandomIds(1, 120, 34));
+  report = CheckTwoPaths(*model, RandomTokens(1, 120, 34));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_LE(report->max_abs_logprob_diff, 1e-5);
 }
 
 TEST(MoeOptions, RoutingReplayReproducesAndOverridesTheChoice) {
-  std::unique_ptr<Model> model = Make(KimiFeedForwardModel(), 41);
+  std::unique_ptr<Model> model = MakeModel(KimiFeedForwardModel(), 41);
   ASSERT_NE(model, nullptr);
-  const at::Tensor tokens = RandomIds(2, 24, 42);
+  const at::Tensor tokens = RandomTokens(2, 24, 42);
   ForwardOptions record;
   record.record_routing = true;
   Result<ForwardOutput> live = model->Forward({tokens}, record);
@@ -542,45 +528,56 @@ TEST(MoeOptions, RoutingReplayReproducesAndOverridesTheChoice) {
 
 TEST(MoeOptions, BiasHeldAsLoadedUnlessQuantileBalancingIsOn) {
   ModelConfig config = KimiFeedForwardModel();
-  std::unique_ptr<Model> held = Make(config, 51);
+  std::unique_ptr<Model> held = MakeModel(config, 51);
   ASSERT_NE(held, nullptr);
   const std::string name = "layers.1.experts.router_bias";
-  Find(*held, name).copy_(at::linspace(-0.1, 0.1, 16));
-  const at::Tensor before = Find(*held, name).clone();
+  FindTensor(*held, name).copy_(at::linspace(-0.1, 0.1, 16));
+  const at::Tensor before = FindTensor(*held, name).clone();
   ForwardOptions record;
   record.record_routing = true;
-  Result<ForwardOutput> out = held->Forward({RandomIds(2, 64, 52)}, record);
+  Result<ForwardOutput> out = held->Forward({RandomTokens(2, 64, 52)}, record);
   ASSERT_TRUE(out.ok());
   Result<std::vector<double>> violations = held->UpdateRoutingBalance(out->routing);
   ASSERT_TRUE(violations.ok()) << violations.status().ToString();
   EXPECT_EQ(violations->size(), 3u);
   EXPECT_GT(violations->front(), 0.0);
-  EXPECT_TRUE(at::equal(Find(*held, name), before));
+  EXPECT_TRUE(at::equal(FindTensor(*held, name), before));
 
   config.feed_forward.quantile_balancing = true;
-  std::unique_ptr<Model> balanced = Make(config, 51);
+  std::unique_ptr<Model> balanced = MakeModel(config, 51);
   ASSERT_NE(balanced, nullptr);
-  Find(*balanced, name).copy_(before);
+  FindTensor(*balanced, name).copy_(before);
   ASSERT_TRUE(balanced->UpdateRoutingBalance(out->routing).ok());
-  EXPECT_FALSE(at::equal(Find(*balanced, name), before));
+  EXPECT_FALSE(at::equal(FindTensor(*balanced, name), before));
 }
 
 TEST(MoeOptions, SavedFullWidthModelsLoadAndShard) {
   const ModelConfig config = KimiFeedForwardModel();
-  std::unique_ptr<Model> model = Make(config, 61);
+  std::unique_ptr<Model> model = MakeModel(config, 61);
   ASSERT_NE(model, nullptr);
   const std::string path = testing::ScratchDir("moe_options") + "/weights.safetensors";
   ASSERT_TRUE(model->Save(path).ok());
   Result<std::unique_ptr<Model>> loaded = Model::Load(config, path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-  const at::Tensor tokens = RandomIds(1, 12, 62);
+  const at::Tensor tokens = RandomTokens(1, 12, 62);
   Result<ForwardOutput> a = model->Forward({tokens});
   Result<ForwardOutput> b = (*loaded)->Forward({tokens});
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_TRUE(at::equal(a->logits, b->logits));
   ASSERT_TRUE((*loaded)->ShardExperts(1, 4).ok());
-  EXPECT_EQ(Find(**loaded, "layers.2.experts.routed_down").sizes().vec(),
+  EXPECT_EQ(FindTensor(**loaded, "layers.2.experts.routed_down").sizes().vec(),
             (std::vector<int64_t>{4, config.width, config.feed_forward.expert_hidden}));
+}
+
+// Rank `rank` of a `world`-rank learner group on loopback, one thread a rank.
+Result<std::unique_ptr<LearnerGroup>> JoinLoopbackGroup(int rank, int world, uint16_t port) {
+  LearnerGroupOptions options;
+  options.rank = rank;
+  options.world_size = world;
+  options.host = "127.0.0.1";
+  options.port = port;
+  options.timeout_s = 60;
+  return LearnerGroup::Join(options);
 }
 
 // Expert parallelism over real Gloo ranks on loopback (as tests/learner/expert_parallel_test.cc
@@ -623,13 +620,7 @@ TEST(MoeOptions, ShardedFullWidthExpertsEqualTheUnshardedLayer) {
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r) {
     threads.emplace_back([&, r] {
-      LearnerGroupOptions options;
-      options.rank = r;
-      options.world_size = kWorld;
-      options.host = "127.0.0.1";
-      options.port = port;
-      options.timeout_s = 60;
-      auto group = LearnerGroup::Join(options);
+      auto group = JoinLoopbackGroup(r, kWorld, port);
       if (!group.ok()) {
         errors[r] = group.status().ToString();
         return;
@@ -668,12 +659,12 @@ TEST(MoeOptions, ARankWithoutTokensServesItsFullWidthExperts) {
   constexpr int kWorld = 2;
   const ModelConfig config = KimiFeedForwardModel();
   auto make = [&]() {
-    std::unique_ptr<Model> model = Make(config, 81);
+    std::unique_ptr<Model> model = MakeModel(config, 81);
     EXPECT_TRUE(model->ConvertTo(at::kDouble).ok());
     model->SetRequiresGrad(true);
     return model;
   };
-  const at::Tensor tokens = RandomIds(1, 14, 82);
+  const at::Tensor tokens = RandomTokens(1, 14, 82);
   std::unique_ptr<Model> whole = make();
   Result<ForwardOutput> reference = whole->Forward({tokens});
   ASSERT_TRUE(reference.ok()) << reference.status().ToString();
@@ -690,13 +681,7 @@ TEST(MoeOptions, ARankWithoutTokensServesItsFullWidthExperts) {
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r) {
     threads.emplace_back([&, r] {
-      LearnerGroupOptions options;
-      options.rank = r;
-      options.world_size = kWorld;
-      options.host = "127.0.0.1";
-      options.port = port;
-      options.timeout_s = 60;
-      auto group = LearnerGroup::Join(options);
+      auto group = JoinLoopbackGroup(r, kWorld, port);
       if (!group.ok()) {
         errors[r] = group.status().ToString();
         return;
@@ -722,8 +707,8 @@ TEST(MoeOptions, ARankWithoutTokensServesItsFullWidthExperts) {
   const ExpertShard shard = ExpertShardOf(config.feed_forward.routed_experts, 1, kWorld);
   for (const char* part : {"routed_gate", "routed_up", "routed_down"}) {
     const std::string name = std::string("layers.2.experts.") + part;
-    const at::Tensor expected = Find(*whole, name).grad().narrow(0, shard.first, shard.count);
-    const at::Tensor served = Find(*shards[1], name).grad();
+    const at::Tensor expected = FindTensor(*whole, name).grad().narrow(0, shard.first, shard.count);
+    const at::Tensor served = FindTensor(*shards[1], name).grad();
     ASSERT_TRUE(served.defined()) << name;
     EXPECT_GT(expected.abs().max().item<double>(), 0.0) << name;
     EXPECT_LT((served - expected).abs().max().item<double>(), 1e-10) << name;
