@@ -23,6 +23,7 @@
 #include "common/model/parameters.h"
 #include "common/model/two_path_check.h"
 #include "common/tokenizer.h"
+#include "tests/model/model_helpers.h"
 
 namespace strider {
 namespace {
@@ -74,30 +75,7 @@ double RelativeError(const at::Tensor& actual, const at::Tensor& expected) {
 // around zero), so every term of the equations matters. dt_bias in [-4, 1]: with the softplus
 // gate that spans alpha from near 1 to about 0.25 per step before exp(A_h).
 TensorMap RandomWeights(const ModelConfig& config, at::ScalarType dtype, uint64_t seed) {
-  at::Generator generator = MakeGenerator(seed);
-  const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble);
-  TensorMap map;
-  for (const ParameterSpec& spec : ModelParameterSpecs(config)) {
-    if (spec.name.rfind(kPrefix, 0) != 0) continue;
-    at::Tensor tensor;
-    switch (spec.init) {
-      case ParameterInit::kNormal:
-        tensor = at::randn(spec.shape, generator, f64) /
-                 std::sqrt(static_cast<double>(spec.shape.back()));
-        break;
-      case ParameterInit::kOnes:
-        tensor = 1.0 + 0.2 * at::randn(spec.shape, generator, f64);
-        break;
-      case ParameterInit::kZeros:
-        tensor = 0.3 * at::randn(spec.shape, generator, f64);
-        break;
-      case ParameterInit::kDecayBias:
-        tensor = at::empty(spec.shape, f64).uniform_(-4.0, 1.0, generator);
-        break;
-    }
-    map[spec.name] = tensor.to(dtype);
-  }
-  return map;
+  return testing::RandomLayerWeights(config, kPrefix, dtype, seed);
 }
 
 at::Tensor Weight(const TensorMap& map, const std::string& name) {

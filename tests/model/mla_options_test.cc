@@ -33,6 +33,7 @@
 #include "common/tokenizer.h"
 #include "rollout_engine/engine.h"
 #include "tests/file_contents.h"
+#include "tests/model/model_helpers.h"
 #include "tests/scratch_dir.h"
 #include "tests/shipped_config.h"
 
@@ -223,14 +224,30 @@ TEST(MlaOptions, ConfigReadsTheKeysAndRefusesBadValues) {
   }
 }
 
+// One variant's layer: its config, its weights of `dtype` from `seed`, and an input of two
+// sequences of `length` tokens from `seed + 1`.
+struct VariantLayer {
+  ModelConfig config;
+  TensorMap w;
+  model::LatentAttentionWeights weights;
+  at::Tensor x;
+};
+
+VariantLayer MakeVariantLayer(const Variant& v, at::ScalarType dtype, uint64_t seed,
+                              int64_t length) {
+  VariantLayer layer;
+  layer.config = VariantConfig(v);
+  layer.w = LayerWeights(layer.config, dtype, seed);
+  layer.weights = model::LatentAttentionWeights::Bind(layer.w, kPrefix);
+  layer.x = Randn({2, length, layer.config.width}, seed + 1, dtype);
+  return layer;
+}
+
 TEST(MlaOptions, SublayerEqualsTheNaiveSoftmaxAttentionOfThePublishedEquations) {
   for (const Variant& v : kVariants) {
     SCOPED_TRACE(v.name);
-    const ModelConfig config = VariantConfig(v);
+    const auto [config, w, weights, x] = MakeVariantLayer(v, at::kDouble, 21, 9);
     const LatentAttentionConfig& c = config.latent;
-    const TensorMap w = LayerWeights(config, at::kDouble, 21);
-    const auto weights = model::LatentAttentionWeights::Bind(w, kPrefix);
-    const at::Tensor x = Randn({2, 9, config.width}, 22, at::kDouble);
     const at::Tensor naive = NaiveLayer(w, c, x, c.norm_epsilon);
     const at::Tensor training =
         model::LatentAttentionForward(weights, c, x, nullptr, config.norm_epsilon);
@@ -269,11 +286,8 @@ TEST(MlaOptions, SublayerEqualsTheNaiveSoftmaxAttentionOfThePublishedEquations) 
 TEST(MlaOptions, CachedChunksInBothFormsEqualTheTrainingPathInFp32) {
   for (const Variant& v : kVariants) {
     SCOPED_TRACE(v.name);
-    const ModelConfig config = VariantConfig(v);
+    const auto [config, w, weights, x] = MakeVariantLayer(v, at::kFloat, 31, 40);
     const LatentAttentionConfig& c = config.latent;
-    const TensorMap w = LayerWeights(config, at::kFloat, 31);
-    const auto weights = model::LatentAttentionWeights::Bind(w, kPrefix);
-    const at::Tensor x = Randn({2, 40, config.width}, 32, at::kFloat);
     const double eps = config.norm_epsilon;
     const at::Tensor training = model::LatentAttentionForward(weights, c, x, nullptr, eps);
     for (const auto form :
@@ -315,20 +329,8 @@ TEST(MlaOptions, BlockwiseTrainingChunkEqualsTheExplicitFormWithGradients) {
   std::vector<at::Tensor> leaves;
   for (const auto& [name, tensor] : w) leaves.push_back(tensor);
   const at::Tensor upstream = Randn({1, 150, config.width}, 44, at::kDouble);
-  std::vector<at::Tensor> outputs;
-  std::vector<std::vector<at::Tensor>> gradients;
-  for (const auto form :
-       {model::LatentAttentionForm::kAbsorbed, model::LatentAttentionForm::kExplicit}) {
-    for (at::Tensor leaf : leaves) leaf.requires_grad_(true);
-    at::Tensor input = x.clone().requires_grad_(true);
-    model::LatentAttentionCache copy = cache;
-    at::Tensor y = model::LatentAttentionForward(weights, c, input, &copy, eps, form);
-    std::vector<at::Tensor> wrt = leaves;
-    wrt.push_back(input);
-    gradients.push_back(torch::autograd::grad({(y * upstream).sum()}, wrt));
-    outputs.push_back(y.detach());
-    for (at::Tensor leaf : leaves) leaf.requires_grad_(false);
-  }
+  const auto [outputs, gradients] =
+      testing::BothLatentAttentionForms(weights, c, x, cache, eps, leaves, upstream);
   EXPECT_LT(RelativeError(outputs[0], outputs[1]), 1e-12);
   for (size_t i = 0; i < gradients[0].size(); ++i) {
     EXPECT_GT(gradients[0][i].abs().max().item<double>(), 0.0) << "gradient " << i;

@@ -36,6 +36,7 @@
 #include "common/model/vision.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
+#include "tests/model/model_helpers.h"
 #include "tests/scratch_dir.h"
 
 namespace strider {
@@ -77,37 +78,11 @@ double MaxAbs(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
 
-bool StartsWith(const std::string& text, const std::string& prefix) {
-  return text.compare(0, prefix.size(), prefix) == 0;
-}
-
 // Weights of every parameter whose name starts with `prefix`, at order-one scale (see the file
 // comment). Decay biases stay negative so the gates span short and long memories.
 TensorMap RandomWeights(const ModelConfig& config, const std::string& prefix, at::ScalarType dtype,
                         uint64_t seed) {
-  at::Generator generator = MakeGenerator(seed);
-  const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble);
-  TensorMap map;
-  for (const ParameterSpec& spec : ModelParameterSpecs(config)) {
-    if (!StartsWith(spec.name, prefix)) continue;
-    at::Tensor tensor;
-    switch (spec.init) {
-      case ParameterInit::kNormal:
-        tensor = at::randn(spec.shape, generator, f64) /
-                 std::sqrt(static_cast<double>(spec.shape.back()));
-        break;
-      case ParameterInit::kOnes:
-        tensor = 1.0 + 0.2 * at::randn(spec.shape, generator, f64);
-        break;
-      case ParameterInit::kZeros:
-        tensor = 0.3 * at::randn(spec.shape, generator, f64);
-        break;
-      case ParameterInit::kDecayBias:
-        tensor = at::empty(spec.shape, f64).uniform_(-4.0, 1.0, generator);
-        break;
-    }
-    map[spec.name] = tensor.to(dtype);
-  }
+  TensorMap map = testing::RandomLayerWeights(config, prefix, dtype, seed);
   EXPECT_FALSE(map.empty()) << "no parameter starts with " << prefix;
   return map;
 }
@@ -418,20 +393,8 @@ TEST(LatentAttention, BlockwiseTrainingChunkEqualsTheExplicitFormWithGradients) 
     if (name.rfind(kLatentPrefix, 0) == 0) leaves.push_back(tensor);
   }
   const at::Tensor upstream = Randn({1, 700, config.width}, 64, at::kDouble);
-  std::vector<at::Tensor> outputs;
-  std::vector<std::vector<at::Tensor>> gradients;
-  for (const auto form :
-       {model::LatentAttentionForm::kAbsorbed, model::LatentAttentionForm::kExplicit}) {
-    for (at::Tensor leaf : leaves) leaf.requires_grad_(true);
-    at::Tensor input = x.clone().requires_grad_(true);
-    model::LatentAttentionCache copy = cache;
-    at::Tensor y = model::LatentAttentionForward(weights, c, input, &copy, eps, form);
-    std::vector<at::Tensor> wrt = leaves;
-    wrt.push_back(input);
-    gradients.push_back(torch::autograd::grad({(y * upstream).sum()}, wrt));
-    outputs.push_back(y.detach());
-    for (at::Tensor leaf : leaves) leaf.requires_grad_(false);
-  }
+  const auto [outputs, gradients] =
+      testing::BothLatentAttentionForms(weights, c, x, cache, eps, leaves, upstream);
   EXPECT_LT(RelativeError(outputs[0], outputs[1]), 1e-12);
   for (size_t i = 0; i < gradients[0].size(); ++i) {
     EXPECT_LT(RelativeError(gradients[0][i], gradients[1][i]), 1e-10) << "gradient " << i;
