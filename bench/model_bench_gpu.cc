@@ -47,6 +47,7 @@
 #include "common/model/parameters.h"
 #include "rollout_engine/engine.h"
 #include "rollout_engine/engine_testing.h"
+#include "tests/pseudo_tokens.h"
 
 #ifndef STRIDER_SOURCE_DIR
 #define STRIDER_SOURCE_DIR "."
@@ -59,6 +60,7 @@ using rollout::Engine;
 using rollout::EngineOptions;
 using rollout::Request;
 using rollout::SamplingParams;
+using testing::PseudoRandomTokens;
 
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -196,16 +198,6 @@ Sizes SizesOf(const ModelConfig& config) {
   return s;
 }
 
-std::vector<int64_t> Tokens(int64_t count, uint64_t seed) {
-  std::vector<int64_t> tokens(count);
-  uint64_t x = seed + 1;
-  for (int64_t& token : tokens) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    token = static_cast<int64_t>((x >> 33) % 256);
-  }
-  return tokens;
-}
-
 std::string ContextName(int64_t context) {
   return context >= (int64_t{1} << 20) ? std::to_string(context >> 20) + "m"
                                        : std::to_string(context >> 10) + "k";
@@ -236,7 +228,7 @@ void Decode(const std::string& name, const std::string& device, const Ceilings& 
       sizes.cache_bytes_per_token * (longest + 256.0 * 2 * options.block_tokens) + (64 << 20));
   std::unique_ptr<Engine> engine = Unwrap(Engine::Create(options, model, 0), "engine");
   Request prompt;
-  prompt.tokens = Tokens(64, 0);
+  prompt.tokens = PseudoRandomTokens(64, 0);
   const rollout::SequenceId base = Unwrap(engine->Submit(prompt), "submit");
   while (Unwrap(engine->Info(base), "info").pending_tokens > 0) Unwrap(engine->Step(), "prefill");
   const int steps = quick ? 4 : 8;
@@ -307,13 +299,13 @@ void Prefill(const std::string& name, const std::string& device, bool quick) {
   std::unique_ptr<Engine> engine = Unwrap(Engine::Create(options, model, 0), "engine");
   // Warm-up: a short prompt through the same kernels.
   Request warm;
-  warm.tokens = Tokens(8192, 1);
+  warm.tokens = PseudoRandomTokens(8192, 1);
   warm.release_on_finish = true;
   const rollout::SequenceId warm_id = Unwrap(engine->Submit(warm), "submit");
   while (Unwrap(engine->Info(warm_id), "info").pending_tokens > 0) Unwrap(engine->Step(), "warm");
   Check(engine->Release(warm_id), "release");
   Request prompt;
-  prompt.tokens = Tokens(tokens, 2);
+  prompt.tokens = PseudoRandomTokens(tokens, 2);
   const double start = Seconds();
   const rollout::SequenceId id = Unwrap(engine->Submit(prompt), "submit");
   while (Unwrap(engine->Info(id), "info").pending_tokens > 0) Unwrap(engine->Step(), "prefill");
@@ -374,7 +366,7 @@ void Train(const std::string& name, const std::string& device, const Ceilings& c
   }
   const Sizes sizes = SizesOf(config);
   const int64_t batch = 2, length = quick ? 1024 : 4096;
-  std::vector<int64_t> ids = Tokens(batch * length, 5);
+  std::vector<int64_t> ids = PseudoRandomTokens(batch * length, 5);
   const at::Tensor tokens = at::tensor(ids, at::kLong).view({batch, length}).to(model->device());
   auto step = [&] {
     Result<ForwardOutput> out = model->Forward({tokens, {}});

@@ -49,6 +49,7 @@
 #include "common/process_memory.h"
 #include "rollout_engine/engine.h"
 #include "rollout_engine/engine_testing.h"
+#include "tests/pseudo_tokens.h"
 
 #ifndef STRIDER_SOURCE_DIR
 #define STRIDER_SOURCE_DIR "."
@@ -63,20 +64,11 @@ using rollout::Engine;
 using rollout::EngineOptions;
 using rollout::Request;
 using rollout::SamplingParams;
+using testing::PseudoRandomTokens;
 
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-std::vector<int64_t> Tokens(int64_t count, uint64_t seed) {
-  std::vector<int64_t> tokens(count);
-  uint64_t x = seed + 1;
-  for (int64_t& token : tokens) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    token = static_cast<int64_t>((x >> 33) % 256);
-  }
-  return tokens;
 }
 
 ModelConfig LoadConfig(const char* name) {
@@ -107,7 +99,7 @@ bench::Ceiling RolloutCeiling(bench::CeilingKind kind, int64_t threads) {
 double DecodeStepSeconds(Engine* engine, int64_t batch, int64_t prompt, int steps) {
   for (int64_t i = 0; i < batch; ++i) {
     Request request;
-    request.tokens = Tokens(prompt, i);
+    request.tokens = PseudoRandomTokens(prompt, i);
     SamplingParams sampling;
     sampling.max_new_tokens = steps + 8;
     sampling.seed = i;
@@ -286,7 +278,7 @@ std::vector<GrowthPoint> GrowAndTime(const ModelConfig& config, std::vector<int6
     while (length < context - 16) {
       Request request;
       const int64_t chunk = std::min<int64_t>(kChunk, context - 16 - length);
-      request.tokens = Tokens(chunk, length);
+      request.tokens = PseudoRandomTokens(chunk, length);
       if (id == 0) {
         id = Unwrap(engine->Submit(request), "submit");
       } else {
@@ -317,7 +309,7 @@ std::vector<GrowthPoint> FillAndTime(const ModelConfig& config, std::vector<int6
   options.block_tokens = 1024;
   std::unique_ptr<Engine> engine = MakeEngine(config, options, threads);
   Request prompt;
-  prompt.tokens = Tokens(contexts.front() - 16, 0);
+  prompt.tokens = PseudoRandomTokens(contexts.front() - 16, 0);
   const rollout::SequenceId id = Unwrap(engine->Submit(prompt), "submit");
   Unwrap(engine->Step(), "prefill");
   std::vector<GrowthPoint> points;

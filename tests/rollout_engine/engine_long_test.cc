@@ -14,19 +14,12 @@
 #include "common/model/tensor_pool.h"
 #include "common/process_memory.h"
 #include "rollout_engine/engine.h"
+#include "tests/pseudo_tokens.h"
 
 namespace strider::rollout {
 namespace {
 
-std::vector<int64_t> Tokens(int64_t count, uint64_t seed) {
-  std::vector<int64_t> tokens(count);
-  uint64_t x = seed + 1;
-  for (int64_t& token : tokens) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    token = static_cast<int64_t>((x >> 33) % 256);
-  }
-  return tokens;
-}
+using testing::PseudoRandomTokens;
 
 // Bytes the allocators hold free: the runtime keeps freed memory in the heap (no trimming, no
 // per-allocation mmap) and freed tensor buffers in the tensor pool, so these pages stay
@@ -62,7 +55,7 @@ GrowthReport Grow(const ModelConfig& config, int64_t target, int64_t block_token
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   const std::vector<int64_t> sizes = {65536, 1000, 16384, 40000, 7, 32768};
   Request first;
-  first.tokens = Tokens(sizes[0], 0);
+  first.tokens = PseudoRandomTokens(sizes[0], 0);
   Result<SequenceId> id = (*engine)->Submit(first);
   EXPECT_TRUE(id.ok()) << id.status().ToString();
   GrowthReport report;
@@ -84,7 +77,7 @@ GrowthReport Grow(const ModelConfig& config, int64_t target, int64_t block_token
     if (report.length >= target) break;
     Request append;
     const int64_t remaining = target - report.length;
-    append.tokens = Tokens(std::min(sizes[turn % sizes.size()], remaining), turn);
+    append.tokens = PseudoRandomTokens(std::min(sizes[turn % sizes.size()], remaining), turn);
     if (turn % 3 == 0 && remaining > static_cast<int64_t>(append.tokens.size()) + 4) {
       SamplingParams sampling;  // a short model turn now and then
       sampling.max_new_tokens = 4;
