@@ -78,6 +78,23 @@ __global__ void FmaPeakKernel(float* sink, int iterations, float b, float c) {
 }
 
 // Milliseconds per call of `fn`, the median of `reps` timed calls after `warmup` untimed ones.
+// Every one of `batch` sequences at `context` tokens, in device memory.
+int32_t* DeviceLengths(int64_t batch, int64_t context) {
+  int32_t* lengths = nullptr;
+  CHECK_CUDA(cudaMalloc(&lengths, batch * sizeof(int32_t)));
+  std::vector<int32_t> host_lengths(batch, static_cast<int32_t>(context));
+  CHECK_CUDA(cudaMemcpy(lengths, host_lengths.data(), batch * sizeof(int32_t),
+                        cudaMemcpyHostToDevice));
+  return lengths;
+}
+
+// A decode workspace of `bytes`; null when the kernel needs none.
+void* DeviceWorkspace(size_t bytes) {
+  void* ws = nullptr;
+  if (bytes > 0) CHECK_CUDA(cudaMalloc(&ws, bytes));
+  return ws;
+}
+
 template <typename Fn>
 double MedianMs(int warmup, int reps, Fn fn) {
   for (int i = 0; i < warmup; ++i) fn();
@@ -177,14 +194,9 @@ void BenchLatent(const char* name, int64_t batch, int64_t heads, int64_t context
   float* rope = DeviceRandom(rows * dims.rope_dim, 14);
   float* out = DeviceRandom(batch * heads * dims.latent_dim, 15);
   float* lse = DeviceRandom(batch * heads, 16);
-  int32_t* lengths = nullptr;
-  CHECK_CUDA(cudaMalloc(&lengths, batch * sizeof(int32_t)));
-  std::vector<int32_t> host_lengths(batch, static_cast<int32_t>(context));
-  CHECK_CUDA(cudaMemcpy(lengths, host_lengths.data(), batch * sizeof(int32_t),
-                        cudaMemcpyHostToDevice));
+  int32_t* lengths = DeviceLengths(batch, context);
   const size_t ws_bytes = LatentAttentionDecodeWorkspaceBytes(dims);
-  void* ws = nullptr;
-  if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  void* ws = DeviceWorkspace(ws_bytes);
   const double ms = MedianMs(3, reps, [&] {
     CheckStatus(LatentAttentionDecode(dims, aq, rq, latent, rope, lengths, out, lse, ws,
                                       ws_bytes, nullptr),
@@ -258,14 +270,9 @@ void BenchLatentPaged(const char* name, int64_t batch, int64_t heads, int64_t co
                         cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(tables + blocks, rope_pages.data(), blocks * sizeof(float*),
                         cudaMemcpyHostToDevice));
-  int32_t* lengths = nullptr;
-  CHECK_CUDA(cudaMalloc(&lengths, batch * sizeof(int32_t)));
-  std::vector<int32_t> host_lengths(batch, static_cast<int32_t>(context));
-  CHECK_CUDA(cudaMemcpy(lengths, host_lengths.data(), batch * sizeof(int32_t),
-                        cudaMemcpyHostToDevice));
+  int32_t* lengths = DeviceLengths(batch, context);
   const size_t ws_bytes = LatentAttentionDecodeWorkspaceBytes(dims);
-  void* ws = nullptr;
-  if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  void* ws = DeviceWorkspace(ws_bytes);
   LatentAttentionPagedCache cache;
   cache.latent_pages = tables;
   cache.rope_pages = tables + blocks;

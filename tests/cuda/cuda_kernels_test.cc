@@ -387,6 +387,18 @@ void ReferenceLatentDecode(const LatentAttentionDecodeDims& d, const std::vector
   });
 }
 
+// After a latent decode launch that returned `status`: waits for it and downloads its outputs
+// and log-sum-exps. Fatal failures return early: callers wrap the call in
+// ASSERT_NO_FATAL_FAILURE.
+void FinishDecode(const Status& status, const DeviceArray<float>& out_d,
+                  const DeviceArray<float>& lse_d, std::vector<float>* out,
+                  std::vector<float>* lse) {
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_TRUE(Synchronize());
+  ASSERT_TRUE(out_d.Download(out));
+  ASSERT_TRUE(lse_d.Download(lse));
+}
+
 class LatentAttentionDecodeCases : public ::testing::TestWithParam<LatentCase> {};
 
 TEST_P(LatentAttentionDecodeCases, MatchesFp64Softmax) {
@@ -421,11 +433,8 @@ TEST_P(LatentAttentionDecodeCases, MatchesFp64Softmax) {
   const Status status = LatentAttentionDecode(
       d, aq_d.get(), rq_d.get(), latent_d.get(), rope_d.get(), lengths_d.get(), out_d.get(),
       lse_d.get(), workspace.get(), workspace_bytes, nullptr);
-  ASSERT_TRUE(status.ok()) << status.ToString();
-  ASSERT_TRUE(Synchronize());
   std::vector<float> got, got_lse;
-  ASSERT_TRUE(out_d.Download(&got));
-  ASSERT_TRUE(lse_d.Download(&got_lse));
+  ASSERT_NO_FATAL_FAILURE(FinishDecode(status, out_d, lse_d, &got, &got_lse));
 
   std::vector<double> ref, ref_lse;
   ReferenceLatentDecode(d, aq, rq, latent, rope, c.lengths, &ref, &ref_lse);
@@ -588,19 +597,14 @@ TEST_P(LatentAttentionDecodePagedCases, MatchesFp64AndTheContiguousKernel) {
   Status status =
       LatentAttentionDecodePaged(d, aq_d.get(), rq_d.get(), cache, lengths_d.get(), out_d.get(),
                                  lse_d.get(), workspace.get(), workspace_bytes, nullptr);
-  ASSERT_TRUE(status.ok()) << status.ToString();
-  ASSERT_TRUE(Synchronize());
   std::vector<float> got, got_lse;
-  ASSERT_TRUE(out_d.Download(&got));
-  ASSERT_TRUE(lse_d.Download(&got_lse));
+  ASSERT_NO_FATAL_FAILURE(FinishDecode(status, out_d, lse_d, &got, &got_lse));
   status = LatentAttentionDecode(d, aq_d.get(), rq_d.get(), latent_d.get(), rope_d.get(),
                                  lengths_d.get(), out_contig_d.get(), lse_contig_d.get(),
                                  workspace.get(), workspace_bytes, nullptr);
-  ASSERT_TRUE(status.ok()) << status.ToString();
-  ASSERT_TRUE(Synchronize());
   std::vector<float> contiguous, contiguous_lse;
-  ASSERT_TRUE(out_contig_d.Download(&contiguous));
-  ASSERT_TRUE(lse_contig_d.Download(&contiguous_lse));
+  ASSERT_NO_FATAL_FAILURE(
+      FinishDecode(status, out_contig_d, lse_contig_d, &contiguous, &contiguous_lse));
 
   std::vector<double> ref, ref_lse;
   ReferenceLatentDecode(d, aq, rq, latent, rope, c.lengths, &ref, &ref_lse);
