@@ -191,6 +191,8 @@ void AddHfModelCommands(CLI::App* model, int& exit_code) {
       json["hf_layout"] = report.layout_directory;
       json["parameters"] = report.parameters;
       json["published_tensors"] = report.published_tensors;
+      if (!report.tokenizer_file.empty()) json["tokenizer"] = report.tokenizer_file;
+      if (!report.tokenizer_note.empty()) json["tokenizer_note"] = report.tokenizer_note;
       json["weight_bytes"] = report.weight_bytes;
       json["peak_resident_bytes"] = PeakResidentBytes();
       std::cout << json.dump(2) << std::endl;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "common/durable_file.h"
@@ -752,6 +753,79 @@ Result<HfModelWeights> LoadHfCheckpoint(const std::string& directory, DType dtyp
   return loaded;
 }
 
+namespace {
+
+// The split pattern of a Kimi tokenizer's tokenization_kimi.py: the raw string literals joined
+// by "|" where `pat_str` is assigned. The published file spells it as
+// `pat_str = "|".join([r"""...""", ...])`; a single literal is taken as it is.
+std::optional<std::string> KimiSplitPattern(const std::string& source) {
+  const size_t at = source.find("pat_str");
+  if (at == std::string::npos) return std::nullopt;
+  size_t next = source.find('=', at);
+  if (next == std::string::npos) return std::nullopt;
+  ++next;
+  const size_t join = source.find_first_not_of(" \t", next);
+  if (join != std::string::npos && source.compare(join, 9, "\"|\".join(") == 0) next = join + 9;
+  // Literals separated by brackets, commas and whitespace, until anything else.
+  std::vector<std::string> parts;
+  for (;;) {
+    next = source.find_first_not_of(" \t\r\n,[", next);
+    if (next == std::string::npos || source.compare(next, 4, "r\"\"\"") != 0) break;
+    const size_t close = source.find("\"\"\"", next + 4);
+    if (close == std::string::npos) return std::nullopt;
+    parts.push_back(source.substr(next + 4, close - next - 4));
+    next = close + 3;
+  }
+  if (parts.empty()) return std::nullopt;
+  return fmt::format("{}", fmt::join(parts, "|"));
+}
+
+// The tokenizer section of an import from the files it copied into `layout_directory`.
+void NameImportedTokenizer(const std::string& layout_directory,
+                           const std::vector<std::string>& files, ModelConfig* model,
+                           HfImportReport* report) {
+  auto has = [&](const char* name) {
+    return std::find(files.begin(), files.end(), name) != files.end();
+  };
+  tokenizer::TokenizerConfig t;
+  if (has("tokenizer.json")) {
+    t.file = "hf/tokenizer.json";
+  } else if (has("tiktoken.model")) {
+    std::optional<std::string> pattern;
+    if (has("tokenization_kimi.py")) {
+      Result<std::string> source = ReadSmallFile(layout_directory + "/tokenization_kimi.py");
+      if (source.ok()) pattern = KimiSplitPattern(*source);
+    }
+    if (!pattern) {
+      report->tokenizer_note =
+          "tiktoken.model without a split pattern read from tokenization_kimi.py: add "
+          "model.tokenizer (file, format: tiktoken, pattern) by hand";
+      return;
+    }
+    t.file = "hf/tiktoken.model";
+    t.format = "tiktoken";
+    t.pattern = *pattern;
+  } else {
+    report->tokenizer_note = "no tokenizer.json or tiktoken.model: the byte tokenizer";
+    return;
+  }
+  if (has("tokenizer_config.json")) t.chat_template = "hf/tokenizer_config.json";
+  report->tokenizer_file = t.file;
+  model->tokenizer = std::move(t);
+}
+
+// A YAML double-quoted scalar: the pattern's backslashes and quotes escaped.
+std::string YamlQuoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '\\' || c == '"') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
 std::string ModelConfigYaml(const ModelConfig& c) {
   // {} prints the shortest text that reads back to the same double.
   auto flag = [](bool value) { return value ? "true" : "false"; };
@@ -800,6 +874,15 @@ std::string ModelConfigYaml(const ModelConfig& c) {
       "    enabled: {}\n    patch_size: {}\n    max_grid_rows: {}\n    max_grid_columns: {}\n"
       "    channels: {}\n",
       flag(v.enabled), v.patch_size, v.max_grid_rows, v.max_grid_columns, v.channels);
+  const tokenizer::TokenizerConfig& t = c.tokenizer;
+  if (t.enabled()) {
+    y += fmt::format("  tokenizer:\n    file: {}\n    format: {}\n", YamlQuoted(t.file), t.format);
+    if (!t.chat_template.empty())
+      y += fmt::format("    chat_template: {}\n", YamlQuoted(t.chat_template));
+    if (!t.template_name.empty())
+      y += fmt::format("    template_name: {}\n", YamlQuoted(t.template_name));
+    if (!t.pattern.empty()) y += fmt::format("    pattern: {}\n", YamlQuoted(t.pattern));
+  }
   return y;
 }
 
@@ -863,6 +946,7 @@ Result<HfImportReport> ImportHfCheckpoint(const std::string& directory, const st
     STRIDER_RETURN_IF_ERROR(CopyFileDurably(directory + "/" + file, layout_directory + "/" + file));
   }
   STRIDER_RETURN_IF_ERROR(FsyncDirectory(layout_directory));
+  NameImportedTokenizer(layout_directory, others, &plan.model, &report);
   STRIDER_RETURN_IF_ERROR(WriteFileDurably(report.config_path, ModelConfigYaml(plan.model)));
   STRIDER_RETURN_IF_ERROR(FsyncDirectory(out));
   return report;

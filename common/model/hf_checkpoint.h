@@ -166,6 +166,11 @@ struct HfImportReport {
   int64_t parameters = 0;  // Strider tensors written
   int64_t published_tensors = 0;
   uint64_t weight_bytes = 0;
+  // The tokenizer the written model.yaml names from the copied files (docs/tokenizers.md):
+  // tokenizer.json, or tiktoken.model with the split pattern of tokenization_kimi.py; empty
+  // when the checkpoint carries neither, and then why.
+  std::string tokenizer_file;
+  std::string tokenizer_note;
 };
 constexpr const char* kHfLayoutFile = "layout.json";
 Result<HfImportReport> ImportHfCheckpoint(const std::string& directory, const std::string& out,

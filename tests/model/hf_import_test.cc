@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "common/model/hf_checkpoint.h"
@@ -166,6 +168,78 @@ TEST(HfImport, ImportedModelHoldsTheTwoPathContractAndExportsBack) {
     EXPECT_EQ(ReadFileBytes(dir.Sub("exported_ep/") + shard), ReadFileBytes(source + "/" + shard))
         << shard;
   }
+}
+
+// An import names the tokenizer the checkpoint came with in the model.yaml it writes: a
+// tokenizer.json as it is, a Kimi tiktoken.model with the split pattern its tokenization_kimi.py
+// assigns (the raw literals joined by "|"), the chat template from tokenizer_config.json.
+TEST(HfImport, NamesTheCheckpointsTokenizerInTheConfig) {
+  namespace fs = std::filesystem;
+  const char* root = std::getenv("STRIDER_SOURCE_DIR");  // set by ctest
+  const std::string source_dir = root != nullptr ? root : ".";
+  const std::string fixture = source_dir + "/tests/model/hf_reference/kimi_full_query_f32";
+  const std::string data = source_dir + "/tests/tokenizer/data";
+  const nlohmann::json meta = nlohmann::json::parse(ReadFileBytes(data + "/ranks_meta.json"));
+  const std::string pattern = meta.at("kimi_pattern").get<std::string>();
+  const size_t split = pattern.find("]+|") + 2;  // after the first alternative, [\p{Han}]+
+  ASSERT_NE(split, std::string::npos + 2);
+  const std::string kimi_py =
+      "class TikTokenTokenizer:\n    def __init__(self):\n"
+      "        pat_str = \"|\".join(\n            [\n"
+      "                r\"\"\"" +
+      pattern.substr(0, split) +
+      "\"\"\",\n"
+      "                r\"\"\"" +
+      pattern.substr(split + 1) +
+      "\"\"\",\n"
+      "            ]\n        )\n";
+  struct Case {
+    std::vector<std::pair<std::string, std::string>> files;  // name, contents
+    std::string file, format, pattern;
+  };
+  const std::string template_config = R"({"chat_template": "{{ messages[0].content }}"})";
+  const std::vector<Case> cases = {
+      {{{"tokenizer.json", ReadFileBytes(data + "/bpe_gpt2.json")},
+        {"tokenizer_config.json", template_config}},
+       "hf/tokenizer.json",
+       "auto",
+       ""},
+      {{{"tiktoken.model", ReadFileBytes(data + "/ranks.tiktoken")},
+        {"tokenization_kimi.py", kimi_py},
+        {"tokenizer_config.json", template_config}},
+       "hf/tiktoken.model",
+       "tiktoken",
+       pattern},
+  };
+  for (const Case& c : cases) {
+    testing::TempDir dir;
+    const std::string source = dir.path() + "/checkpoint";
+    fs::create_directories(source);
+    for (const auto& entry : fs::directory_iterator(fixture)) {
+      fs::copy_file(entry.path(), source + "/" + entry.path().filename().string());
+    }
+    for (const auto& [name, contents] : c.files) WriteFileBytes(source + "/" + name, contents);
+    Result<HfImportReport> report = ImportHfCheckpoint(source, dir.path() + "/out");
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->tokenizer_file, c.file);
+    Result<ModelConfig> config = LoadModelConfig(report->config_path);
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    const tokenizer::TokenizerConfig& t = config->tokenizer;
+    EXPECT_EQ(fs::path(t.file), fs::path(dir.path() + "/out/" + c.file));
+    EXPECT_TRUE(fs::exists(t.file)) << t.file;
+    EXPECT_EQ(t.format, c.format);
+    EXPECT_EQ(t.pattern, c.pattern);
+    EXPECT_EQ(fs::path(t.chat_template), fs::path(dir.path() + "/out/hf/tokenizer_config.json"));
+  }
+  // Without tokenizer files the import keeps the byte tokenizer and says so.
+  testing::TempDir dir;
+  Result<HfImportReport> report = ImportHfCheckpoint(fixture, dir.path() + "/out");
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->tokenizer_file.empty());
+  EXPECT_NE(report->tokenizer_note.find("byte tokenizer"), std::string::npos);
+  Result<ModelConfig> config = LoadModelConfig(report->config_path);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_FALSE(config->tokenizer.enabled());
 }
 
 }  // namespace
