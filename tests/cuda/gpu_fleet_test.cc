@@ -26,6 +26,7 @@
 #include "learner/rl/scoring.h"
 #include "replay/client.h"
 #include "tests/cuda/skip_without_cuda.h"
+#include "tests/integration/actor_scoring_fixture.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/letter_fleet.h"
 #include "tests/integration/sample_trajectories.h"
@@ -36,7 +37,6 @@ namespace {
 
 using strider::testing::ChildProcess;
 using strider::testing::MeanOf;
-using strider::testing::RunCommand;
 using strider::testing::SourceDir;
 using strider::testing::StriderBinary;
 using strider::testing::TempDir;
@@ -44,44 +44,14 @@ using strider::testing::WaitEvent;
 
 void PrintFigure(const nlohmann::json& line) { std::printf("%s\n", line.dump().c_str()); }
 
-class GpuActorLearner : public ::testing::Test {
+class GpuActorLearner : public strider::testing::ActorScoringTest {
  protected:
   void SetUp() override {
     if (!torch::cuda::is_available()) return;  // the test body skips
-    model_config_path_ = SourceDir() + "/configs/model/tiny.yaml";
-    weights_ = dir_.Sub("weights.safetensors");
-    const auto init = RunCommand({StriderBinary(), "model", "init", "--config", model_config_path_,
-                                  "--out", weights_, "--seed", "7"});
-    ASSERT_EQ(init.exit_code, 0) << init.output;
-    Result<ModelConfig> config = LoadModelConfig(model_config_path_);
-    ASSERT_TRUE(config.ok()) << config.status().ToString();
-    config->device = "cuda";
-    ConfigureRuntime(4);
-    Result<std::unique_ptr<Model>> model = Model::Load(*config, weights_);
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
-    model_ = std::move(*model);
+    ASSERT_NO_FATAL_FAILURE(InitWeights("tiny", 7));
+    ASSERT_NO_FATAL_FAILURE(LoadModel(4, "cuda"));
     ASSERT_TRUE(model_->device().is_cuda());
-
-    const strider::testing::ReplayEndpoints replay = strider::testing::StartReplayServer(
-        server_, dir_.Sub("db"), dir_.Sub("replay.yaml"),
-        "tables:\n  - name: trajectories\n    unit: trajectory\n    sampler: fifo\n"
-        "    rate_limiter: {min_fill: 1}\n");
-    ASSERT_FALSE(replay.actor.empty());
-    actor_endpoint_ = replay.actor;
-    replay::LearnerClientOptions options;
-    options.endpoint = replay.learner;
-    options.learner_id = "gpu-logprob-test";
-    auto client = replay::LearnerClient::Connect(options);
-    ASSERT_TRUE(client.ok()) << client.status().ToString();
-    learner_ = std::move(*client);
-    started_ = true;
-  }
-
-  void TearDown() override {
-    if (!started_) return;
-    learner_.reset();
-    server_.Signal(SIGTERM);
-    EXPECT_EQ(server_.Wait(), 0);
+    ASSERT_NO_FATAL_FAILURE(StartReplay("gpu-logprob-test"));
   }
 
   // `strider actor --device cuda` to completion on the shared weights: calculator episodes in
@@ -143,15 +113,6 @@ class GpuActorLearner : public ::testing::Test {
     return worst;
   }
 
-  TempDir dir_;
-  bool started_ = false;
-  std::string model_config_path_;
-  std::string weights_;
-  std::unique_ptr<Model> model_;
-  ChildProcess server_;
-  std::string actor_endpoint_;
-  std::unique_ptr<replay::LearnerClient> learner_;
-  uint64_t step_ = 0;
 };
 
 TEST_F(GpuActorLearner, LearnerLogProbsEqualTheBehaviourLogProbsInFp32) {

@@ -25,6 +25,7 @@
 #include "learner/learner.h"
 #include "learner/rl/scoring.h"
 #include "replay/client.h"
+#include "tests/integration/actor_scoring_fixture.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/sample_trajectories.h"
 #include "tests/scratch_dir.h"
@@ -33,18 +34,8 @@ namespace strider {
 namespace {
 
 using strider::testing::ChildProcess;
-using strider::testing::RunCommand;
-using strider::testing::SourceDir;
 using strider::testing::StriderBinary;
-using strider::testing::TempDir;
 using strider::testing::WaitEvent;
-
-const char kReplayConfig[] =
-    "tables:\n"
-    "  - name: trajectories\n"
-    "    unit: trajectory\n"
-    "    sampler: fifo\n"
-    "    rate_limiter: {min_fill: 1}\n";
 
 struct Figures {
   int64_t tokens = 0;
@@ -52,14 +43,10 @@ struct Figures {
   double median_of_maxima = 0;  // over trajectories, as the fleet's per-step maxima
 };
 
-class BatchedActorLogProbs : public ::testing::Test {
+class BatchedActorLogProbs : public strider::testing::ActorScoringTest {
  protected:
   void SetUp() override {
-    model_config_path_ = SourceDir() + "/configs/model/calc.yaml";
-    weights_ = dir_.Sub("weights.safetensors");
-    const auto init = RunCommand({StriderBinary(), "model", "init", "--config",
-                                  model_config_path_, "--out", weights_, "--seed", "3"});
-    ASSERT_EQ(init.exit_code, 0) << init.output;
+    ASSERT_NO_FATAL_FAILURE(InitWeights("calc", 3));
     Result<ModelConfig> config = LoadModelConfig(model_config_path_);
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     // A trained policy's confident logits: the output rows of the random initialisation made
@@ -76,27 +63,8 @@ class BatchedActorLogProbs : public ::testing::Test {
       ASSERT_TRUE((*initial)->Save(weights_).ok());
     }
     // The quickstart learner's one thread.
-    ConfigureRuntime(1);
-    Result<std::unique_ptr<Model>> model = Model::Load(*config, weights_);
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
-    model_ = std::move(*model);
-
-    const strider::testing::ReplayEndpoints replay = strider::testing::StartReplayServer(
-        server_, dir_.Sub("db"), dir_.Sub("replay.yaml"), kReplayConfig);
-    ASSERT_FALSE(replay.actor.empty());
-    actor_endpoint_ = replay.actor;
-    replay::LearnerClientOptions options;
-    options.endpoint = replay.learner;
-    options.learner_id = "batched-logprob-test";
-    auto client = replay::LearnerClient::Connect(options);
-    ASSERT_TRUE(client.ok()) << client.status().ToString();
-    learner_ = std::move(*client);
-  }
-
-  void TearDown() override {
-    learner_.reset();
-    server_.Signal(SIGTERM);
-    EXPECT_EQ(server_.Wait(), 0);
+    ASSERT_NO_FATAL_FAILURE(LoadModel(1));
+    ASSERT_NO_FATAL_FAILURE(StartReplay("batched-logprob-test"));
   }
 
   // configs/actor/calculator_quickstart.yaml with a finite episode count and no weight stream.
@@ -160,14 +128,6 @@ class BatchedActorLogProbs : public ::testing::Test {
     return figures;
   }
 
-  TempDir dir_;
-  std::string model_config_path_;
-  std::string weights_;
-  std::unique_ptr<Model> model_;
-  ChildProcess server_;
-  std::string actor_endpoint_;
-  std::unique_ptr<replay::LearnerClient> learner_;
-  uint64_t step_ = 0;
 };
 
 TEST_F(BatchedActorLogProbs, QuickstartBatchingEqualsTheLearnersScoring) {

@@ -25,6 +25,7 @@
 #include "learner/learner.h"
 #include "learner/rl/scoring.h"
 #include "replay/client.h"
+#include "tests/integration/actor_scoring_fixture.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/sample_trajectories.h"
 #include "tests/scratch_dir.h"
@@ -33,20 +34,8 @@ namespace strider {
 namespace {
 
 using strider::testing::ChildProcess;
-using strider::testing::RunCommand;
-using strider::testing::SourceDir;
 using strider::testing::StriderBinary;
-using strider::testing::TempDir;
 using strider::testing::WaitEvent;
-
-// The trajectory table a per-trajectory RL learner samples (configs/replay/rl.yaml's
-// `trajectories`, in FIFO order so each trajectory comes back exactly once).
-const char kReplayConfig[] =
-    "tables:\n"
-    "  - name: trajectories\n"
-    "    unit: trajectory\n"
-    "    sampler: fifo\n"
-    "    rate_limiter: {min_fill: 1}\n";
 
 const char kCalculator[] = "env:\n  name: calculator\n  options: {difficulty: 1}\n";
 
@@ -104,37 +93,12 @@ std::pair<int64_t, int64_t> RoutingDisagreements(const Model& model,
   return {differ, decisions};
 }
 
-class LearnerLogProbs : public ::testing::Test {
+class LearnerLogProbs : public strider::testing::ActorScoringTest {
  protected:
   void SetUp() override {
-    model_config_path_ = SourceDir() + "/configs/model/tiny.yaml";
-    weights_ = dir_.Sub("weights.safetensors");
-    const auto init = RunCommand({StriderBinary(), "model", "init", "--config",
-                                  model_config_path_, "--out", weights_, "--seed", "7"});
-    ASSERT_EQ(init.exit_code, 0) << init.output;
-    Result<ModelConfig> config = LoadModelConfig(model_config_path_);
-    ASSERT_TRUE(config.ok()) << config.status().ToString();
-    ConfigureRuntime(2);
-    Result<std::unique_ptr<Model>> model = Model::Load(*config, weights_);
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
-    model_ = std::move(*model);
-
-    const strider::testing::ReplayEndpoints replay = strider::testing::StartReplayServer(
-        server_, dir_.Sub("db"), dir_.Sub("replay.yaml"), kReplayConfig);
-    ASSERT_FALSE(replay.actor.empty());
-    actor_endpoint_ = replay.actor;
-    replay::LearnerClientOptions options;
-    options.endpoint = replay.learner;
-    options.learner_id = "logprob-test";
-    auto client = replay::LearnerClient::Connect(options);
-    ASSERT_TRUE(client.ok()) << client.status().ToString();
-    learner_ = std::move(*client);
-  }
-
-  void TearDown() override {
-    learner_.reset();
-    server_.Signal(SIGTERM);
-    EXPECT_EQ(server_.Wait(), 0);
+    ASSERT_NO_FATAL_FAILURE(InitWeights("tiny", 7));
+    ASSERT_NO_FATAL_FAILURE(LoadModel(2));
+    ASSERT_NO_FATAL_FAILURE(StartReplay("logprob-test"));
   }
 
   // Runs `strider actor` to completion on the shared weights: configs/actor/calculator_tiny.yaml
@@ -231,14 +195,6 @@ class LearnerLogProbs : public ::testing::Test {
     std::printf("%s\n", line.dump().c_str());
   }
 
-  TempDir dir_;
-  std::string model_config_path_;
-  std::string weights_;
-  std::unique_ptr<Model> model_;
-  ChildProcess server_;
-  std::string actor_endpoint_;
-  std::unique_ptr<replay::LearnerClient> learner_;
-  uint64_t step_ = 0;
   int64_t routing_differ_ = 0;  // of the last Score call
   int64_t routing_decisions_ = 0;
 };
