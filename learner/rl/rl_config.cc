@@ -142,6 +142,10 @@ void ReadDistributed(ConfigReader distributed, RlDistributedConfig* d) {
   distributed.Optional("bucket_mb", &d->bucket_mb);
   distributed.Check(d->bucket_mb > 0 && d->bucket_mb <= 4096, "bucket_mb",
                     "must be in (0, 4096]");
+  distributed.Optional("collectives", &d->collectives);
+  distributed.Check(d->collectives == "auto" || d->collectives == "nccl" ||
+                        d->collectives == "gloo",
+                    "collectives", "must be auto, nccl or gloo");
 }
 
 // Settings of one section that another section's make wrong.

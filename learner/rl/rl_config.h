@@ -83,6 +83,10 @@ struct RlDistributedConfig {
   // Shard every sparse layer's routed experts over the ranks (common/model/expert_parallel.h):
   // rank r trains experts [r n/W, (r+1) n/W); the rest stays replicated and data-parallel.
   bool expert_parallel = false;
+  // Which process groups carry the gradient all-reduce and the expert all-to-all of a learner
+  // on a GPU: auto (NCCL on CUDA, Gloo on the CPU), nccl, or gloo. NCCL refuses two ranks on one
+  // device, so ranks sharing a GPU take gloo, which moves their CUDA tensors through host memory.
+  std::string collectives = "auto";
 };
 
 // `implicit_prm:`: PRIME's implicit process reward model (learner/rl/implicit_prm.h), a model of

@@ -150,9 +150,16 @@ Result<std::unique_ptr<LearnerGroup>> JoinLearnerGroup(const RlLearnerConfig& co
   group_options.interface = dist.interface;
   group_options.timeout_s = dist.timeout_s;
   group_options.bucket_bytes = static_cast<int64_t>(dist.bucket_mb * (1 << 20));
-  // A learner on a GPU reduces gradients and exchanges experts over NCCL on that GPU.
+  // A learner on a GPU reduces gradients and exchanges experts over NCCL on that GPU, unless
+  // its ranks share the GPU (collectives: gloo).
   STRIDER_ASSIGN_OR_RETURN(const c10::Device device, ResolveDevice(config.model.device));
-  if (device.is_cuda()) group_options.cuda_device = device.has_index() ? device.index() : 0;
+  if (dist.collectives == "nccl" && !device.is_cuda()) {
+    return Status::InvalidArgument("distributed.collectives is nccl but the model's device is " +
+                                   device.str() + ": NCCL carries CUDA tensors only");
+  }
+  if (device.is_cuda() && dist.collectives != "gloo") {
+    group_options.cuda_device = device.has_index() ? device.index() : 0;
+  }
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<LearnerGroup> group, LearnerGroup::Join(group_options));
   // One config for the whole group: ranks that disagree on what a step is would pair their
   // collectives wrongly or train different models, so the settings that shape a step must
