@@ -26,6 +26,7 @@
 #include "actors/weight_receiver.h"
 #include "common/clock.h"
 #include "common/model/model.h"
+#include "common/model/sampling_distribution.h"
 #include "common/tokenizer.h"
 #include "common/tokenizer/chat_format.h"
 #include "common/transcript.h"
@@ -825,11 +826,15 @@ void ActorImpl::SendLast(Episode& e, const std::string& status, const std::strin
       {"malformed_tool_calls", std::to_string(e.malformed_tool_calls)},
   };
   // The behaviour log-probs are those of the sampling distribution; these say what it was
-  // (the engine also never samples the image-patch placeholder).
+  // (`banned`: the ids the engine never samples, comma-separated, as a learner reads them).
   metadata.emplace_back("sampling.temperature", std::to_string(options_.sampling.temperature));
   metadata.emplace_back("sampling.top_k", std::to_string(options_.sampling.top_k));
   metadata.emplace_back("sampling.top_p", std::to_string(options_.sampling.top_p));
-  metadata.emplace_back("sampling.banned", std::to_string(token::kImagePatch));
+  std::string banned;
+  for (int64_t id : format_ ? std::vector<int64_t>() : model::ByteFormatNeverSampled()) {
+    banned += (banned.empty() ? "" : ",") + std::to_string(id);
+  }
+  metadata.emplace_back("sampling.banned", banned);
   if (!message.empty()) metadata.emplace_back("error", message);
   for (const auto& [key, value] : e.info) metadata.emplace_back("info." + key, value);
   // With the seed, the options replay the episode offline (reward/verifiers.h).
@@ -970,11 +975,13 @@ Status ActorImpl::Run(std::stop_token stop) {
   return closed;
 }
 
-// Stop strings are matched on the text of the model's own tokens when it has a tokenizer.
+// Stop strings are matched on the text of the model's own tokens when it has a tokenizer, and
+// every id of its vocabulary may be sampled (the byte format's image-patch id is its own token).
 rollout::EngineOptions EngineOptionsWith(const ActorOptions& options,
                                          std::shared_ptr<const transcript::Format> format) {
   rollout::EngineOptions engine_options = EngineOptionsFor(options);
   if (format) {
+    engine_options.never_sampled.clear();
     engine_options.token_bytes = [format = std::move(format)](int64_t id) {
       const int32_t token = static_cast<int32_t>(id);
       return format->DecodeBytes(std::span<const int32_t>(&token, 1));

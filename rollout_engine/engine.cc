@@ -844,7 +844,7 @@ class EngineImpl final : public Engine {
     std::vector<double> uniforms;
     for (size_t b = 0; b < rows.size(); ++b) {
       next_logits.push_back(rows[b]->next_logits);
-      distributions.push_back(TurnDistribution(*rows[b]->turn));
+      distributions.push_back(TurnDistribution(*rows[b]->turn, options_.never_sampled));
       uniforms.push_back(UniformDraw(rows[b]->turn->seed, rows[b]->counter));
     }
     STRIDER_ASSIGN_OR_RETURN(at::Tensor logits,
@@ -1069,6 +1069,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
     return Status::InvalidArgument("engine: negative cache budget");
   }
   const ModelConfig& config = model->config();
+  for (int64_t id : options.never_sampled) {
+    if (id < 0 || id >= config.vocabulary) {
+      return Status::InvalidArgument("engine: never-sampled id " + std::to_string(id) +
+                                     " is outside the vocabulary [0, " +
+                                     std::to_string(config.vocabulary) + ")");
+    }
+  }
   PagedCacheOptions cache;
   cache.block_tokens = options.block_tokens;
   cache.latent_layers = config.CountLayers('G');

@@ -82,6 +82,9 @@ struct EngineOptions {
   // character or a stop string is split across tokens. Unset: ids below 256 are bytes and other
   // ids stand for none (the byte tokenizer).
   std::function<std::string(int64_t)> token_bytes;
+  // The ids no turn samples: the byte format's image-patch placeholder by default; none for a
+  // model with its own tokenizer, whose vocabulary has an ordinary token there.
+  std::vector<int64_t> never_sampled = model::ByteFormatNeverSampled();
 };
 
 // The experts chosen for a run of consecutive tokens of one sequence, compact (uint16 ids).

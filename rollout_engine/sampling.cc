@@ -43,8 +43,10 @@ uint64_t DeriveSeed(uint64_t seed, uint64_t index) {
   return SplitMix64(seed ^ SplitMix64(index + 0x5851f42d4c957f2dull));
 }
 
-model::SamplingSettings TurnDistribution(const SamplingParams& params) {
-  return model::RolloutSamplingSettings(params.temperature, params.top_k, params.top_p);
+model::SamplingSettings TurnDistribution(const SamplingParams& params,
+                                         std::vector<int64_t> never_sampled) {
+  return model::RolloutSamplingSettings(params.temperature, params.top_k, params.top_p,
+                                        std::move(never_sampled));
 }
 
 namespace {

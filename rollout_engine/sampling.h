@@ -36,9 +36,12 @@ struct SamplingParams {
 Status ValidateSamplingParams(const SamplingParams& params, int64_t vocabulary);
 
 // The distribution a turn with `params` samples from: model::RolloutSamplingSettings of its
-// temperature, top-k and top-p (the image-patch placeholder is never sampled). A learner
-// rebuilds it from the settings stored with each segment.
-model::SamplingSettings TurnDistribution(const SamplingParams& params);
+// temperature, top-k and top-p, never sampling the model's reserved ids (`never_sampled`: the
+// engine's EngineOptions::never_sampled). A learner rebuilds it from the settings stored with
+// each segment and the reserved ids stored with the trajectory.
+model::SamplingSettings TurnDistribution(
+    const SamplingParams& params,
+    std::vector<int64_t> never_sampled = model::ByteFormatNeverSampled());
 
 struct Sample {
   int64_t token = 0;

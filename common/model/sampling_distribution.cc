@@ -99,12 +99,19 @@ at::Tensor SupportByTensorOps(const at::Tensor& x, const SamplingSettings& s) {
 
 }  // namespace internal
 
+std::vector<int64_t> ByteFormatNeverSampled() { return {token::kImagePatch}; }
+
 SamplingSettings RolloutSamplingSettings(double temperature, int64_t top_k, double top_p) {
+  return RolloutSamplingSettings(temperature, top_k, top_p, ByteFormatNeverSampled());
+}
+
+SamplingSettings RolloutSamplingSettings(double temperature, int64_t top_k, double top_p,
+                                         std::vector<int64_t> never_sampled) {
   SamplingSettings settings;
   settings.temperature = temperature;
   settings.top_k = top_k;
   settings.top_p = top_p;
-  settings.never_sampled = {token::kImagePatch};
+  settings.never_sampled = std::move(never_sampled);
   return settings;
 }
 

@@ -49,10 +49,17 @@ struct SamplingSettings {
   bool operator==(const SamplingSettings&) const = default;
 };
 
+// The ids the byte format never samples: its image-patch placeholder (token::kImagePatch),
+// which only an image's patches fill. A model with its own tokenizer reserves none: the same id
+// is an ordinary token of its vocabulary.
+std::vector<int64_t> ByteFormatNeverSampled();
+
 // The settings of a turn the rollout engine samples: `temperature`, `top_k` and `top_p` as the
-// request (and the stored segment) gives them, and never the image-patch placeholder
-// (token::kImagePatch), which only an image's patches fill.
+// request (and the stored segment) gives them, and never the ids in `never_sampled` (the
+// model's reserved ids; the first form: the byte format's).
 SamplingSettings RolloutSamplingSettings(double temperature, int64_t top_k, double top_p);
+SamplingSettings RolloutSamplingSettings(double temperature, int64_t top_k, double top_p,
+                                         std::vector<int64_t> never_sampled);
 
 // Checks ranges for a vocabulary of `vocabulary` ids; the message names the field. Every id in
 // never_sampled must be inside the vocabulary and at least one id must remain.

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -192,14 +193,42 @@ MismatchStats MeasureMismatch(std::span<const float> learner, std::span<const fl
   return stats;
 }
 
+namespace {
+
+// The ids the actor's engine never sampled (`sampling.banned`, comma-separated: none for a model
+// with its own tokenizer); trajectories stored without it are the byte format's.
+Result<std::vector<int64_t>> NeverSampled(const schema::StoredTrajectory& joined) {
+  auto found = joined.metadata.find("sampling.banned");
+  if (found == joined.metadata.end()) return model::ByteFormatNeverSampled();
+  std::vector<int64_t> ids;
+  std::string_view rest = found->second;
+  while (!rest.empty()) {
+    const std::string_view item = rest.substr(0, rest.find(','));
+    rest.remove_prefix(std::min(rest.size(), item.size() + 1));
+    int64_t id = 0;
+    auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), id);
+    if (error != std::errc() || end != item.data() + item.size()) {
+      return Status::InvalidArgument("scoring: trajectory " + joined.id.Hex() +
+                                     ": sampling.banned '" + found->second +
+                                     "' is not a list of ids");
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+}  // namespace
+
 Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData> segments,
                                              bool replay_routing, int64_t vocabulary) {
   PreparedTrajectory prepared;
   STRIDER_ASSIGN_OR_RETURN(prepared.joined, schema::JoinSegments(segments));
+  STRIDER_ASSIGN_OR_RETURN(const std::vector<int64_t> never_sampled,
+                           NeverSampled(prepared.joined));
   const std::vector<const schema::SegmentData*> ordered = Ordered(segments);
   for (const schema::SegmentData* s : ordered) {
     const model::SamplingSettings settings =
-        model::RolloutSamplingSettings(s->temperature, s->top_k, s->top_p);
+        model::RolloutSamplingSettings(s->temperature, s->top_k, s->top_p, never_sampled);
     Status valid = model::ValidateSamplingSettings(settings, vocabulary);
     if (!valid.ok()) {
       return Status::InvalidArgument("scoring: " + s->key().ToString() + ": " + valid.message());

@@ -74,8 +74,10 @@ struct PreparedTrajectory {
 };
 
 // Joins and checks the segments (any order) and builds the above. Errors: the segments do not
-// join (schema::JoinSegments), a segment's sampling settings are out of range for `vocabulary`,
-// routing replay asked for on segments lacking a position's record (the message names it).
+// join (schema::JoinSegments), a segment's sampling settings (with the reserved ids the
+// trajectory stored as `sampling.banned`, the byte format's when absent) are out of range for
+// `vocabulary` or not a list of ids, routing replay asked for on segments lacking a position's
+// record (the message names it).
 Result<PreparedTrajectory> PrepareTrajectory(std::span<const schema::SegmentData> segments,
                                              bool replay_routing, int64_t vocabulary);
 

@@ -133,6 +133,8 @@ TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
   const int32_t end_of_turn = (*format)->end_of_turn();
   for (const Trajectory& t : trajectories) {
     EXPECT_EQ(t.metadata.at("status"), "max_turns") << "a random model never answers";
+    // Every id of the model's vocabulary may be sampled, the byte format's image-patch id too.
+    EXPECT_EQ(t.metadata.at("sampling.banned"), "");
     envs::EnvironmentConfig env_config;
     env_config.name = "calculator";
     env_config.options = {{"difficulty", "1"}};

@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 
 #include "actors/segmenter.h"
@@ -119,6 +120,9 @@ struct Sampling {
   double temperature = 1.0;
   int64_t top_k = 0;
   double top_p = 1.0;
+  // The engine's reserved ids, stored as the actor stores them (`sampling.banned`); unset: the
+  // engine's default and no metadata (the byte format).
+  std::optional<std::vector<int64_t>> never_sampled;
 };
 
 // One episode of three model turns with observations between them, sampled by the engine and
@@ -140,6 +144,7 @@ Episode Sample(std::shared_ptr<const Model> model, const Sampling& sampling, uin
   engine_options.threads = 2;
   engine_options.block_tokens = 16;
   engine_options.prefill_chunk_tokens = 24;  // the prompt is fed over several calls
+  if (sampling.never_sampled) engine_options.never_sampled = *sampling.never_sampled;
   Result<std::unique_ptr<rollout::Engine>> engine =
       rollout::Engine::Create(engine_options, model, /*policy_version=*/3);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
@@ -270,8 +275,17 @@ Episode Sample(std::shared_ptr<const Model> model, const Sampling& sampling, uin
     EXPECT_TRUE(segmenter.AddContext(verdict, schema::Role::kUser).ok());
   }
   episode.segments = segmenter.TakeReady();
+  std::vector<std::pair<std::string, std::string>> metadata;
+  if (sampling.never_sampled) {
+    std::string banned;
+    for (int64_t id : *sampling.never_sampled) {
+      banned += (banned.empty() ? "" : ",") + std::to_string(id);
+    }
+    metadata.emplace_back("sampling.banned", banned);
+  }
   Result<std::vector<schema::SegmentData>> last = segmenter.Finish(
-      1.0f, done ? schema::EndReason::kFinished : schema::EndReason::kTruncatedTurns, {});
+      1.0f, done ? schema::EndReason::kFinished : schema::EndReason::kTruncatedTurns,
+      std::move(metadata));
   EXPECT_TRUE(last.ok()) << last.status().ToString();
   if (last.ok()) episode.segments.insert(episode.segments.end(), last->begin(), last->end());
   return episode;
@@ -408,6 +422,52 @@ TEST(ScoreTrajectory, ReplayedExpertsAreTheStoredOnes) {
   ASSERT_TRUE(scores.ok()) << scores.status().ToString();
   EXPECT_GT(scores->mismatch.max, 1e-3);
   EXPECT_EQ(scores->mismatch.verdict, MismatchVerdict::kAboveThreshold);
+}
+
+// The byte format's image-patch id is an ordinary token of a model with its own tokenizer: an
+// engine that reserves nothing samples it, and the learner, reading the reserved ids the
+// trajectory stored, scores it as sampled. The byte format never samples it.
+TEST(ScoreTrajectory, ReservedIdsArePerModel) {
+  // Without vision, as a model with its own tokenizer is: the id is no image placeholder to it.
+  ModelConfig config = testing::ShippedModelConfig("tiny");
+  config.vision.enabled = false;
+  Result<std::unique_ptr<Model>> made = Model::Create(config, 5);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::shared_ptr<const Model> model(std::move(made).value());
+  auto patch_sampled = [](const Episode& episode) {
+    for (const schema::SegmentData& s : episode.segments) {
+      for (size_t i = 0; i < s.tokens.size(); ++i) {
+        if (schema::IsAction(s.roles[i]) && s.tokens[i] == token::kImagePatch) return true;
+      }
+    }
+    return false;
+  };
+  Sampling own;
+  own.temperature = 50.0;  // close to uniform over the vocabulary
+  own.never_sampled = std::vector<int64_t>();
+  Sampling bytes = own;
+  bytes.never_sampled.reset();
+  std::optional<Episode> found;
+  for (uint64_t seed = 1; seed <= 40 && !found; ++seed) {
+    EXPECT_FALSE(patch_sampled(Sample(model, bytes, seed, 40))) << "seed " << seed;
+    Episode episode = Sample(model, own, seed, 40);
+    if (patch_sampled(episode)) found = std::move(episode);
+  }
+  ASSERT_TRUE(found.has_value()) << "no episode sampled the id";
+  Result<TrajectoryScores> scores = ScoreTrajectory(*model, found->segments, {});
+  ASSERT_TRUE(scores.ok()) << scores.status().ToString();
+  EXPECT_LE(MaxGapToTheEngine(*scores, *found), 1e-5);
+  EXPECT_EQ(scores->mismatch.verdict, MismatchVerdict::kWithinThreshold);
+
+  // Read as the byte format (no `sampling.banned`), the sampled id is outside the support.
+  for (schema::SegmentData& s : found->segments) s.metadata.clear();
+  Result<TrajectoryScores> as_bytes = ScoreTrajectory(*model, found->segments, {});
+  ASSERT_TRUE(as_bytes.ok()) << as_bytes.status().ToString();
+  EXPECT_EQ(as_bytes->mismatch.verdict, MismatchVerdict::kAboveThreshold);
+
+  // A list that is not ids is refused.
+  found->segments.back().metadata = {{"sampling.banned", "268,x"}};
+  EXPECT_TRUE(ScoreTrajectory(*model, found->segments, {}).status().IsInvalidArgument());
 }
 
 TEST(PrepareTrajectory, TheReplayRecordHoldsTheStoredExpertsInInt16) {
