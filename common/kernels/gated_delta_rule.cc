@@ -6,7 +6,9 @@
 //   - The recurrent form has two loops over the same equations: a fused in-place one when no
 //     gradient is needed on the CPU (decode: one copy of the state per call, one parallel loop
 //     over batch and heads, no temporary beyond one Dv row per thread) and an out-of-place one
-//     of ATen products that autograd can differentiate and that runs on any device.
+//     of ATen products that autograd can differentiate and that runs on any device. With the
+//     CUDA LibTorch a single position on a GPU without autograd goes to the CUDA step instead
+//     (gated_delta_rule_cuda.h), which does the fused loop's work in one launch.
 //   - The chunkwise form never exponentiates a positive number. Within a chunk the cumulative
 //     log-decay G is non-increasing, so exp(G_r - G_s) <= 1 for s <= r. The chunk is cut into
 //     sub-blocks of kSubBlock positions: pairs (r, s) in the same sub-block use the explicit
@@ -28,6 +30,10 @@
 #include <cmath>
 #include <limits>
 #include <vector>
+
+#if defined(STRIDER_CUDA_DECODE)
+#include "common/kernels/gated_delta_rule_cuda.h"
+#endif
 
 namespace strider::kernels {
 namespace {
@@ -216,6 +222,15 @@ GatedDeltaRuleOutput GatedDeltaRuleRecurrent(const at::Tensor& query, const at::
                                              const at::Tensor& beta,
                                              const at::Tensor& initial_state) {
   const Dims d = CheckInputs(query, key, value, log_decay, beta, initial_state);
+#if defined(STRIDER_CUDA_DECODE)
+  // A decode position on a GPU: one launch of the CUDA step (docs/cuda.md) in place of the six
+  // batched products per position of the loop below.
+  if (query.is_cuda() && d.t == 1) {
+    GatedDeltaRuleOutput out =
+        internal::GatedDeltaRuleDecodeCuda(query, key, value, log_decay, beta, initial_state);
+    if (out.output.defined()) return out;
+  }
+#endif
   const int64_t bh = d.b * d.h;
   auto q = query.reshape({bh, d.t, d.dk});                                // (BH, T, Dk)
   auto k = key.reshape({bh, d.t, d.dk});                                  // (BH, T, Dk)

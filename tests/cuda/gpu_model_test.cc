@@ -1,6 +1,7 @@
 // The model on a GPU (docs/cuda.md, "Checked on a GPU"): the two-path contract on CUDA in fp32
 // for every shipped config that fits the device, CUDA against the CPU on the same weights and
-// routing, and the latent decode over the engine's pages on CUDA against the CPU kernel.
+// routing, the latent decode over the engine's pages on CUDA against the CPU kernel, and the
+// gated delta rule's decode step (the CUDA kernel in the CUDA LibTorch tree) against the CPU.
 //
 // Label `gpu`: every case skips with the reason where LibTorch sees no CUDA device (Debian's
 // LibTorch has no CUDA at all; the 2.11 tree on a machine without a GPU has no driver), so both
@@ -19,8 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "common/kernels/gated_delta_rule.h"
 #include "common/kernels/latent_attention.h"
 #include "common/model/config.h"
+#include "common/model/incremental_attention.h"
 #include "common/model/model.h"
 #include "common/model/parameters.h"
 #include "common/model/two_path_check.h"
@@ -202,6 +205,135 @@ TEST(GpuPagedDecode, EnginePagesOnCudaMatchTheCpuKernel) {
     PrintFigure(
         {{"check", "paged_decode_cuda_vs_cpu"}, {"tokens", tokens}, {"max_abs_diff", worst}});
     EXPECT_LE(worst, 1e-5);
+  }
+}
+
+double MaxAbsDiff(const at::Tensor& gpu, const at::Tensor& cpu) {
+  return (gpu.cpu().to(at::kDouble) - cpu.to(at::kDouble)).abs().max().item<double>();
+}
+
+// Inputs of one decode position as the incremental layer makes them (incremental_attention.cc):
+// q, k, v, g transposes of (B, 1, H, D) projections, k of unit norm, q scaled by Dk^-1/2.
+struct DeltaRuleStep {
+  at::Tensor q, k, v, g, beta;  // (B, H, 1, Dk) x 2, (B, H, 1, Dv), (B, H, 1, Dk), (B, H, 1)
+};
+
+DeltaRuleStep RandomDeltaRuleStep(int64_t batch, int64_t heads, int64_t dk, int64_t dv,
+                                  at::Generator& generator) {
+  auto strided = [&](int64_t width) {
+    return at::randn({batch, 1, heads, width}, generator, at::kFloat).transpose(1, 2);
+  };
+  DeltaRuleStep step;
+  step.q = strided(dk);
+  step.q = step.q / at::sqrt(step.q.pow(2).sum(-1, true)) / std::sqrt(static_cast<double>(dk));
+  step.k = strided(dk);
+  step.k = step.k / at::sqrt(step.k.pow(2).sum(-1, true));
+  step.v = strided(dv);
+  step.g = -5.0 * at::rand({batch, 1, heads, dk}, generator, at::kFloat).transpose(1, 2);
+  step.beta = at::rand({batch, 1, heads}, generator, at::kFloat).transpose(1, 2);
+  return step;
+}
+
+// The shapes of the shipped configs (32, 64 and 128 wide heads), widths the kernel's thread
+// layout does not divide evenly, and the smallest; four chained steps from a nonzero state.
+TEST(GpuDeltaRuleDecode, RecurrentStepOnCudaMatchesTheCpuKernel) {
+  STRIDER_SKIP_WITHOUT_CUDA();
+  at::NoGradGuard no_grad;
+  at::Generator generator = at::detail::createCPUGenerator(41);
+  struct Shape {
+    int64_t batch, heads, dk, dv;
+  };
+  for (const Shape& shape : {Shape{2, 2, 32, 32}, Shape{3, 8, 64, 64}, Shape{2, 12, 128, 128},
+                             Shape{3, 2, 96, 100}, Shape{2, 1, 1, 7}}) {
+    SCOPED_TRACE("B, H, Dk, Dv = " + std::to_string(shape.batch) + ", " +
+                 std::to_string(shape.heads) + ", " + std::to_string(shape.dk) + ", " +
+                 std::to_string(shape.dv));
+    at::Tensor cpu_state =
+        at::randn({shape.batch, shape.heads, shape.dk, shape.dv}, generator, at::kFloat);
+    at::Tensor gpu_state = cpu_state.cuda();
+    double worst = 0;
+    for (int step = 0; step < 4; ++step) {
+      const DeltaRuleStep in =
+          RandomDeltaRuleStep(shape.batch, shape.heads, shape.dk, shape.dv, generator);
+      const kernels::GatedDeltaRuleOutput want =
+          kernels::GatedDeltaRuleRecurrent(in.q, in.k, in.v, in.g, in.beta, cpu_state);
+      const at::Tensor gpu_before = gpu_state.clone();
+      const kernels::GatedDeltaRuleOutput got = kernels::GatedDeltaRuleRecurrent(
+          in.q.cuda(), in.k.cuda(), in.v.cuda(), in.g.cuda(), in.beta.cuda(), gpu_state);
+      ASSERT_TRUE(got.output.is_cuda() && got.final_state.is_cuda());
+      ASSERT_EQ(got.output.sizes(), want.output.sizes());
+      ASSERT_EQ(got.final_state.sizes(), want.final_state.sizes());
+      // The step is functional: the state passed in is not written.
+      EXPECT_TRUE(at::equal(gpu_state, gpu_before));
+      worst = std::max({worst, MaxAbsDiff(got.output, want.output),
+                        MaxAbsDiff(got.final_state, want.final_state)});
+      cpu_state = want.final_state;
+      gpu_state = got.final_state;
+    }
+    PrintFigure({{"check", "delta_rule_step_cuda_vs_cpu"},
+                 {"heads", shape.heads},
+                 {"key_dim", shape.dk},
+                 {"value_dim", shape.dv},
+                 {"max_abs_diff", worst}});
+    EXPECT_LE(worst, 1e-5);
+  }
+}
+
+// The model's incremental layer decoding on CUDA (a prefill chunk, then one token at a time: the
+// recurrent form at T = 1) against the same layer and weights on the CPU.
+TEST(GpuDeltaRuleDecode, IncrementalAttentionDecodeOnCudaMatchesTheCpuWithin1e5) {
+  STRIDER_SKIP_WITHOUT_CUDA();
+  ConfigureRuntime(4);
+  at::NoGradGuard no_grad;
+  for (const char* name : {"tiny", "small"}) {
+    SCOPED_TRACE(name);
+    ModelConfig config = testing::ShippedModelConfig(name);
+    config.device = "cpu";
+    Result<std::unique_ptr<Model>> model = Model::Create(config, 51);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    model::TensorMap cpu_tensors, gpu_tensors;
+    for (const auto& [tensor_name, tensor] : (*model)->tensors()) {
+      cpu_tensors[tensor_name] = tensor;
+      gpu_tensors[tensor_name] = tensor.cuda();
+    }
+    const std::vector<char> kinds = config.LayerKinds();
+    const auto first = std::find(kinds.begin(), kinds.end(), 'I');
+    ASSERT_NE(first, kinds.end());
+    const std::string prefix =
+        "layers." + std::to_string(first - kinds.begin()) + ".incremental.";
+    const model::IncrementalAttentionWeights cpu_weights =
+        model::IncrementalAttentionWeights::Bind(cpu_tensors, prefix);
+    const model::IncrementalAttentionWeights gpu_weights =
+        model::IncrementalAttentionWeights::Bind(gpu_tensors, prefix);
+    const IncrementalAttentionConfig& layer = config.incremental;
+
+    const int64_t batch = 3, prefill = 40, steps = 8;
+    at::Generator generator = at::detail::createCPUGenerator(52);
+    const at::Tensor x = at::randn({batch, prefill + steps, config.width}, generator, at::kFloat);
+    model::IncrementalAttentionState cpu_state =
+        model::IncrementalAttentionState::Zeros(layer, batch, x.options());
+    model::IncrementalAttentionState gpu_state =
+        model::IncrementalAttentionState::Zeros(layer, batch, x.options().device(at::kCUDA));
+    double worst_output = 0;
+    auto append = [&](int64_t from, int64_t length) {
+      const at::Tensor chunk = x.narrow(1, from, length);
+      const at::Tensor want = model::IncrementalAttentionForward(
+          cpu_weights, layer, chunk, &cpu_state, config.norm_epsilon);
+      const at::Tensor got = model::IncrementalAttentionForward(
+          gpu_weights, layer, chunk.cuda(), &gpu_state, config.norm_epsilon);
+      worst_output = std::max(worst_output, MaxAbsDiff(got, want));
+    };
+    append(0, prefill);  // a nonzero state for the decode steps
+    for (int64_t t = prefill; t < prefill + steps; ++t) append(t, 1);
+    ASSERT_TRUE(gpu_state.recurrent.is_cuda());
+    const double worst_state = MaxAbsDiff(gpu_state.recurrent, cpu_state.recurrent);
+    PrintFigure({{"check", "incremental_decode_cuda_vs_cpu"},
+                 {"config", name},
+                 {"steps", steps},
+                 {"max_abs_output_diff", worst_output},
+                 {"max_abs_state_diff", worst_state}});
+    EXPECT_LE(worst_output, 1e-5);
+    EXPECT_LE(worst_state, 1e-5);
   }
 }
 
