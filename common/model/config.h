@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer_config.h"
 
 namespace strider {
 
