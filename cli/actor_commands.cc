@@ -66,12 +66,13 @@ Status RunActor(const ActorArgs& args) {
                            }));
   STRIDER_ASSIGN_OR_RETURN(std::unique_ptr<actors::Actor> actor, actors::Actor::Create(options));
   playing->store(actor.get());
+  // Handlers before the ready line, which a supervisor may answer with SIGTERM at once.
+  std::signal(SIGINT, OnActorSignal);
+  std::signal(SIGTERM, OnActorSignal);
   std::printf("{\"event\":\"ready\",\"actor\":\"%s\",\"env\":\"%s\",\"replay\":\"%s\"%s}\n",
               options.actor_id.c_str(), options.env.name.c_str(), options.replay_endpoint.c_str(),
               pages ? (",\"http\":\"" + pages->address() + "\"").c_str() : "");
   std::fflush(stdout);
-  std::signal(SIGINT, OnActorSignal);
-  std::signal(SIGTERM, OnActorSignal);
   std::stop_source stop;
   std::jthread watcher([&stop](std::stop_token done) {
     while (!done.stop_requested()) {

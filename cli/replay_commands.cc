@@ -64,10 +64,12 @@ Status Serve(const ServeArgs& args) {
                           {"learner_endpoint", server->learner_endpoint()},
                           {"db", options.db_path}};
   if (pages) ready["http"] = pages->address();
-  std::printf("%s\n", ready.dump().c_str());
-  std::fflush(stdout);
+  // The handlers come before the ready line: a supervisor may stop the server as soon as it
+  // reads it, and a SIGTERM before them would kill the process without its stopped line.
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  std::printf("%s\n", ready.dump().c_str());
+  std::fflush(stdout);
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const std::string stats = server->StatsJson();
   pages.reset();
