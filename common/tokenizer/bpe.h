@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,5 +74,8 @@ size_t AppendUtf8Replacing(std::string_view bytes, bool final, std::string& out)
 
 // Whether `c` (a code point) is Unicode White_Space.
 bool IsWhiteSpace(char32_t c);
+
+// A file's whole contents (templates, tokenizer configs); NotFound or IoError naming it.
+Result<std::string> ReadWhole(const std::filesystem::path& path);
 
 }  // namespace strider::tokenizer::internal

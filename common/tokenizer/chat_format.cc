@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
+
+#include "common/tokenizer/bpe.h"
 
 namespace strider::tokenizer {
 namespace {
@@ -292,15 +292,6 @@ Message ChatFormat::ReadModelTurn(std::string_view bytes) const {
   return m;
 }
 
-Result<std::string> ReadWhole(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return Status::NotFound(path.string() + ": cannot open");
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  if (file.bad()) return Status::IoError(path.string() + ": read failed");
-  return contents.str();
-}
-
 }  // namespace
 
 Result<std::shared_ptr<const transcript::Format>> MakeChatFormat(
@@ -337,7 +328,7 @@ Result<std::shared_ptr<const transcript::Format>> LoadChatFormat(const Tokenizer
   }
   if (chat_path.extension() == ".json") {
     // tiktoken files hold ranks only: the special tokens are the config's added tokens.
-    STRIDER_ASSIGN_OR_RETURN(std::string text, ReadWhole(chat_path));
+    STRIDER_ASSIGN_OR_RETURN(std::string text, internal::ReadWhole(chat_path));
     const Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (parsed.is_object() && parsed.contains("added_tokens_decoder") &&
         parsed["added_tokens_decoder"].is_object()) {

@@ -3,23 +3,14 @@
 #include "common/tokenizer/chat_template.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <utility>
+
+#include "common/tokenizer/bpe.h"
 
 namespace strider::tokenizer {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-Result<std::string> ReadWhole(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return Status::NotFound(path.string() + ": cannot open");
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  if (file.bad()) return Status::IoError(path.string() + ": read failed");
-  return contents.str();
-}
 
 // The special-token variables of a tokenizer_config.json: each is a string or an AddedToken
 // object whose "content" is the text (transformers' special_tokens_map).
@@ -52,7 +43,7 @@ Result<ChatTemplate> ChatTemplate::FromSource(std::string_view source, Json spec
 }
 
 Result<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& path, std::string_view name) {
-  STRIDER_ASSIGN_OR_RETURN(std::string contents, ReadWhole(path));
+  STRIDER_ASSIGN_OR_RETURN(std::string contents, internal::ReadWhole(path));
   const std::string origin = path.string();
   const size_t first = contents.find_first_not_of(" \t\r\n");
   const bool json =
@@ -63,7 +54,7 @@ Result<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& path, std::
     Json special = Json::object();
     const std::filesystem::path config = path.parent_path() / "tokenizer_config.json";
     if (std::filesystem::exists(config)) {
-      STRIDER_ASSIGN_OR_RETURN(std::string text, ReadWhole(config));
+      STRIDER_ASSIGN_OR_RETURN(std::string text, internal::ReadWhole(config));
       const Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
       if (parsed.is_object()) special = SpecialTokensOf(parsed);
     }
@@ -80,7 +71,7 @@ Result<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& path, std::
       return Status::NotFound(origin +
                               ": no \"chat_template\" and no chat_template.jinja beside it");
     }
-    STRIDER_ASSIGN_OR_RETURN(std::string text, ReadWhole(beside));
+    STRIDER_ASSIGN_OR_RETURN(std::string text, internal::ReadWhole(beside));
     return FromSource(text, std::move(special), beside.string());
   }
   if (it->is_string()) {

@@ -65,4 +65,16 @@ Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::filesystem::path& pa
 
 std::unique_ptr<Tokenizer> MakeByteTokenizer() { return std::make_unique<ByteTokenizer>(); }
 
+namespace internal {
+
+Result<std::string> ReadWhole(const std::filesystem::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return Status::NotFound(path.string() + ": cannot open");
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  if (file.bad()) return Status::IoError(path.string() + ": read failed");
+  return contents.str();
+}
+
+}  // namespace internal
 }  // namespace strider::tokenizer
