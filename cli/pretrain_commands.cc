@@ -183,6 +183,7 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
     int64_t patch_size = 4;
     int64_t seed = 1;
     int64_t shard_tokens = 16 << 20;
+    std::string model;
   };
   auto data_flags = std::make_shared<DataFlags>();
   CLI::App* data = app.add_subcommand("data", "Pretraining data tools");
@@ -210,10 +211,29 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
   build->add_option("--patch-size", data_flags->patch_size, "For image_text: model patch side");
   build->add_option("--seed", data_flags->seed, "Generator seed");
   build->add_option("--shard-tokens", data_flags->shard_tokens, "Tokens per shard file");
+  build
+      ->add_option("--model", data_flags->model,
+                   "Model config (YAML) whose tokenizer writes the ids (docs/tokenizers.md); "
+                   "default: the byte format")
+      ->check(CLI::ExistingFile);
   build->callback([data_flags, &exit_code] {
     const DataFlags& f = *data_flags;
     data::BuildOptions options;
     options.shard_tokens = f.shard_tokens;
+    CorpusFormat corpus;
+    if (!f.model.empty()) {
+      Result<ModelConfig> model = LoadModelConfig(f.model);
+      Result<CorpusFormat> loaded =
+          model.ok() ? LoadCorpusFormat(*model) : Result<CorpusFormat>(model.status());
+      if (!loaded.ok()) {
+        exit_code = ReportError(loaded.status());
+        return;
+      }
+      corpus = *loaded;
+    }
+    options.format = corpus.format;
+    options.begin_of_text = corpus.begin_of_text;
+    options.end_of_text = corpus.end_of_text;
     Result<data::BuildSummary> summary = Status::InvalidArgument("give --text or --generator");
     if (!f.text.empty()) {
       summary = data::BuildTextShards(f.text, f.out, options);
@@ -231,6 +251,9 @@ void AddPretrainCommands(CLI::App& app, int& exit_code) {
       generator.flawed_fraction = f.flawed;
       generator.image_size = f.image_size;
       generator.patch_size = f.patch_size;
+      generator.format = corpus.format;
+      generator.begin_of_text = corpus.begin_of_text;
+      generator.end_of_text = corpus.end_of_text;
       summary = data::BuildGeneratedShards(*kind, generator, static_cast<uint64_t>(f.seed),
                                            f.documents, f.tokens, f.out, options);
     }

@@ -99,6 +99,7 @@ class ChatFormat final : public transcript::Format {
   const std::string& end_of_turn_text() const override { return reader_.end_of_turn(); }
   std::vector<int32_t> stop_tokens() const override { return stop_tokens_; }
   const std::string& tool_call_start() const override { return call_opener_; }
+  DocumentMarkers document_markers() const;
   std::vector<Role> ReadRoles(std::span<const int32_t> tokens) const override {
     return reader_.ReadRoles(tokens);
   }
@@ -253,6 +254,24 @@ Status ChatFormat::Probe() {
   return Status::Ok();
 }
 
+DocumentMarkers ChatFormat::document_markers() const {
+  const Json& special = chat_.special_tokens();
+  const auto named = [&](const char* name) -> std::optional<int32_t> {
+    if (!special.contains(name) || !special[name].is_string()) return std::nullopt;
+    return tokenizer_->SpecialTokenId(special[name].get<std::string>());
+  };
+  DocumentMarkers markers;
+  markers.begin_of_text = named("bos_token").value_or(-1);
+  const std::optional<int32_t> eos = named("eos_token");
+  std::optional<int32_t> end;
+  if (eos && *eos != end_of_turn_) end = eos;
+  if (!end) end = tokenizer_->SpecialTokenId("<|endoftext|>");
+  if (!end) end = tokenizer_->SpecialTokenId("<|end_of_text|>");
+  if (!end) end = eos;
+  markers.end_of_text = end.value_or(end_of_turn_);
+  return markers;
+}
+
 Message ChatFormat::ReadModelTurn(std::string_view bytes) const {
   const std::string valid = ReplaceInvalidUtf8(bytes);
   const std::string_view text = valid;
@@ -302,6 +321,14 @@ Result<std::shared_ptr<const transcript::Format>> MakeChatFormat(
       std::make_shared<ChatFormat>(std::move(tokenizer), std::move(chat), std::move(reader));
   STRIDER_RETURN_IF_ERROR(format->Probe());
   return std::shared_ptr<const transcript::Format>(std::move(format));
+}
+
+Result<DocumentMarkers> ReadDocumentMarkers(const transcript::Format& format) {
+  const auto* chat = dynamic_cast<const ChatFormat*>(&format);
+  if (chat == nullptr) {
+    return Status::InvalidArgument("document markers are read from a tokenizer's chat format");
+  }
+  return chat->document_markers();
 }
 
 Result<std::shared_ptr<const transcript::Format>> LoadChatFormat(const TokenizerConfig& config) {

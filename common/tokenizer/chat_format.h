@@ -32,6 +32,20 @@ Result<std::shared_ptr<const transcript::Format>> LoadChatFormat(const Tokenizer
 Result<std::shared_ptr<const transcript::Format>> MakeChatFormat(
     std::shared_ptr<const Tokenizer> tokenizer, ChatTemplate chat);
 
+// The tokens a model's pretraining documents begin and end with (docs/tokenizers.md,
+// "Pretraining"). Begin: the template's bos_token where it names a special token of the
+// tokenizer (Llama 3's <|begin_of_text|>), else none (-1: Qwen has none). End: the template's
+// eos_token unless that is the end-of-turn marker (an instruct model's), else the tokenizer's
+// <|endoftext|> or <|end_of_text|> (the document separator GPT-2, Qwen and Llama 3 pretrain
+// with), else the template's eos_token, else the end-of-turn marker.
+struct DocumentMarkers {
+  int32_t begin_of_text = -1;
+  int32_t end_of_text = -1;
+};
+
+// `format`'s markers; InvalidArgument for a format not made by this file.
+Result<DocumentMarkers> ReadDocumentMarkers(const transcript::Format& format);
+
 // A model's format: its own when its config names a tokenizer, else null (the byte format).
 inline Result<std::shared_ptr<const transcript::Format>> ModelFormat(
     const TokenizerConfig& config) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model/model.h"
+#include "common/tokenizer/chat_format.h"
 #include "learner/checkpoint.h"
 #include "learner/pretrain/data/builder.h"
 #include "learner/pretrain/data/dataset.h"
@@ -98,8 +99,12 @@ LearningRateSchedule StageSchedule(const PretrainConfig& config, const PretrainS
   return schedule;
 }
 
-data::GeneratorOptions GeneratorOptionsFor(const PretrainConfig& config, int64_t context) {
+data::GeneratorOptions GeneratorOptionsFor(const PretrainConfig& config, const CorpusFormat& corpus,
+                                           int64_t context) {
   data::GeneratorOptions options;
+  options.format = corpus.format;
+  options.begin_of_text = corpus.begin_of_text;
+  options.end_of_text = corpus.end_of_text;
   options.length = context;
   options.min_length = context / 2;
   options.facts = config.retrieval_facts;
@@ -115,6 +120,7 @@ data::GeneratorOptions GeneratorOptionsFor(const PretrainConfig& config, int64_t
 
 // Builds (once) and opens the shards of one part's mixture.
 Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& config,
+                                                       const CorpusFormat& corpus,
                                                        int64_t stage_index, const StagePart& part,
                                                        const std::string& run_dir) {
   const PretrainStage& stage = config.stages[stage_index];
@@ -143,7 +149,7 @@ Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& con
             static_cast<int64_t>(part.tokens * entry.weight / total_weight), part.context * 4);
         const uint64_t seed =
             config.trainer.seed * 1000003ull + stage_index * 101 + e + (part.phase + 1) * 7919;
-        data::GeneratorOptions generator = GeneratorOptionsFor(config, part.context);
+        data::GeneratorOptions generator = GeneratorOptionsFor(config, corpus, part.context);
         if (entry.max_tokens > 0) generator.length = entry.max_tokens;
         if (entry.min_tokens > 0) generator.min_length = entry.min_tokens;
         if (entry.facts > 0) generator.facts = entry.facts;
@@ -158,14 +164,29 @@ Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& con
     }
     source.name = directory;
     STRIDER_ASSIGN_OR_RETURN(source.shards, data::OpenShardDirectory(directory));
+    // Ids of another tokenizer would train as if they were this model's.
+    for (const auto& shard : source.shards) {
+      if (shard->id_space() == corpus.id_space) continue;
+      return Status::InvalidArgument(
+          "shard " + shard->path() + " holds " +
+          (shard->id_space() == 0 ? std::string("byte-format ids")
+                                  : "ids of another tokenizer") +
+          ", but model " + config.model.name + " is trained in " +
+          (corpus.format ? "the ids of its tokenizer " + config.model.tokenizer.file
+                         : std::string("the byte format")) +
+          " (strider data build --model writes a model's own ids; docs/tokenizers.md)");
+    }
     sources.push_back(std::move(source));
   }
   return sources;
 }
 
 // Sets the batch's loss weights: the mask, times `answer_weight` at every scored retrieval
-// answer token and `action_weight` at every action token of a transcript.
-void WeightLoss(TokenBatch* batch, double answer_weight, double action_weight) {
+// answer token and `action_weight` at every action token of a transcript. In a model's own
+// format answers are found in the tokens' bytes and roles by its reader, over each row's
+// `lengths` (documents; padding after them is masked already).
+void WeightLoss(TokenBatch* batch, const CorpusFormat& corpus, const std::vector<int64_t>& lengths,
+                double answer_weight, double action_weight) {
   if (answer_weight == 1.0 && action_weight == 1.0) return;
   at::Tensor tokens = batch->tokens.to(at::kInt).contiguous();
   const int64_t rows = tokens.size(0), length = tokens.size(1);
@@ -174,9 +195,14 @@ void WeightLoss(TokenBatch* batch, double answer_weight, double action_weight) {
   float* mask = batch->loss_weight.data_ptr<float>();  // (B, L-1): target t+1 at index t
   for (int64_t b = 0; b < rows; ++b) {
     const int32_t* row = t + b * length;
+    const int64_t filled = corpus.format ? lengths[b] : length;
     if (answer_weight != 1.0) {
-      for (const auto& [begin, end] : data::FindRetrievalAnswers(row, length)) {
-        for (int64_t position = begin; position < end; ++position) {
+      const std::vector<std::pair<int64_t, int64_t>> answers =
+          corpus.format ? data::FindRetrievalAnswers(*corpus.format, row, filled)
+                        : data::FindRetrievalAnswers(row, length);
+      for (const auto& [begin, end] : answers) {
+        // A row's first token is no target (a value cut by the row's start).
+        for (int64_t position = std::max<int64_t>(begin, 1); position < end; ++position) {
           mask[b * (length - 1) + position - 1] *= static_cast<float>(answer_weight);
         }
       }
@@ -184,9 +210,9 @@ void WeightLoss(TokenBatch* batch, double answer_weight, double action_weight) {
     if (action_weight != 1.0) {
       // A packed row may start inside a transcript: its first turn's roles are read as context
       // until the next marker, which only leaves those few tokens unweighted.
-      const std::vector<transcript::Role> roles =
-          transcript::ReadRoles(std::span<const int32_t>(row, static_cast<size_t>(length)));
-      for (int64_t position = 1; position < length; ++position) {
+      const std::vector<transcript::Role> roles = transcript::ReadRoles(
+          corpus.format.get(), std::span<const int32_t>(row, static_cast<size_t>(filled)));
+      for (int64_t position = 1; position < filled; ++position) {
         if (transcript::IsAction(roles[position])) {
           mask[b * (length - 1) + position - 1] *= static_cast<float>(action_weight);
         }
@@ -203,10 +229,35 @@ Status AppendLine(const std::string& path, const std::string& line) {
 
 }  // namespace
 
+Result<CorpusFormat> LoadCorpusFormat(const ModelConfig& model) {
+  CorpusFormat corpus;
+  if (!model.tokenizer.enabled()) return corpus;
+  STRIDER_ASSIGN_OR_RETURN(corpus.format, tokenizer::LoadChatFormat(model.tokenizer));
+  STRIDER_ASSIGN_OR_RETURN(const tokenizer::DocumentMarkers markers,
+                           tokenizer::ReadDocumentMarkers(*corpus.format));
+  corpus.begin_of_text = markers.begin_of_text;
+  corpus.end_of_text = markers.end_of_text;
+  corpus.id_space = data::IdSpace(corpus.format.get());
+  if (corpus.format->vocabulary_size() > model.vocabulary) {
+    return Status::InvalidArgument("model " + model.name + " has " +
+                                   std::to_string(model.vocabulary) + " ids, fewer than its tokenizer " +
+                                   model.tokenizer.file + "'s " +
+                                   std::to_string(corpus.format->vocabulary_size()));
+  }
+  return corpus;
+}
+
 Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const PretrainConfig& config,
                                               int64_t context, int64_t documents) {
-  data::GeneratorOptions generator = GeneratorOptionsFor(config, context);
-  generator.min_length = 0;  // exactly `context` tokens
+  STRIDER_ASSIGN_OR_RETURN(const CorpusFormat corpus, LoadCorpusFormat(config.model));
+  return EvaluateRetrieval(model, config, corpus, context, documents);
+}
+
+Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const PretrainConfig& config,
+                                              const CorpusFormat& corpus, int64_t context,
+                                              int64_t documents) {
+  data::GeneratorOptions generator = GeneratorOptionsFor(config, corpus, context);
+  generator.min_length = 0;  // exactly `context` tokens (a model's format: at most)
   // Disjoint from training's seeds.
   const uint64_t seed = config.trainer.seed * 1000003ull + 0x5EED0E7A1ull;
   RetrievalEvaluation result;
@@ -217,15 +268,22 @@ Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const Pretrain
     const int64_t count = std::min(config.eval_batch, documents - first);
     std::vector<data::GeneratedDocument> docs;
     std::vector<std::vector<int32_t>> sequences;
+    std::vector<int64_t> lengths;
     for (int64_t i = 0; i < count; ++i) {
       docs.push_back(data::Generate(data::GeneratorKind::kRetrieval, generator, seed, first + i));
       sequences.push_back(docs.back().tokens);
-      if (static_cast<int64_t>(sequences.back().size()) != context) {
-        return Status::Internal("retrieval document of " + std::to_string(sequences.back().size()) +
+      const int64_t size = static_cast<int64_t>(sequences.back().size());
+      if (corpus.format ? size > context : size != context) {
+        return Status::Internal("retrieval document of " + std::to_string(size) +
                                 " tokens for context " + std::to_string(context));
       }
+      lengths.push_back(size);
+      sequences.back().resize(context, corpus.end_of_text);
     }
-    STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, MakeTokenBatch(sequences, config.model));
+    Result<TokenBatch> made = corpus.format
+                                  ? MakeTokenBatch(sequences, lengths, corpus.begin_of_text)
+                                  : MakeTokenBatch(sequences, config.model);
+    STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, std::move(made));
     LossOptions options;
     options.path = TrainingPath::kInference;
     options.chunk_tokens = config.eval_chunk_tokens;
@@ -272,13 +330,8 @@ Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const Pretrain
 
 Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
                                                  const PretrainOptions& options) {
-  // The corpus (retrieval and image documents, the packer's document boundaries, the loss
-  // weights' roles) is in byte ids; only the tool_use generator renders a model's own format.
-  if (config.model.tokenizer.enabled()) {
-    return Status::InvalidArgument(
-        "pretraining writes its corpus in byte ids; this model names its own tokenizer (" +
-        config.model.tokenizer.file + ")");
-  }
+  // The corpus, its padding and loss weights, and the evaluation are in the model's ids.
+  STRIDER_ASSIGN_OR_RETURN(const CorpusFormat corpus, LoadCorpusFormat(config.model));
   ConfigureRuntime(config.threads > 0 ? config.threads : config.model.threads);
   STRIDER_ASSIGN_OR_RETURN(RunDirectory run,
                            RunDirectory::Open(options.run_dir, "pretrain", options.bar));
@@ -336,10 +389,11 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
     size_t packer_part = parts.size();
     auto open_part = [&](size_t p, int64_t skip_to) -> Status {
       STRIDER_ASSIGN_OR_RETURN(std::vector<data::DataSource> sources,
-                               PrepareStageData(config, k, parts[p], options.run_dir));
+                               PrepareStageData(config, corpus, k, parts[p], options.run_dir));
       const uint64_t seed = config.trainer.seed * 7919 + k + (parts[p].phase + 1) * 104729;
       STRIDER_ASSIGN_OR_RETURN(
-          packer, data::Packer::Create(std::move(sources), parts[p].context, seed));
+          packer, data::Packer::Create(std::move(sources), parts[p].context, seed,
+                                       corpus.format ? corpus.end_of_text : token::kPad));
       if (skip_to > 0) packer->SkipTo(skip_to);
       packer_part = p;
       return Status::Ok();
@@ -384,17 +438,33 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       const int64_t rows = parts[packer_part].rows;
       const int64_t context = parts[packer_part].context;
       std::vector<std::vector<int32_t>> sequences;
-      for (int64_t r = 0; r < rows; ++r) sequences.push_back(packer->Next());
-      STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, MakeTokenBatch(sequences, config.model));
-      WeightLoss(&batch, config.retrieval_answer_weight,
+      std::vector<int64_t> filled;
+      for (int64_t r = 0; r < rows; ++r) {
+        sequences.push_back(packer->Next());
+        filled.push_back(packer->filled());
+      }
+      Result<TokenBatch> made = corpus.format
+                                    ? MakeTokenBatch(sequences, filled, corpus.begin_of_text)
+                                    : MakeTokenBatch(sequences, config.model);
+      STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, std::move(made));
+      WeightLoss(&batch, corpus, filled, config.retrieval_answer_weight,
                  stage.action_weight > 0 ? stage.action_weight : config.tool_use_action_weight);
+      // RealTokenRouting drops padding by the byte format's id; in a model's own ids that is an
+      // ordinary token, so it reads a stand-in with that id at exactly the padding positions.
+      at::Tensor routed_tokens = batch.tokens;
+      if (corpus.format) {
+        routed_tokens = at::zeros_like(batch.tokens);
+        for (int64_t r = 0; r < rows; ++r) {
+          routed_tokens[r].narrow(0, filled[r], context - filled[r]).fill_(token::kPad);
+        }
+      }
       if (config.trainer.balance && config.trainer.balance_prepass) {
         LossOptions prepass = loss_options;
         prepass.backward = false;
         prepass.record_routing = true;
         STRIDER_ASSIGN_OR_RETURN(LossResult scores, LanguageModelLoss(model, batch, prepass));
         STRIDER_ASSIGN_OR_RETURN(RoutingRecord real,
-                                 RealTokenRouting(scores.routing, batch.tokens));
+                                 RealTokenRouting(scores.routing, routed_tokens));
         STRIDER_RETURN_IF_ERROR(trainer->FitRoutingBalance(real, config.balance_prepass_sweeps));
       }
       trainer->ZeroGrad();
@@ -403,7 +473,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       if (config.trainer.balance) {
         // MaxVio of this step's own choices: made with the biases of the steps before, or with
         // those fitted to this batch by the prepass.
-        STRIDER_ASSIGN_OR_RETURN(RoutingRecord real, RealTokenRouting(loss.routing, batch.tokens));
+        STRIDER_ASSIGN_OR_RETURN(RoutingRecord real, RealTokenRouting(loss.routing, routed_tokens));
         STRIDER_ASSIGN_OR_RETURN(const double violation, trainer->BalanceRouting(std::move(real)));
         if (step >= config.balance_warmup_steps) {
           summary.max_violation_after_warmup =
@@ -457,7 +527,8 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       for (int64_t j = 0; j <= k; ++j) {
         STRIDER_ASSIGN_OR_RETURN(
             RetrievalEvaluation eval,
-            EvaluateRetrieval(model, config, config.stages[j].context, config.eval_documents));
+            EvaluateRetrieval(model, config, corpus, config.stages[j].context,
+                              config.eval_documents));
         nlohmann::json row = {{"stage", stage.name},
                               {"stage_index", k},
                               {"objective", stage.objective},

@@ -15,15 +15,31 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "common/transcript.h"
 #include "learner/pretrain/pretrain_config.h"
 
 namespace strider {
 
 class Model;
+
+// The ids a model's pretraining corpus is written in (docs/tokenizers.md, "Pretraining"): the
+// byte format (null `format`) for the built-in models, or the model's own tokenizer and
+// template, with the tokens a document begins (-1: none) and ends with
+// (tokenizer::DocumentMarkers) and the id space its shards record (data::IdSpace).
+struct CorpusFormat {
+  std::shared_ptr<const transcript::Format> format;
+  int32_t begin_of_text = -1;
+  int32_t end_of_text = -1;
+  uint64_t id_space = 0;
+};
+
+// The byte format unless the model's config names a tokenizer.
+Result<CorpusFormat> LoadCorpusFormat(const ModelConfig& model);
 
 struct PretrainOptions {
   std::string run_dir = "runs/pretrain";
@@ -65,8 +81,12 @@ struct RetrievalEvaluation {
 // Retrieval accuracy and loss on `documents` generated documents of exactly `context` tokens
 // (seed disjoint from training), through the inference path in chunks without gradients.
 // Accuracy is teacher-forced: for each query, every answer token must be the argmax prediction
-// given the true document before it.
+// given the true document before it. A model with its own tokenizer is evaluated on documents
+// in its format, of at most `context` tokens (the rest of the row is padding, not scored).
 Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const PretrainConfig& config,
                                               int64_t context, int64_t documents);
+Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const PretrainConfig& config,
+                                              const CorpusFormat& corpus, int64_t context,
+                                              int64_t documents);
 
 }  // namespace strider

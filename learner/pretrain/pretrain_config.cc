@@ -276,6 +276,22 @@ Result<PretrainConfig> LoadPretrainConfig(const std::string& path) {
   STRIDER_ASSIGN_OR_RETURN(config.model, LoadModelConfig(config.model_config_path));
   if (!device.empty()) config.model.device = device;
   for (const PretrainStage& stage : config.stages) {
+    // Image documents are byte-format placeholder runs the model embeds by their id: in a
+    // model's own vocabulary that id is an ordinary token (docs/tokenizers.md).
+    std::vector<const std::vector<DataMixtureEntry>*> mixtures = {&stage.data};
+    for (const CurriculumPhase& phase : stage.curriculum) mixtures.push_back(&phase.data);
+    for (const std::vector<DataMixtureEntry>* mixture : mixtures) {
+      for (const DataMixtureEntry& entry : *mixture) {
+        if (entry.generator != "image_text" || !config.model.tokenizer.enabled()) continue;
+        return Status::InvalidArgument(
+            path + ": stage '" + stage.name +
+            "' draws on the image_text generator, whose image placeholders are byte-format ids, "
+            "but model " + config.model.name + " names its own tokenizer (" +
+            config.model.tokenizer.file +
+            "); give the stage a data: list without image_text (a modality_alignment stage "
+            "without one has it by default)");
+      }
+    }
     if (stage.context > config.model.context) {
       return Status::InvalidArgument(path + ": stage '" + stage.name + "' context " +
                                      std::to_string(stage.context) + " exceeds model.context " +

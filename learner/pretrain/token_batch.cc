@@ -69,4 +69,38 @@ Result<TokenBatch> MakeTokenBatch(const std::vector<std::vector<int32_t>>& seque
   return out;
 }
 
+Result<TokenBatch> MakeTokenBatch(const std::vector<std::vector<int32_t>>& sequences,
+                                  const std::vector<int64_t>& lengths, int32_t begin_of_text) {
+  if (sequences.empty()) return Status::InvalidArgument("empty batch");
+  const int64_t length = static_cast<int64_t>(sequences[0].size());
+  if (length < 2) return Status::InvalidArgument("sequences need at least two tokens");
+  const int64_t batch = static_cast<int64_t>(sequences.size());
+  if (static_cast<int64_t>(lengths.size()) != batch) {
+    return Status::InvalidArgument("one filled length per sequence is needed");
+  }
+  TokenBatch out;
+  at::Tensor tokens = at::empty({batch, length}, at::kLong);
+  at::Tensor mask = at::ones({batch, length - 1}, at::kFloat);
+  int64_t* t = tokens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<int32_t>& row = sequences[b];
+    if (static_cast<int64_t>(row.size()) != length) {
+      return Status::InvalidArgument("sequences of a batch must have equal lengths");
+    }
+    if (lengths[b] < 0 || lengths[b] > length) {
+      return Status::InvalidArgument("filled length " + std::to_string(lengths[b]) +
+                                     " outside a sequence of " + std::to_string(length));
+    }
+    float* m = mask.data_ptr<float>() + b * (length - 1);
+    for (int64_t i = 0; i < length; ++i) {
+      t[b * length + i] = row[i];
+      if (i == 0) continue;
+      if (i >= lengths[b] || (begin_of_text >= 0 && row[i] == begin_of_text)) m[i - 1] = 0;
+    }
+  }
+  out.tokens = tokens;
+  out.loss_mask = mask;
+  return out;
+}
+
 }  // namespace strider

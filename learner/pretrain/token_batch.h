@@ -23,4 +23,12 @@ namespace strider {
 Result<TokenBatch> MakeTokenBatch(const std::vector<std::vector<int32_t>>& sequences,
                                   const ModelConfig& config);
 
+// The same for a model with its own tokenizer, whose vocabulary has ordinary tokens at the byte
+// format's special ids: nothing is masked by id but `begin_of_text` (>= 0: the tokenizer's, which
+// starts the next packed document), and row b's positions from `lengths[b]` on are padding and
+// not scored. No images (image documents are byte-format only). Errors as above, and
+// InvalidArgument for a length per row missing or outside [0, sequence length].
+Result<TokenBatch> MakeTokenBatch(const std::vector<std::vector<int32_t>>& sequences,
+                                  const std::vector<int64_t>& lengths, int32_t begin_of_text);
+
 }  // namespace strider

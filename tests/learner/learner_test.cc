@@ -909,27 +909,6 @@ TEST(Pretrain, NextStageStartsFromThePreviousStagesCheckpoint) {
   EXPECT_EQ(lines, 3);
 }
 
-// The corpus is written in byte ids (docs/tokenizers.md), so a model with its own tokenizer is
-// refused before anything is written, naming the tokenizer.
-TEST(Pretrain, RefusesAModelWithItsOwnTokenizer) {
-  const std::string dir = TempDir("own_tokenizer");
-  Result<PretrainConfig> config = LoadPretrainConfig(WriteRunConfig(dir, 0));
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  Result<ModelConfig> model =
-      LoadModelConfig(SourceDir() + "/tests/tokenizer/data/tiny_chat_model.yaml");
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  config->model = *model;
-  PretrainOptions options;
-  options.run_dir = dir + "/run";
-  options.stages = 1;
-  options.bar = 0;
-  Result<std::vector<StageSummary>> refused = RunPretraining(*config, options);
-  ASSERT_TRUE(refused.status().IsInvalidArgument()) << refused.status().ToString();
-  EXPECT_NE(refused.status().message().find("bpe_gpt2.json"), std::string::npos)
-      << refused.status().ToString();
-  EXPECT_FALSE(std::filesystem::exists(options.run_dir));
-}
-
 TEST(Pretrain, ResumeMidStageContinuesTheSameDataOrder) {
   const std::string dir = TempDir("resume");
   Result<PretrainConfig> config = LoadPretrainConfig(WriteRunConfig(dir, 2));

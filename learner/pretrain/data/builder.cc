@@ -38,6 +38,29 @@ Status Flush(ShardWriter& writer, const std::string& out_dir, BuildSummary& summ
 
 }  // namespace
 
+uint64_t IdSpace(const transcript::Format* format) {
+  if (format == nullptr) return 0;
+  // FNV-1a over the vocabulary size and each id's bytes, each preceded by its length.
+  uint64_t hash = 0xCBF29CE484222325ull;
+  auto mix = [&](uint64_t value) {
+    for (int k = 0; k < 8; ++k) {
+      hash ^= (value >> (8 * k)) & 0xFF;
+      hash *= 0x100000001B3ull;
+    }
+  };
+  const int32_t size = format->vocabulary_size();
+  mix(static_cast<uint64_t>(size));
+  for (int32_t id = 0; id < size; ++id) {
+    const std::string bytes = format->DecodeBytes({&id, 1});
+    mix(bytes.size());
+    for (unsigned char c : bytes) {
+      hash ^= c;
+      hash *= 0x100000001B3ull;
+    }
+  }
+  return hash == 0 ? 1 : hash;
+}
+
 int64_t FindInvalidUtf8(const std::string& text) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
@@ -76,7 +99,9 @@ Result<BuildSummary> BuildTextShards(const std::vector<std::string>& files,
                                      const std::string& out_dir, const BuildOptions& options) {
   if (files.empty()) return Status::InvalidArgument("no text files given");
   STRIDER_RETURN_IF_ERROR(PrepareDirectory(out_dir));
-  ShardWriter writer(2);
+  const transcript::Format* format = options.format.get();
+  ShardWriter writer(format != nullptr && format->vocabulary_size() > 65536 ? 4 : 2,
+                     IdSpace(format));
   BuildSummary summary;
   for (const std::string& file : files) {
     std::ifstream in(file, std::ios::binary);
@@ -90,10 +115,18 @@ Result<BuildSummary> BuildTextShards(const std::vector<std::string>& files,
                                      std::to_string(bad));
     }
     std::vector<int32_t> tokens;
-    tokens.reserve(text.size() + 2);
-    tokens.push_back(token::kBeginOfText);
-    for (int32_t id : Tokenizer::Encode(text)) tokens.push_back(id);
-    tokens.push_back(token::kEndOfText);
+    if (format != nullptr) {
+      if (options.begin_of_text >= 0) tokens.push_back(options.begin_of_text);
+      const std::vector<int32_t> ids = format->Encode(text);
+      tokens.insert(tokens.end(), ids.begin(), ids.end());
+      tokens.push_back(options.end_of_text >= 0 ? options.end_of_text
+                                                : format->stop_tokens().back());
+    } else {
+      tokens.reserve(text.size() + 2);
+      tokens.push_back(token::kBeginOfText);
+      for (int32_t id : Tokenizer::Encode(text)) tokens.push_back(id);
+      tokens.push_back(token::kEndOfText);
+    }
     STRIDER_RETURN_IF_ERROR(writer.Add(tokens));
     STRIDER_RETURN_IF_ERROR(Flush(writer, out_dir, summary, false, options));
   }
@@ -108,12 +141,15 @@ Result<BuildSummary> BuildGeneratedShards(GeneratorKind kind, const GeneratorOpt
   if (documents <= 0 && tokens <= 0) {
     return Status::InvalidArgument("give a document count or a token count to generate");
   }
-  if (generator.format && kind != GeneratorKind::kToolUse) {
+  if (generator.format && kind == GeneratorKind::kImageText) {
     return Status::InvalidArgument(
-        "only the tool_use generator writes documents in a model's own transcript format");
+        "the image_text generator writes the byte format's image placeholders, not a model's "
+        "own tokenizer's ids");
   }
   STRIDER_RETURN_IF_ERROR(PrepareDirectory(out_dir));
-  ShardWriter writer(2);
+  const transcript::Format* format = generator.format.get();
+  ShardWriter writer(format != nullptr && format->vocabulary_size() > 65536 ? 4 : 2,
+                     IdSpace(format));
   BuildSummary summary;
   int64_t written_tokens = 0;
   for (int64_t index = 0;; ++index) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,11 @@ namespace strider::data {
 
 struct BuildOptions {
   int64_t shard_tokens = 16 << 20;  // start a new shard file after this many tokens
+  // Text files: a model's own format (null: the byte format) and the tokens its documents begin
+  // (-1: none) and end with (chat_format.h, DocumentMarkers).
+  std::shared_ptr<const transcript::Format> format;
+  int32_t begin_of_text = -1;
+  int32_t end_of_text = -1;
 };
 
 struct BuildSummary {
@@ -25,16 +31,23 @@ struct BuildSummary {
 
 // Each file becomes one document: begin-of-text, its bytes, end-of-text. Text that is not valid
 // UTF-8 is an error naming the file and the byte offset. `out_dir` is created; existing shards
-// in it are an error (a directory is one data set).
+// in it are an error (a directory is one data set). With `options.format` the text is encoded
+// by the model's tokenizer as the reference libraries encode a string (a special token written
+// in the text becomes its id) between the format's markers, and the shards record its id space.
 Result<BuildSummary> BuildTextShards(const std::vector<std::string>& files,
                                      const std::string& out_dir, const BuildOptions& options = {});
 
 // Documents index 0, 1, ... of a generator until `documents` documents (when > 0) or at least
-// `tokens` tokens (when > 0) are written.
+// `tokens` tokens (when > 0) are written. With `generator.format` (retrieval and tool_use only)
+// the shards record the format's id space.
 Result<BuildSummary> BuildGeneratedShards(GeneratorKind kind, const GeneratorOptions& generator,
                                           uint64_t seed, int64_t documents, int64_t tokens,
                                           const std::string& out_dir,
                                           const BuildOptions& options = {});
+
+// The id space shards of `format` record (shard.h): a fingerprint of every id's bytes and the
+// vocabulary size, never 0; 0 for the byte format (null).
+uint64_t IdSpace(const transcript::Format* format);
 
 // Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points past
 // U+10FFFF included), or -1 when the text is valid.

@@ -8,12 +8,13 @@
 namespace strider::data {
 
 Result<std::unique_ptr<Packer>> Packer::Create(std::vector<DataSource> sources, int64_t length,
-                                               uint64_t seed) {
+                                               uint64_t seed, int32_t pad) {
   if (sources.empty()) return Status::InvalidArgument("a data mixture needs at least one source");
   if (length < 2) return Status::InvalidArgument("sequence length must be at least 2");
   std::unique_ptr<Packer> packer(new Packer());
   packer->length_ = length;
   packer->seed_ = seed;
+  packer->pad_ = pad;
   for (DataSource& data : sources) {
     if (!(data.weight > 0)) {
       return Status::InvalidArgument("data source " + data.name + ": weight must be positive");
@@ -112,7 +113,8 @@ void Packer::Fill(int32_t* out) {
       filled = length_;
     }
   }
-  if (out != nullptr) std::fill(out + filled, out + length_, token::kPad);
+  if (out != nullptr) std::fill(out + filled, out + length_, pad_);
+  filled_ = filled;
   ++position_;
 }
 

@@ -65,6 +65,108 @@ constexpr int64_t kFactTokens = 5;
 constexpr int64_t kValueTokens = 2;
 constexpr int64_t kQueryTokens = 5;
 
+// A retrieval document's text with `body` filler characters: the facts spread through the
+// filler, then the queries; `values` are the byte ranges of the queries' values, in order.
+struct RetrievalText {
+  std::string text;
+  std::vector<std::pair<int64_t, int64_t>> values;
+};
+
+RetrievalText ComposeRetrieval(Rng& rng, const std::vector<std::string>& keys,
+                               const std::vector<std::string>& values, int64_t body) {
+  // Fact i sits at a random point of the i-th of `facts` equal parts, so at long lengths facts
+  // are far from each other and from the queries.
+  const int64_t facts = static_cast<int64_t>(keys.size());
+  const int64_t part = body / facts;
+  RetrievalText out;
+  int64_t filler_used = 0;
+  for (int64_t i = 0; i < facts; ++i) {
+    const int64_t before = rng.Uniform(part + 1);
+    out.text += Filler(rng, before);
+    out.text += "\n" + keys[i] + "=" + values[i] + "\n";
+    const int64_t after = (i + 1 == facts) ? body - filler_used - before : part - before;
+    out.text += Filler(rng, after);
+    filler_used += before + after;
+  }
+  std::vector<int64_t> order(facts);
+  for (int64_t i = 0; i < facts; ++i) order[i] = i;
+  for (int64_t i = facts - 1; i > 0; --i) std::swap(order[i], order[rng.Uniform(i + 1)]);
+  for (int64_t i : order) {
+    out.text += "\n?" + keys[i] + "=";
+    const int64_t begin = static_cast<int64_t>(out.text.size());
+    out.text += values[i];
+    out.values.emplace_back(begin, begin + kValueTokens);
+  }
+  return out;
+}
+
+// Token spans of the byte ranges `values` in a stream whose token t covers bytes
+// [offsets[t], offsets[t + 1]): every token that overlaps the range.
+std::vector<std::pair<int64_t, int64_t>> OverlappingTokens(
+    const std::vector<int64_t>& offsets, const std::vector<std::pair<int64_t, int64_t>>& values) {
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const auto& [begin, end] : values) {
+    // First token ending after `begin`, first token starting at or after `end`.
+    const int64_t first =
+        std::upper_bound(offsets.begin() + 1, offsets.end(), begin) - offsets.begin() - 1;
+    const int64_t last = std::lower_bound(offsets.begin(), offsets.end() - 1, end) - offsets.begin();
+    if (last > first) spans.emplace_back(first, last);
+  }
+  return spans;
+}
+
+// A retrieval document in a model's format of at most `length` tokens. The filler's budget is
+// in characters and the tokenizer's characters per token depend on the text, so the document
+// is made again with a budget scaled from the last try's count (a secant step, bisection once
+// a budget is known too long), keeping the longest that fits: a few encodings of one document.
+GeneratedDocument RetrievalInFormat(const GeneratorOptions& options, const Rng& drawn,
+                                    const std::vector<std::string>& keys,
+                                    const std::vector<std::string>& values, int64_t length,
+                                    int64_t byte_body) {
+  const transcript::Format& format = *options.format;
+  int32_t end_of_text = options.end_of_text;
+  if (end_of_text < 0) end_of_text = format.stop_tokens().back();
+  const int64_t markers = (options.begin_of_text >= 0 ? 1 : 0) + 1;
+  auto make = [&](int64_t body) {
+    Rng rng = drawn;
+    RetrievalText text = ComposeRetrieval(rng, keys, values, body);
+    GeneratedDocument document;
+    if (options.begin_of_text >= 0) document.tokens.push_back(options.begin_of_text);
+    const std::vector<int32_t> ids = format.Encode(text.text);
+    document.tokens.insert(document.tokens.end(), ids.begin(), ids.end());
+    document.tokens.push_back(end_of_text);
+    std::vector<int64_t> offsets =
+        TokenByteOffsets(format, document.tokens.data(), static_cast<int64_t>(document.tokens.size()));
+    // The values' byte offsets are in the text, which starts after the begin marker's bytes.
+    const int64_t shift = options.begin_of_text >= 0 ? offsets[1] : 0;
+    for (auto& [begin, end] : text.values) begin += shift, end += shift;
+    document.answers = OverlappingTokens(offsets, text.values);
+    return document;
+  };
+  // Each token holds at least one byte: the byte format's budget always fits.
+  GeneratedDocument best = make(byte_body);
+  int64_t low = byte_body, high = -1;
+  int64_t low_tokens = static_cast<int64_t>(best.tokens.size());
+  const int64_t empty_tokens = static_cast<int64_t>(make(0).tokens.size()) - markers;
+  for (int tries = 0; tries < 8 && low_tokens < length && (high < 0 || high - low > 1); ++tries) {
+    const double per_token = static_cast<double>(low) /
+                             std::max<int64_t>(1, low_tokens - markers - empty_tokens);
+    int64_t body = low + std::max<int64_t>(1, static_cast<int64_t>((length - low_tokens) *
+                                                                    per_token * 0.98));
+    if (high >= 0 && body >= high) body = low + (high - low) / 2;
+    GeneratedDocument candidate = make(body);
+    const int64_t tokens = static_cast<int64_t>(candidate.tokens.size());
+    if (tokens <= length) {
+      low = body;
+      low_tokens = tokens;
+      best = std::move(candidate);
+    } else {
+      high = body;
+    }
+  }
+  return best;
+}
+
 GeneratedDocument Retrieval(const GeneratorOptions& options, uint64_t seed, int64_t index) {
   Rng rng(seed, index, 1);
   const int64_t letters = std::clamp<int64_t>(options.key_letters, 1, 2);
@@ -83,32 +185,16 @@ GeneratedDocument Retrieval(const GeneratorOptions& options, uint64_t seed, int6
     values.push_back({static_cast<char>('0' + rng.Uniform(10)),
                       static_cast<char>('0' + rng.Uniform(10))});
   }
-  // Body = filler with the facts spread out: fact i sits at a random point of the i-th of
-  // `facts` equal parts, so at long lengths facts are far from each other and from the queries.
+  // The byte format: one token per byte, so the filler's characters are what is left.
   const int64_t body = length - 2 - facts * (kFactTokens + kQueryTokens + 2 * letters);
-  const int64_t part = body / facts;
+  if (options.format) return RetrievalInFormat(options, rng, keys, values, length, body);
+  const RetrievalText text = ComposeRetrieval(rng, keys, values, body);
   GeneratedDocument document;
   document.tokens.reserve(length);
   document.tokens.push_back(token::kBeginOfText);
-  int64_t filler_used = 0;
-  for (int64_t i = 0; i < facts; ++i) {
-    const int64_t before = rng.Uniform(part + 1);
-    AppendText(document.tokens, Filler(rng, before));
-    AppendText(document.tokens, "\n" + keys[i] + "=" + values[i] + "\n");
-    const int64_t after = (i + 1 == facts) ? body - filler_used - before : part - before;
-    AppendText(document.tokens, Filler(rng, after));
-    filler_used += before + after;
-  }
-  std::vector<int64_t> order(facts);
-  for (int64_t i = 0; i < facts; ++i) order[i] = i;
-  for (int64_t i = facts - 1; i > 0; --i) std::swap(order[i], order[rng.Uniform(i + 1)]);
-  for (int64_t i : order) {
-    AppendText(document.tokens, "\n?" + keys[i] + "=");
-    const int64_t begin = static_cast<int64_t>(document.tokens.size());
-    AppendText(document.tokens, values[i]);
-    document.answers.emplace_back(begin, begin + kValueTokens);
-  }
+  AppendText(document.tokens, text.text);
   document.tokens.push_back(token::kEndOfText);
+  for (const auto& [begin, end] : text.values) document.answers.emplace_back(begin + 1, end + 1);
   return document;
 }
 
@@ -329,6 +415,38 @@ std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const int32_t* tok
     i = std::max(i, end - 1);
   }
   return answers;
+}
+
+std::vector<int64_t> TokenByteOffsets(const transcript::Format& format, const int32_t* tokens,
+                                      int64_t count) {
+  std::vector<int64_t> offsets(count + 1, 0);
+  for (int64_t i = 0; i < count; ++i) {
+    offsets[i + 1] =
+        offsets[i] + static_cast<int64_t>(format.DecodeBytes({tokens + i, 1}).size());
+  }
+  return offsets;
+}
+
+std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const transcript::Format& format,
+                                                              const int32_t* tokens,
+                                                              int64_t count) {
+  const std::vector<int64_t> offsets = TokenByteOffsets(format, tokens, count);
+  const std::string bytes = format.DecodeBytes({tokens, static_cast<size_t>(count)});
+  auto capital = [](char c) { return c >= 'A' && c <= 'Z'; };
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  const int64_t size = static_cast<int64_t>(bytes.size());
+  std::vector<std::pair<int64_t, int64_t>> values;
+  for (int64_t i = 0; i + 4 < size; ++i) {
+    if (bytes[i] != '\n' || bytes[i + 1] != '?' || !capital(bytes[i + 2])) continue;
+    const int64_t equals = capital(bytes[i + 3]) ? i + 4 : i + 3;
+    if (equals >= size || bytes[equals] != '=') continue;
+    const int64_t begin = equals + 1;
+    int64_t end = begin;
+    while (end < size && end < begin + kValueTokens && digit(bytes[end])) ++end;
+    if (end > begin) values.emplace_back(begin, end);
+    i = std::max(i, end - 1);
+  }
+  return OverlappingTokens(offsets, values);
 }
 
 int64_t MinimumRetrievalLength(int64_t facts, int64_t key_letters) {

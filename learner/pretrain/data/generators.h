@@ -6,7 +6,10 @@
 //               the end: "\n?KQ=73". Keys are one or two capital letters, values two digits, filler is
 //               lower-case words without newlines, so a fact is recognisable by its form and only
 //               attention over the whole document can answer. `answers` marks the value tokens
-//               of the queries: a model retrieves a fact when it predicts all of them.
+//               of the queries: a model retrieves a fact when it predicts all of them. In a
+//               model's own format (`format`) the same text is encoded whole by its tokenizer
+//               between the format's document markers, its filler sized so that the document
+//               has at most the drawn number of tokens.
 //   tool_use    episodes of an environment (`environment`: the calculator at difficulty 1, as
 //               the tiny actor config plays it, unless another is named) by its scripted
 //               policy (envs::PlayEpisode), rendered by the transcript format
@@ -49,8 +52,9 @@ enum class ToolUseFlaw { kWrongCall, kMisread, kNoTool };
 Result<ToolUseFlaw> ParseToolUseFlaw(std::string_view name);
 
 struct GeneratorOptions {
-  // retrieval: document length in tokens, BOS and EOT included. When `min_length` > 0 each
-  // document's length is drawn uniformly from [min_length, length].
+  // retrieval: document length in tokens, BOS and EOT included (in a model's format at most
+  // this many). When `min_length` > 0 each document's length is drawn uniformly from
+  // [min_length, length].
   int64_t length = 1024;
   int64_t min_length = 0;
   int64_t facts = 4;              // retrieval: facts per document, all asked at the end
@@ -68,14 +72,19 @@ struct GeneratorOptions {
   envs::EnvironmentConfig environment;
   int64_t image_size = 32;        // image_text: square image side in pixels
   int64_t patch_size = 4;         // image_text: the model's patch side (placeholder count)
-  // tool_use: the model's own transcript format (docs/tokenizers.md); null: the byte format.
-  // A document is then the template's rendering of the episode, with no begin- or end-of-text
-  // tokens but those the template writes. The other generators write byte ids only.
+  // The model's own transcript format (docs/tokenizers.md); null: the byte format. A tool_use
+  // document is then the template's rendering of the episode, with no begin- or end-of-text
+  // tokens but those the template writes; a retrieval document is its text encoded by the
+  // format's tokenizer after `begin_of_text` (when >= 0) and before `end_of_text` (the format's
+  // last stop token when < 0). image_text writes byte ids only.
   std::shared_ptr<const transcript::Format> format;
+  int32_t begin_of_text = -1;
+  int32_t end_of_text = -1;
 };
 
 struct GeneratedDocument {
-  std::vector<int32_t> tokens;  // starts with begin-of-text, ends with end-of-text
+  // The byte format: starts with begin-of-text, ends with end-of-text.
+  std::vector<int32_t> tokens;
   // retrieval: [begin, end) token ranges of each query's answer, in document order.
   std::vector<std::pair<int64_t, int64_t>> answers;
   // tool_use: the environment labelled a step incorrect or did not pay the answer.
@@ -99,7 +108,19 @@ Result<std::vector<float>> RenderCaptionImage(std::string_view caption, int64_t 
 std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const int32_t* tokens,
                                                               int64_t count);
 
-// Shortest retrieval document the generator can make with `facts` facts of `key_letters`.
+// The same in a model's format: the answers are found in the tokens' bytes, and a span is
+// every token that overlaps the value's digits.
+std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const transcript::Format& format,
+                                                              const int32_t* tokens,
+                                                              int64_t count);
+
+// Where each token's bytes start in the decoded stream, plus the end: count + 1 offsets.
+std::vector<int64_t> TokenByteOffsets(const transcript::Format& format, const int32_t* tokens,
+                                      int64_t count);
+
+// Shortest retrieval document the generator can make with `facts` facts of `key_letters`. A
+// model's format makes it in as many tokens or fewer: a byte-level tokenizer's token holds at
+// least one byte, and its document has at most the byte format's two markers.
 int64_t MinimumRetrievalLength(int64_t facts, int64_t key_letters = 2);
 
 }  // namespace strider::data

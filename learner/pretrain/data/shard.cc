@@ -71,6 +71,7 @@ Status ShardWriter::Write(const std::string& path) {
   PutU32(header + 12, static_cast<uint32_t>(token_bytes_));
   PutU64(header + 16, documents);
   PutU64(header + 24, count);
+  PutU64(header + 36, id_space_);
   uint8_t* table = header + kShardHeaderBytes;
   for (uint64_t i = 0; i < documents; ++i) PutU64(table + 8 * i, offsets_[i]);
   PutU64(table + 8 * documents, count);
@@ -176,6 +177,7 @@ Result<std::unique_ptr<Shard>> Shard::Open(const std::string& path) {
   shard->token_bytes_ = static_cast<int>(token_bytes);
   shard->documents_ = static_cast<int64_t>(documents);
   shard->tokens_ = static_cast<int64_t>(count);
+  shard->id_space_ = GetU64(header + 36);
   shard->offsets_ = table;
   shard->data_ = table + 8 * (documents + 1);
   return shard;

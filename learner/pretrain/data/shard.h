@@ -10,7 +10,9 @@
 //   16      8     document count D
 //   24      8     token count N
 //   32      4     CRC32C of bytes [64, end of tokens): the offsets table and the tokens
-//   36      24    reserved, zero
+//   36      8     id space: 0 for the byte format, else the fingerprint of the tokenizer whose
+//                  ids these are (data::IdSpace, builder.h), so a model's corpus cannot mix them
+//   44      16    reserved, zero
 //   60      4     CRC32C of bytes [0, 60): the header itself
 //   64      8(D+1) offsets table: offsets[i] is document i's first token; offsets[0] = 0,
 //                  offsets[D] = N, non-decreasing
@@ -41,8 +43,10 @@ inline constexpr size_t kShardHeaderBytes = 64;
 // Collects documents in memory and writes one shard atomically (temporary file, fsync, rename).
 class ShardWriter {
  public:
-  // `token_bytes` is 2 or 4; 2 requires every id to be in [0, 65535].
-  explicit ShardWriter(int token_bytes = 2) : token_bytes_(token_bytes) {}
+  // `token_bytes` is 2 or 4; 2 requires every id to be in [0, 65535]. `id_space`: see the
+  // header's field (0: the byte format).
+  explicit ShardWriter(int token_bytes = 2, uint64_t id_space = 0)
+      : token_bytes_(token_bytes), id_space_(id_space) {}
 
   // Appends one document. Fails (and adds nothing) when an id does not fit the dtype.
   Status Add(const std::vector<int32_t>& tokens);
@@ -54,6 +58,7 @@ class ShardWriter {
 
  private:
   int token_bytes_;
+  uint64_t id_space_;
   std::vector<uint64_t> offsets_;  // start of each document
   std::vector<int32_t> tokens_;
 };
@@ -71,6 +76,7 @@ class Shard {
   const std::string& path() const { return path_; }
   int64_t documents() const { return documents_; }
   int64_t tokens() const { return tokens_; }
+  uint64_t id_space() const { return id_space_; }
   int64_t DocumentLength(int64_t document) const;
   // Copies tokens [begin, end) of `document` to `out` (end - begin values). Bounds are the
   // caller's contract (checked with an abort in debug builds only).
@@ -85,6 +91,7 @@ class Shard {
   int token_bytes_ = 2;
   int64_t documents_ = 0;
   int64_t tokens_ = 0;
+  uint64_t id_space_ = 0;
   const uint8_t* offsets_ = nullptr;  // (D + 1) uint64, possibly unaligned
   const uint8_t* data_ = nullptr;
 };
