@@ -239,10 +239,10 @@ Result<CorpusFormat> LoadCorpusFormat(const ModelConfig& model) {
   corpus.end_of_text = markers.end_of_text;
   corpus.id_space = data::IdSpace(corpus.format.get());
   if (corpus.format->vocabulary_size() > model.vocabulary) {
-    return Status::InvalidArgument("model " + model.name + " has " +
-                                   std::to_string(model.vocabulary) + " ids, fewer than its tokenizer " +
-                                   model.tokenizer.file + "'s " +
-                                   std::to_string(corpus.format->vocabulary_size()));
+    return Status::InvalidArgument(
+        "model " + model.name + " has " + std::to_string(model.vocabulary) +
+        " ids, fewer than its tokenizer " + model.tokenizer.file + "'s " +
+        std::to_string(corpus.format->vocabulary_size()));
   }
   return corpus;
 }

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/model/config.h"
+#include "common/tokenizer/chat_format.h"
 #include "common/token_ids.h"
 #include "learner/pretrain/data/builder.h"
 #include "learner/pretrain/data/dataset.h"
@@ -66,6 +67,35 @@ TEST(PretrainFormat, DocumentMarkersFollowTheTokenizer) {
   EXPECT_EQ(corpus.format->DecodeBytes(std::vector<int32_t>{corpus.end_of_text}), "<|endoftext|>");
   EXPECT_NE(corpus.id_space, 0u);
   EXPECT_EQ(data::IdSpace(nullptr), 0u);
+}
+
+// The rule with a tokenizer config's special tokens: its bos_token begins a document, and an
+// eos_token that is the template's end-of-turn marker (an instruct model's) gives way to the
+// tokenizer's <|endoftext|>.
+TEST(PretrainFormat, DocumentMarkersFromTheTokenizerConfig) {
+  const std::string data = SourceDir() + "/tests/tokenizer/data/";
+  Result<std::unique_ptr<tokenizer::Tokenizer>> loaded =
+      tokenizer::LoadTokenizer(data + "bpe_gpt2.json", {});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const std::shared_ptr<const tokenizer::Tokenizer> bpe(std::move(*loaded));
+  std::ifstream file(data + "chat/qwen2_5.jinja");
+  const std::string source((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
+  const auto markers = [&](nlohmann::ordered_json special) {
+    Result<tokenizer::ChatTemplate> chat = tokenizer::ChatTemplate::FromSource(source, special);
+    EXPECT_TRUE(chat.ok()) << chat.status().ToString();
+    Result<std::shared_ptr<const transcript::Format>> format =
+        tokenizer::MakeChatFormat(bpe, std::move(*chat));
+    EXPECT_TRUE(format.ok()) << format.status().ToString();
+    Result<tokenizer::DocumentMarkers> read = tokenizer::ReadDocumentMarkers(**format);
+    EXPECT_TRUE(read.ok()) << read.status().ToString();
+    return std::make_pair(read->begin_of_text, read->end_of_text);
+  };
+  // Ids: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2.
+  EXPECT_EQ(markers({{"eos_token", "<|im_end|>"}}), std::make_pair(-1, 0));
+  EXPECT_EQ(markers({{"bos_token", "<|im_start|>"}, {"eos_token", "<|endoftext|>"}}),
+            std::make_pair(1, 0));
+  EXPECT_EQ(markers({{"bos_token", "not a special token"}}), std::make_pair(-1, 0));
 }
 
 // A retrieval document in the model's ids is the byte format's text: lower-case filler with

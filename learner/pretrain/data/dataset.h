@@ -6,8 +6,8 @@
 // sequence of documents depends only on (sources, weights, seed).
 // Packing respects document boundaries: a document that fits in a sequence is never split; when
 // it does not fit in what is left of the current sequence, the rest is padded (token::kPad, or
-// the id given to Create) and the document starts the next sequence. Only documents longer than a whole sequence are cut,
-// and their pieces continue in the following sequences.
+// the id given to Create) and the document starts the next sequence. Only documents longer than
+// a whole sequence are cut, and their pieces continue in the following sequences.
 // Resume: the packer's position (sequences produced) is the whole data state; SkipTo replays the
 // plan without copying tokens, so a resumed run sees exactly the sequences it would have seen.
 //

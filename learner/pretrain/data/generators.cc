@@ -109,7 +109,8 @@ std::vector<std::pair<int64_t, int64_t>> OverlappingTokens(
     // First token ending after `begin`, first token starting at or after `end`.
     const int64_t first =
         std::upper_bound(offsets.begin() + 1, offsets.end(), begin) - offsets.begin() - 1;
-    const int64_t last = std::lower_bound(offsets.begin(), offsets.end() - 1, end) - offsets.begin();
+    const int64_t last =
+        std::lower_bound(offsets.begin(), offsets.end() - 1, end) - offsets.begin();
     if (last > first) spans.emplace_back(first, last);
   }
   return spans;
@@ -135,8 +136,8 @@ GeneratedDocument RetrievalInFormat(const GeneratorOptions& options, const Rng& 
     const std::vector<int32_t> ids = format.Encode(text.text);
     document.tokens.insert(document.tokens.end(), ids.begin(), ids.end());
     document.tokens.push_back(end_of_text);
-    std::vector<int64_t> offsets =
-        TokenByteOffsets(format, document.tokens.data(), static_cast<int64_t>(document.tokens.size()));
+    const std::vector<int64_t> offsets = TokenByteOffsets(
+        format, document.tokens.data(), static_cast<int64_t>(document.tokens.size()));
     // The values' byte offsets are in the text, which starts after the begin marker's bytes.
     const int64_t shift = options.begin_of_text >= 0 ? offsets[1] : 0;
     for (auto& [begin, end] : text.values) begin += shift, end += shift;
