@@ -281,6 +281,12 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& origin) {
   STRIDER_RETURN_IF_ERROR(finite_positive(ff.gate_cap, "feed_forward.gate_cap"));
   STRIDER_RETURN_IF_ERROR(finite_positive(ff.up_cap, "feed_forward.up_cap"));
   if (c.vision.enabled) {
+    // Images enter as the byte format's placeholder ids (image start, patches, end); in a
+    // model's own vocabulary those ids are ordinary tokens, so patches would overwrite text.
+    if (!c.tokenizer.file.empty()) {
+      return bad("vision.enabled", "images need the byte format's placeholder ids, and this "
+                                   "model names its own tokenizer (" + c.tokenizer.file + ")");
+    }
     STRIDER_RETURN_IF_ERROR(positive(c.vision.patch_size, "vision.patch_size"));
     STRIDER_RETURN_IF_ERROR(positive(c.vision.max_grid_rows, "vision.max_grid_rows"));
     STRIDER_RETURN_IF_ERROR(positive(c.vision.max_grid_columns, "vision.max_grid_columns"));

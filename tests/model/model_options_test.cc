@@ -192,5 +192,23 @@ TEST(ModelOptions, YamlKeysReadAndDefaultsStayToday) {
   EXPECT_EQ(std::string(kinds.begin(), kinds.end()), "IGI");
 }
 
+// Images are the byte format's placeholder ids, which a model's own vocabulary spends on text.
+TEST(ModelOptions, VisionWithItsOwnTokenizerIsRefusedByName) {
+  testing::TempDir dir;
+  const std::string path = dir.Sub("m.yaml");
+  std::FILE* file = std::fopen(path.c_str(), "w");
+  ASSERT_NE(file, nullptr);
+  std::fputs(
+      "model:\n  vocabulary: 300\n  width: 16\n  layers: 3\n  layer_pattern: IGI\n"
+      "  tokenizer:\n    file: tokenizer.json\n  vision:\n    enabled: true\n",
+      file);
+  std::fclose(file);
+  Result<ModelConfig> c = LoadModelConfig(path);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("model.vision.enabled"), std::string::npos)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("tokenizer.json"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace strider
