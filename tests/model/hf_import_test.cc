@@ -8,91 +8,24 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model.h"
 #include "common/model/two_path_check.h"
 #include "tests/file_contents.h"
+#include "tests/model/kimi_checkpoint.h"
 #include "tests/scratch_dir.h"
 
 namespace strider {
 namespace {
 
+using strider::testing::kTinyKimiConfig;
 using strider::testing::ReadFileBytes;
 using strider::testing::WriteFileBytes;
-
-// KDA, KDA, MLA, KDA, MLA (1-based 3 and 5 full attention); one dense layer; 8 experts, 2
-// active, one shared; grouped top-k over 2 groups; tied embeddings.
-constexpr const char* kConfig = R"({
-  "model_type": "kimi_linear", "vocab_size": 320, "hidden_size": 32, "num_hidden_layers": 5,
-  "intermediate_size": 48, "moe_intermediate_size": 16, "num_experts": 8,
-  "num_experts_per_token": 2, "num_shared_experts": 1, "first_k_dense_replace": 1,
-  "moe_layer_freq": 1, "num_attention_heads": 2, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
-  "v_head_dim": 6, "kv_lora_rank": 12, "q_lora_rank": null, "tie_word_embeddings": true,
-  "rms_norm_eps": 1e-05, "dtype": "bfloat16", "hidden_act": "silu",
-  "moe_router_activation_func": "sigmoid", "moe_renormalize": true,
-  "routed_scaling_factor": 2.446, "use_grouped_topk": true, "num_expert_group": 2,
-  "topk_group": 1, "mla_use_nope": true, "model_max_length": 4096,
-  "linear_attn_config": {"kda_layers": [1, 2, 4], "full_attn_layers": [3, 5], "num_heads": 2,
-                         "head_dim": 8, "short_conv_kernel_size": 4}})";
-
-uint16_t Bf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-// Random weights in the published layout: bf16, A_log and dt_bias fp32; norms near one.
-void WriteCheckpoint(const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  WriteFileBytes(dir + "/config.json", kConfig);
-  Result<KimiLinearConfig> config = ParseKimiLinearConfig(kConfig, "config.json");
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  std::mt19937 random(7);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<std::vector<uint8_t>> buffers;
-  std::vector<TensorView> views;
-  const std::vector<KimiTensor> tensors = KimiLinearTensors(*config);
-  buffers.reserve(tensors.size());
-  for (const KimiTensor& t : tensors) {
-    const bool fp32 = t.hf_name.find("A_log") != std::string::npos ||
-                      t.hf_name.find("dt_bias") != std::string::npos;
-    const bool norm = t.hf_name.find("norm") != std::string::npos;
-    const int64_t fan_in = t.shape.back();
-    std::vector<uint8_t>& bytes = buffers.emplace_back(t.Count() * (fp32 ? 4 : 2));
-    for (int64_t i = 0; i < t.Count(); ++i) {
-      float v = normal(random);
-      if (norm) {
-        v = 1.0f + 0.1f * v;
-      } else if (t.hf_name.find("A_log") != std::string::npos) {
-        v = 0.3f * v;
-      } else if (t.hf_name.find("dt_bias") != std::string::npos) {
-        v = -2.0f + 0.5f * v;
-      } else if (t.hf_name.find("e_score_correction_bias") != std::string::npos) {
-        v = 0.01f * v;
-      } else {
-        // Half the scale that keeps activations at unit size: the regime of trained weights
-        // (1/sqrt(fan_in) at d = 32 is several times Kimi Linear's initializer_range).
-        v *= 0.5f / std::sqrt(static_cast<float>(fan_in));
-      }
-      if (fp32) {
-        std::memcpy(bytes.data() + 4 * i, &v, 4);
-      } else {
-        const uint16_t h = Bf16(v);
-        std::memcpy(bytes.data() + 2 * i, &h, 2);
-      }
-    }
-    views.push_back(
-        {t.hf_name, fp32 ? DType::kF32 : DType::kBF16, t.shape, bytes.data(), bytes.size()});
-  }
-  ASSERT_TRUE(WriteShardedSafetensors(dir, views, 20000, {{"format", "pt"}}).ok());
-}
+using strider::testing::WriteKimiCheckpoint;
 
 at::Tensor RandomTokens(int64_t batch, int64_t length, uint64_t seed) {
   at::Generator generator = at::detail::createCPUGenerator(seed);
@@ -103,7 +36,8 @@ TEST(HfImport, ImportedModelHoldsTheTwoPathContractAndExportsBack) {
   ConfigureRuntime(2);
   testing::TempDir dir;
   const std::string source = dir.Sub("kimi_tiny");
-  WriteCheckpoint(source);
+  const Status written = WriteKimiCheckpoint(source, kTinyKimiConfig);
+  ASSERT_TRUE(written.ok()) << written.ToString();
   Result<HfImportReport> report = ImportHfCheckpoint(source, dir.Sub("imported"));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   Result<ModelConfig> config = LoadModelConfig(report->config_path);
@@ -181,18 +115,7 @@ TEST(HfImport, NamesTheCheckpointsTokenizerInTheConfig) {
   const std::string data = source_dir + "/tests/tokenizer/data";
   const nlohmann::json meta = nlohmann::json::parse(ReadFileBytes(data + "/ranks_meta.json"));
   const std::string pattern = meta.at("kimi_pattern").get<std::string>();
-  const size_t split = pattern.find("]+|") + 2;  // after the first alternative, [\p{Han}]+
-  ASSERT_NE(split, std::string::npos + 2);
-  const std::string kimi_py =
-      "class TikTokenTokenizer:\n    def __init__(self):\n"
-      "        pat_str = \"|\".join(\n            [\n"
-      "                r\"\"\"" +
-      pattern.substr(0, split) +
-      "\"\"\",\n"
-      "                r\"\"\"" +
-      pattern.substr(split + 1) +
-      "\"\"\",\n"
-      "            ]\n        )\n";
+  const std::string kimi_py = testing::KimiTokenizationPy(pattern);
   struct Case {
     std::vector<std::pair<std::string, std::string>> files;  // name, contents
     std::string file, format, pattern;
