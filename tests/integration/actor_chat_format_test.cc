@@ -1,14 +1,21 @@
-// An actor whose model config names a real tokenizer and chat template (tests/tokenizer/data/
-// tiny_chat_model.yaml: the committed byte-level BPE and Qwen 2.5's template) stores
-// trajectories whose text is the template's own rendering of the conversation: the environment's
-// system prompt and tools, its first observation, and every model turn and environment answer,
-// replayed here from the episode's seed and rendered by ChatTemplate. Only the model's own
-// tokens are actions, as the format reads them back. The verifier replays the stored
-// trajectories in the same format (reward/verifiers.h).
+// An actor whose model config names a real tokenizer and chat template stores trajectories
+// whose text is the template's own rendering of the conversation: the environment's system
+// prompt and tools, its first observation, and every model turn and environment answer,
+// replayed here from the episode's seed and rendered by ChatTemplate. Everything but the model's
+// own tokens is the tokenizer's encoding of that text, and only the model's own tokens are
+// actions, as the format reads them back. The verifier replays the stored trajectories in the
+// same format (reward/verifiers.h). Two models: the Strider-native tiny model with the committed
+// byte-level BPE and Qwen 2.5's template (tests/tokenizer/data/tiny_chat_model.yaml), and a tiny
+// Kimi Linear checkpoint in the Hugging Face layout with a Kimi tiktoken.model, its split
+// pattern and Kimi K2's template, imported by `strider model import`.
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,7 +27,9 @@
 #include "envs/tools.h"
 #include "replay/inspect.h"
 #include "reward/verifiers.h"
+#include "tests/file_contents.h"
 #include "tests/integration/child_process.h"
+#include "tests/model/kimi_checkpoint.h"
 #include "tests/scratch_dir.h"
 
 namespace strider {
@@ -28,10 +37,14 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 using strider::testing::ChildProcess;
+using strider::testing::ReadFileBytes;
+using strider::testing::RunCommand;
+using strider::testing::RunResult;
 using strider::testing::SourceDir;
 using strider::testing::StriderBinary;
 using strider::testing::TempDir;
 using strider::testing::WaitEvent;
+using strider::testing::WriteFileBytes;
 
 struct Trajectory {
   std::vector<int32_t> tokens;
@@ -86,18 +99,29 @@ Json ToolsOf(const envs::EnvironmentSpec& spec) {
   return tools;
 }
 
-TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
-  const std::string model_config = SourceDir() + "/tests/tokenizer/data/tiny_chat_model.yaml";
-  Result<ModelConfig> model = LoadModelConfig(model_config);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
+// The model an actor runs and what the test needs to read its trajectories independently of
+// the actor's own format: the tokenizer as the reference library builds it, and the text the
+// template writes after a turn's end-of-turn marker.
+struct ChatModel {
+  std::string config;   // model YAML
+  std::string weights;  // safetensors; empty: random initialisation
+  tokenizer::TokenizerOptions tokenizer;
+  std::string after_turn;  // "\n" in Qwen's template, nothing in Kimi's
+};
+
+// Runs `strider actor` on the calculator with `model` against a real replay server and checks
+// every stored trajectory against the template's rendering of its conversation.
+void ExpectTrajectoriesAreTheTemplatesRendering(const ChatModel& model) {
+  Result<ModelConfig> config_file = LoadModelConfig(model.config);
+  ASSERT_TRUE(config_file.ok()) << config_file.status().ToString();
   Result<std::unique_ptr<tokenizer::Tokenizer>> tok =
-      tokenizer::LoadTokenizer(model->tokenizer.file);
+      tokenizer::LoadTokenizer(config_file->tokenizer.file, model.tokenizer);
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   Result<tokenizer::ChatTemplate> chat =
-      tokenizer::ChatTemplate::Load(model->tokenizer.chat_template);
+      tokenizer::ChatTemplate::Load(config_file->tokenizer.chat_template);
   ASSERT_TRUE(chat.ok()) << chat.status().ToString();
   Result<std::shared_ptr<const transcript::Format>> format =
-      tokenizer::LoadChatFormat(model->tokenizer);
+      tokenizer::LoadChatFormat(config_file->tokenizer);
   ASSERT_TRUE(format.ok()) << format.status().ToString();
 
   TempDir dir;
@@ -110,8 +134,9 @@ TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
   {
     std::ofstream out(config);
     out << "actor:\n"
-        << "  model: " << model_config << "\n"
-        << "  model_seed: 0\n  threads: 2\n  episodes: 4\n  episodes_in_flight: 4\n"
+        << "  model: " << model.config << "\n";
+    if (!model.weights.empty()) out << "  weights: " << model.weights << "\n";
+    out << "  model_seed: 0\n  threads: 2\n  episodes: 4\n  episodes_in_flight: 4\n"
         << "  group_size: 2\n  max_turns: 3\n  max_episode_tokens: 4096\n  seed: 5\n"
         << "  segment_tokens: 128\n  sampling: {temperature: 1.0, max_new_tokens: 24}\n"
         << "  engine: {cache_budget_mb: 64}\n"
@@ -131,6 +156,7 @@ TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
   const std::vector<Trajectory> trajectories = ReadTrajectories(dir.Sub("db"));
   ASSERT_EQ(trajectories.size(), 4u);
   const int32_t end_of_turn = (*format)->end_of_turn();
+  const std::string end_of_turn_text = (*tok)->Decode(std::vector<int32_t>{end_of_turn});
   for (const Trajectory& t : trajectories) {
     EXPECT_EQ(t.metadata.at("status"), "max_turns") << "a random model never answers";
     // Every id of the model's vocabulary may be sampled, the byte format's image-patch id too.
@@ -170,8 +196,26 @@ TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
     Result<std::string> rendered = chat->Render(messages, options);
     ASSERT_TRUE(rendered.ok()) << rendered.status().ToString();
     // The trajectory stops after the model's last token; the template closes that turn.
-    const std::string stored = (*tok)->Decode(t.tokens) + (last_closed ? "" : "<|im_end|>") + "\n";
+    const std::string stored =
+        (*tok)->Decode(t.tokens) + (last_closed ? "" : end_of_turn_text) + model.after_turn;
     EXPECT_EQ(stored, *rendered);
+    // Between the model's turns, the ids are the tokenizer's own for the template's text (the
+    // model's turns are what it sampled, not necessarily the shortest encoding of their text).
+    std::vector<int32_t> expected;
+    for (size_t at = 0; at < t.tokens.size();) {
+      const bool action = schema::IsAction(t.roles[at]);
+      size_t end = at;
+      while (end < t.tokens.size() && schema::IsAction(t.roles[end]) == action) ++end;
+      const std::span<const int32_t> run(t.tokens.data() + at, end - at);
+      if (action) {
+        expected.insert(expected.end(), run.begin(), run.end());
+      } else {
+        const std::vector<int32_t> encoded = (*tok)->Encode((*tok)->DecodeBytes(run));
+        expected.insert(expected.end(), encoded.begin(), encoded.end());
+      }
+      at = end;
+    }
+    EXPECT_EQ(t.tokens, expected);
     // Only the model's own tokens are actions, as the format reads the stream back.
     const std::vector<transcript::Role> read = transcript::ReadRoles(format->get(), t.tokens);
     ASSERT_EQ(read.size(), t.roles.size());
@@ -202,6 +246,96 @@ TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
   }
   server.Signal(SIGTERM);
   EXPECT_EQ(server.Wait(), 0);
+}
+
+TEST(ActorChatFormat, TrajectoriesAreTheTemplatesRenderingOfTheConversation) {
+  ExpectTrajectoriesAreTheTemplatesRendering(
+      {SourceDir() + "/tests/tokenizer/data/tiny_chat_model.yaml", "", {}, "\n"});
+}
+
+// Kimi K2's special tokens that its template and tokenizer_config.json name, numbered after the
+// ranks as Kimi's follow its 163,584; reserved tokens fill the rest of the vocabulary, as Kimi's
+// do up to 163,840.
+const char* const kKimiSpecialTokens[] = {"[BOS]",
+                                          "[EOS]",
+                                          "<|im_end|>",
+                                          "<|im_user|>",
+                                          "<|im_assistant|>",
+                                          "<|im_system|>",
+                                          "<|im_middle|>",
+                                          "<|tool_calls_section_begin|>",
+                                          "<|tool_calls_section_end|>",
+                                          "<|tool_call_begin|>",
+                                          "<|tool_call_argument_begin|>",
+                                          "<|tool_call_end|>",
+                                          "<|media_start|>",
+                                          "<|media_content|>",
+                                          "<|media_end|>",
+                                          "<|media_pad|>"};
+
+// A tiny Kimi Linear checkpoint as published (config.json, bf16 shards, tiktoken.model,
+// tokenization_kimi.py with the split pattern, tokenizer_config.json with Kimi K2's template and
+// added tokens), imported by the binary as a user does, then run by an actor: the import names
+// the tokenizer and template, and the actor renders in them, not in the byte format.
+TEST(ActorChatFormat, ImportedKimiCheckpointRendersInItsTokenizerAndTemplate) {
+  TempDir dir;
+  const std::string data = SourceDir() + "/tests/tokenizer/data";
+  const std::string ranks = ReadFileBytes(data + "/ranks.tiktoken");
+  const int32_t first_special = static_cast<int32_t>(std::count(ranks.begin(), ranks.end(), '\n'));
+  const std::string pattern =
+      Json::parse(ReadFileBytes(data + "/ranks_meta.json")).at("kimi_pattern").get<std::string>();
+
+  const std::string source = dir.Sub("kimi_tiny");
+  Json hf_config = Json::parse(testing::kTinyKimiConfig);
+  hf_config["vocab_size"] = 4096;  // the ranks, then special and reserved tokens
+  hf_config["bos_token_id"] = first_special;
+  hf_config["eos_token_id"] = first_special + 2;  // <|im_end|>, as in Kimi's instruct models
+  const Status written = testing::WriteKimiCheckpoint(source, hf_config.dump(2));
+  ASSERT_TRUE(written.ok()) << written.ToString();
+  WriteFileBytes(source + "/tiktoken.model", ranks);
+  WriteFileBytes(source + "/tokenization_kimi.py", testing::KimiTokenizationPy(pattern));
+  tokenizer::TokenizerOptions reference;
+  reference.format = tokenizer::TokenizerFormat::kTiktoken;
+  reference.tiktoken_pattern = pattern;
+  Json added = Json::object();
+  int32_t id = first_special;
+  std::vector<std::string> special(std::begin(kKimiSpecialTokens), std::end(kKimiSpecialTokens));
+  const int32_t vocabulary = hf_config["vocab_size"].get<int32_t>();
+  while (first_special + static_cast<int32_t>(special.size()) < vocabulary) {
+    special.push_back("<|reserved_token_" + std::to_string(first_special + special.size()) + "|>");
+  }
+  for (const std::string& text : special) {
+    added[std::to_string(id)] = {{"content", text}, {"lstrip", false},      {"normalized", false},
+                                 {"rstrip", false}, {"single_word", false}, {"special", true}};
+    reference.tiktoken_special_tokens.emplace_back(text, id++);
+  }
+  const Json tokenizer_config = {{"added_tokens_decoder", added},
+                                 {"bos_token", "[BOS]"},
+                                 {"eos_token", "[EOS]"},
+                                 {"chat_template", ReadFileBytes(data + "/chat/kimi_k2.jinja")},
+                                 {"tokenizer_class", "TikTokenTokenizer"}};
+  WriteFileBytes(source + "/tokenizer_config.json", tokenizer_config.dump(2));
+
+  const std::string out = dir.Sub("imported");
+  const RunResult run =
+      RunCommand({StriderBinary(), "model", "import", "--from-hf", source, "--out", out});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const Json imported = Json::parse(run.output);
+  EXPECT_EQ(imported["tokenizer"], "hf/tiktoken.model");
+  const std::string model_yaml = imported["config"].get<std::string>();
+  EXPECT_EQ(std::filesystem::path(model_yaml), std::filesystem::path(out + "/model.yaml"));
+  // As written (relative to the model's directory), then as loaded.
+  const YAML::Node written_tokenizer = YAML::LoadFile(model_yaml)["model"]["tokenizer"];
+  ASSERT_TRUE(written_tokenizer.IsMap()) << ReadFileBytes(model_yaml);
+  EXPECT_EQ(written_tokenizer["file"].as<std::string>(), "hf/tiktoken.model");
+  EXPECT_EQ(written_tokenizer["chat_template"].as<std::string>(), "hf/tokenizer_config.json");
+  Result<ModelConfig> model = LoadModelConfig(model_yaml);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_EQ(model->tokenizer.format, "tiktoken");
+  EXPECT_EQ(model->tokenizer.pattern, pattern);
+
+  ExpectTrajectoriesAreTheTemplatesRendering(
+      {model_yaml, imported["weights"].get<std::string>(), reference, ""});
 }
 
 }  // namespace
