@@ -171,18 +171,22 @@ TEST(ModelOptions, TiedHeadSharesTheEmbeddingThroughSaveAndLoad) {
       << refused.ToString();
 }
 
-TEST(ModelOptions, YamlKeysReadAndDefaultsStayToday) {
+// The model config a YAML text describes, read through the config file loader.
+Result<ModelConfig> LoadModelYaml(const std::string& text) {
   testing::TempDir dir;
   const std::string path = dir.Sub("m.yaml");
   std::FILE* file = std::fopen(path.c_str(), "w");
-  ASSERT_NE(file, nullptr);
-  std::fputs(
+  if (file == nullptr) return Status::Internal("cannot write " + path);
+  std::fputs(text.c_str(), file);
+  std::fclose(file);
+  return LoadModelConfig(path);
+}
+
+TEST(ModelOptions, YamlKeysReadAndDefaultsStayToday) {
+  Result<ModelConfig> c = LoadModelYaml(
       "model:\n  vocabulary: 300\n  width: 16\n  layers: 3\n  layer_pattern: IGI\n"
       "  attention_residuals: false\n  tie_embeddings: true\n  norm_epsilon: 1.0e-5\n"
-      "  vision:\n    enabled: false\n",
-      file);
-  std::fclose(file);
-  Result<ModelConfig> c = LoadModelConfig(path);
+      "  vision:\n    enabled: false\n");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE(c->attention_residuals);
   EXPECT_TRUE(c->tie_embeddings);
@@ -194,16 +198,9 @@ TEST(ModelOptions, YamlKeysReadAndDefaultsStayToday) {
 
 // Images are the byte format's placeholder ids, which a model's own vocabulary spends on text.
 TEST(ModelOptions, VisionWithItsOwnTokenizerIsRefusedByName) {
-  testing::TempDir dir;
-  const std::string path = dir.Sub("m.yaml");
-  std::FILE* file = std::fopen(path.c_str(), "w");
-  ASSERT_NE(file, nullptr);
-  std::fputs(
+  Result<ModelConfig> c = LoadModelYaml(
       "model:\n  vocabulary: 300\n  width: 16\n  layers: 3\n  layer_pattern: IGI\n"
-      "  tokenizer:\n    file: tokenizer.json\n  vision:\n    enabled: true\n",
-      file);
-  std::fclose(file);
-  Result<ModelConfig> c = LoadModelConfig(path);
+      "  tokenizer:\n    file: tokenizer.json\n  vision:\n    enabled: true\n");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("model.vision.enabled"), std::string::npos)
       << c.status().ToString();

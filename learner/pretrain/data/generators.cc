@@ -382,6 +382,27 @@ int64_t FindWord(const std::array<std::string_view, N>& words, std::string_view 
   return -1;
 }
 
+// The [begin, end) ranges of every query's value ("\n?KQ=" or "\n?K=", then up to two digits) in
+// a stream of byte ids or of bytes: the same scan serves the byte format's tokens and the
+// decoded bytes of a model's own.
+template <typename Unit>
+std::vector<std::pair<int64_t, int64_t>> FindQueryValues(const Unit* units, int64_t count) {
+  auto capital = [](Unit u) { return u >= 'A' && u <= 'Z'; };
+  auto digit = [](Unit u) { return u >= '0' && u <= '9'; };
+  std::vector<std::pair<int64_t, int64_t>> values;
+  for (int64_t i = 0; i + 4 < count; ++i) {
+    if (units[i] != '\n' || units[i + 1] != '?' || !capital(units[i + 2])) continue;
+    const int64_t equals = capital(units[i + 3]) ? i + 4 : i + 3;  // one or two letters
+    if (equals >= count || units[equals] != '=') continue;
+    const int64_t begin = equals + 1;
+    int64_t end = begin;
+    while (end < count && end < begin + kValueTokens && digit(units[end])) ++end;
+    if (end > begin) values.emplace_back(begin, end);
+    i = std::max(i, end - 1);
+  }
+  return values;
+}
+
 }  // namespace
 
 Result<GeneratorKind> ParseGeneratorName(std::string_view name) {
@@ -402,20 +423,7 @@ Result<ToolUseFlaw> ParseToolUseFlaw(std::string_view name) {
 
 std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const int32_t* tokens,
                                                               int64_t count) {
-  auto capital = [](int32_t t) { return t >= 'A' && t <= 'Z'; };
-  auto digit = [](int32_t t) { return t >= '0' && t <= '9'; };
-  std::vector<std::pair<int64_t, int64_t>> answers;
-  for (int64_t i = 0; i + 4 < count; ++i) {
-    if (tokens[i] != '\n' || tokens[i + 1] != '?' || !capital(tokens[i + 2])) continue;
-    const int64_t equals = capital(tokens[i + 3]) ? i + 4 : i + 3;  // one or two letters
-    if (equals >= count || tokens[equals] != '=') continue;
-    const int64_t begin = equals + 1;
-    int64_t end = begin;
-    while (end < count && end < begin + kValueTokens && digit(tokens[end])) ++end;
-    if (end > begin) answers.emplace_back(begin, end);
-    i = std::max(i, end - 1);
-  }
-  return answers;
+  return FindQueryValues(tokens, count);
 }
 
 std::vector<int64_t> TokenByteOffsets(const transcript::Format& format, const int32_t* tokens,
@@ -433,20 +441,8 @@ std::vector<std::pair<int64_t, int64_t>> FindRetrievalAnswers(const transcript::
                                                               int64_t count) {
   const std::vector<int64_t> offsets = TokenByteOffsets(format, tokens, count);
   const std::string bytes = format.DecodeBytes({tokens, static_cast<size_t>(count)});
-  auto capital = [](char c) { return c >= 'A' && c <= 'Z'; };
-  auto digit = [](char c) { return c >= '0' && c <= '9'; };
-  const int64_t size = static_cast<int64_t>(bytes.size());
-  std::vector<std::pair<int64_t, int64_t>> values;
-  for (int64_t i = 0; i + 4 < size; ++i) {
-    if (bytes[i] != '\n' || bytes[i + 1] != '?' || !capital(bytes[i + 2])) continue;
-    const int64_t equals = capital(bytes[i + 3]) ? i + 4 : i + 3;
-    if (equals >= size || bytes[equals] != '=') continue;
-    const int64_t begin = equals + 1;
-    int64_t end = begin;
-    while (end < size && end < begin + kValueTokens && digit(bytes[end])) ++end;
-    if (end > begin) values.emplace_back(begin, end);
-    i = std::max(i, end - 1);
-  }
+  const std::vector<std::pair<int64_t, int64_t>> values =
+      FindQueryValues(bytes.data(), static_cast<int64_t>(bytes.size()));
   return OverlappingTokens(offsets, values);
 }
 
