@@ -169,6 +169,10 @@ class Trainer {
 // fills the ends of packed or batched sequences and piles onto whichever experts its identical
 // inputs prefer, so balancing on it tunes the biases to something inference never sees.
 Result<RoutingRecord> RealTokenRouting(const RoutingRecord& record, const at::Tensor& tokens);
+// The same for positions given by a mask of `record`'s (B, L): where padding is known by
+// position rather than by id (a model's own vocabulary has an ordinary token at the byte
+// format's padding id).
+Result<RoutingRecord> RoutingAtPositions(const RoutingRecord& record, const at::Tensor& real);
 
 // ---------------------------------------------------------------------------------------------
 // Chunked pass

@@ -266,11 +266,17 @@ void Trainer::Report(Progress* progress, ProgressFields fields, int64_t tokens) 
 }
 
 Result<RoutingRecord> RealTokenRouting(const RoutingRecord& record, const at::Tensor& tokens) {
-  RoutingRecord real;
+  at::Tensor real;
+  STRIDER_RETURN_IF_ERROR(model::Guarded("routing balance", [&] { real = tokens != token::kPad; }));
+  return RoutingAtPositions(record, real);
+}
+
+Result<RoutingRecord> RoutingAtPositions(const RoutingRecord& record, const at::Tensor& real) {
+  RoutingRecord kept;
   STRIDER_RETURN_IF_ERROR(model::Guarded("routing balance", [&] {
-    at::Tensor keep = (tokens.reshape({-1}) != token::kPad).nonzero().reshape({-1});
+    at::Tensor keep = real.reshape({-1}).nonzero().reshape({-1});
     for (const RoutingRecord::Layer& layer : record.layers) {
-      // The tokens are the host's; the record is where the model ran.
+      // The mask is the host's; the record is where the model ran.
       keep = keep.to(layer.experts.device());
       RoutingRecord::Layer entry;
       entry.experts =
@@ -278,10 +284,10 @@ Result<RoutingRecord> RealTokenRouting(const RoutingRecord& record, const at::Te
       if (layer.scores.defined()) {
         entry.scores = layer.scores.reshape({-1, layer.scores.size(-1)}).index({keep}).unsqueeze(0);
       }
-      real.layers.push_back(std::move(entry));
+      kept.layers.push_back(std::move(entry));
     }
   }));
-  return real;
+  return kept;
 }
 
 }  // namespace strider

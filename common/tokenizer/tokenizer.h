@@ -72,7 +72,6 @@ struct TokenizerOptions {
   size_t cache_words = 1 << 16;
 };
 
-
 Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::filesystem::path& path,
                                                  const TokenizerOptions& options = {});
 // The same from the file's contents; `origin` names it in errors.

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model/model.h"
+#include "common/model/torch_status.h"
+#include "common/token_ids.h"
 #include "common/tokenizer/chat_format.h"
 #include "learner/checkpoint.h"
 #include "learner/pretrain/data/builder.h"
@@ -181,6 +183,32 @@ Result<std::vector<data::DataSource>> PrepareStageData(const PretrainConfig& con
   return sources;
 }
 
+// Packed rows in the corpus's ids as the loss reads them; `lengths[b]` tokens of row b are
+// documents, the rest padding (a model's own ids mask it by position, the byte format by id).
+Result<TokenBatch> MakeCorpusBatch(const std::vector<std::vector<int32_t>>& sequences,
+                                   const std::vector<int64_t>& lengths, const CorpusFormat& corpus,
+                                   const ModelConfig& model) {
+  if (corpus.format) return MakeTokenBatch(sequences, lengths, corpus.begin_of_text);
+  return MakeTokenBatch(sequences, model);
+}
+
+// Where the batch's real tokens are, for the routing balance: the byte format's padding is its
+// id (which also marks image patches left unrendered), a model's own is every position from
+// `lengths[b]` on.
+Result<at::Tensor> RealPositions(const TokenBatch& batch, const std::vector<int64_t>& lengths,
+                                 const CorpusFormat& corpus) {
+  at::Tensor real;
+  STRIDER_RETURN_IF_ERROR(model::Guarded("routing balance", [&] {
+    if (!corpus.format) {
+      real = batch.tokens != token::kPad;
+      return;
+    }
+    const at::Tensor position = at::arange(batch.tokens.size(1), at::kLong).unsqueeze(0);
+    real = position < at::tensor(lengths, at::kLong).unsqueeze(1);
+  }));
+  return real;
+}
+
 // Sets the batch's loss weights: the mask, times `answer_weight` at every scored retrieval
 // answer token and `action_weight` at every action token of a transcript. In a model's own
 // format answers are found in the tokens' bytes and roles by its reader, over each row's
@@ -248,12 +276,6 @@ Result<CorpusFormat> LoadCorpusFormat(const ModelConfig& model) {
 }
 
 Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const PretrainConfig& config,
-                                              int64_t context, int64_t documents) {
-  STRIDER_ASSIGN_OR_RETURN(const CorpusFormat corpus, LoadCorpusFormat(config.model));
-  return EvaluateRetrieval(model, config, corpus, context, documents);
-}
-
-Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const PretrainConfig& config,
                                               const CorpusFormat& corpus, int64_t context,
                                               int64_t documents) {
   data::GeneratorOptions generator = GeneratorOptionsFor(config, corpus, context);
@@ -280,10 +302,8 @@ Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const Pretrain
       lengths.push_back(size);
       sequences.back().resize(context, corpus.end_of_text);
     }
-    Result<TokenBatch> made = corpus.format
-                                  ? MakeTokenBatch(sequences, lengths, corpus.begin_of_text)
-                                  : MakeTokenBatch(sequences, config.model);
-    STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, std::move(made));
+    STRIDER_ASSIGN_OR_RETURN(TokenBatch batch,
+                             MakeCorpusBatch(sequences, lengths, corpus, config.model));
     LossOptions options;
     options.path = TrainingPath::kInference;
     options.chunk_tokens = config.eval_chunk_tokens;
@@ -443,20 +463,13 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
         sequences.push_back(packer->Next());
         filled.push_back(packer->filled());
       }
-      Result<TokenBatch> made = corpus.format
-                                    ? MakeTokenBatch(sequences, filled, corpus.begin_of_text)
-                                    : MakeTokenBatch(sequences, config.model);
-      STRIDER_ASSIGN_OR_RETURN(TokenBatch batch, std::move(made));
+      STRIDER_ASSIGN_OR_RETURN(TokenBatch batch,
+                               MakeCorpusBatch(sequences, filled, corpus, config.model));
       WeightLoss(&batch, corpus, filled, config.retrieval_answer_weight,
                  stage.action_weight > 0 ? stage.action_weight : config.tool_use_action_weight);
-      // RealTokenRouting drops padding by the byte format's id; in a model's own ids that is an
-      // ordinary token, so it reads a stand-in with that id at exactly the padding positions.
-      at::Tensor routed_tokens = batch.tokens;
-      if (corpus.format) {
-        routed_tokens = at::zeros_like(batch.tokens);
-        for (int64_t r = 0; r < rows; ++r) {
-          routed_tokens[r].narrow(0, filled[r], context - filled[r]).fill_(token::kPad);
-        }
+      at::Tensor real_positions;
+      if (config.trainer.balance) {
+        STRIDER_ASSIGN_OR_RETURN(real_positions, RealPositions(batch, filled, corpus));
       }
       if (config.trainer.balance && config.trainer.balance_prepass) {
         LossOptions prepass = loss_options;
@@ -464,7 +477,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
         prepass.record_routing = true;
         STRIDER_ASSIGN_OR_RETURN(LossResult scores, LanguageModelLoss(model, batch, prepass));
         STRIDER_ASSIGN_OR_RETURN(RoutingRecord real,
-                                 RealTokenRouting(scores.routing, routed_tokens));
+                                 RoutingAtPositions(scores.routing, real_positions));
         STRIDER_RETURN_IF_ERROR(trainer->FitRoutingBalance(real, config.balance_prepass_sweeps));
       }
       trainer->ZeroGrad();
@@ -473,7 +486,7 @@ Result<std::vector<StageSummary>> RunPretraining(const PretrainConfig& config,
       if (config.trainer.balance) {
         // MaxVio of this step's own choices: made with the biases of the steps before, or with
         // those fitted to this batch by the prepass.
-        STRIDER_ASSIGN_OR_RETURN(RoutingRecord real, RealTokenRouting(loss.routing, routed_tokens));
+        STRIDER_ASSIGN_OR_RETURN(RoutingRecord real, RoutingAtPositions(loss.routing, real_positions));
         STRIDER_ASSIGN_OR_RETURN(const double violation, trainer->BalanceRouting(std::move(real)));
         if (step >= config.balance_warmup_steps) {
           summary.max_violation_after_warmup =

@@ -84,8 +84,6 @@ struct RetrievalEvaluation {
 // given the true document before it. A model with its own tokenizer is evaluated on documents
 // in its format, of at most `context` tokens (the rest of the row is padding, not scored).
 Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const PretrainConfig& config,
-                                              int64_t context, int64_t documents);
-Result<RetrievalEvaluation> EvaluateRetrieval(const Model& model, const PretrainConfig& config,
                                               const CorpusFormat& corpus, int64_t context,
                                               int64_t documents);
 

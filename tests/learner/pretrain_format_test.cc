@@ -21,6 +21,7 @@
 #include "learner/pretrain/pretrain.h"
 #include "learner/pretrain/pretrain_config.h"
 #include "learner/pretrain/token_batch.h"
+#include "tests/file_contents.h"
 #include "tests/scratch_dir.h"
 
 namespace strider {
@@ -78,9 +79,7 @@ TEST(PretrainFormat, DocumentMarkersFromTheTokenizerConfig) {
       tokenizer::LoadTokenizer(data + "bpe_gpt2.json", {});
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   const std::shared_ptr<const tokenizer::Tokenizer> bpe(std::move(*loaded));
-  std::ifstream file(data + "chat/qwen2_5.jinja");
-  const std::string source((std::istreambuf_iterator<char>(file)),
-                           std::istreambuf_iterator<char>());
+  const std::string source = testing::ReadFileBytes(data + "chat/qwen2_5.jinja");
   const auto markers = [&](nlohmann::ordered_json special) {
     Result<tokenizer::ChatTemplate> chat = tokenizer::ChatTemplate::FromSource(source, special);
     EXPECT_TRUE(chat.ok()) << chat.status().ToString();

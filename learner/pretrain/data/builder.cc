@@ -36,6 +36,13 @@ Status Flush(ShardWriter& writer, const std::string& out_dir, BuildSummary& summ
   return Status::Ok();
 }
 
+// A writer for ids of `format` (null: the byte format): two bytes a token while the vocabulary
+// fits them, and the format's id space in each shard's header.
+ShardWriter WriterFor(const transcript::Format* format) {
+  return ShardWriter(format != nullptr && format->vocabulary_size() > 65536 ? 4 : 2,
+                     IdSpace(format));
+}
+
 }  // namespace
 
 uint64_t IdSpace(const transcript::Format* format) {
@@ -100,8 +107,7 @@ Result<BuildSummary> BuildTextShards(const std::vector<std::string>& files,
   if (files.empty()) return Status::InvalidArgument("no text files given");
   STRIDER_RETURN_IF_ERROR(PrepareDirectory(out_dir));
   const transcript::Format* format = options.format.get();
-  ShardWriter writer(format != nullptr && format->vocabulary_size() > 65536 ? 4 : 2,
-                     IdSpace(format));
+  ShardWriter writer = WriterFor(format);
   BuildSummary summary;
   for (const std::string& file : files) {
     std::ifstream in(file, std::ios::binary);
@@ -147,9 +153,7 @@ Result<BuildSummary> BuildGeneratedShards(GeneratorKind kind, const GeneratorOpt
         "own tokenizer's ids");
   }
   STRIDER_RETURN_IF_ERROR(PrepareDirectory(out_dir));
-  const transcript::Format* format = generator.format.get();
-  ShardWriter writer(format != nullptr && format->vocabulary_size() > 65536 ? 4 : 2,
-                     IdSpace(format));
+  ShardWriter writer = WriterFor(generator.format.get());
   BuildSummary summary;
   int64_t written_tokens = 0;
   for (int64_t index = 0;; ++index) {
